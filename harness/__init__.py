@@ -1,0 +1,1 @@
+"""Harness: scenario model, engine lifecycle, async client, runner and run-result files."""

@@ -1,0 +1,1 @@
+"""Engine lifecycles behind one Protocol, picked by the scenario's ``engine.kind``."""

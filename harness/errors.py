@@ -1,0 +1,17 @@
+"""Exceptions that the CLI turns into clear one-screen messages instead of tracebacks."""
+
+
+class KvbenchError(Exception):
+    """Base for errors a user can act on; the message is shown as is."""
+
+
+class ScenarioError(KvbenchError):
+    """A scenario file is missing, unreadable or invalid (message names file, field and allowed values)."""
+
+
+class EngineStartError(KvbenchError):
+    """An engine process did not become healthy; the message carries the tail of its log."""
+
+
+class RunDirError(KvbenchError):
+    """A run directory is missing files or was written by an incompatible schema version."""

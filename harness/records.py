@@ -1,0 +1,112 @@
+"""Immutable per-request records and the append-only JSONL file they live in.
+
+Every request becomes one :class:`RequestRecord` the moment it completes. Records are appended
+to ``records.jsonl``, flushed at once and fsynced per batch, so a killed run keeps what it
+measured. Times are integer nanoseconds from a monotonic clock; milliseconds appear only in
+reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Phase = Literal["warmup", "measure", "filler"]
+ErrorKind = Literal[
+    "http_status", "server_error", "timeout", "connection", "malformed_frame", "stream_dropped", "empty_response"
+]
+
+
+class RequestRecord(BaseModel):
+    """What one request did, as seen by the client."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arm: str
+    attempt: int = Field(description="Which invocation of the run wrote it (0 = first, resumes count up).")
+    phase: Phase
+    repetition: int
+    context_tokens: int = Field(description="Target context length of the conversation (the table row).")
+    conversation: int
+    turn: int = Field(description="1-based turn within the conversation.")
+    request_id: str
+    api: Literal["chat", "completions"]
+    started_ns: int = Field(description="time.monotonic_ns() when the request was sent.")
+    ttft_ns: int | None = Field(description="First non-empty content token minus start.")
+    e2e_ns: int | None = Field(description="Last byte of the response minus start.")
+    itl_ns: list[int] = Field(default_factory=list, description="Gaps between content chunks.")
+    output_chunks: int = 0
+    prompt_tokens: int | None = Field(default=None, description="From the server's usage block.")
+    completion_tokens: int | None = None
+    cached_tokens: int | None = Field(default=None, description="usage.prompt_tokens_details.cached_tokens.")
+    expected_prompt_tokens: int | None = Field(default=None, description="What the workload built.")
+    http_status: int | None = None
+    ok: bool
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+
+
+class RecordWriter:
+    """Appends records to a JSONL file: flush on every record, fsync every ``fsync_every``."""
+
+    def __init__(self, path: Path, fsync_every: int = 16) -> None:
+        self._path = path
+        self._fsync_every = fsync_every
+        self._pending = 0
+        self._file = path.open("a", encoding="utf-8")
+
+    def append(self, record: RequestRecord) -> None:
+        self._file.write(record.model_dump_json() + "\n")
+        self._file.flush()
+        self._pending += 1
+        if self._pending >= self._fsync_every:
+            self.sync()
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._pending = 0
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def read_records(path: Path) -> Iterator[RequestRecord]:
+    """Yield the records of a JSONL file; a torn last line (a killed writer) is skipped."""
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as handle:
+        lines = handle.readlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield RequestRecord.model_validate_json(line)
+        except ValueError:
+            if number == len(lines) and not line.endswith("\n"):
+                return  # the process died mid-write; everything before it is intact
+            raise
+
+
+def append_jsonl(path: Path, payload: dict[str, object]) -> None:
+    """Append one JSON object as a line and fsync (for small, rare progress events)."""
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(payload, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())

@@ -1,0 +1,5 @@
+"""Allows ``python -m kvbench``."""
+
+from kvbench.cli import app
+
+app()

@@ -1,0 +1,1 @@
+"""Offload profiles (engine-neutral KV-cache tier descriptions) and their renderings."""

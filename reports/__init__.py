@@ -1,0 +1,1 @@
+"""Reports built only from stored run files: console, Markdown, CSV."""

@@ -1,0 +1,1 @@
+"""Bundled scenarios, shipped as package data so `kvbench run quickstart` works after install."""

@@ -1,0 +1,1 @@
+"""Workload generators: turn a scenario's workload section into conversations and requests."""
