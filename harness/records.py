@@ -19,7 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Phase = Literal["warmup", "measure", "filler"]
 ErrorKind = Literal[
-    "http_status", "server_error", "timeout", "connection", "malformed_frame", "stream_dropped", "empty_response"
+    "http_status",
+    "server_error",
+    "timeout",
+    "connection",
+    "malformed_frame",
+    "stream_dropped",
+    "empty_response",
 ]
 
 

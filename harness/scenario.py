@@ -71,6 +71,9 @@ class MultiRoundQAProbe(StrictModel):
     turns: int = Field(default=2, ge=2, le=64)
     question_tokens: int = Field(default=32, ge=4)
     answer_tokens: int = Field(default=16, ge=1, description="max_tokens of every answer.")
+    ignore_eos: bool = Field(
+        default=True, description="Ask the engine to ignore EOS so every answer has answer_tokens tokens."
+    )
     api: Literal["chat", "completions"] = "chat"
     between_turns: BetweenTurns = BetweenTurns()
     warmup_requests: int = Field(default=2, ge=0, description="Unmeasured requests after start-up.")
@@ -193,7 +196,11 @@ def format_validation_error(source: str, error: ValidationError) -> str:
         elif item["type"] == "missing":
             message = "required field is missing"
         got = item.get("input")
-        suffix = "" if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict) else f" (got {got!r})"
+        suffix = (
+            ""
+            if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict)
+            else f" (got {got!r})"
+        )
         lines.append(f"  - {path}: {message}{suffix}")
     return "\n".join(lines)
 

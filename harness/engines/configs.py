@@ -49,7 +49,9 @@ class OpenAIEngineConfig(StrictModel):
 
     kind: Literal["openai"]
     model: str = Field(description="Model name sent in requests (as the server lists it in /v1/models).")
-    base_url: str | None = Field(default=None, description="Endpoint for every arm, e.g. http://127.0.0.1:8000.")
+    base_url: str | None = Field(
+        default=None, description="Endpoint for every arm, e.g. http://127.0.0.1:8000."
+    )
     arm_urls: dict[str, str] = Field(
         default_factory=dict, description="Per-arm endpoints (arm name -> URL); overrides base_url."
     )

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import glob
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,16 @@ import aiohttp
 
 from kvbench.harness.errors import EngineStartError
 from kvbench.harness.redact import redact_argv, redact_text
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if kvbench dies, even by SIGKILL (Linux only)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -90,7 +102,7 @@ class ManagedProcess:
         with self.spec.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.redacted_argv)}\n".encode())
             try:
-                self._process = subprocess.Popen(  # noqa: S603 - argv list, never a shell
+                self._process = subprocess.Popen(  # noqa: ASYNC220 - argv list, never a shell; spawning is instant
                     list(self.spec.argv),
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -98,9 +110,12 @@ class ManagedProcess:
                     env=env,
                     cwd=self.spec.cwd,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             except OSError as error:
-                raise EngineStartError(f"{self.spec.name}: cannot start {self.spec.argv[0]!r}: {error}") from None
+                raise EngineStartError(
+                    f"{self.spec.name}: cannot start {self.spec.argv[0]!r}: {error}"
+                ) from None
         try:
             await self._wait_healthy()
         except BaseException:

@@ -1,0 +1,58 @@
+"""What the CLI calls: run a scenario end to end, or rebuild reports from a run directory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+from rich.console import Console
+
+from kvbench.harness.manifest import read_manifest
+from kvbench.harness.result import RunResult, read_result
+from kvbench.harness.rundir import RunDir
+from kvbench.harness.runner import ProbeRunner, ProgressSink, summarize_run_dir
+from kvbench.harness.scenario import Scenario
+from kvbench.reports.renderers import print_console, write_all
+
+
+async def _run_cancellable(runner: ProbeRunner) -> RunResult:
+    """Run, turning SIGTERM into a cancellation so engines are stopped and records kept."""
+    task = asyncio.ensure_future(runner.run())
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    source: Path | None,
+    output_dir: Path | None = None,
+    resume: Path | None = None,
+    progress: ProgressSink | None = None,
+) -> RunDir:
+    """Run (or resume) a scenario; returns the run directory with summary and reports written."""
+    run_dir = (
+        RunDir.open(resume) if resume else RunDir.create(output_dir or Path(scenario.output.dir), scenario)
+    )
+    runner = ProbeRunner(scenario, run_dir, source=source, progress=progress)
+    asyncio.run(_run_cancellable(runner))
+    return run_dir
+
+
+def rebuild_reports(run_dir: RunDir, console: Console | None = None) -> list[Path]:
+    """Re-aggregate stored records into summary.json, then render every report from it."""
+    summarize_run_dir(run_dir)
+    result = read_result(run_dir.summary_file)
+    manifest = read_manifest(run_dir.manifest_file)
+    paths = write_all(result, manifest, run_dir.report_dir)
+    if console is not None:
+        print_console(result, manifest, console)
+    return paths

@@ -1,0 +1,140 @@
+"""Report outputs, registered by name; each reads only a RunResult (and the manifest) from disk.
+
+``kvbench report RUN_DIR`` calls every registered file renderer, so adding an output is adding a
+function here with ``@renderer("name")``.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvbench.harness.result import RunResult
+from kvbench.reports.ttft_table import rows
+
+Renderer = Callable[[RunResult, dict[str, Any], Path], Path]
+RENDERERS: dict[str, Renderer] = {}
+
+
+def renderer(name: str) -> Callable[[Renderer], Renderer]:
+    def register(func: Renderer) -> Renderer:
+        RENDERERS[name] = func
+        return func
+
+    return register
+
+
+def _setup_line(result: RunResult, manifest: dict[str, Any]) -> str:
+    engine = manifest.get("scenario", {}).get("engine", {})
+    bits = [f"engine={engine.get('kind', '?')}"]
+    for key in ("model", "hardware"):
+        if engine.get(key):
+            bits.append(f"{key}={engine[key]}")
+    gpus = manifest.get("host", {}).get("gpus") or []
+    if gpus:
+        bits.append(f"gpu={gpus[0].get('name')}")
+    bits.append(f"repetitions={result.repetitions}")
+    return ", ".join(bits)
+
+
+def console_table(result: RunResult, manifest: dict[str, Any]) -> Table:
+    cols, body = rows(result)
+    table = Table(
+        title=f"{result.scenario_name} — median TTFT (ms)",
+        caption=f"{_setup_line(result, manifest)}; % diff = (baseline / arm − 1) × 100, "
+        f"baseline = {result.baseline_arm}",
+    )
+    for index, column in enumerate(cols):
+        table.add_column(column.title, justify="right", style="bold" if index == 0 else None)
+    for line in body:
+        table.add_row(*line)
+    return table
+
+
+def print_console(result: RunResult, manifest: dict[str, Any], console: Console | None = None) -> None:
+    out = console or Console()
+    out.print(console_table(result, manifest))
+    counts = result.requests
+    if counts.errors:
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts.errors_by_kind.items()))
+        out.print(f"[yellow]{counts.errors} of {counts.measured} measured requests failed ({kinds})[/]")
+    if not result.complete:
+        out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")
+
+
+def markdown_table(result: RunResult) -> str:
+    cols, body = rows(result)
+    header = "| " + " | ".join(c.title for c in cols) + " |"
+    rule = "|" + "|".join("---:" for _ in cols) + "|"
+    lines = [header, rule] + ["| " + " | ".join(line) + " |" for line in body]
+    return "\n".join(lines) + "\n"
+
+
+@renderer("markdown")
+def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path:
+    path = out_dir / "ttft_table.md"
+    text = [
+        f"# {result.scenario_name}",
+        "",
+        f"Median TTFT in ms over {result.repetitions} repetition(s) × the conversations per length; "
+        f"{_setup_line(result, manifest)}.",
+        f"`% diff` = (baseline / arm − 1) × 100 with baseline `{result.baseline_arm}`; "
+        "hit % = share of turn-2 prompt tokens served from a cache (engine /metrics).",
+        "",
+        markdown_table(result),
+    ]
+    path.write_text("\n".join(text), encoding="utf-8")
+    return path
+
+
+@renderer("csv")
+def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path:
+    """Long format: one line per (arm, context length, turn) with the full distribution."""
+    path = out_dir / "ttft.csv"
+    fields = [
+        "arm", "context_tokens", "turn", "n", "errors", "ttft_median_ms", "ttft_p90_ms", "ttft_mean_ms",
+        "ttft_min_ms", "ttft_max_ms", "prompt_tokens_median", "cached_tokens_median",
+        "pct_diff_vs_baseline", "baseline", "gpu_hit_rate", "external_hit_rate", "hit_rate",
+    ]  # fmt: skip
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        for cell in result.cells:
+            stats = result.cache_stats(cell.arm, cell.context_tokens, cell.turn)
+            ttft = cell.ttft
+            writer.writerow(
+                {
+                    "arm": cell.arm,
+                    "context_tokens": cell.context_tokens,
+                    "turn": cell.turn,
+                    "n": ttft.n if ttft else 0,
+                    "errors": cell.errors,
+                    "ttft_median_ms": ttft.median_ms if ttft else "",
+                    "ttft_p90_ms": ttft.p90_ms if ttft else "",
+                    "ttft_mean_ms": ttft.mean_ms if ttft else "",
+                    "ttft_min_ms": ttft.min_ms if ttft else "",
+                    "ttft_max_ms": ttft.max_ms if ttft else "",
+                    "prompt_tokens_median": _blank(cell.prompt_tokens_median),
+                    "cached_tokens_median": _blank(cell.cached_tokens_median),
+                    "pct_diff_vs_baseline": _blank(result.diff(cell.arm, cell.context_tokens, cell.turn)),
+                    "baseline": result.baseline_arm,
+                    "gpu_hit_rate": _blank(stats.gpu_hit_rate if stats else None),
+                    "external_hit_rate": _blank(stats.external_hit_rate if stats else None),
+                    "hit_rate": _blank(stats.hit_rate if stats else None),
+                }
+            )
+    return path
+
+
+def _blank(value: float | None) -> float | str:
+    return "" if value is None else value
+
+
+def write_all(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [render(result, manifest, out_dir) for render in RENDERERS.values()]

@@ -1,0 +1,143 @@
+"""End to end against the real simulator process: the offload tier is what makes turn 2 fast.
+
+These run `kvbench run` the way a user does (a subprocess), so engine start-up, the client, records,
+resume and reports are all real; the engine is the built-in simulator (Llama-3.1-8B on 1x H100).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvbench.harness.records import read_records
+from kvbench.harness.result import read_result
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = {
+    "name": "it-probe",
+    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+    "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
+    "compare": {"baseline": "AMG-OFF"},
+    "workload": {
+        "kind": "multi_round_qa",
+        "context_tokens": [2000, 16000],
+        "conversations": 2,
+        "turns": 2,
+        "answer_tokens": 8,
+        "warmup_requests": 1,
+        "between_turns": {"mode": "reset_prefix_cache"},
+    },
+    "seed": 3,
+}
+
+
+def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def write_scenario(tmp_path: Path, **overrides: object) -> Path:
+    data = {**SCENARIO, **overrides}
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def only_run_dir(parent: Path) -> Path:
+    dirs = [p for p in parent.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path)
+    done = kvbench("run", str(scenario), "-o", str(tmp_path / "runs"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "% diff (t2)" in done.stdout
+    run_dir = only_run_dir(tmp_path / "runs")
+    result = read_result(run_dir / "summary.json")
+    assert result.complete and result.requests.errors == 0
+
+    def median(arm: str, ctx: int, turn: int) -> float:
+        cell = result.cell(arm, ctx, turn)
+        assert cell is not None and cell.ttft is not None
+        return cell.ttft.median_ms
+
+    # OFF: the GPU cache was reset, nothing else holds the KV -> turn 2 recomputes everything
+    assert 0.8 < median("AMG-OFF", 16000, 2) / median("AMG-OFF", 16000, 1) < 1.3
+    # ON: turn 2 loads the KV from the CPU tier -> far below both turn 1 and OFF's turn 2
+    assert median("AMG-ON", 16000, 2) < 0.5 * median("AMG-OFF", 16000, 2)
+    assert median("AMG-ON", 16000, 2) < 0.5 * median("AMG-ON", 16000, 1)
+    diff = result.diff("AMG-ON", 16000, 2)
+    assert diff is not None and diff > 100
+
+    # the engine's own counters say why: offload-tier hits only in the ON arm's turn 2
+    on_t2 = result.cache_stats("AMG-ON", 16000, 2)
+    off_t2 = result.cache_stats("AMG-OFF", 16000, 2)
+    assert on_t2 is not None and on_t2.external_hits and on_t2.external_hits > 0.9 * 2 * 16000
+    assert off_t2 is not None and not off_t2.external_hits and not off_t2.gpu_hits
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["engines"]["AMG-ON"]["kind"] == "sim"
+    assert manifest["attempts"][-1]["status"] == "completed"
+
+    # reports come back from the stored files alone
+    before = (run_dir / "report" / "ttft_table.md").read_text()
+    (run_dir / "summary.json").unlink()
+    rebuilt = kvbench("report", str(run_dir), cwd=tmp_path)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (run_dir / "report" / "ttft_table.md").read_text() == before
+    csv_lines = (run_dir / "report" / "ttft.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + 2 * 2 * 2
+
+
+def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path)
+    runs = tmp_path / "runs"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench", "run", str(scenario), "-o", str(runs)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    records_file: Path | None = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = list(runs.glob("*/records.jsonl")) if runs.exists() else []
+        if found and sum(1 for r in read_records(found[0]) if r.phase == "measure") >= 5:
+            records_file = found[0]
+            break
+        time.sleep(0.05)
+    assert records_file is not None, "the run never produced records"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    kept = [r for r in read_records(records_file) if r.phase == "measure"]
+    assert len(kept) >= 5
+
+    run_dir = records_file.parent
+    resumed = kvbench("run", "--resume", str(run_dir), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    after = list(read_records(records_file))
+    # nothing measured before the kill was lost, and the second attempt finished the plan
+    assert {r.request_id for r in kept} <= {r.request_id for r in after}
+    assert {r.attempt for r in after} == {0, 1}
+    result = read_result(run_dir / "summary.json")
+    assert result.complete
+    assert all(cell.ttft is not None and cell.ttft.n == 2 for cell in result.cells)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert [a["status"] for a in manifest["attempts"]] == ["running", "completed"]

@@ -1,0 +1,148 @@
+"""Aggregation from records to the RunResult: % diff formula, medians, attempts, cache stats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvbench.harness.aggregate import GroupDone, MetricsDelta, aggregate
+from kvbench.harness.records import RecordWriter, RequestRecord, read_records
+from kvbench.harness.result import pct_diff, read_result, write_result
+from kvbench.harness.scenario import parse_scenario
+from kvbench.reports.renderers import markdown_table
+
+SCENARIO = parse_scenario(
+    {
+        "name": "agg",
+        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
+        "workload": {"kind": "multi_round_qa", "context_tokens": [1000, 8000], "conversations": 3},
+    },
+    "test",
+)
+
+
+def test_pct_diff_reference_rows() -> None:
+    assert pct_diff(22998.583, 301.481) == pytest.approx(7528.53, abs=0.005)
+    assert pct_diff(27.925, 25.328) == pytest.approx(10.25, abs=0.005)
+    assert pct_diff(None, 1.0) is None
+    assert pct_diff(1.0, 0.0) is None
+
+
+def rec(
+    arm: str,
+    ctx: int,
+    conv: int,
+    turn: int,
+    ttft_ms: float | None,
+    *,
+    attempt: int = 0,
+    ok: bool = True,
+    phase: str = "measure",
+) -> RequestRecord:
+    return RequestRecord(
+        arm=arm, attempt=attempt, phase=phase, repetition=0, context_tokens=ctx, conversation=conv, turn=turn,
+        request_id=f"{arm}{ctx}{conv}{turn}{attempt}", api="chat", started_ns=0,
+        ttft_ns=None if ttft_ms is None else int(ttft_ms * 1e6), e2e_ns=None, ok=ok,
+        error_kind=None if ok else "timeout", prompt_tokens=ctx, cached_tokens=0,
+    )  # fmt: skip
+
+
+def full_records(on_t2: float, attempt: int = 0) -> list[RequestRecord]:
+    out = []
+    for ctx, base in ((1000, 100.0), (8000, 800.0)):
+        for conv, jitter in enumerate((0.0, 10.0, 20.0)):
+            out.append(rec("AMG-OFF", ctx, conv, 1, base + jitter, attempt=attempt))
+            out.append(rec("AMG-OFF", ctx, conv, 2, base + jitter + 5, attempt=attempt))
+            out.append(rec("AMG-ON", ctx, conv, 1, base + jitter, attempt=attempt))
+            out.append(rec("AMG-ON", ctx, conv, 2, on_t2 + jitter, attempt=attempt))
+    return out
+
+
+def done_all(attempt: int = 0) -> list[GroupDone]:
+    return [
+        GroupDone(arm=arm, repetition=0, context_tokens=ctx, attempt=attempt)
+        for arm in ("AMG-OFF", "AMG-ON")
+        for ctx in (1000, 8000)
+    ]
+
+
+def test_medians_and_diff() -> None:
+    result = aggregate(SCENARIO, "r", full_records(on_t2=50.0), done_all())
+    cell = result.cell("AMG-OFF", 8000, 2)
+    assert cell is not None and cell.ttft is not None
+    assert cell.ttft.median_ms == pytest.approx(815.0)
+    assert cell.ttft.n == 3
+    assert cell.ttft.p90_ms == pytest.approx(823.0)
+    # OFF t2 median 815 vs ON t2 median 60 -> (815/60 - 1) * 100
+    assert result.diff("AMG-ON", 8000, 2) == pytest.approx((815 / 60 - 1) * 100)
+    assert result.complete
+    assert result.requests.measured == 24 and result.requests.errors == 0
+
+
+def test_errors_are_counted_not_timed() -> None:
+    records = [*full_records(on_t2=50.0), rec("AMG-ON", 1000, 3, 2, None, ok=False)]
+    result = aggregate(SCENARIO, "r", records, done_all())
+    cell = result.cell("AMG-ON", 1000, 2)
+    assert cell is not None and cell.errors == 1 and cell.ttft is not None and cell.ttft.n == 3
+    assert result.requests.errors_by_kind == {"timeout": 1}
+
+
+def test_superseded_attempt_is_discarded() -> None:
+    # attempt 0 died during AMG-ON 8000 (partial, slow numbers); attempt 1 re-ran that group
+    first = [r for r in full_records(on_t2=9999.0) if not (r.arm == "AMG-ON" and r.context_tokens == 8000)]
+    partial = [rec("AMG-ON", 8000, 0, 1, 5000.0)]
+    rerun = [r for r in full_records(on_t2=50.0, attempt=1) if r.arm == "AMG-ON" and r.context_tokens == 8000]
+    done = [*done_all()[:3], GroupDone(arm="AMG-ON", repetition=0, context_tokens=8000, attempt=1)]
+    result = aggregate(SCENARIO, "r", first + partial + rerun, done)
+    cell = result.cell("AMG-ON", 8000, 1)
+    assert cell is not None and cell.ttft is not None and cell.ttft.median_ms == pytest.approx(810.0)
+    assert result.requests.discarded == 1
+    assert result.complete
+
+
+def test_incomplete_run_reports_what_it_has() -> None:
+    records = [r for r in full_records(on_t2=50.0) if r.arm == "AMG-OFF"]
+    result = aggregate(SCENARIO, "r", records, done_all()[:2])
+    assert not result.complete
+    assert result.cell("AMG-ON", 1000, 1) is None
+    assert "—" in markdown_table(result)
+
+
+def test_cache_stats_from_metric_deltas() -> None:
+    on_t2 = {
+        "gpu_prefix_queries": 24000.0,
+        "gpu_prefix_hits": 0.0,
+        "external_prefix_queries": 24000.0,
+        "external_prefix_hits": 23808.0,
+    }
+    metrics = [
+        MetricsDelta(arm="AMG-ON", attempt=0, repetition=0, context_tokens=8000, turn=2, values=on_t2),
+        # a superseded attempt's counters must not count
+        MetricsDelta(
+            arm="AMG-ON", attempt=7, repetition=0, context_tokens=8000, turn=2, values={"external_prefix_hits": 1e9}
+        ),
+    ]
+    result = aggregate(SCENARIO, "r", full_records(on_t2=50.0), done_all(), metrics)
+    stats = result.cache_stats("AMG-ON", 8000, 2)
+    assert stats is not None
+    assert stats.external_hit_rate == pytest.approx(0.992)
+    assert stats.hit_rate == pytest.approx(0.992)
+    assert "AMG-ON t2 hit %" in markdown_table(result)
+
+
+def test_result_file_roundtrip(tmp_path: Path) -> None:
+    result = aggregate(SCENARIO, "r", full_records(on_t2=50.0), done_all())
+    write_result(result, tmp_path / "summary.json")
+    assert read_result(tmp_path / "summary.json") == result
+
+
+def test_record_writer_keeps_records_and_skips_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    with RecordWriter(path, fsync_every=2) as writer:
+        for record in full_records(on_t2=50.0)[:3]:
+            writer.append(record)
+    with path.open("a") as handle:
+        handle.write('{"arm": "AMG-ON", "attem')  # a writer killed mid-line
+    assert len(list(read_records(path))) == 3

@@ -1,0 +1,112 @@
+"""Multi-round QA conversations: a unique document of N tokens, then one question per turn.
+
+Turn 1 sends the document and the first question. Every later turn resends the whole history
+(document, earlier questions and the engine's own answers) plus a new question, which is what a
+chat or agent front end does. The engine can therefore reuse the KV of everything but the new
+question, if it still has it.
+
+Content is deterministic from (seed, repetition, context length, conversation index), so every arm
+sees byte-identical documents and questions; token counts are exact for the engine's tokenizer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from kvbench.harness.engines.base import Tokenizer
+from kvbench.harness.scenario import MultiRoundQAProbe
+from kvbench.workloads.text import fit_to_tokens
+
+SYSTEM_PROMPT = "You are a careful assistant. Answer questions about the document the user provides."
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The fixed content of one conversation (answers are added at run time)."""
+
+    repetition: int
+    context_tokens: int
+    index: int
+    document: str
+    questions: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"r{self.repetition}-c{self.context_tokens}-n{self.index}"
+
+
+@dataclass
+class ConversationState:
+    """A conversation in progress: its content plus the answers received so far."""
+
+    conversation: Conversation
+    answers: list[str] = field(default_factory=list)
+
+    @property
+    def next_turn(self) -> int:
+        return len(self.answers) + 1
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """Messages for the next turn: the whole history plus the new question."""
+        conv = self.conversation
+        turn = self.next_turn
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"{conv.document}\n\n{conv.questions[0]}"},
+        ]
+        for done in range(1, turn):
+            messages.append({"role": "assistant", "content": self.answers[done - 1]})
+            messages.append({"role": "user", "content": conv.questions[done]})
+        return messages
+
+    def completion_prompt(self) -> str:
+        conv = self.conversation
+        parts = [SYSTEM_PROMPT, conv.document]
+        for done in range(1, self.next_turn):
+            parts.append(f"Q: {conv.questions[done - 1]}\nA: {self.answers[done - 1]}")
+        parts.append(f"Q: {conv.questions[self.next_turn - 1]}\nA:")
+        return "\n\n".join(parts)
+
+    def record_answer(self, text: str) -> None:
+        self.answers.append(text)
+
+
+def conversation_rng(
+    seed: int, repetition: int, context_tokens: int, index: int, purpose: str
+) -> random.Random:
+    # string seeds are hashed with SHA-512 by random.seed, so they are stable across processes
+    return random.Random(f"kvbench:{seed}:{repetition}:{context_tokens}:{index}:{purpose}")
+
+
+async def build_conversations(
+    workload: MultiRoundQAProbe, tokenizer: Tokenizer, *, seed: int, repetition: int, context_tokens: int
+) -> list[Conversation]:
+    """The conversations of one (repetition, context length) group."""
+    conversations = []
+    for index in range(workload.conversations):
+        doc_rng = conversation_rng(seed, repetition, context_tokens, index, "document")
+        header = f"Document {repetition}-{context_tokens}-{index}. "
+        document = await fit_to_tokens(tokenizer, header, doc_rng, context_tokens)
+        questions = []
+        for turn in range(1, workload.turns + 1):
+            q_rng = conversation_rng(seed, repetition, context_tokens, index, f"question-{turn}")
+            questions.append(
+                await fit_to_tokens(tokenizer, f"Question {turn}: ", q_rng, workload.question_tokens)
+            )
+        conversations.append(
+            Conversation(
+                repetition=repetition,
+                context_tokens=context_tokens,
+                index=index,
+                document=document,
+                questions=tuple(questions),
+            )
+        )
+    return conversations
+
+
+async def build_filler(tokenizer: Tokenizer, *, seed: int, tag: str, tokens: int) -> str:
+    """An unrelated prompt used to push other users' KV out of GPU memory."""
+    rng = random.Random(f"kvbench:{seed}:filler:{tag}")
+    return await fit_to_tokens(tokenizer, f"Filler {tag}. ", rng, tokens)
