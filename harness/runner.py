@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import aiohttp
+
 from kvbench.harness.aggregate import GroupDone, MetricsDelta, aggregate
 from kvbench.harness.client import OpenAIClient, RequestOutcome
 from kvbench.harness.engines.base import LaunchContext, RunningEngine, Tokenizer
@@ -246,7 +248,12 @@ class _ArmSession:
             await self.engine.reset_prefix_cache()
 
     async def _scrape(self) -> str | None:
-        return await self.client.metrics_text()
+        """The engine's /metrics page, or None when it has none (the run goes on without cache stats)."""
+        try:
+            return await self.client.metrics_text()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            log.warning("arm %s: /metrics unavailable (%s); no cache statistics", self.arm.name, error)
+            return None
 
     async def between_turns(self, repetition: int, context_tokens: int, turn: int) -> None:
         mode = self.workload.between_turns.mode
@@ -320,7 +327,8 @@ class _ArmSession:
                 # a failed turn means later turns would not measure a returning user: stop that conversation
             after = await self._scrape()
             alive = survivors
-            if before is not None and after is not None:
+            values = _counter_deltas(before, after)
+            if values is not None:
                 self.runner.run_dir.append_metrics(
                     MetricsDelta(
                         arm=self.arm.name,
@@ -328,9 +336,19 @@ class _ArmSession:
                         repetition=repetition,
                         context_tokens=context_tokens,
                         turn=turn,
-                        values=cache_counter_deltas(before, after),
+                        values=values,
                     )
                 )
+
+
+def _counter_deltas(before: str | None, after: str | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    try:
+        return cache_counter_deltas(before, after)
+    except ValueError as error:
+        log.warning("unparseable /metrics page (%s); no cache statistics for this turn", error)
+        return None
 
 
 def summarize_run_dir(run_dir: RunDir) -> RunResult:
