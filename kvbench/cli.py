@@ -23,6 +23,9 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+if not console.is_terminal:
+    # piped or captured output (CI logs, tests) keeps whole table rows instead of wrapping at 80 columns
+    console.width = 200
 
 
 def _mount_subcommands() -> None:

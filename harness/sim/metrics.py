@@ -1,0 +1,114 @@
+"""``/metrics`` of the simulator, in Prometheus text format with vLLM's metric names.
+
+The values are read from the engine's counters at scrape time by a custom collector in a private
+:class:`~prometheus_client.CollectorRegistry`, so several servers can live in one process (tests)
+and nothing is counted twice. Prefix-cache counters are in tokens, as in vLLM:
+
+* ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` -- prompt tokens looked
+  up in the HBM prefix cache, and tokens found there (only while the HBM prefix cache is on);
+* ``vllm:external_prefix_cache_queries_total`` / ``vllm:external_prefix_cache_hits_total`` --
+  the same for the offload tiers (the KV connector, in vLLM's terms);
+* ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``;
+* gauges ``vllm:kv_cache_usage_perc`` (referenced fraction of HBM blocks, 0..1, as vLLM reports
+  it), ``vllm:num_requests_running`` (loading requests included), ``vllm:num_requests_waiting``;
+* histogram ``vllm:time_to_first_token_seconds`` (arrival to first token, vLLM's buckets);
+* ``kvbench_sim:*`` -- simulator-only extras (preemptions, steps, busy time, tier traffic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvbench.harness.sim.scheduler import TTFT_BUCKETS, EngineCore
+
+LABELS = ("model_name", "engine")
+
+
+class SimCollector(Collector):
+    """Turns the engine's counters into metric families on every scrape."""
+
+    def __init__(self, core: EngineCore, model_name: str) -> None:
+        self._core = core
+        self._labels = [model_name, "0"]
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._labels, value)
+        return family
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._labels, value)
+        return family
+
+    def collect(self) -> Iterator[Metric]:
+        core = self._core
+        stats = core.stats
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            stats.prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            stats.prefix_cache_hits,
+        )
+        yield self._counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector, in terms of number of queried tokens.",
+            stats.external_queries,
+        )
+        yield self._counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector, in terms of number of cached tokens.",
+            stats.external_hits,
+        )
+        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
+        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", core.pool.usage)
+        yield self._gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", core.num_running
+        )
+        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", core.num_waiting)
+        histogram = HistogramMetricFamily(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels=LABELS
+        )
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip(TTFT_BUCKETS, stats.ttft_buckets, strict=True):
+            cumulative += count
+            buckets.append((repr(bound), cumulative))
+        buckets.append(("+Inf", stats.ttft_count))
+        histogram.add_metric(self._labels, buckets, stats.ttft_sum)
+        yield histogram
+        yield self._counter("kvbench_sim:preemptions", "Requests preempted for lack of KV blocks.", stats.preemptions)
+        yield self._counter("kvbench_sim:engine_steps", "Engine steps run.", stats.steps)
+        yield self._counter("kvbench_sim:engine_busy_seconds", "Modelled time spent in steps.", stats.busy_s)
+        yield self._counter("kvbench_sim:hbm_evicted_blocks", "Cached HBM blocks evicted.", core.pool.evictions)
+        tier_families = (
+            (CounterMetricFamily("kvbench_sim:tier_bytes_written", "Bytes written to an offload tier.",
+                                 labels=[*LABELS, "tier"]), "bytes_written"),
+            (CounterMetricFamily("kvbench_sim:tier_bytes_read", "Bytes loaded from an offload tier.",
+                                 labels=[*LABELS, "tier"]), "bytes_read"),
+            (CounterMetricFamily("kvbench_sim:tier_evicted_chunks", "Chunks evicted from an offload tier.",
+                                 labels=[*LABELS, "tier"]), "evictions"),
+        )  # fmt: skip
+        for family, attribute in tier_families:
+            for tier in core.tiers.tiers:
+                family.add_metric([*self._labels, tier.kind], float(getattr(tier, attribute)))
+            yield family
+
+
+def metrics_registry(core: EngineCore, model_name: str) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SimCollector(core, model_name))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,535 @@
+"""Continuous batching for the simulator: which tokens run in each step, and when steps end.
+
+:class:`EngineCore` is a pure state machine in the style of vLLM's V1 scheduler. Every step it
+
+1. walks the running requests in admission order: a request still prefilling gets the next chunk
+   of its prompt (as much as the step's token budget ``max_batch_tokens`` allows), a decoding
+   request gets one token -- and a new KV block when it crosses a block boundary; if none is
+   left, the most recently admitted request is preempted (its blocks freed; it is recomputed
+   later, as vLLM's recompute preemption does);
+2. admits waiting requests first come, first served, while budget, ``max_num_seqs`` and blocks
+   allow. Admission looks the prompt up in the HBM prefix cache, then looks the rest up in the
+   offload tiers; a tier hit puts the request into a *loading* state until its chunks are in HBM,
+   and only then does its prefill of the remaining tokens start. All blocks of the prompt are
+   allocated at admission (a request that does not fit waits: ``num_requests_waiting``).
+
+:meth:`EngineCore.plan` returns the step and its modelled duration; :meth:`EngineCore.complete`
+applies it at the step's end time: KV is now computed, full blocks enter the prefix cache, first
+and next tokens are sampled and handed to each request's sink, finished requests are written to
+the offload tiers and release their blocks. Times are passed in, never read, so tests can drive
+the core on a virtual clock.
+
+:class:`EngineLoop` drives the core in real time on asyncio: plan, sleep until the step's end,
+complete. Step start times chain from the previous step's end, so the loop's own bookkeeping does
+not add to the modelled time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvbench.harness.sim.kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, chain_hashes
+from kvbench.harness.sim.profiles import Deployment
+from kvbench.harness.sim.settings import SimSettings
+from kvbench.harness.sim.timemodel import StepWork, TimeModel
+from kvbench.harness.sim.tokenizer import GENERATED_FIRST_IDS, GENERATED_NEXT_IDS, token_text
+
+logger = logging.getLogger(__name__)
+
+TTFT_BUCKETS: tuple[float, ...] = (
+    # vLLM's buckets for vllm:time_to_first_token_seconds
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    LOADING = "loading"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    reason: str
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+
+
+Event = TokenEvent | FinishEvent | ErrorEvent
+Sink = Callable[[Event], None]
+
+
+class SimRequest:
+    """One request inside the engine."""
+
+    __slots__ = (
+        "arrival", "blocks", "cached_tokens", "chunk_keys", "external_tokens", "first_token_at",
+        "hashes", "hbm_hit_tokens", "load_ready_at", "max_tokens", "num_computed", "outputs", "phase",
+        "prefill_target", "prompt_tokens", "registered", "request_id", "rng", "sink", "tokens",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sink: Sink,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        self.request_id = request_id
+        self.tokens = list(prompt_ids)
+        """Prompt ids followed by the ids generated so far."""
+        self.prompt_tokens = len(prompt_ids)
+        self.max_tokens = max_tokens
+        self.sink = sink
+        # Greedy (temperature 0) output depends only on the prompt; sampled output on the seed.
+        if temperature <= 0:
+            self.rng = random.Random(hash(tuple(prompt_ids[-256:])) ^ len(prompt_ids))
+        else:
+            self.rng = random.Random(seed)
+        self.phase = Phase.WAITING
+        self.arrival = 0.0
+        self.first_token_at: float | None = None
+        self.num_computed = 0
+        """Tokens whose KV is in HBM."""
+        self.prefill_target = 0
+        """Tokens to compute before the next token is sampled (set at admission)."""
+        self.outputs = 0
+        self.blocks: list[Block] = []
+        self.registered = 0
+        """Leading blocks already offered to the prefix cache."""
+        self.hashes: list[int] = []
+        self.chunk_keys: list[int] = []
+        self.hbm_hit_tokens = 0
+        self.external_tokens = 0
+        self.cached_tokens: int | None = None
+        self.load_ready_at = 0.0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    def next_token(self) -> int:
+        pool = GENERATED_FIRST_IDS if self.outputs == 0 else GENERATED_NEXT_IDS
+        return pool[self.rng.randrange(len(pool))]
+
+    def block_hashes(self, block_tokens: int, tokens: int) -> list[int]:
+        """Hashes of the full blocks among the first ``tokens`` tokens (extended as needed)."""
+        have = len(self.hashes)
+        if have < tokens // block_tokens:
+            parent = self.hashes[-1] if self.hashes else ROOT_HASH
+            self.hashes.extend(chain_hashes(self.tokens[:tokens], block_tokens, have * block_tokens, parent))
+        return self.hashes
+
+    def offload_keys(self, tiers: OffloadTiers, tokens: int) -> list[int]:
+        have = len(self.chunk_keys)
+        if have < tokens // tiers.chunk_tokens:
+            parent = self.chunk_keys[-1] if self.chunk_keys else ROOT_HASH
+            self.chunk_keys.extend(tiers.chunk_hashes(self.tokens[:tokens], have * tiers.chunk_tokens, parent))
+        return self.chunk_keys[: tokens // tiers.chunk_tokens]
+
+
+@dataclass
+class Stats:
+    """Counters behind ``/metrics`` (token counts, like vLLM's)."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    external_queries: int = 0
+    external_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    aborted: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+    ttft_count: int = 0
+    ttft_sum: float = 0.0
+    ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft_count += 1
+        self.ttft_sum += seconds
+        for index, bound in enumerate(TTFT_BUCKETS):
+            if seconds <= bound:
+                self.ttft_buckets[index] += 1
+                break
+
+
+@dataclass
+class Plan:
+    """One step: what runs, the work it does and how long it takes."""
+
+    prefills: list[tuple[SimRequest, int]]
+    decodes: list[SimRequest]
+    work: StepWork
+    seconds: float
+
+
+class EngineCore:
+    """The simulated engine's state: queues, KV cache, tiers and counters."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self.deployment: Deployment = settings.deployment()
+        self.time_model = TimeModel(self.deployment)
+        kv_tokens = self.deployment.kv_cache_tokens(settings.gpu_memory_utilization, settings.max_batch_tokens)
+        self.block_tokens = settings.block_tokens
+        num_blocks = settings.num_gpu_blocks_override or kv_tokens // settings.block_tokens
+        self.pool = BlockPool(num_blocks, settings.block_tokens, settings.hbm_prefix_caching)
+        self.pool.on_evict = self._offload_evicted
+        self.kv_cache_tokens = self.pool.num_blocks * settings.block_tokens
+        limit = min(self.deployment.model.max_position_embeddings, self.kv_cache_tokens)
+        self.max_model_len = min(settings.max_model_len, limit) if settings.max_model_len else limit
+        self.tiers = OffloadTiers(
+            settings.offload,
+            self.deployment.kv_bytes_per_token,
+            self.deployment.hardware.host_link_bytes_per_s * self.deployment.tp,
+        )
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = Stats()
+        self._now = 0.0
+        # hash of the HBM block holding the end of an offload chunk -> that chunk's key, for the
+        # write-on-eviction path (filled when requests finish, emptied by eviction and reset)
+        self._chunk_of_block: dict[int, int] = {}
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, request: SimRequest, now: float) -> None:
+        total = request.prompt_tokens + request.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request "
+                f"has {request.prompt_tokens} prompt tokens and asks for {request.max_tokens} output tokens"
+            )
+        request.arrival = now
+        self.waiting.append(request)
+
+    def abort(self, request: SimRequest) -> None:
+        """Stop a request whose client went away (no tier write, blocks released)."""
+        if request.phase in (Phase.FINISHED, Phase.ABORTED):
+            return
+        if request.phase is Phase.WAITING:
+            self.waiting.remove(request)
+        else:
+            self.running.remove(request)
+            self.pool.release(request.blocks)
+            request.blocks = []
+        request.phase = Phase.ABORTED
+        self.stats.aborted += 1
+
+    def fail_all(self, message: str) -> None:
+        """Fail every request (the engine loop died)."""
+        for request in [*self.running, *self.waiting]:
+            request.sink(ErrorEvent(message))
+            self.abort(request)
+
+    def reset_prefix_cache(self) -> int:
+        self._chunk_of_block.clear()
+        return self.pool.reset()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def next_wakeup(self) -> float | None:
+        """When the earliest loading request has its KV in HBM (None if none is loading)."""
+        times = [r.load_ready_at for r in self.running if r.phase is Phase.LOADING]
+        return min(times) if times else None
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def plan(self, now: float) -> Plan | None:
+        """The next step starting at ``now``, or None if nothing can run yet."""
+        self._now = now
+        budget = self.settings.max_batch_tokens
+        work = StepWork()
+        prefills: list[tuple[SimRequest, int]] = []
+        decodes: list[SimRequest] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            index += 1
+            if request.phase is Phase.LOADING:
+                if request.load_ready_at > now:
+                    continue
+                request.phase = Phase.RUNNING
+            if request.prefilling:
+                chunk = min(request.prefill_target - request.num_computed, budget)
+                work.add_prefill(
+                    chunk, request.num_computed, last=request.num_computed + chunk == request.prefill_target
+                )
+                prefills.append((request, chunk))
+                budget -= chunk
+            else:
+                if not self._grow(request, request.num_computed + 1):
+                    break  # the request preempted itself: nothing after it is running
+                work.add_decode(request.num_computed)
+                decodes.append(request)
+                budget -= 1
+        while self.waiting and budget > 0 and len(self.running) < self.settings.max_num_seqs:
+            request = self.waiting[0]
+            if not self._admit(request, now):
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            if request.phase is Phase.LOADING:
+                continue
+            chunk = min(request.prefill_target - request.num_computed, budget)
+            work.add_prefill(chunk, request.num_computed, last=request.num_computed + chunk == request.prefill_target)
+            prefills.append((request, chunk))
+            budget -= chunk
+        if not prefills and not decodes:
+            return None
+        return Plan(prefills, decodes, work, self.time_model.step_seconds(work))
+
+    def complete(self, plan: Plan, end: float) -> None:
+        """Apply a planned step that ended at ``end``."""
+        self._now = end
+        self.stats.steps += 1
+        self.stats.busy_s += plan.seconds
+        for request, chunk in plan.prefills:
+            if request.phase is not Phase.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed += chunk
+            self._register(request)
+            if not request.prefilling:
+                if request.first_token_at is None:
+                    self.stats.prompt_tokens += request.prompt_tokens
+                self._sample(request, end)
+        for request in plan.decodes:
+            if request.phase is not Phase.RUNNING:
+                continue
+            request.num_computed += 1
+            self._register(request)
+            self._sample(request, end)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _admit(self, request: SimRequest, now: float) -> bool:
+        block_tokens = self.block_tokens
+        target = len(request.tokens)
+        hashes = request.block_hashes(block_tokens, target)
+        hits = self.pool.lookup(hashes, (target - 1) // block_tokens)
+        new_blocks = math.ceil(target / block_tokens) - len(hits)
+        if not self.pool.can_allocate(hits, new_blocks):
+            return False
+        self.pool.touch(hits)
+        request.blocks = hits + self.pool.allocate(new_blocks)
+        request.registered = len(hits)
+        request.prefill_target = target
+        hbm_tokens = len(hits) * block_tokens
+        request.num_computed = hbm_tokens
+        request.phase = Phase.RUNNING
+        external = 0
+        if self.tiers.enabled:
+            keys = request.offload_keys(self.tiers, target)
+            hit = self.tiers.lookup(keys, target - 1, hbm_tokens, now)
+            if hit.tokens > 0:
+                external = hit.tokens
+                request.num_computed = hbm_tokens + external
+                request.load_ready_at = hit.ready_at
+                request.phase = Phase.LOADING
+        if request.cached_tokens is None:  # first admission (not a re-admission after preemption)
+            request.hbm_hit_tokens = hbm_tokens
+            request.external_tokens = external
+            request.cached_tokens = hbm_tokens + external
+            if self.pool.caching:
+                self.stats.prefix_cache_queries += target
+                self.stats.prefix_cache_hits += hbm_tokens
+            if self.tiers.enabled:
+                self.stats.external_queries += target
+                self.stats.external_hits += external
+        return True
+
+    def _grow(self, request: SimRequest, tokens: int) -> bool:
+        """Give ``request`` blocks for ``tokens`` tokens, preempting newer requests if needed.
+
+        False if ``request`` itself had to be preempted.
+        """
+        need = math.ceil(tokens / self.block_tokens) - len(request.blocks)
+        while need > self.pool.available:
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        if need > 0:
+            request.blocks.extend(self.pool.allocate(need))
+        return True
+
+    def _preempt(self, request: SimRequest) -> None:
+        logger.info("preempting %s (%d tokens in KV)", request.request_id, request.num_computed)
+        self.running.remove(request)
+        self.pool.release(request.blocks)
+        request.blocks = []
+        request.registered = 0
+        request.num_computed = 0
+        request.phase = Phase.WAITING
+        self.waiting.appendleft(request)
+        self.stats.preemptions += 1
+
+    def _register(self, request: SimRequest) -> None:
+        """Offer the request's newly completed full blocks to the prefix cache."""
+        if not self.pool.caching:
+            return
+        full = request.num_computed // self.block_tokens
+        if full <= request.registered:
+            return
+        hashes = request.block_hashes(self.block_tokens, request.num_computed)
+        blocks = request.blocks
+        register = self.pool.register
+        for index in range(request.registered, full):
+            register(blocks[index], hashes[index])
+        request.registered = full
+
+    def _sample(self, request: SimRequest, now: float) -> None:
+        token_id = request.next_token()
+        request.tokens.append(token_id)
+        request.outputs += 1
+        self.stats.generation_tokens += 1
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.stats.observe_ttft(max(0.0, now - request.arrival))
+        request.sink(TokenEvent(token_id, token_text(token_id)))
+        if request.outputs >= request.max_tokens:
+            self._finish(request, now)
+
+    def _finish(self, request: SimRequest, now: float) -> None:
+        request.phase = Phase.FINISHED
+        self.running.remove(request)
+        if self.tiers.enabled:
+            keys = request.offload_keys(self.tiers, request.num_computed)
+            self.tiers.store(keys, now)
+            if self.pool.caching:
+                self._remember_chunk_ends(request, keys)
+        self.pool.release(request.blocks)
+        request.blocks = []
+        self.stats.finished += 1
+        usage = Usage(request.prompt_tokens, request.outputs, request.cached_tokens or 0)
+        request.sink(FinishEvent("length", usage))
+
+    def _remember_chunk_ends(self, request: SimRequest, keys: list[int]) -> None:
+        hashes = request.block_hashes(self.block_tokens, request.num_computed)
+        chunk_tokens = self.tiers.chunk_tokens
+        for index, key in enumerate(keys):
+            block = ((index + 1) * chunk_tokens - 1) // self.block_tokens
+            if block < len(hashes):
+                self._chunk_of_block[hashes[block]] = key
+
+    def _offload_evicted(self, block_hash: int) -> None:
+        # A cached block leaves HBM: if its chunk has meanwhile dropped out of every tier, write
+        # it again (write-on-eviction); usually the write at completion already stored it.
+        key = self._chunk_of_block.pop(block_hash, None)
+        if key is not None and not self.tiers.holds(key):
+            self.tiers.store([key], self._now)
+
+
+MAX_LAG_S = 0.25
+"""If the event loop falls this far behind the modelled timeline, restart the timeline at now."""
+
+
+class EngineLoop:
+    """Runs an :class:`EngineCore` in real time: the server's only writer of engine state."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.failure: BaseException | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="kvbench-sim-engine")
+        self._task.add_done_callback(self._on_done)
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self._task = None
+
+    def submit(self, request: SimRequest) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"the simulated engine has failed: {self.failure!r}")
+        self.core.add_request(request, time.monotonic())
+        self._wake.set()
+
+    def abort(self, request: SimRequest) -> None:
+        self.core.abort(request)
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self.failure = error
+            logger.error("the simulated engine loop failed", exc_info=error)
+            self.core.fail_all(f"the simulated engine failed: {error!r}")
+
+    async def _run(self) -> None:
+        core = self.core
+        busy_until: float | None = None
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            # chain steps back to back; after idle time (or a long stall) start again from now
+            start = busy_until if busy_until is not None and now - busy_until < MAX_LAG_S else now
+            plan = core.plan(start)
+            if plan is None:
+                busy_until = None
+                wakeup = core.next_wakeup()
+                timeout = None if wakeup is None else max(0.0, wakeup - time.monotonic())
+                if timeout is None or timeout > 0:
+                    # a timeout means a load finished: plan again either way
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            end = start + plan.seconds
+            delay = end - time.monotonic()
+            await asyncio.sleep(max(0.0, delay))
+            core.complete(plan, end)
+            busy_until = end

@@ -1,0 +1,414 @@
+"""The simulator's HTTP server: an OpenAI-compatible API shaped like vLLM's.
+
+Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming SSE or one JSON
+answer, with ``usage.prompt_tokens_details.cached_tokens``), ``GET /v1/models``, ``GET /health``,
+``GET /version``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's request and response
+shapes), ``POST /reset_prefix_cache`` and ``GET /metrics``.
+
+Handlers only translate HTTP to engine requests: the :class:`~.scheduler.EngineLoop` decides when
+each token exists, and a handler writes it out the moment its event arrives. A client that goes
+away aborts its request, which frees its KV blocks (the server runs with handler cancellation).
+Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+import kvbench
+from kvbench.harness.engines.sim import url_host
+from kvbench.harness.sim.metrics import metrics_registry, render
+from kvbench.harness.sim.scheduler import (
+    EngineCore,
+    EngineLoop,
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    SimRequest,
+    TokenEvent,
+    Usage,
+)
+from kvbench.harness.sim.settings import SimSettings
+from kvbench.harness.sim.tokenizer import SimTokenizer, apply_chat_template
+
+logger = logging.getLogger(__name__)
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text format, as vLLM serves it
+MAX_BODY_BYTES = 256 * 1024 * 1024  # a 2M-token prompt as JSON is ~12 MB; leave room for messages
+
+
+class ApiError(Exception):
+    """An error answered as JSON with an HTTP status."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        return web.json_response(body, status=self.status)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+
+
+def _int_field(body: Mapping[str, Any], name: str, default: int | None, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ApiError(400, f"'{name}' must be an integer >= {minimum}, got {value!r}", param=name)
+    return value
+
+
+def _float_field(body: Mapping[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ApiError(400, f"'{name}' must be a number >= 0, got {value!r}", param=name)
+    return float(value)
+
+
+def _token_list(value: object, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ApiError(400, f"'{name}' must be a list of token ids", param=name)
+    return value
+
+
+class SimServer:
+    """State and handlers of one simulator server."""
+
+    def __init__(self, settings: SimSettings) -> None:
+        self.settings = settings
+        self.model_name = settings.name
+        self.core = EngineCore(settings)
+        self.loop = EngineLoop(self.core)
+        self.tokenizer = SimTokenizer()
+        self.registry = metrics_registry(self.core, self.model_name)
+        self.started = int(time.time())
+
+    # -- application ------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_get("/metrics", self.metrics)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.loop.start()
+        deployment = self.core.deployment
+        logger.info(
+            "simulating %s: KV cache %d tokens (%d blocks of %d), max_model_len %d, HBM prefix caching %s, "
+            "offload profile %r with tiers [%s]",
+            deployment.label,
+            self.core.kv_cache_tokens,
+            self.core.pool.num_blocks,
+            self.settings.block_tokens,
+            self.core.max_model_len,
+            "on" if self.core.pool.caching else "off",
+            self.settings.offload.name,
+            ", ".join(f"{t.kind} {t.capacity_gb:g} GB" for t in self.settings.offload.tiers),
+        )
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await self.loop.stop()
+
+    # -- simple routes ----------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.loop.failure is not None:
+            return web.Response(status=503, text=f"engine failed: {self.loop.failure!r}")
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": kvbench.__version__})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "kvbench-sim",
+            "root": self.core.deployment.model.hf_id,
+            "parent": None,
+            "max_model_len": self.core.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=render(self.registry), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        dropped = self.core.reset_prefix_cache()
+        logger.info("reset_prefix_cache: dropped %d cached blocks (offload tiers kept)", dropped)
+        return web.Response(status=200)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        self._check_model(body)
+        if "messages" in body:
+            ids = self._chat_ids(body)
+        elif isinstance(body.get("prompt"), str):
+            ids = self.tokenizer.encode_sync(body["prompt"])
+        else:
+            raise ApiError(400, "give 'prompt' (a string) or 'messages'", param="prompt")
+        return web.json_response(
+            {"count": len(ids), "max_model_len": self.core.max_model_len, "tokens": ids, "token_strs": None}
+        )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        self._check_model(body)
+        ids = _token_list(body.get("tokens"), "tokens")
+        try:
+            text = self.tokenizer.decode_sync(ids)
+        except ValueError as error:
+            raise ApiError(400, str(error), param="tokens") from None
+        return web.json_response({"prompt": text})
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        self._check_model(body)
+        ids = self._chat_ids(body)
+        max_tokens = _int_field(body, "max_completion_tokens", None, 1)
+        if max_tokens is None:
+            max_tokens = _int_field(body, "max_tokens", None, 1)
+        return await self._generate(request, body, ids, max_tokens, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode_sync(prompt)
+        elif isinstance(prompt, list):
+            ids = _token_list(prompt, "prompt")
+        else:
+            raise ApiError(400, "'prompt' must be a string, a list of token ids, or a batch of one", param="prompt")
+        max_tokens = _int_field(body, "max_tokens", None, 1)
+        return await self._generate(request, body, ids, max_tokens, chat=False)
+
+    async def _generate(
+        self, request: web.Request, body: Mapping[str, Any], ids: list[int], max_tokens: int | None, chat: bool
+    ) -> web.StreamResponse:
+        if _int_field(body, "n", 1, 1) != 1:
+            raise ApiError(400, "the simulator supports only n=1", param="n")
+        if not ids:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        temperature = _float_field(body, "temperature", 1.0)
+        seed = _int_field(body, "seed", None, 0)
+        stream = bool(body.get("stream", False))
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage", False)) if isinstance(options, Mapping) else False
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if max_tokens is None:
+            # like vLLM, a request without max_tokens may use what is left of the context
+            max_tokens = max(1, min(self.settings.default_max_tokens, self.core.max_model_len - len(ids)))
+        sim_request = SimRequest(request_id, ids, max_tokens, queue.put_nowait, temperature=temperature, seed=seed)
+        try:
+            self.loop.submit(sim_request)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+        except RuntimeError as error:
+            raise ApiError(503, str(error), kind="ServiceUnavailableError") from None
+        done = False
+        try:
+            if stream:
+                response, done = await self._stream(request, request_id, queue, chat, include_usage)
+            else:
+                response = await self._collect(request_id, queue, chat)
+                done = True
+            return response
+        finally:
+            if not done:
+                self.loop.abort(sim_request)
+
+    async def _stream(
+        self, request: web.Request, request_id: str, queue: asyncio.Queue[Event], chat: bool, include_usage: bool
+    ) -> tuple[web.StreamResponse, bool]:
+        """Stream a request's events as SSE; returns the response and whether it completed."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def frame(choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
+            payload: dict[str, Any] = {
+                "id": request_id, "object": kind, "created": created, "model": self.model_name, "choices": choices,
+            }  # fmt: skip
+            if usage is not None:
+                payload["usage"] = _usage_json(usage)
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+        def choice(text: str, finish_reason: str | None, role: bool = False) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+        try:
+            if chat:
+                await response.write(frame([choice("", None, role=True)]))
+            async for event in _events(queue):
+                if isinstance(event, TokenEvent):
+                    await response.write(frame([choice(event.text, None)]))
+                elif isinstance(event, FinishEvent):
+                    await response.write(frame([choice("", event.reason)]))
+                    if include_usage:
+                        await response.write(frame([], event.usage))
+                else:
+                    error = {"error": {"message": event.message, "type": "InternalServerError", "code": 500}}
+                    await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            # the client went away mid-stream; the caller stops generating
+            logger.info("%s: client disconnected", request_id)
+            return response, False
+        return response, True
+
+    async def _collect(self, request_id: str, queue: asyncio.Queue[Event], chat: bool) -> web.Response:
+        texts: list[str] = []
+        finish: FinishEvent | None = None
+        async for event in _events(queue):
+            if isinstance(event, TokenEvent):
+                texts.append(event.text)
+            elif isinstance(event, FinishEvent):
+                finish = event
+            else:
+                raise ApiError(500, event.message, kind="InternalServerError")
+        assert finish is not None
+        text = "".join(texts)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish.reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish.reason}
+        return web.json_response(
+            {
+                "id": request_id,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": _usage_json(finish.usage),
+            }
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as error:
+            raise ApiError(400, f"the request body is not valid JSON: {error}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    def _check_model(self, body: Mapping[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", kind="NotFoundError", param="model")
+
+    def _chat_ids(self, body: Mapping[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, Mapping) for m in messages):
+            raise ApiError(400, "'messages' must be a non-empty list of message objects", param="messages")
+        add_generation_prompt = body.get("add_generation_prompt", True)
+        try:
+            text = apply_chat_template(messages, add_generation_prompt=bool(add_generation_prompt))
+        except ValueError as error:
+            raise ApiError(400, str(error), param="messages") from None
+        return self.tokenizer.encode_sync(text)
+
+
+async def _events(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
+    """A request's events until (and including) its finish or error."""
+    while True:
+        event = await queue.get()
+        yield event
+        if isinstance(event, FinishEvent | ErrorEvent):
+            return
+
+
+def _usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def create_app(settings: SimSettings) -> web.Application:
+    """The aiohttp application of one simulator server (the engine starts with the app)."""
+    return SimServer(settings).app()
+
+
+@contextlib.asynccontextmanager
+async def running_server(settings: SimSettings, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve in this process (tests, notebooks); yields the base URL, e.g. http://127.0.0.1:8000."""
+    runner = web.AppRunner(create_app(settings), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    try:
+        addresses = runner.addresses
+        bound_port = addresses[0][1] if addresses else port
+        yield f"http://{url_host(host)}:{bound_port}"
+    finally:
+        await runner.cleanup()
+
+
+def serve(settings: SimSettings, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False) -> None:
+    """Run a simulator server until SIGINT/SIGTERM (``kvbench sim serve``)."""
+    web.run_app(
+        create_app(settings),
+        host=host,
+        port=port,
+        handler_cancellation=True,
+        access_log=logging.getLogger("aiohttp.access") if access_log else None,
+        print=None,
+    )

@@ -1,0 +1,95 @@
+"""The settings one simulator server runs with (the JSON file ``kvbench sim serve --config`` reads).
+
+:class:`~kvbench.harness.engines.sim.SimEngine` writes this file from the scenario's engine
+section, the arm's offload profile and the runner's prefix-caching decision; ``kvbench sim serve``
+can also build it from command-line options.
+
+Fault injection (latency spikes, 5xx bursts, dropped streams, slow or full tiers) is meant to
+arrive later as one more optional field, ``faults``, read by the server's request path and by the
+offload tiers; nothing here needs to change shape for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from kvbench.harness.engines.configs import SimEngineConfig
+from kvbench.harness.model import StrictModel
+from kvbench.harness.sim.profiles import Deployment
+from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile
+
+
+class SimSettings(StrictModel):
+    """Everything a simulator server needs: the deployment, engine knobs and the offload tiers."""
+
+    model: str = Field(description="Simulator model profile (kvbench sim profiles).")
+    hardware: str = Field(description="Simulator hardware profile.")
+    tp: int = Field(default=1, ge=1, le=8, description="Tensor parallel degree.")
+    dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="Weight/KV dtype; default: the model profile's."
+    )
+    served_model_name: str | None = Field(default=None, description="Model name in the API; default: model.")
+    max_batch_tokens: int = Field(default=8192, ge=64, description="Per-step token budget (chunked prefill).")
+    max_num_seqs: int = Field(default=256, ge=1, description="Most sequences in one step (vLLM max_num_seqs).")
+    block_tokens: int = Field(default=16, ge=1, description="Tokens per KV block.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    num_gpu_blocks_override: int | None = Field(
+        default=None, ge=1, description="HBM KV blocks instead of what the memory allows (vLLM's flag of that name)."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Longest prompt + output; default: what the model and KV cache allow."
+    )
+    default_max_tokens: int = Field(
+        default=128, ge=1, description="Output tokens when a request gives no max_tokens (the sim never stops early)."
+    )
+    offload: OffloadProfile = Field(default=BUILTIN_PROFILES["hbm"], description="Offload tiers.")
+    prefix_caching: bool = Field(
+        default=True, description="False forces the HBM prefix cache off even if the profile enables it."
+    )
+
+    @model_validator(mode="after")
+    def _deployment_valid(self) -> SimSettings:
+        deployment = self.deployment()
+        deployment.kv_cache_tokens(self.gpu_memory_utilization, self.max_batch_tokens)
+        return self
+
+    def deployment(self) -> Deployment:
+        return Deployment.resolve(self.model, self.hardware, self.tp, self.dtype)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def hbm_prefix_caching(self) -> bool:
+        """Whether the HBM prefix cache is on: the profile asks for it and the runner allows it."""
+        return self.offload.prefix_caching and self.prefix_caching
+
+    @classmethod
+    def from_engine_config(cls, config: SimEngineConfig, profile: OffloadProfile, prefix_caching: bool) -> SimSettings:
+        parallel = config.parallelism
+        if parallel.pp != 1 or parallel.dp != 1 or parallel.replicas != 1:
+            raise ValueError("the simulator models tensor parallelism only: parallelism.pp, dp and replicas must be 1")
+        return cls(
+            model=config.model,
+            hardware=config.hardware,
+            tp=config.parallelism.tp,
+            dtype=config.dtype,
+            max_batch_tokens=config.max_batch_tokens,
+            block_tokens=config.block_tokens,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            offload=profile,
+            prefix_caching=prefix_caching,
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> SimSettings:
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,0 +1,140 @@
+"""How long one engine step takes, from first principles (a roofline per step).
+
+A step runs one forward pass over a batch that mixes prefill chunks and decode tokens. Its time is
+
+    max(compute, memory) + all-reduce + step overhead
+
+* compute: the transformer layers cost ``2 x body_params`` FLOPs per token and the LM head
+  ``2 x vocab x hidden`` per *sampled* token (the last prompt token, each decode token), at the
+  FP8 peak for FP8 weights; causal attention costs ``4 x layers x heads x head_dim`` FLOPs per (query, key) pair
+  -- QK^T and PV, two FLOPs per multiply-add each -- and a chunk of ``n`` new tokens after ``c``
+  cached ones has ``n*c + n(n+1)/2`` pairs, which makes long prefills superlinear. Attention runs
+  at the BF16 peak whatever the weight dtype (vLLM dequantises an FP8 KV cache in the kernel).
+  Both divide by ``tp`` and by the achieved FLOP rate ``peak x mfu``.
+* memory: every step streams this GPU's share of the weights once (all but the input embedding
+  table, which is only indexed), plus the KV cache it reads
+  (decode: the whole context of every sequence; prefill: the cached context and the new KV),
+  at ``hbm_bandwidth x hbm_efficiency``.
+* all-reduce (tp > 1): Megatron-style tensor parallelism all-reduces the hidden state twice per
+  layer (after attention and after the MLP); each costs a latency plus the ring volume
+  ``2(tp-1)/tp x tokens x hidden x 2 bytes`` at the NCCL bus bandwidth. vLLM does not overlap it
+  with compute, so it adds.
+* step overhead: scheduling, input preparation and kernel launches of one engine step.
+
+Everything is aggregated per step (tokens, attention pairs, KV tokens read), so the cost of the
+bookkeeping does not grow with the number of blocks or the context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.harness.sim.profiles import Deployment
+
+STEP_OVERHEAD_S = 1.0e-3
+"""Per-step CPU work of a vLLM V1 engine step with CUDA graphs (about a millisecond)."""
+
+ACTIVATION_BYTES = 2
+"""Activations and all-reduce payloads stay 16-bit even with FP8 weights."""
+
+
+@dataclass
+class StepWork:
+    """What one step computes, aggregated over the batch."""
+
+    tokens: int = 0
+    """New tokens run through the model (prefill chunk tokens + one per decoding sequence)."""
+    sampled: int = 0
+    """Tokens whose logits are computed (a prompt's last token, every decode token)."""
+    attention_pairs: int = 0
+    """Sum over new tokens of the number of keys each attends to (itself included)."""
+    kv_tokens: int = 0
+    """KV-cache tokens read or written by attention in this step."""
+
+    def add_prefill(self, new_tokens: int, cached_tokens: int, last: bool = True) -> None:
+        """A prefill chunk of ``new_tokens`` after ``cached_tokens`` already in the KV cache.
+
+        ``last``: the chunk ends the prompt, so its final token is sampled.
+        """
+        self.tokens += new_tokens
+        self.sampled += 1 if last else 0
+        self.attention_pairs += new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
+        self.kv_tokens += cached_tokens + new_tokens
+
+    def add_decode(self, context_tokens: int) -> None:
+        """One decode token whose sequence has ``context_tokens`` tokens in the KV cache."""
+        self.tokens += 1
+        self.sampled += 1
+        self.attention_pairs += context_tokens + 1
+        self.kv_tokens += context_tokens + 1
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The parts of a step's time, in seconds (for tests and the ``profiles`` table)."""
+
+    compute_s: float
+    memory_s: float
+    allreduce_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.allreduce_s + self.overhead_s
+
+
+class TimeModel:
+    """Seconds per step for one deployment."""
+
+    def __init__(self, deployment: Deployment, step_overhead_s: float = STEP_OVERHEAD_S) -> None:
+        self.deployment = deployment
+        model, hw, tp = deployment.model, deployment.hardware, deployment.tp
+        linear_flops = hw.peak_flops(deployment.dtype) * hw.mfu
+        self._linear_s_per_token = 2 * model.body_params / tp / linear_flops
+        self._lm_head_s_per_sample = 2 * model.lm_head_params / tp / linear_flops
+        self._attention_s_per_pair = (
+            4 * model.layers * model.heads * model.head_dim / tp / (hw.peak_bf16_flops * hw.mfu)
+        )
+        bandwidth = hw.hbm_bytes_per_s * hw.hbm_efficiency
+        self._weights_s = deployment.streamed_weight_bytes_per_gpu / bandwidth
+        self._kv_s_per_token = deployment.kv_bytes_per_token_per_gpu / bandwidth
+        if tp > 1:
+            self._allreduce_fixed_s = 2 * model.layers * hw.allreduce_latency_s
+            ring_bytes_per_token = 2 * (tp - 1) / tp * model.hidden_size * ACTIVATION_BYTES
+            self._allreduce_s_per_token = 2 * model.layers * ring_bytes_per_token / hw.allreduce_bus_bytes_per_s
+        else:
+            self._allreduce_fixed_s = 0.0
+            self._allreduce_s_per_token = 0.0
+        self._overhead_s = step_overhead_s
+
+    def cost(self, work: StepWork) -> StepCost:
+        compute = (
+            work.tokens * self._linear_s_per_token
+            + work.sampled * self._lm_head_s_per_sample
+            + work.attention_pairs * self._attention_s_per_pair
+        )
+        memory = self._weights_s + work.kv_tokens * self._kv_s_per_token
+        allreduce = self._allreduce_fixed_s + work.tokens * self._allreduce_s_per_token if work.tokens else 0.0
+        return StepCost(compute, memory, allreduce, self._overhead_s)
+
+    def step_seconds(self, work: StepWork) -> float:
+        return self.cost(work).total_s
+
+    def prefill_seconds(self, prompt_tokens: int, cached_tokens: int = 0, chunk_tokens: int = 8192) -> float:
+        """An unloaded prefill of ``prompt_tokens`` with ``cached_tokens`` already cached, chunked."""
+        done = cached_tokens
+        total = 0.0
+        while done < prompt_tokens:
+            work = StepWork()
+            n = min(chunk_tokens, prompt_tokens - done)
+            work.add_prefill(n, done, last=done + n == prompt_tokens)
+            total += self.step_seconds(work)
+            done += n
+        return total
+
+    def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
+        """One decode step of ``batch`` sequences, each with ``context_tokens`` of context."""
+        work = StepWork()
+        for _ in range(batch):
+            work.add_decode(context_tokens)
+        return self.step_seconds(work)

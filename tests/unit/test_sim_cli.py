@@ -1,0 +1,35 @@
+"""``kvbench sim``: the profiles table and serve's argument checking (the server itself is tested elsewhere)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from kvbench.harness.sim.cli import sim_app
+from kvbench.harness.sim.profiles import Deployment
+from kvbench.harness.sim.timemodel import TimeModel
+
+runner = CliRunner()
+
+
+def test_profiles_lists_models_hardware_and_shipped_deployments() -> None:
+    result = runner.invoke(sim_app, ["profiles"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name in ("llama-3.1-8b", "llama-3.1-70b", "qwen3-14b", "tiny", "h100-sxm", "h200-sxm", "fp8"):
+        assert name in result.output
+    cold_128k = TimeModel(Deployment.resolve("llama-3.1-8b", "h100-sxm")).prefill_seconds(131072)
+    assert f"{cold_128k:.2f} s" in result.output
+
+
+def test_serve_rejects_bad_settings(tmp_path: Path) -> None:
+    unknown = runner.invoke(sim_app, ["serve", "--model", "gpt-9"])
+    assert unknown.exit_code == 2 and "unknown simulator model" in unknown.output
+    offload = runner.invoke(sim_app, ["serve", "--offload", "nvme"])
+    assert offload.exit_code == 2 and "unknown offload profile" in offload.output
+    missing = runner.invoke(sim_app, ["serve", "--config", str(tmp_path / "absent.json")])
+    assert missing.exit_code == 2 and "cannot read" in missing.output
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "tiny", "hardware": "h100-sxm", "tp": 0}')
+    invalid = runner.invoke(sim_app, ["serve", "--config", str(bad)])
+    assert invalid.exit_code == 2 and "tp" in invalid.output
