@@ -103,8 +103,8 @@ def aggregate(
     rows = [record.model_dump(exclude={"itl_ns"}) for record in records]
     df = pd.DataFrame(rows)
     arms = [arm.name for arm in scenario.arms]
-    contexts = list(scenario.workload.context_tokens)
-    turns = scenario.workload.turns
+    contexts = list(scenario.probe_workload.context_tokens)
+    turns = scenario.probe_workload.turns
 
     if df.empty:
         measured = df
@@ -203,6 +203,7 @@ _CACHE_TAGS = {
     "gpu_hits": "gpu_prefix_hits",
     "external_queries": "external_prefix_queries",
     "external_hits": "external_prefix_hits",
+    "prompt_tokens": "prompt_tokens",
 }
 
 

@@ -65,6 +65,7 @@ class CacheStats(Frozen):
     gpu_hits: float | None = None
     external_queries: float | None = None
     external_hits: float | None = None
+    prompt_tokens: float | None = None
 
     @property
     def gpu_hit_rate(self) -> float | None:
@@ -76,11 +77,16 @@ class CacheStats(Frozen):
 
     @property
     def hit_rate(self) -> float | None:
-        """Share of queried prompt tokens served from any cache (GPU or offload tier)."""
-        if self.gpu_queries is None or not self.gpu_queries:
+        """Share of prompt tokens served from any cache (GPU prefix cache or offload tier).
+
+        The denominator is the engine's prompt-token counter, which counts with the prefix cache
+        off too (then hit counters stay at zero and the rate is 0, not unknown).
+        """
+        total = self.prompt_tokens or self.gpu_queries
+        if not total:
             return None
         hits = (self.gpu_hits or 0.0) + (self.external_hits or 0.0)
-        return hits / self.gpu_queries
+        return hits / total
 
 
 def _rate(hits: float | None, queries: float | None) -> float | None:
