@@ -335,7 +335,7 @@ class OpenAIClient:
 
     async def metrics_text(self) -> str:
         """The Prometheus ``/metrics`` page of the server."""
-        return await self.get_text(METRICS_PATH)
+        return await self.get_text(self._endpoint.metrics_path or METRICS_PATH)
 
 
 async def _read_snippet(response: aiohttp.ClientResponse) -> str:

@@ -4,12 +4,23 @@ A scrape of Prometheus text becomes a :class:`MetricsSnapshot`, an immutable map
 ``(sample name, frozenset of (label, value) pairs)`` to a float. Counters only mean something as
 differences, so a measurement takes a snapshot before and after and works on
 :func:`delta`. :data:`METRICS` is a declarative table of what kvbench reads, with one column of
-sample names per engine family (only vLLM is filled in today; SGLang, TensorRT-LLM or LMCache
-names are added as further entries of each :attr:`MetricSpec.names`).
+sample names per engine family (``vllm``, ``sglang``, ``trtllm``); :data:`LMCACHE_METRICS` holds
+LMCache's own counters, which appear on whatever page LMCache reports to (vLLM's ``/metrics`` with
+the in-process connector, the ``lmcache server`` sidecar's own page). :func:`family_for_engine`
+maps an engine kind to its family, :func:`metrics_path` gives the family's Prometheus path
+(TensorRT-LLM serves Prometheus text on ``/prometheus/metrics``; its ``/metrics`` is JSON), and
+:func:`detect_family` recognises a page by its name prefixes (family ``auto``).
+
+A candidate name may carry a Prometheus-style label selector, e.g.
+``sglang:cached_tokens_total{cache_source="device"}`` or ``...{cache_source!="device"}``: only
+samples whose labels match are read. Candidates are tried in order, so a version without the label
+falls back to a later, plain candidate.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -21,8 +32,38 @@ SampleKey = tuple[str, frozenset[tuple[str, str]]]
 """(sample name, frozenset of (label name, label value) pairs)."""
 
 EngineFamily = str
-"""Which column of :data:`METRICS` to read: ``"vllm"`` today; ``"sglang"``, ``"trtllm"``... later."""
+"""Which column of :data:`METRICS` to read: ``"vllm"``, ``"sglang"``, ``"trtllm"``; ``"auto"`` detects it."""
 VLLM: EngineFamily = "vllm"
+SGLANG: EngineFamily = "sglang"
+TRTLLM: EngineFamily = "trtllm"
+LMCACHE: EngineFamily = "lmcache"
+"""LMCache's names: read on any engine's page (LMCache runs inside or beside the engine)."""
+AUTO: EngineFamily = "auto"
+"""Recognise the family from the page's name prefixes (:func:`detect_family`)."""
+
+ENGINE_FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
+    {"sim": VLLM, "vllm": VLLM, "sglang": SGLANG, "trtllm": TRTLLM, "openai": AUTO}
+)
+"""Engine kind -> metric family (the simulator exposes vLLM's names; an attached endpoint is detected)."""
+
+METRICS_PATHS: Mapping[EngineFamily, str] = MappingProxyType(
+    {VLLM: "/metrics", SGLANG: "/metrics", TRTLLM: "/prometheus/metrics"}
+)
+"""Family -> path of its Prometheus page. trtllm-serve answers ``/metrics`` with JSON iteration stats and
+serves Prometheus text on ``/prometheus/metrics`` only with ``return_perf_metrics: true``."""
+
+_FAMILY_PREFIXES: tuple[tuple[EngineFamily, str], ...] = ((SGLANG, "sglang:"), (TRTLLM, "trtllm_"), (VLLM, "vllm:"))
+
+
+def family_for_engine(kind: str) -> EngineFamily:
+    """The metric family of an engine kind (``auto`` for kinds kvbench does not know)."""
+    return ENGINE_FAMILIES.get(kind, AUTO)
+
+
+def metrics_path(family: EngineFamily) -> str:
+    """The path of a family's Prometheus page (``/metrics`` unless the engine serves it elsewhere)."""
+    return METRICS_PATHS.get(family, "/metrics")
+
 
 _CUMULATIVE_SUFFIXES = ("_sum", "_count", "_bucket")
 _HISTOGRAM_TYPES = frozenset({"histogram", "summary", "gaugehistogram"})
@@ -141,9 +182,79 @@ def sum_metric(
     return total if found else None
 
 
-def _collect(snapshot: Mapping[SampleKey, float], sample_name: str, labels: Mapping[str, str] | None) -> list[float]:
+def detect_family(snapshot: Mapping[SampleKey, float]) -> EngineFamily:
+    """The engine family whose names a page uses (``sglang:``, ``trtllm_``, ``vllm:`` prefixes).
+
+    ``vllm`` when none is recognised (the simulator and most OpenAI-compatible servers use vLLM's names).
+    """
+    names = {name for name, _ in snapshot}
+    for family, prefix in _FAMILY_PREFIXES:
+        if any(name.startswith(prefix) for name in names):
+            return family
+    return VLLM
+
+
+def _resolve_family(snapshot: Mapping[SampleKey, float], family: EngineFamily) -> EngineFamily:
+    return detect_family(snapshot) if family == AUTO else family
+
+
+_CANDIDATE = re.compile(r"^(?P<name>[^{}\s]+)(?:\{(?P<selector>[^{}]*)\})?$")
+_MATCHER = re.compile(r'\s*(?P<label>[A-Za-z_][A-Za-z0-9_]*)\s*(?P<op>!=|=)\s*"(?P<value>[^"]*)"\s*(?:,|$)')
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate of :attr:`MetricSpec.names`: a sample name and an optional label selector."""
+
+    name: str
+    equal: frozenset[tuple[str, str]] = frozenset()
+    """Labels a sample must carry with exactly these values."""
+    not_equal: frozenset[tuple[str, str]] = frozenset()
+    """Labels a sample must carry with another value. Unlike Prometheus, an absent label does not match:
+    ``{cache_source!="device"}`` must not count a version that has no ``cache_source`` label at all."""
+
+    def matches(self, labels: frozenset[tuple[str, str]]) -> bool:
+        if not self.equal <= labels:
+            return False
+        present = dict(labels)
+        return all(label in present and present[label] != value for label, value in self.not_equal)
+
+
+@functools.lru_cache(maxsize=256)
+def parse_candidate(text: str) -> Candidate:
+    """``name``, ``name{label="value"}`` or ``name{label!="value", ...}``; ValueError otherwise.
+
+    ``label!="value"`` needs the label present with another value (see :attr:`Candidate.not_equal`).
+    """
+    match = _CANDIDATE.match(text.strip())
+    if match is None:
+        raise ValueError(f'not a metric candidate: {text!r} (expected name or name{{label="value"}})')
+    selector = match.group("selector")
+    equal: set[tuple[str, str]] = set()
+    not_equal: set[tuple[str, str]] = set()
+    if selector and selector.strip():
+        position = 0
+        while position < len(selector):
+            matcher = _MATCHER.match(selector, position)
+            if matcher is None or matcher.end() == position:
+                raise ValueError(f'bad label selector in {text!r}: use label="value" or label!="value"')
+            pair = (matcher.group("label"), matcher.group("value"))
+            (equal if matcher.group("op") == "=" else not_equal).add(pair)
+            position = matcher.end()
+    return Candidate(match.group("name"), frozenset(equal), frozenset(not_equal))
+
+
+def _collect(
+    snapshot: Mapping[SampleKey, float], candidate: Candidate | str, labels: Mapping[str, str] | None
+) -> list[float]:
+    if isinstance(candidate, str):
+        candidate = parse_candidate(candidate)
     wanted = frozenset(labels.items()) if labels else frozenset()
-    return [v for (name, key_labels), v in snapshot.items() if name == sample_name and wanted <= key_labels]
+    return [
+        v
+        for (name, key_labels), v in snapshot.items()
+        if name == candidate.name and wanted <= key_labels and candidate.matches(key_labels)
+    ]
 
 
 Aggregate = Literal["sum", "mean", "max"]
@@ -161,17 +272,32 @@ class MetricSpec:
     formula: str
     """What the value means and how it is computed."""
     names: Mapping[EngineFamily, tuple[str, ...]]
-    """Engine family -> candidate sample names, newest first; the first one present is used."""
+    """Engine family -> candidate sample names (optionally with a label selector), newest first; the
+    first one present is used. A spec without a column for the family falls back to its ``lmcache``
+    column (LMCache's names, which appear on any engine's page)."""
     aggregate: Aggregate = "sum"
     """How label sets (data-parallel engines, models) combine."""
 
+    def candidates(self, family: EngineFamily) -> tuple[str, ...]:
+        return self.names.get(family) or self.names.get(LMCACHE, ())
+
+    def resolve(self, snapshot: Mapping[SampleKey, float], family: EngineFamily) -> Candidate | None:
+        """The first candidate with a matching sample in ``snapshot`` (None if none, or unknown family)."""
+        family = _resolve_family(snapshot, family)
+        for text in self.candidates(family):
+            candidate = parse_candidate(text)
+            if any(name == candidate.name and candidate.matches(labels) for name, labels in snapshot):
+                return candidate
+        return None
+
     def sample_name(self, snapshot: Mapping[SampleKey, float], family: EngineFamily) -> str | None:
-        """The first candidate name present in ``snapshot`` (None if none, or unknown family)."""
-        candidates = self.names.get(family, ())
-        if not candidates:
-            return None
-        present = {name for name, _ in snapshot}
-        return next((name for name in candidates if name in present), None)
+        """The first candidate present in ``snapshot``, as written in :attr:`names` (None if none)."""
+        family = _resolve_family(snapshot, family)
+        for text in self.candidates(family):
+            candidate = parse_candidate(text)
+            if any(name == candidate.name and candidate.matches(labels) for name, labels in snapshot):
+                return text
+        return None
 
 
 def _names(**by_family: tuple[str, ...]) -> Mapping[EngineFamily, tuple[str, ...]]:
@@ -183,51 +309,80 @@ METRICS: tuple[MetricSpec, ...] = (
         tag="gpu_prefix_queries",
         unit="tokens",
         kind="counter",
-        formula="Σ over label sets of Δ prefix-cache queries: prompt tokens looked up in the GPU prefix cache.",
-        names=_names(vllm=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")),
+        formula="Σ over label sets of Δ prefix-cache queries: prompt tokens looked up in the GPU prefix cache. "
+        "SGLang and TensorRT-LLM look every prompt token up and count no queries: their prompt tokens are used.",
+        names=_names(
+            vllm=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+            sglang=("sglang:prompt_tokens_total",),
+            trtllm=("trtllm_prompt_tokens_total",),
+        ),
     ),
     MetricSpec(
         tag="gpu_prefix_hits",
         unit="tokens",
         kind="counter",
-        formula="Σ over label sets of Δ prefix-cache hits: prompt tokens found in the GPU prefix cache.",
-        names=_names(vllm=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
+        formula="Σ over label sets of Δ prefix-cache hits: prompt tokens found in the GPU prefix cache. "
+        "SGLang: cached tokens from the device (older versions without cache_source: all cached tokens); "
+        "TensorRT-LLM: prompt-cache hits of the gpu tier (older versions: all cached prompt tokens).",
+        names=_names(
+            vllm=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+            sglang=('sglang:cached_tokens_total{cache_source="device"}', "sglang:cached_tokens_total"),
+            trtllm=('trtllm_prompt_cache_hit_tokens_total{cache_tier="gpu"}', "trtllm_prompt_cached_tokens_total"),
+        ),
     ),
     MetricSpec(
         tag="external_prefix_queries",
         unit="tokens",
         kind="counter",
         formula="Σ over label sets of Δ external queries: tokens looked up through the KV connector "
-        "(offload tier) after the GPU cache missed.",
+        "(offload tier) after the GPU cache missed. vLLM only.",
         names=_names(vllm=("vllm:external_prefix_cache_queries_total",)),
     ),
     MetricSpec(
         tag="external_prefix_hits",
         unit="tokens",
         kind="counter",
-        formula="Σ over label sets of Δ external hits: tokens the KV connector (offload tier) supplied.",
-        names=_names(vllm=("vllm:external_prefix_cache_hits_total",)),
+        formula="Σ over label sets of Δ external hits: tokens the KV connector (offload tier) supplied. "
+        "SGLang: cached tokens from HiCache's host pool and storage; TensorRT-LLM: prompt-cache hits of "
+        "the host (and disk) tiers.",
+        names=_names(
+            vllm=("vllm:external_prefix_cache_hits_total",),
+            sglang=('sglang:cached_tokens_total{cache_source!="device"}',),
+            trtllm=('trtllm_prompt_cache_hit_tokens_total{cache_tier!="gpu"}',),
+        ),
     ),
     MetricSpec(
         tag="prompt_tokens",
         unit="tokens",
         kind="counter",
         formula="Σ over label sets of Δ prompt tokens processed (prefilled or served from cache).",
-        names=_names(vllm=("vllm:prompt_tokens_total",)),
+        names=_names(
+            vllm=("vllm:prompt_tokens_total",),
+            sglang=("sglang:prompt_tokens_total",),
+            trtllm=("trtllm_prompt_tokens_total",),
+        ),
     ),
     MetricSpec(
         tag="generation_tokens",
         unit="tokens",
         kind="counter",
         formula="Σ over label sets of Δ generated tokens.",
-        names=_names(vllm=("vllm:generation_tokens_total",)),
+        names=_names(
+            vllm=("vllm:generation_tokens_total",),
+            sglang=("sglang:generation_tokens_total",),
+            trtllm=("trtllm_generation_tokens_total",),
+        ),
     ),
     MetricSpec(
         tag="kv_usage",
         unit="fraction",
         kind="gauge",
         formula="Mean over label sets (engines) of the fraction of GPU KV-cache blocks in use, 0..1.",
-        names=_names(vllm=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+        names=_names(
+            vllm=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            sglang=("sglang:token_usage",),
+            trtllm=("trtllm_kv_cache_utilization",),
+        ),
         aggregate="mean",
     ),
     MetricSpec(
@@ -235,17 +390,99 @@ METRICS: tuple[MetricSpec, ...] = (
         unit="requests",
         kind="gauge",
         formula="Σ over label sets of requests currently scheduled on the engine.",
-        names=_names(vllm=("vllm:num_requests_running",)),
+        names=_names(
+            vllm=("vllm:num_requests_running",),
+            sglang=("sglang:num_running_reqs",),
+            trtllm=("trtllm_num_requests_running",),
+        ),
     ),
     MetricSpec(
         tag="requests_waiting",
         unit="requests",
         kind="gauge",
         formula="Σ over label sets of requests queued, waiting to be scheduled.",
-        names=_names(vllm=("vllm:num_requests_waiting",)),
+        names=_names(
+            vllm=("vllm:num_requests_waiting",),
+            sglang=("sglang:num_queue_reqs",),
+            trtllm=("trtllm_num_requests_waiting",),
+        ),
     ),
 )
 METRICS_BY_TAG: Mapping[str, MetricSpec] = MappingProxyType({spec.tag: spec for spec in METRICS})
+
+LMCACHE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        tag="lmcache_lookup_tokens",
+        unit="tokens",
+        kind="counter",
+        formula="Σ over label sets (workers) of Δ tokens LMCache was asked to look up. The multi-process "
+        "server (lmcache server) counts chunk-aligned tokens only.",
+        names=_names(lmcache=("lmcache:num_lookup_tokens_total", "lmcache_mp_lookup_requested_tokens_total")),
+    ),
+    MetricSpec(
+        tag="lmcache_lookup_hits",
+        unit="tokens",
+        kind="counter",
+        formula="Σ over label sets of Δ looked-up tokens LMCache holds (contiguous prefix; CPU, disk and "
+        "remote tiers together).",
+        names=_names(lmcache=("lmcache:num_lookup_hits_total", "lmcache_mp_lookup_hit_tokens_total")),
+    ),
+    MetricSpec(
+        tag="lmcache_requested_tokens",
+        unit="tokens",
+        kind="counter",
+        formula="Σ over label sets of Δ tokens requested from LMCache by retrieves (loads into GPU memory).",
+        names=_names(lmcache=("lmcache:num_requested_tokens_total",)),
+    ),
+    MetricSpec(
+        tag="lmcache_hit_tokens",
+        unit="tokens",
+        kind="counter",
+        formula="Σ over label sets of Δ tokens LMCache retrieved (hit) for those requests.",
+        names=_names(lmcache=("lmcache:num_hit_tokens_total",)),
+    ),
+    MetricSpec(
+        tag="lmcache_stored_tokens",
+        unit="tokens",
+        kind="counter",
+        formula="Σ over label sets of Δ tokens stored into LMCache (evicted ones included).",
+        names=_names(lmcache=("lmcache:num_stored_tokens_total",)),
+    ),
+    MetricSpec(
+        tag="lmcache_retrieve_seconds",
+        unit="seconds",
+        kind="counter",
+        formula="Σ over label sets of Δ time spent in LMCache retrieves (histogram _sum); "
+        "÷ lmcache_retrieves = mean retrieve time.",
+        names=_names(lmcache=("lmcache:time_to_retrieve_sum",)),
+    ),
+    MetricSpec(
+        tag="lmcache_retrieves",
+        unit="requests",
+        kind="counter",
+        formula="Σ over label sets of Δ LMCache retrieves timed (histogram _count).",
+        names=_names(lmcache=("lmcache:time_to_retrieve_count",)),
+    ),
+    MetricSpec(
+        tag="lmcache_store_seconds",
+        unit="seconds",
+        kind="counter",
+        formula="Σ over label sets of Δ time spent in LMCache stores (histogram _sum); "
+        "÷ lmcache_stores = mean store time.",
+        names=_names(lmcache=("lmcache:time_to_store_sum",)),
+    ),
+    MetricSpec(
+        tag="lmcache_stores",
+        unit="requests",
+        kind="counter",
+        formula="Σ over label sets of Δ LMCache stores timed (histogram _count).",
+        names=_names(lmcache=("lmcache:time_to_store_count",)),
+    ),
+)
+"""LMCache's own metrics (lmcache 0.5.x ``observability.py``; ``lmcache_mp_*`` from the ``lmcache
+server`` sidecar). Read with any family: they appear beside the engine's names."""
+LMCACHE_METRICS_BY_TAG: Mapping[str, MetricSpec] = MappingProxyType({spec.tag: spec for spec in LMCACHE_METRICS})
+_ALL_BY_TAG: Mapping[str, MetricSpec] = MappingProxyType({**METRICS_BY_TAG, **LMCACHE_METRICS_BY_TAG})
 
 
 def metric_value(
@@ -257,13 +494,13 @@ def metric_value(
     """The value of a tagged metric, aggregated over label sets; None when the engine lacks it.
 
     Pass a :func:`delta` for counters and a plain snapshot for gauges (a delta has no gauges).
-    Raises KeyError for an unknown tag.
+    ``tag`` is an entry of :data:`METRICS` or :data:`LMCACHE_METRICS`; raises KeyError for an unknown tag.
     """
-    spec = METRICS_BY_TAG[tag]
-    name = spec.sample_name(snapshot, family)
-    if name is None:
+    spec = _ALL_BY_TAG[tag]
+    candidate = spec.resolve(snapshot, family)
+    if candidate is None:
         return None
-    values = _collect(snapshot, name, labels)
+    values = _collect(snapshot, candidate, labels)
     if not values:
         return None
     if spec.aggregate == "mean":
@@ -278,7 +515,13 @@ def summarize(snapshot: Mapping[SampleKey, float], family: EngineFamily = VLLM) 
 
     On a :func:`delta` the gauges are None; on a plain snapshot the counters are running totals.
     """
+    family = _resolve_family(snapshot, family)
     return {spec.tag: metric_value(snapshot, spec.tag, family) for spec in METRICS}
+
+
+def summarize_lmcache(snapshot: Mapping[SampleKey, float]) -> dict[str, float | None]:
+    """tag -> value for every entry of :data:`LMCACHE_METRICS` (None where ``snapshot`` lacks it)."""
+    return {spec.tag: metric_value(snapshot, spec.tag, LMCACHE) for spec in LMCACHE_METRICS}
 
 
 @dataclass(frozen=True)
@@ -297,6 +540,7 @@ def _ratio(hits: float | None, queries: float | None) -> float | None:
 
 def hit_rates(delta_snapshot: Mapping[SampleKey, float], family: EngineFamily = VLLM) -> HitRates:
     """GPU and external (connector) prefix-cache hit rates from a :func:`delta`."""
+    family = _resolve_family(delta_snapshot, family)
     return HitRates(
         gpu=_ratio(
             metric_value(delta_snapshot, "gpu_prefix_hits", family),
@@ -310,9 +554,11 @@ def hit_rates(delta_snapshot: Mapping[SampleKey, float], family: EngineFamily = 
 
 
 def counter_values(delta_snapshot: Mapping[SampleKey, float], family: EngineFamily = VLLM) -> dict[str, float]:
-    """tag -> value for the counter entries of :data:`METRICS` present in a :func:`delta`."""
+    """tag -> value for the counter entries of :data:`METRICS` and :data:`LMCACHE_METRICS` present in a
+    :func:`delta`."""
+    family = _resolve_family(delta_snapshot, family)
     values: dict[str, float] = {}
-    for spec in METRICS:
+    for spec in (*METRICS, *LMCACHE_METRICS):
         if spec.kind != "counter":
             continue
         value = metric_value(delta_snapshot, spec.tag, family)
@@ -321,10 +567,13 @@ def counter_values(delta_snapshot: Mapping[SampleKey, float], family: EngineFami
     return values
 
 
-def cache_counter_deltas(before_text: str, after_text: str, family: EngineFamily = VLLM) -> dict[str, float]:
-    """Counter deltas (tag -> value) between two raw ``/metrics`` pages; what the runner stores per turn.
+def cache_counter_deltas(before_text: str, after_text: str, family: EngineFamily = AUTO) -> dict[str, float]:
+    """Counter deltas (tag -> value) between two raw Prometheus pages; what the runner stores per turn.
 
-    Tags the engine does not expose are left out. Raises ValueError if either page is not valid
-    Prometheus text.
+    ``family`` defaults to ``auto``: the family is recognised from ``after_text`` (:func:`detect_family`),
+    so vLLM, SGLang and TensorRT-LLM pages all work. Tags the engine does not expose are left out;
+    LMCache counters are included when the page has them. Raises ValueError if either page is not
+    valid Prometheus text.
     """
-    return counter_values(delta(parse_metrics(before_text), parse_metrics(after_text)), family)
+    after = parse_metrics(after_text)
+    return counter_values(delta(parse_metrics(before_text), after), _resolve_family(after, family))

@@ -56,6 +56,13 @@ class RequestRecord(BaseModel):
     ok: bool
     error_kind: ErrorKind | None = None
     error: str | None = None
+    # -- load runs (kvbench sweep/soak); absent from probe records ----------------------------
+    point: int | None = Field(default=None, description="Index of the sweep load point.")
+    load: float | None = Field(default=None, description="The point's load: concurrency (users) or requests/s.")
+    user: int | None = Field(default=None, description="The user (its context); conversation is the session.")
+    scheduled_ns: int | None = Field(
+        default=None, description="Open-loop arrival time the request was due (monotonic ns); started_ns - it = lag."
+    )
 
 
 class RecordWriter:

@@ -112,7 +112,7 @@ class ProbeRunner:
         progress: ProgressSink | None = None,
     ) -> None:
         self.scenario = scenario
-        self.workload: MultiRoundQAProbe = scenario.workload
+        self.workload: MultiRoundQAProbe = scenario.probe_workload
         self.run_dir = run_dir
         self.source = source
         self.progress: ProgressSink = progress or _NoProgress()

@@ -73,9 +73,7 @@ class OffloadProfile(StrictModel):
     """What the offload layer is for one arm."""
 
     name: str = Field(min_length=1)
-    prefix_caching: bool = Field(
-        default=True, description="The engine's own GPU (HBM) prefix cache."
-    )
+    prefix_caching: bool = Field(default=True, description="The engine's own GPU (HBM) prefix cache.")
     tiers: tuple[OffloadTier, ...] = ()
     chunk_tokens: int = Field(default=256, ge=16, description="Offload granularity in tokens.")
     backend: OffloadBackend = Field(

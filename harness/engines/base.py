@@ -24,6 +24,8 @@ class Endpoint:
     base_url: str
     model: str
     api_key: str | None = field(default=None, repr=False)
+    metrics_path: str = "/metrics"
+    """Where the engine serves Prometheus text (TensorRT-LLM: /prometheus/metrics)."""
 
     @property
     def headers(self) -> dict[str, str]:

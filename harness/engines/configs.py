@@ -6,7 +6,7 @@ model here and its lifecycle module to :mod:`kvbench.harness.engines.registry`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -116,4 +116,127 @@ class VllmEngineConfig(StrictModel):
         return self
 
 
-EngineConfig = Annotated[SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig, Field(discriminator="kind")]
+class SglangEngineConfig(StrictModel):
+    """An SGLang server started and stopped by kvbench (``kvbench.harness.engines.sglang``).
+
+    kvbench runs ``python -m sglang.launch_server`` with the python of SGLang's own environment. The
+    arm's offload profile becomes HiCache flags (``--enable-hierarchical-cache --hicache-size``, the
+    ``file`` storage backend for a disk tier) through ``kvbench.offload.render_sglang``. Not yet run
+    on hardware by kvbench (see docs/engines.md).
+    """
+
+    kind: Literal["sglang"]
+    model: str = Field(description="Path of the model directory (or synth:SHAPE, see kvbench model synth).")
+    served_model_name: str | None = Field(
+        default=None, description="Model name in requests; default: the model directory's name."
+    )
+    python: str | None = Field(
+        default=None,
+        description="Python of the SGLang environment; default: $KVBENCH_SGLANG_PYTHON, else kvbench's own python.",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(default=None, description="--dtype.")
+    context_length: int | None = Field(default=None, ge=16, description="--context-length.")
+    mem_fraction_static: float | None = Field(
+        default=None, gt=0, le=1, description="--mem-fraction-static (weights + KV pool share of GPU memory)."
+    )
+    load_format: str | None = Field(default=None, description="--load-format, e.g. 'dummy' (random weights).")
+    page_size: int | None = Field(default=None, ge=1, description="--page-size (tokens per KV page).")
+    chunked_prefill_size: int | None = Field(default=None, ge=16, description="--chunked-prefill-size.")
+    hicache_write_policy: Literal["write_back", "write_through", "write_through_selective"] = Field(
+        default="write_through", description="--hicache-write-policy (arms with offload tiers)."
+    )
+    hicache_storage_prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] | None = Field(
+        default=None, description="--hicache-storage-prefetch-policy (arms with a disk/shared tier)."
+    )
+    enable_metrics: bool = Field(default=True, description="--enable-metrics (SGLang serves /metrics only then).")
+    skip_server_warmup: bool = Field(default=False, description="--skip-server-warmup.")
+    parallelism: Parallelism = Parallelism()
+    hardware: str = Field(default="unknown", description="Free-text hardware label for reports.")
+    extra_args: list[str] = Field(default_factory=list, description="More SGLang arguments, appended as given.")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment variables for SGLang.")
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535, description="Default: a free port.")
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    stop_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM grace before SIGKILL.")
+
+    @model_validator(mode="after")
+    def _one_deployment(self) -> SglangEngineConfig:
+        if self.parallelism.replicas != 1:
+            raise ValueError("engine kind 'sglang' runs one server: parallelism.replicas must be 1")
+        return self
+
+
+TRTLLM_RENDERED_OPTIONS: tuple[str, ...] = (
+    "kv_cache_config.enable_block_reuse",
+    "kv_cache_config.host_cache_size",
+    "kv_cache_config.free_gpu_memory_fraction",
+)
+"""Keys of the LLM-API YAML that kvbench renders from the arm (set them through the profile or config)."""
+
+
+class TrtllmEngineConfig(StrictModel):
+    """A TensorRT-LLM server (``trtllm-serve``, PyTorch backend) started and stopped by kvbench.
+
+    kvbench writes an ``--extra_llm_api_options`` YAML (``kvbench.offload.render_trtllm``):
+    ``kv_cache_config`` with ``enable_block_reuse`` (prefix caching), ``host_cache_size`` (the cpu
+    tier, bytes) and ``free_gpu_memory_fraction``. TensorRT-LLM cannot be installed on kvbench's
+    machines: this engine is checked against the documented format only (see docs/engines.md).
+    """
+
+    kind: Literal["trtllm"]
+    model: str = Field(description="HF checkpoint directory (or synth:SHAPE); requests use its directory name.")
+    trtllm_serve: str | None = Field(
+        default=None,
+        description="The trtllm-serve executable; default: $KVBENCH_TRTLLM_SERVE, else trtllm-serve on PATH.",
+    )
+    backend: Literal["pytorch"] = Field(default="pytorch", description="--backend (kvbench runs the PyTorch backend).")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
+        default=None, description="dtype in the LLM-API YAML."
+    )
+    free_gpu_memory_fraction: float = Field(
+        default=0.9, gt=0, le=1, description="kv_cache_config.free_gpu_memory_fraction (TensorRT-LLM's default 0.9)."
+    )
+    tokens_per_block: int | None = Field(default=None, ge=1, description="kv_cache_config.tokens_per_block.")
+    max_batch_size: int | None = Field(default=None, ge=1, description="--max_batch_size.")
+    max_num_tokens: int | None = Field(default=None, ge=16, description="--max_num_tokens.")
+    max_seq_len: int | None = Field(default=None, ge=16, description="--max_seq_len.")
+    load_format: Literal["auto", "dummy"] | None = Field(
+        default=None, description="load_format in the LLM-API YAML ('dummy': random weights)."
+    )
+    enable_metrics: bool = Field(
+        default=True,
+        description="return_perf_metrics and enable_iter_perf_stats: Prometheus text on /prometheus/metrics.",
+    )
+    extra_llm_api_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More LLM-API options, merged into the YAML kvbench writes (not the keys it renders).",
+    )
+    parallelism: Parallelism = Parallelism()
+    hardware: str = Field(default="unknown", description="Free-text hardware label for reports.")
+    extra_args: list[str] = Field(default_factory=list, description="More trtllm-serve arguments, appended as given.")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment variables for trtllm-serve.")
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535, description="Default: a free port.")
+    startup_timeout_s: float = Field(default=1800.0, gt=0)
+    stop_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM grace before SIGKILL.")
+
+    @model_validator(mode="after")
+    def _one_deployment(self) -> TrtllmEngineConfig:
+        if self.parallelism.replicas != 1:
+            raise ValueError("engine kind 'trtllm' runs one server: parallelism.replicas must be 1")
+        if self.parallelism.dp != 1:
+            raise ValueError("engine kind 'trtllm': trtllm-serve has no data-parallel flag; parallelism.dp must be 1")
+        kv = self.extra_llm_api_options.get("kv_cache_config")
+        rendered = [key.split(".", 1)[1] for key in TRTLLM_RENDERED_OPTIONS]
+        if isinstance(kv, dict) and (clash := sorted(set(kv) & set(rendered))):
+            raise ValueError(
+                f"extra_llm_api_options.kv_cache_config sets {clash}, which kvbench renders from the arm "
+                "(prefix caching, the cpu tier) and free_gpu_memory_fraction; set those instead"
+            )
+        return self
+
+
+EngineConfig = Annotated[
+    SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig | SglangEngineConfig | TrtllmEngineConfig,
+    Field(discriminator="kind"),
+]

@@ -17,6 +17,8 @@ _FACTORIES: dict[str, str] = {
     "sim": "kvbench.harness.engines.sim:SimEngine",
     "openai": "kvbench.harness.engines.openai:OpenAIEngine",
     "vllm": "kvbench.harness.engines.vllm:VllmEngine",
+    "sglang": "kvbench.harness.engines.sglang:SglangEngine",
+    "trtllm": "kvbench.harness.engines.trtllm:TrtllmEngine",
 }
 
 

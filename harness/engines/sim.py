@@ -18,6 +18,7 @@ import aiohttp
 
 import kvbench
 from kvbench.harness.engines.base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from kvbench.harness.engines.common import RunningProcess
 from kvbench.harness.engines.configs import EngineConfig, SimEngineConfig
 from kvbench.harness.engines.process import ManagedProcess, ProcessSpec, free_port
 from kvbench.harness.errors import EngineStartError
@@ -39,26 +40,12 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-class RunningSim:
+class RunningSim(RunningProcess):
     """The :class:`~kvbench.harness.engines.base.RunningEngine` of a started simulator."""
 
     def __init__(self, endpoint: Endpoint, facts: EngineFacts, process: ManagedProcess) -> None:
-        self._endpoint = endpoint
-        self._facts = facts
-        self._process = process
+        super().__init__(endpoint, facts, process)
         self._tokenizer = SimTokenizer()
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return self._endpoint
-
-    @property
-    def facts(self) -> EngineFacts:
-        return self._facts
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
 
     def tokenizer(self) -> Tokenizer:
         # the simulator's tokenizer is deterministic across processes: no round trip needed
@@ -75,9 +62,6 @@ class RunningSim:
                     raise RuntimeError(f"POST {url}: HTTP {response.status}: {text[:300]}")
         except (aiohttp.ClientError, TimeoutError) as error:
             raise RuntimeError(f"POST {url} failed: {type(error).__name__}: {error}") from None
-
-    def log_tail(self, lines: int = 50) -> list[str]:
-        return self._process.log_tail(lines)
 
 
 class SimEngine:

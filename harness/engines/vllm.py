@@ -17,32 +17,36 @@ the temporary directory).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import aiohttp
 
-from kvbench.harness.engines.base import (
-    Endpoint,
-    EngineFacts,
-    LaunchContext,
-    PrefixCacheResetUnsupported,
-    Tokenizer,
+from kvbench.harness.engines import common
+from kvbench.harness.engines.base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from kvbench.harness.engines.common import (
+    EngineRequestError,
+    ProcessEngine,
+    RunningProcess,
+    ServerTokenizer,
+    make_offload_dirs,
+    open_session,
+    parallelism_text,
+    probe_python,
+    reset_with_retry,
+    resolve_served_model,
+    served_model_name,
+    start_server,
 )
 from kvbench.harness.engines.configs import EngineConfig, VllmEngineConfig
 from kvbench.harness.engines.lmcache_server import LmcacheServer
-from kvbench.harness.engines.process import ManagedProcess, ProcessSpec, free_port
-from kvbench.harness.errors import EngineStartError, KvbenchError
-from kvbench.harness.modeldir import SYNTH_PREFIX, resolve_model_ref
+from kvbench.harness.engines.process import ManagedProcess, free_port
+from kvbench.harness.errors import EngineStartError
 from kvbench.harness.redact import redact_argv, redact_env, redact_text
 from kvbench.offload.render_vllm import VllmLaunchPlan, check_supported, render_vllm_launch
 
@@ -52,6 +56,23 @@ CLEANUP_GLOBS: tuple[str, ...] = ("/dev/shm/psm_*", "/tmp/vllm_dist_*")
 VERSION_PROBE_TIMEOUT_S = 180.0
 RESET_ATTEMPTS = 20
 RESET_RETRY_S = 0.5
+_VERSION_MARK = "KVBENCH_VERSIONS="
+
+# shared with the other engines (kvbench.harness.engines.common); imported from here too
+VllmTokenizer = ServerTokenizer
+__all__ = [
+    "API_SERVER_MODULE",
+    "PYTHON_ENV_VAR",
+    "EngineRequestError",
+    "RunningVllm",
+    "VllmEngine",
+    "VllmTokenizer",
+    "build_vllm_argv",
+    "build_vllm_env",
+    "probe_versions",
+    "resolve_python",
+    "served_model_name",
+]
 
 _VERSION_SCRIPT = """
 import json, importlib.metadata as md
@@ -67,21 +88,9 @@ print("KVBENCH_VERSIONS=" + json.dumps(out))
 """
 
 
-class EngineRequestError(KvbenchError):
-    """A vLLM helper endpoint (/tokenize, /detokenize, /reset_prefix_cache) answered with an error."""
-
-
 def resolve_python(config: VllmEngineConfig) -> str:
     """The python that runs vLLM: ``config.python``, else $KVBENCH_VLLM_PYTHON, else kvbench's own."""
-    return config.python or os.environ.get(PYTHON_ENV_VAR) or sys.executable
-
-
-def served_model_name(config: VllmEngineConfig) -> str:
-    if config.served_model_name:
-        return config.served_model_name
-    if config.model.startswith(SYNTH_PREFIX):
-        return config.model.removeprefix(SYNTH_PREFIX)
-    return Path(config.model).name or config.model
+    return common.resolve_python(config.python, PYTHON_ENV_VAR)
 
 
 def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: VllmLaunchPlan) -> tuple[str, ...]:
@@ -143,35 +152,13 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
 async def probe_versions(python: str, *, with_lmcache: bool) -> dict[str, str | None]:
     """Import vllm with ``python`` (and look up lmcache's version); EngineStartError if that fails."""
     script = _VERSION_SCRIPT.replace("WITH_LMCACHE", "True" if with_lmcache else "False")
-    try:
-        process = await asyncio.create_subprocess_exec(
-            python,
-            "-c",
-            script,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as error:
-        raise EngineStartError(_venv_hint(python, f"cannot run {python!r}: {error}")) from None
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), VERSION_PROBE_TIMEOUT_S)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-        raise EngineStartError(
-            _venv_hint(python, f"'import vllm' took more than {VERSION_PROBE_TIMEOUT_S:.0f} s")
-        ) from None
-    for line in reversed(stdout.decode("utf-8", errors="replace").splitlines()):
-        if line.startswith("KVBENCH_VERSIONS="):
-            found: dict[str, str | None] = json.loads(line.removeprefix("KVBENCH_VERSIONS="))
-            if with_lmcache and not found.get("lmcache"):
-                raise EngineStartError(_venv_hint(python, "lmcache is not installed there"))
-            return found
-    tail = [redact_text(line) for line in stderr.decode("utf-8", errors="replace").splitlines()[-15:]]
-    detail = "\n".join(f"    {line}" for line in tail)
-    raise EngineStartError(_venv_hint(python, f"'import vllm' failed (exit code {process.returncode}):\n{detail}"))
+    payload = await probe_python(
+        python, script, _VERSION_MARK, what="'import vllm'", timeout_s=VERSION_PROBE_TIMEOUT_S, hint=_venv_hint
+    )
+    found: dict[str, str | None] = json.loads(payload)
+    if with_lmcache and not found.get("lmcache"):
+        raise EngineStartError(_venv_hint(python, "lmcache is not installed there"))
+    return found
 
 
 def _venv_hint(python: str, problem: str) -> str:
@@ -186,52 +173,7 @@ def _gib(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-class VllmTokenizer:
-    """Exact token counts from the server's own tokenizer (``POST /tokenize``, ``/detokenize``).
-
-    ``encode`` does not add special tokens (BOS): it counts the text itself, as a prompt builder
-    needs; the chat template adds what the model expects.
-    """
-
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
-        self._session = session
-        self._base_url = base_url
-        self._model = model
-
-    async def encode(self, text: str) -> list[int]:
-        body = await _post_json(
-            self._session,
-            self._base_url + "/tokenize",
-            {"model": self._model, "prompt": text, "add_special_tokens": False},
-        )
-        tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list):
-            raise EngineRequestError(f"/tokenize answered without a token list: {str(body)[:200]}")
-        return [int(token) for token in tokens]
-
-    async def decode(self, token_ids: Sequence[int]) -> str:
-        body = await _post_json(
-            self._session, self._base_url + "/detokenize", {"model": self._model, "tokens": list(token_ids)}
-        )
-        prompt = body.get("prompt") if isinstance(body, dict) else None
-        if not isinstance(prompt, str):
-            raise EngineRequestError(f"/detokenize answered without a prompt: {str(body)[:200]}")
-        return prompt
-
-
-async def _post_json(session: aiohttp.ClientSession, url: str, payload: object) -> object:
-    async with session.post(url, json=payload) as response:
-        text = await response.text()
-        if response.status != 200:
-            raise EngineRequestError(f"POST {url}: HTTP {response.status}: {redact_text(text[:500])}")
-    try:
-        decoded: object = json.loads(text)
-    except json.JSONDecodeError:
-        raise EngineRequestError(f"POST {url}: not JSON: {redact_text(text[:200])}") from None
-    return decoded
-
-
-class RunningVllm:
+class RunningVllm(RunningProcess):
     """The :class:`RunningEngine` of a started vLLM server."""
 
     def __init__(
@@ -243,24 +185,10 @@ class RunningVllm:
         session: aiohttp.ClientSession,
         sidecars: Sequence[LmcacheServer] = (),
     ) -> None:
-        self._endpoint = endpoint
-        self._facts = facts
-        self._process = process
+        super().__init__(endpoint, facts, process)
         self._session = session
         self._sidecars = tuple(sidecars)
-        self._tokenizer = VllmTokenizer(session, endpoint.base_url, endpoint.model)
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return self._endpoint
-
-    @property
-    def facts(self) -> EngineFacts:
-        return self._facts
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
+        self._tokenizer = ServerTokenizer(session, endpoint.base_url, endpoint.model)
 
     @property
     def sidecars(self) -> tuple[LmcacheServer, ...]:
@@ -275,29 +203,18 @@ class RunningVllm:
         vLLM answers ``{"success": false}`` while blocks are still held (a request finishing, an
         offload transfer in flight), so a refused reset is retried for ~10 s before it is an error.
         """
-        url = self._endpoint.base_url + "/reset_prefix_cache"
-        for attempt in range(RESET_ATTEMPTS):
-            async with self._session.post(url) as response:
-                text = await response.text()
-                status = response.status
-            if status in (404, 405):
-                raise PrefixCacheResetUnsupported(
-                    f"vLLM at {self._endpoint.base_url} has no POST /reset_prefix_cache (HTTP {status}); "
-                    "it needs VLLM_SERVER_DEV_MODE=1"
-                )
-            if status != 200:
-                raise EngineRequestError(f"POST {url}: HTTP {status}: {redact_text(text[:300])}")
-            if _reset_succeeded(text):
-                return
-            if attempt + 1 < RESET_ATTEMPTS:
-                await asyncio.sleep(RESET_RETRY_S)
-        raise EngineRequestError(
-            f"POST {url}: vLLM refused to reset the prefix cache {RESET_ATTEMPTS} times "
-            f"(blocks still in use); last answer: {text[:200]}"
+        base_url = self._endpoint.base_url
+        await reset_with_retry(
+            self._session,
+            base_url + "/reset_prefix_cache",
+            accepted=lambda status, text: _reset_succeeded(text) if status == 200 else None,
+            unsupported=lambda status: (
+                f"vLLM at {base_url} has no POST /reset_prefix_cache (HTTP {status}); it needs VLLM_SERVER_DEV_MODE=1"
+            ),
+            attempts=RESET_ATTEMPTS,
+            retry_s=RESET_RETRY_S,
+            refusal="vLLM refused to reset the prefix cache {attempts} times (blocks still in use)",
         )
-
-    def log_tail(self, lines: int = 50) -> list[str]:
-        return self._process.log_tail(lines)
 
 
 def _reset_succeeded(text: str) -> bool:
@@ -311,55 +228,19 @@ def _reset_succeeded(text: str) -> bool:
     return not (isinstance(body, dict) and body.get("success") is False)
 
 
-class VllmEngine:
+class VllmEngine(ProcessEngine[RunningVllm]):
     """Engine kind ``vllm``: ``async with VllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfig, context: LaunchContext) -> None:
         if not isinstance(config, VllmEngineConfig):
             raise TypeError(f"VllmEngine needs a VllmEngineConfig, got {type(config).__name__}")
         check_supported(context.profile, config)
+        super().__init__(context)
         self.config = config
-        self.context = context
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._workdir: Path | None = None
-
-    @property
-    def log_path(self) -> Path:
-        return self.context.log_dir / "engine.log"
-
-    async def __aenter__(self) -> RunningVllm:
-        if self._stack is not None:
-            raise RuntimeError("VllmEngine is already running")
-        stack = contextlib.AsyncExitStack()
-        self._stack = stack
-        try:
-            return await self._start(stack)
-        except BaseException:
-            await self._close()
-            raise
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self._close()
-
-    async def _close(self) -> None:
-        stack, self._stack = self._stack, None
-        try:
-            if stack is not None:
-                await stack.aclose()
-        finally:
-            if self._workdir is not None:
-                shutil.rmtree(self._workdir, ignore_errors=True)
-                self._workdir = None
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningVllm:
         context = self.context
-        # `synth:SHAPE` names a hub-free model directory that kvbench builds (once) for dummy weights
-        model_dir = await asyncio.to_thread(resolve_model_ref, self.config.model)
-        config = self.config.model_copy(
-            update={"model": str(model_dir), "served_model_name": served_model_name(self.config)}
-        )
+        _, config = await resolve_served_model(self.config)
         python = resolve_python(config)
         context.log_dir.mkdir(parents=True, exist_ok=True)
         self._workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-"))
@@ -386,21 +267,17 @@ class VllmEngine:
         argv = build_vllm_argv(config, python, port, plan)
         env = build_vllm_env(config, plan)
         base_url = f"http://{config.host}:{port}"
-        process = ManagedProcess(
-            ProcessSpec(
-                name=f"vLLM ({context.arm})",
-                argv=argv,
-                env=env,
-                log_path=self.log_path,
-                health_url=base_url + "/health",
-                startup_timeout_s=config.startup_timeout_s,
-                stop_grace_s=config.stop_grace_s,
-                cleanup_globs=CLEANUP_GLOBS,
-            )
+        process = await start_server(
+            stack,
+            name=f"vLLM ({context.arm})",
+            argv=argv,
+            env=env,
+            log_path=self.log_path,
+            base_url=base_url,
+            config=config,
+            cleanup_globs=CLEANUP_GLOBS,
         )
-        await stack.enter_async_context(process)
-        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
-        stack.push_async_callback(session.close)
+        session = open_session(stack)
 
         details: dict[str, str] = {
             "python": python,
@@ -410,7 +287,7 @@ class VllmEngine:
             "model": config.model,
             "served_model_name": served_model_name(config),
             "offload_backend": plan.backend,
-            "parallelism": f"tp={config.parallelism.tp} pp={config.parallelism.pp} dp={config.parallelism.dp}",
+            "parallelism": parallelism_text(config.parallelism.tp, config.parallelism.pp, config.parallelism.dp),
             "prefix_caching": str("--enable-prefix-caching" in plan.args).lower(),
             "env": json.dumps(redact_env(env), sort_keys=True),
             "startup_s": f"{time.monotonic() - started:.1f}",
@@ -434,14 +311,7 @@ class VllmEngine:
 
     @staticmethod
     def _materialize(plan: VllmLaunchPlan) -> None:
-        for path in plan.must_exist:
-            if not path.is_dir():
-                raise EngineStartError(f"offload tier directory {path} does not exist (a shared mount is expected)")
-        for path in plan.dirs:
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise EngineStartError(f"cannot create offload directory {path}: {error.strerror}") from None
+        make_offload_dirs(plan.must_exist, plan.dirs)
         for file in plan.files:
             file.path.parent.mkdir(parents=True, exist_ok=True)
             file.path.write_text(file.text, encoding="utf-8")

@@ -43,6 +43,10 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every HTTP request.")] = False,
+    faults: Annotated[
+        Path | None,
+        typer.Option("--faults", help="Fault-injection file (YAML or JSON list of faults); replaces any in --config."),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible simulator until interrupted."""
     from pydantic import ValidationError
@@ -65,6 +69,10 @@ def serve(
                     "prefix_caching": not no_prefix_caching,
                 }
             )
+        if faults is not None:
+            from kvbench.harness.sim.faults import load_faults
+
+            settings = settings.model_copy(update={"faults": load_faults(faults)})
     except OSError as error:
         raise _fail(f"{config}: cannot read: {error.strerror}") from None
     except ValidationError as error:
@@ -74,6 +82,9 @@ def serve(
         raise _fail(str(error)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger(__name__).info("kvbench sim serving %s on http://%s:%d", settings.name, host, port)
+    if settings.faults:
+        kinds = ", ".join(fault.kind for fault in settings.faults)
+        logging.getLogger(__name__).warning("fault injection is ON: %s", kinds)
     run_server(settings, host=host, port=port, access_log=access_log)
 
 

@@ -188,10 +188,21 @@ class TierState:
     bytes_written: float = 0.0
     bytes_read: float = 0.0
     evictions: int = 0
+    # fault injection (kvbench.harness.sim.faults): a slow tier, a full tier that refuses writes
+    slow_factor: float = 1.0
+    refuse_writes: bool = False
+    refused_writes: int = 0
 
     @property
     def kind(self) -> str:
         return self.tier.kind
+
+    def drop_all(self) -> int:
+        """Forget every chunk (a full-tier fault: other data took the space); returns how many."""
+        dropped = len(self.chunks)
+        self.chunks.clear()
+        self.evictions += dropped
+        return dropped
 
     def ready(self, key: int, now: float) -> bool:
         written = self.chunks.get(key)
@@ -202,10 +213,13 @@ class TierState:
         if key in self.chunks:
             self.chunks.move_to_end(key)
             return False
+        if self.refuse_writes:
+            self.refused_writes += 1
+            return False
         start = max(now, self.write_busy_until)
         if start == now:
-            start += self.latency_s  # an idle tier pays its latency before the first byte
-        self.write_busy_until = start + nbytes / self.write_bytes_per_s
+            start += self.latency_s * self.slow_factor  # an idle tier pays its latency before the first byte
+        self.write_busy_until = start + nbytes / self.write_bytes_per_s * self.slow_factor
         self.chunks[key] = self.write_busy_until
         self.bytes_written += nbytes
         while len(self.chunks) > self.capacity_chunks:
@@ -294,7 +308,7 @@ class OffloadTiers:
                 continue
             nbytes = tokens * self.kv_bytes_per_token
             start = max(ready, tier.read_busy_until)
-            ready = start + tier.latency_s + nbytes / tier.read_bytes_per_s
+            ready = start + (tier.latency_s + nbytes / tier.read_bytes_per_s) * tier.slow_factor
             tier.read_busy_until = ready
             tier.bytes_read += nbytes
             total_bytes += nbytes

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvbench.harness.sim.faults import FaultInjector
 from kvbench.harness.sim.scheduler import TTFT_BUCKETS, EngineCore
 
 LABELS = ("model_name", "engine")
@@ -31,9 +32,10 @@ LABELS = ("model_name", "engine")
 class SimCollector(Collector):
     """Turns the engine's counters into metric families on every scrape."""
 
-    def __init__(self, core: EngineCore, model_name: str) -> None:
+    def __init__(self, core: EngineCore, model_name: str, faults: FaultInjector | None = None) -> None:
         self._core = core
         self._labels = [model_name, "0"]
+        self._faults = faults
 
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=LABELS)
@@ -102,11 +104,18 @@ class SimCollector(Collector):
             for tier in core.tiers.tiers:
                 family.add_metric([*self._labels, tier.kind], float(getattr(tier, attribute)))
             yield family
+        if self._faults is not None and self._faults.enabled:
+            injected = CounterMetricFamily(
+                "kvbench_sim:faults_injected", "Faults injected (testing), by kind.", labels=[*LABELS, "kind"]
+            )
+            for kind, count in sorted(self._faults.injected.items()):
+                injected.add_metric([*self._labels, kind], float(count))
+            yield injected
 
 
-def metrics_registry(core: EngineCore, model_name: str) -> CollectorRegistry:
+def metrics_registry(core: EngineCore, model_name: str, faults: FaultInjector | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SimCollector(core, model_name))
+    registry.register(SimCollector(core, model_name, faults))
     return registry
 
 

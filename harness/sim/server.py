@@ -26,6 +26,7 @@ from aiohttp import web
 
 import kvbench
 from kvbench.harness.engines.sim import url_host
+from kvbench.harness.sim.faults import FaultInjector
 from kvbench.harness.sim.metrics import metrics_registry, render
 from kvbench.harness.sim.scheduler import (
     EngineCore,
@@ -105,7 +106,8 @@ class SimServer:
         self.core = EngineCore(settings)
         self.loop = EngineLoop(self.core)
         self.tokenizer = SimTokenizer()
-        self.registry = metrics_registry(self.core, self.model_name)
+        self.faults = FaultInjector(settings.faults, seed=settings.fault_seed)
+        self.registry = metrics_registry(self.core, self.model_name, self.faults)
         self.started = int(time.time())
 
     # -- application ------------------------------------------------------------------------
@@ -235,6 +237,12 @@ class SimServer:
         stream = bool(body.get("stream", False))
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage", False)) if isinstance(options, Mapping) else False
+        injected = self.faults.on_request(self.core.tiers.tiers) if self.faults.enabled else None
+        if injected is not None and injected.http_status is not None:
+            raise ApiError(injected.http_status, "injected fault: http_error", kind="InternalServerError")
+        if injected is not None and injected.delay_s > 0:
+            await asyncio.sleep(injected.delay_s)
+        drop_after = injected.drop_after_tokens if injected is not None else None
         queue: asyncio.Queue[Event] = asyncio.Queue()
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if max_tokens is None:
@@ -250,7 +258,7 @@ class SimServer:
         done = False
         try:
             if stream:
-                response, done = await self._stream(request, request_id, queue, chat, include_usage)
+                response, done = await self._stream(request, request_id, queue, chat, include_usage, drop_after)
             else:
                 response = await self._collect(request_id, queue, chat)
                 done = True
@@ -260,7 +268,13 @@ class SimServer:
                 self.loop.abort(sim_request)
 
     async def _stream(
-        self, request: web.Request, request_id: str, queue: asyncio.Queue[Event], chat: bool, include_usage: bool
+        self,
+        request: web.Request,
+        request_id: str,
+        queue: asyncio.Queue[Event],
+        chat: bool,
+        include_usage: bool,
+        drop_after: int | None = None,
     ) -> tuple[web.StreamResponse, bool]:
         """Stream a request's events as SSE; returns the response and whether it completed."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -285,9 +299,17 @@ class SimServer:
         try:
             if chat:
                 await response.write(frame([choice("", None, role=True)]))
+            sent = 0
             async for event in _events(queue):
+                if drop_after is not None and sent >= drop_after:
+                    # injected drop_stream fault: the connection closes without data: [DONE]
+                    if request.transport is not None:
+                        request.transport.abort()
+                    logger.info("%s: stream dropped (injected fault)", request_id)
+                    return response, False
                 if isinstance(event, TokenEvent):
                     await response.write(frame([choice(event.text, None)]))
+                    sent += 1
                 elif isinstance(event, FinishEvent):
                     await response.write(frame([choice("", event.reason)]))
                     if include_usage:

@@ -4,9 +4,9 @@
 section, the arm's offload profile and the runner's prefix-caching decision; ``kvbench sim serve``
 can also build it from command-line options.
 
-Fault injection (latency spikes, 5xx bursts, dropped streams, slow or full tiers) is meant to
-arrive later as one more optional field, ``faults``, read by the server's request path and by the
-offload tiers; nothing here needs to change shape for it.
+Fault injection (latency spikes, 5xx bursts, dropped streams, slow or full tiers) is the optional
+field ``faults`` (see :mod:`kvbench.harness.sim.faults`), read by the server's request path and by
+the offload tiers; ``kvbench sim serve --faults FILE`` sets it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from kvbench.harness.engines.configs import SimEngineConfig
 from kvbench.harness.model import StrictModel
+from kvbench.harness.sim.faults import Fault
 from kvbench.harness.sim.profiles import Deployment
 from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile
 
@@ -50,6 +51,11 @@ class SimSettings(StrictModel):
     prefix_caching: bool = Field(
         default=True, description="False forces the HBM prefix cache off even if the profile enables it."
     )
+    faults: list[Fault] = Field(
+        default_factory=list, description="Injected faults (testing): latency spikes, 5xx bursts, dropped streams, "
+        "slow or full tiers.",
+    )  # fmt: skip
+    fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
 
     @model_validator(mode="after")
     def _deployment_valid(self) -> SimSettings:

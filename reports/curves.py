@@ -1,0 +1,411 @@
+"""Capacity curves and tables of a sweep, drawn from ``sweep.json`` alone.
+
+* ``capacity.png`` / ``capacity.svg``: RPS/GPU (y) against TPS/user (x), one line per arm through its
+  load points; each arm's Pareto frontier (no other point of the arm has both more RPS/GPU and
+  more TPS/user) is drawn as a dashed step line with large markers; points meeting the SLO are
+  filled, the others hollow; the region the TPOT limit allows (TPS/user ≥ 1000 / tpot_ms) is shaded.
+* ``ttft_p99.png`` / ``ttft_p99.svg``: TTFT p99 against load per arm, the TTFT limit shaded below.
+* ``sweep.csv``: one row per (arm, point) with every metric and the frontier flag.
+* ``capacity.md``: the points table, capacity at the SLO, GPUs saved and $/year, and the
+  analytical model beside the measurement.
+
+The figures use matplotlib's object API (no pyplot global state) and the Agg/SVG canvases.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib import rc_context
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.table import Table
+
+from kvbench.harness.sweep_result import PointResult, Quantiles, SweepResult
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
+
+
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both x and y (higher is better on both).
+
+    A point is dominated when another has x ≥ and y ≥ with at least one strictly greater. The
+    result is sorted by x ascending (so y descends along it).
+    """
+    keep = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((ox >= x and oy >= y) and (ox > x or oy > y) for j, (ox, oy) in enumerate(points) if j != i)
+        if not dominated:
+            keep.append(i)
+    return sorted(keep, key=lambda i: (points[i][0], -points[i][1]))
+
+
+def _curve_points(result: SweepResult, arm: str) -> list[PointResult]:
+    return [p for p in result.arm_points(arm) if p.tps_user_mean is not None]
+
+
+def frontier_flags(result: SweepResult) -> dict[tuple[str, int], bool]:
+    """(arm, point) -> whether the point is on its arm's Pareto frontier of (TPS/user, RPS/GPU)."""
+    flags: dict[tuple[str, int], bool] = {}
+    for arm in result.arms:
+        pts = _curve_points(result, arm)
+        on = set(pareto_frontier([(p.tps_user_mean or 0.0, p.rps_per_gpu) for p in pts]))
+        for i, p in enumerate(pts):
+            flags[(arm, p.point)] = i in on
+    return flags
+
+
+def _load_label(result: SweepResult) -> str:
+    return "concurrency (active users)" if result.mode == "concurrency" else "offered load (requests/s)"
+
+
+def _title(result: SweepResult) -> str:
+    return f"{result.scenario_name} — {result.model} on {result.gpus}× {result.hardware} ({result.engine_kind})"
+
+
+def _slo_text(result: SweepResult) -> str:
+    s = result.slo
+    parts = []
+    if s.ttft_ms is not None:
+        parts.append(f"TTFT ≤ {s.ttft_ms:g} ms")
+    if s.tpot_ms is not None:
+        parts.append(f"TPOT ≤ {s.tpot_ms:g} ms")
+    if s.e2e_ms is not None:
+        parts.append(f"E2E ≤ {s.e2e_ms:g} ms")
+    return f"SLO p{s.percentile:g}: " + ", ".join(parts) if parts else "no SLO"
+
+
+def capacity_figure(result: SweepResult) -> Figure:
+    """RPS/GPU vs TPS/user per arm, frontier marked, SLO-allowed region shaded."""
+    fig = Figure(figsize=(8.0, 5.5), dpi=120)
+    ax = fig.add_subplot()
+    flags = frontier_flags(result)
+    xs_all: list[float] = []
+    for index, arm in enumerate(result.arms):
+        color = COLORS[index % len(COLORS)]
+        pts = _curve_points(result, arm)
+        if not pts:
+            continue
+        xs = [p.tps_user_mean or 0.0 for p in pts]
+        ys = [p.rps_per_gpu for p in pts]
+        xs_all.extend(xs)
+        ax.plot(xs, ys, "-", color=color, linewidth=1.2, alpha=0.6, label=f"{arm}")
+        for p, x, y in zip(pts, xs, ys, strict=True):
+            filled = bool(p.meets_slo) if p.meets_slo is not None else True
+            ax.plot(
+                [x], [y], "o", markersize=6, color=color, markerfacecolor=color if filled else "white",
+                markeredgewidth=1.2,
+            )  # fmt: skip
+            ax.annotate(f"{p.load:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+        frontier = [(x, y) for p, x, y in zip(pts, xs, ys, strict=True) if flags.get((arm, p.point))]
+        if frontier:
+            fx, fy = zip(*sorted(frontier), strict=True)
+            ax.step(fx, fy, "--", where="post", color=color, linewidth=1.0, alpha=0.9, label=f"{arm} Pareto frontier")
+            ax.plot(fx, fy, "D", markersize=9, markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.0)
+    if result.slo.tpot_ms is not None:
+        threshold = 1000.0 / result.slo.tpot_ms
+        right = max([*xs_all, threshold]) * 1.1
+        ax.axvspan(threshold, right, color="#2ca02c", alpha=0.08, label=f"TPOT ≤ {result.slo.tpot_ms:g} ms")
+        ax.axvline(threshold, color="#2ca02c", linewidth=0.8, alpha=0.6)
+        ax.set_xlim(left=0, right=right)
+    else:
+        ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("TPS/user: output tokens/s per user while decoding (mean)")
+    ax.set_ylabel("RPS/GPU: completed requests/s per GPU")
+    ax.set_title(_title(result), fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best", title=f"{_slo_text(result)}; filled = meets SLO", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _p99(q: Quantiles | None) -> float | None:
+    return None if q is None else q.p99_ms
+
+
+def ttft_figure(result: SweepResult) -> Figure:
+    """TTFT p99 (all rounds, and later rounds dashed) vs load per arm, the TTFT limit shaded."""
+    fig = Figure(figsize=(8.0, 5.0), dpi=120)
+    ax = fig.add_subplot()
+    top = 0.0
+    for index, arm in enumerate(result.arms):
+        color = COLORS[index % len(COLORS)]
+        pts = [p for p in result.arm_points(arm) if p.ttft is not None]
+        if not pts:
+            continue
+        loads = [p.load for p in pts]
+        p99 = [_p99(p.ttft) or 0.0 for p in pts]
+        top = max(top, *p99)
+        ax.plot(loads, p99, "o-", color=color, label=f"{arm} TTFT p99")
+        later = [(p.load, p.ttft_later.p99_ms) for p in pts if p.ttft_later is not None]
+        if later:
+            ax.plot(
+                [x for x, _ in later], [y for _, y in later], "s--", color=color, alpha=0.6, markersize=4,
+                label=f"{arm} TTFT p99, rounds ≥ 2",
+            )  # fmt: skip
+    ax.set_yscale("log")
+    _ax_slo(ax, result)
+    ax.set_xlabel(_load_label(result))
+    ax.set_ylabel("TTFT p99 (ms, log scale)")
+    ax.set_title(_title(result), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def _ax_slo(ax: Axes, result: SweepResult) -> None:
+    if result.slo.ttft_ms is not None:
+        low = ax.get_ylim()[0]
+        ax.axhspan(low, result.slo.ttft_ms, color="#2ca02c", alpha=0.08)
+        ax.set_ylim(bottom=low)
+        ax.axhline(result.slo.ttft_ms, color="#2ca02c", linewidth=0.8, label=f"TTFT ≤ {result.slo.ttft_ms:g} ms")
+
+
+def _save(fig: Figure, stem: Path) -> list[Path]:
+    png = stem.with_suffix(".png")
+    svg = stem.with_suffix(".svg")
+    fig.savefig(png, metadata={"Software": None})
+    with rc_context({"svg.hashsalt": "kvbench"}):  # stable element ids: identical input, identical SVG
+        fig.savefig(svg, metadata={"Date": None})
+    return [png, svg]
+
+
+CSV_FIELDS = (
+    "arm", "point", "load", "mode", "gpus", "window_s", "sent", "measured", "ok", "errors", "rps", "rps_per_gpu",
+    "output_tps", "output_tps_per_gpu", "tps_user_mean", "tps_user_p50", "ttft_p50_ms", "ttft_p90_ms",
+    "ttft_p99_ms", "ttft_round1_p50_ms", "ttft_round1_p99_ms", "ttft_later_p50_ms", "ttft_later_p99_ms",
+    "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "goodput_rps",
+    "goodput_rps_per_gpu", "slo_attainment", "meets_slo", "pareto", "gpu_hit_rate", "external_hit_rate",
+    "hit_rate", "cached_share", "cached_share_later", "prompt_tokens_mean", "lag_p99_ms",
+)  # fmt: skip
+
+
+def _q(q: Quantiles | None, field: str) -> float | str:
+    return "" if q is None else float(getattr(q, field))
+
+
+def _b(value: float | bool | None) -> float | bool | str:
+    return "" if value is None else value
+
+
+def write_csv(result: SweepResult, path: Path) -> Path:
+    flags = frontier_flags(result)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for p in sorted(result.points, key=lambda p: (result.arms.index(p.arm), p.load)):
+            writer.writerow(
+                {
+                    "arm": p.arm, "point": p.point, "load": p.load, "mode": p.mode, "gpus": p.gpus,
+                    "window_s": p.window_s, "sent": p.sent, "measured": p.measured, "ok": p.ok, "errors": p.errors,
+                    "rps": p.rps, "rps_per_gpu": p.rps_per_gpu, "output_tps": p.output_tps,
+                    "output_tps_per_gpu": p.output_tps_per_gpu, "tps_user_mean": _b(p.tps_user_mean),
+                    "tps_user_p50": _b(p.tps_user_p50), "ttft_p50_ms": _q(p.ttft, "p50_ms"),
+                    "ttft_p90_ms": _q(p.ttft, "p90_ms"), "ttft_p99_ms": _q(p.ttft, "p99_ms"),
+                    "ttft_round1_p50_ms": _q(p.ttft_round1, "p50_ms"),
+                    "ttft_round1_p99_ms": _q(p.ttft_round1, "p99_ms"),
+                    "ttft_later_p50_ms": _q(p.ttft_later, "p50_ms"), "ttft_later_p99_ms": _q(p.ttft_later, "p99_ms"),
+                    "tpot_p50_ms": _q(p.tpot, "p50_ms"), "tpot_p99_ms": _q(p.tpot, "p99_ms"),
+                    "itl_p50_ms": _q(p.itl, "p50_ms"), "itl_p99_ms": _q(p.itl, "p99_ms"),
+                    "e2e_p50_ms": _q(p.e2e, "p50_ms"), "e2e_p99_ms": _q(p.e2e, "p99_ms"),
+                    "goodput_rps": _b(p.goodput_rps), "goodput_rps_per_gpu": _b(p.goodput_rps_per_gpu),
+                    "slo_attainment": _b(p.slo_attainment), "meets_slo": _b(p.meets_slo),
+                    "pareto": flags.get((p.arm, p.point), False), "gpu_hit_rate": _b(p.gpu_hit_rate),
+                    "external_hit_rate": _b(p.external_hit_rate), "hit_rate": _b(p.hit_rate),
+                    "cached_share": _b(p.cached_share), "cached_share_later": _b(p.cached_share_later),
+                    "prompt_tokens_mean": _b(p.prompt_tokens_mean), "lag_p99_ms": _b(p.lag_p99_ms),
+                }
+            )  # fmt: skip
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Text: capacity, GPUs saved, analytical (shared by Markdown and the console)
+# ---------------------------------------------------------------------------------------------
+
+
+def _f(value: float | None, fmt: str = ".3g") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _ms(q: Quantiles | None, field: str = "p50_ms") -> str:
+    return "—" if q is None else f"{getattr(q, field):.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}"
+
+
+def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
+    unit = "users" if result.mode == "concurrency" else "req/s"
+    header = [
+        "arm", f"load ({unit})", "RPS/GPU", "TPS/user", "TTFT p50", "TTFT p99", "TTFT r1 p50", "TTFT r≥2 p50",
+        "TPOT p50", "TPOT p99", "E2E p50", "goodput/GPU", "SLO %", "meets", "hit %", "errors",
+    ]  # fmt: skip
+    body = []
+    for arm in result.arms:
+        for p in result.arm_points(arm):
+            body.append(
+                [
+                    arm, f"{p.load:g}", _f(p.rps_per_gpu), _f(p.tps_user_mean), _ms(p.ttft), _ms(p.ttft, "p99_ms"),
+                    _ms(p.ttft_round1), _ms(p.ttft_later), _ms(p.tpot), _ms(p.tpot, "p99_ms"), _ms(p.e2e),
+                    _f(p.goodput_rps_per_gpu), _pct(p.slo_attainment),
+                    "—" if p.meets_slo is None else ("yes" if p.meets_slo else "no"),
+                    _pct(p.hit_rate if p.hit_rate is not None else p.cached_share), str(p.errors),
+                ]
+            )  # fmt: skip
+    return header, body
+
+
+def capacity_lines(result: SweepResult) -> list[str]:
+    lines = []
+    for c in result.capacity:
+        if c.max_rps_per_gpu_at_slo is None:
+            lines.append(f"{c.arm}: no load point meets the SLO ({_slo_text(result)})")
+            continue
+        line = (
+            f"{c.arm}: max {c.max_rps_per_gpu_at_slo:.3g} RPS/GPU within the SLO (at load {c.at_load:g}, "
+            f"{_f(c.tps_user_at_max)} tokens/s/user)"
+        )
+        if c.gpus_needed is not None:
+            line += f"; {c.gpus_needed} GPUs for the target load, ${_f(c.usd_per_year, ',.0f')}/year"
+        lines.append(line)
+    for s in result.savings:
+        if s.gpus_saved is None:
+            lines.append(f"GPUs saved by {s.arm} vs {s.baseline}: unknown (an arm meets the SLO at no load point)")
+            continue
+        lines.append(
+            f"GPUs saved by {s.arm} vs {s.baseline} at {s.target_rps:g} req/s: {s.gpus_baseline} − {s.gpus_arm} = "
+            f"{s.gpus_saved} GPUs, ${s.usd_per_year_saved:,.0f}/year at ${s.usd_per_gpu_hour:g}/GPU-hour "
+            f"(capacity × {_f(s.capacity_ratio)})"
+        )
+    return lines
+
+
+def analytical_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
+    """Predicted vs measured later-round TTFT per (treatment arm, load)."""
+    header = [
+        "arm", "load", "N", "a", "a GPU", "a tier", "a'", "regime", "pred TTFT", "pred base", "meas p50",
+        "meas base p50", "pred ×", "meas ×", "out TPS ×",
+    ]  # fmt: skip
+    body = []
+    for c in result.analytical:
+        i = c.inputs
+        body.append(
+            [
+                c.arm, f"{c.load:g}", f"{i.n_tokens:.0f}", f"{i.a:.3f}", f"{i.a_gpu:.3f}", f"{i.a_tier:.3f}",
+                f"{c.prediction.a:.3f}", c.regime, f"{c.predicted_ttft_ms:.1f}", f"{c.predicted_baseline_ttft_ms:.1f}",
+                _f(c.measured_ttft_ms, ".1f"), _f(c.measured_baseline_ttft_ms, ".1f"),
+                _f(c.predicted_speedup_vs_baseline), _f(c.measured_speedup), _f(c.measured_output_tps_ratio),
+            ]
+        )  # fmt: skip
+    return header, body
+
+
+def analytical_lines(result: SweepResult) -> list[str]:
+    """Per treatment arm: the model's inputs, e and a*, and the end-to-end bound vs the capacity gain."""
+    lines = []
+    seen: set[str] = set()
+    for c in result.analytical:
+        if c.arm in seen:
+            continue
+        seen.add(c.arm)
+        i = c.inputs
+        pred = c.prediction
+        lines.append(
+            f"{c.arm} vs {c.baseline}: T = {i.t_s * 1e6:.3g} µs/token ({i.t_source}); R = {i.r_s * 1e6:.3g} µs/token, "
+            f"W = {i.w_s * 1e6:.3g} µs/token ({i.tier}); e = T/R = {pred.e:.3g}, a* = e/(1+e) = {pred.a_star:.3f} "
+            "(compute-bound below, IO-bound above)"
+        )
+        lines.append(f"  a from {i.a_source}")
+        lines.append(
+            f"  E2E TPS gain bound 1 + AP/AH = {_f(c.e2e_gain_bound)}; measured capacity ratio within the SLO "
+            f"{_f(c.measured_capacity_ratio)}"
+        )
+    if result.analytical:
+        lines.append(
+            "TTFT predictions are prefill only (the deck's model: no queueing, no first decode step), so "
+            "they are closest at the lowest load"
+        )
+    lines.extend(f"note: {note}" for note in result.analytical_notes)
+    return lines
+
+
+def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
+    if not body:
+        return ["(none)"]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---:" for _ in header) + "|",
+        *("| " + " | ".join(row) + " |" for row in body),
+    ]
+
+
+def write_markdown(result: SweepResult, path: Path) -> Path:
+    header, body = points_rows(result)
+    text = [
+        f"# {result.scenario_name}",
+        "",
+        f"{_title(result)}; {_slo_text(result)}; baseline `{result.baseline_arm}`. Latencies in ms; RPS/GPU = "
+        f"completed requests/s in the window / {result.gpus} GPU(s); TPS/user = mean decode tokens/s per request.",
+        "",
+        *_markdown_table(header, body),
+        "",
+        "## Capacity within the SLO",
+        "",
+        *(f"- {line}" for line in capacity_lines(result)),
+        "",
+        "## Analytical prefill model vs measurement (rounds ≥ 2; TTFT in ms)",
+        "",
+        *_markdown_table(*analytical_rows(result)),
+        "",
+        *(f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}" for line in analytical_lines(result)),
+        "",
+        "![capacity](capacity.svg)",
+        "",
+        "![ttft p99](ttft_p99.svg)",
+        "",
+    ]
+    path.write_text("\n".join(text), encoding="utf-8")
+    return path
+
+
+def write_sweep_reports(result: SweepResult, out_dir: Path) -> list[Path]:
+    """Every sweep output, from the result alone."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = _save(capacity_figure(result), out_dir / "capacity")
+    paths += _save(ttft_figure(result), out_dir / "ttft_p99")
+    paths.append(write_csv(result, out_dir / "sweep.csv"))
+    paths.append(write_markdown(result, out_dir / "capacity.md"))
+    return paths
+
+
+def print_sweep(result: SweepResult, console: Console) -> None:
+    header, body = points_rows(result)
+    table = Table(title=f"{result.scenario_name} — per load point", caption=_slo_text(result))
+    for index, column in enumerate(header):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    for row in body:
+        table.add_row(*row)
+    console.print(table)
+    for line in capacity_lines(result):
+        console.print(line, highlight=False)
+    a_header, a_body = analytical_rows(result)
+    if a_body:
+        a_table = Table(title="Analytical prefill model vs measurement (rounds ≥ 2, TTFT ms)")
+        for index, column in enumerate(a_header):
+            a_table.add_column(column, justify="left" if index in (0, 7) else "right")
+        for row in a_body:
+            a_table.add_row(*row)
+        console.print(a_table)
+    for line in analytical_lines(result):
+        console.print(line, highlight=False)
+    if not result.complete:
+        console.print("[yellow]The sweep is incomplete: resume it with `kvbench sweep --resume RUN_DIR`.[/]")
+    if result.requests.errors:
+        console.print(f"[yellow]{result.requests.errors} of {result.requests.measured} measured requests failed[/]")

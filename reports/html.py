@@ -1,0 +1,819 @@
+"""The HTML case-study report: one self-contained file, built only from stored result files.
+
+``kvbench report --html RUN_DIR...`` (or ``--playbook FILE``) reads run directories (``summary.json``,
+``manifest.json``, ``scenario.yaml``), soak directories (``soak.json``, ``intervals.jsonl``) and
+sweep directories, and renders ``reports/templates/case_study.html.j2`` with Jinja2 (autoescape on).
+
+The page needs no network: CSS is inline, charts are inline SVG, a Content-Security-Policy forbids
+scripts and remote loads, and the raw-data appendix links to the stored files by relative path.
+Every string that came from a scenario, an engine or a model is escaped by Jinja2; command lines
+are redacted again before they are shown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+from kvbench import __version__
+from kvbench.harness.errors import KvbenchError, RunDirError
+from kvbench.harness.manifest import read_manifest
+from kvbench.harness.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
+from kvbench.harness.redact import redact_text
+from kvbench.harness.result import RunResult, read_result
+from kvbench.harness.rundir import RunDir
+from kvbench.harness.scenario import MultiRoundQAProbe, Scenario
+from kvbench.harness.soak_result import IntervalStats, SoakResult, read_intervals, read_soak_result
+from kvbench.offload.profiles import OffloadProfile
+from kvbench.reports.charts import PALETTE, BarSeries, Chart, Highlight, LineSeries, bar_chart, line_chart
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+HTML_FILE = "case-study.html"
+RAW_FILES = (
+    "scenario.yaml", "manifest.json", "summary.json", "records.jsonl", "progress.jsonl", "engine_metrics.jsonl",
+    "intervals.jsonl", "soak.json", "sweep.json", "report/ttft_table.md", "report/ttft.csv",
+)  # fmt: skip
+
+
+class HtmlReportError(KvbenchError):
+    """The inputs of an HTML report are missing or of an unknown kind."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sources (stored files only)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeSource:
+    path: Path
+    result: RunResult
+    manifest: dict[str, Any]
+    scenario: Scenario | None
+
+
+@dataclass(frozen=True)
+class SoakSource:
+    path: Path
+    result: SoakResult
+    intervals: list[IntervalStats]
+    manifest: dict[str, Any]
+    scenario: Scenario | None
+
+
+@dataclass
+class ReportSources:
+    title: str
+    baseline: ProbeSource | None = None
+    poc: ProbeSource | None = None
+    production: ProbeSource | None = None
+    soak: SoakSource | None = None
+    sweeps: list[Path] = field(default_factory=list)
+    playbook: PlaybookStatus | None = None
+    target_context: int | None = None
+    target_turn: int = 2
+
+    @property
+    def all_dirs(self) -> list[tuple[str, Path]]:
+        out: list[tuple[str, Path]] = []
+        for label, source in (("baseline", self.baseline), ("POC", self.poc), ("production", self.production)):
+            if source is not None and all(source.path != p for _, p in out):
+                out.append((label, source.path))
+        if self.soak is not None:
+            out.append(("stability window", self.soak.path))
+        out.extend(("sweep", path) for path in self.sweeps)
+        return out
+
+
+def _scenario_of(path: Path) -> Scenario | None:
+    try:
+        return RunDir.open(path).scenario()
+    except KvbenchError:
+        return None
+
+
+def load_probe(path: Path) -> ProbeSource:
+    if not path.is_dir():
+        raise HtmlReportError(f"{path}: not a directory")
+    result = read_result(path / "summary.json")
+    return ProbeSource(path, result, read_manifest(path / "manifest.json"), _scenario_of(path))
+
+
+def load_soak(path: Path) -> SoakSource:
+    result = read_soak_result(path / "soak.json")
+    intervals = read_intervals(path / "intervals.jsonl")
+    return SoakSource(path, result, intervals, read_manifest(path / "manifest.json"), _scenario_of(path))
+
+
+def collect_sources(paths: Sequence[Path], playbook_path: Path | None = None) -> ReportSources:
+    """Classify the given result directories (and a playbook's attached runs) into report sources."""
+    sources = ReportSources(title="")
+    probes: list[ProbeSource] = []
+    if playbook_path is not None:
+        playbook = load_playbook(playbook_path)
+        base = playbook_path.resolve().parent
+        sources.playbook = playbook_status(playbook_path, playbook)
+        sources.title = playbook.name
+        sources.target_context = playbook.target.context_tokens
+        sources.target_turn = playbook.target.turn
+
+        def latest(refs: list[str]) -> Path | None:
+            return (base / refs[-1]) if refs else None
+
+        stages = playbook.stages
+        for attr, refs in (("baseline", stages.baseline.runs), ("poc", stages.poc.runs),
+                           ("production", stages.production.runs)):  # fmt: skip
+            probe_refs = [r for r in refs if run_kind(base / r) == "probe"]
+            sources.sweeps += [base / r for r in refs if run_kind(base / r) == "sweep"]
+            path = latest(probe_refs)
+            if path is not None:
+                setattr(sources, attr, load_probe(path))
+        soak_path = latest(stages.staging.runs)
+        if soak_path is not None:
+            sources.soak = load_soak(soak_path)
+    for path in paths:
+        kind = run_kind(path)
+        if kind == "probe":
+            probes.append(load_probe(path))
+        elif kind == "soak":
+            sources.soak = load_soak(path)
+        elif kind == "sweep":
+            sources.sweeps.append(path)
+        else:
+            raise HtmlReportError(
+                f"{path}: not a kvbench result directory (expected summary.json, soak.json or sweep.json)"
+            )
+    for probe in probes:
+        if sources.poc is None and len(probe.result.arms) > 1:
+            sources.poc = probe
+        elif sources.baseline is None:
+            sources.baseline = probe
+        elif sources.production is None:
+            sources.production = probe
+    if sources.poc is None and sources.baseline is not None and len(sources.baseline.result.arms) > 1:
+        sources.poc = sources.baseline
+    if not sources.title:
+        named = sources.poc or sources.baseline or sources.production
+        if named is not None:
+            sources.title = named.result.scenario_name
+        elif sources.soak is not None:
+            sources.title = sources.soak.result.scenario_name
+        else:
+            sources.title = "kvbench case study"
+    if not (sources.poc or sources.baseline or sources.production or sources.soak or sources.sweeps):
+        raise HtmlReportError("nothing to report: give run, soak or sweep directories, or a playbook with runs")
+    return sources
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting helpers (used as Jinja2 filters)
+# --------------------------------------------------------------------------------------------
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    if value >= 1000:
+        return f"{value:,.0f} ms"
+    return f"{value:.1f} ms" if value >= 10 else f"{value:.2f} ms"
+
+
+def fmt_pct(value: float | None, digits: int = 1) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value * 100:.{digits}f}%"
+
+
+def fmt_x(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value:.2f}×"
+
+
+def fmt_num(value: float | None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value:.{digits}g}"
+
+
+def fmt_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+# --------------------------------------------------------------------------------------------
+# View model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Headline:
+    label: str
+    value: str
+    detail: str
+    tone: str = "neutral"  # good | bad | neutral
+
+
+@dataclass(frozen=True)
+class TableView:
+    columns: list[str]
+    rows: list[list[str]]
+    numeric: list[bool]
+    caption: str = ""
+
+
+@dataclass(frozen=True)
+class RawFile:
+    label: str
+    href: str
+    name: str
+    size: str
+    sha256: str
+
+
+def _median(result: RunResult, arm: str, context: int, turn: int) -> float | None:
+    cell = result.cell(arm, context, turn)
+    return cell.ttft.median_ms if cell and cell.ttft else None
+
+
+def _treatment(result: RunResult) -> str | None:
+    others = [arm for arm in result.arms if arm != result.baseline_arm]
+    return others[0] if others else None
+
+
+def _target_context(sources: ReportSources, result: RunResult) -> int:
+    if sources.target_context is not None and sources.target_context in result.context_tokens:
+        return sources.target_context
+    return max(result.context_tokens)
+
+
+def executive_summary(sources: ReportSources) -> list[Headline]:
+    cards: list[Headline] = []
+    poc = sources.poc
+    turn = sources.target_turn
+    if poc is not None:
+        result = poc.result
+        arm = _treatment(result)
+        context = _target_context(sources, result)
+        base = _median(result, result.baseline_arm, context, turn)
+        treated = _median(result, arm, context, turn) if arm else None
+        if base is not None and treated is not None and treated > 0:
+            speedup = base / treated
+            cards.append(
+                Headline(
+                    f"TTFT at {context:,} tokens, turn {turn}",
+                    f"{fmt_x(speedup)} faster",
+                    f"{result.baseline_arm} {fmt_ms(base)} → {arm} {fmt_ms(treated)} "
+                    f"(% diff {(speedup - 1) * 100:+.1f}%)",
+                    "good" if speedup > 1 else "bad",
+                )
+            )
+    if sources.production is not None and sources.baseline is not None:
+        prod = sources.production.result
+        base_result = sources.baseline.result
+        context = _target_context(sources, base_result)
+        arm = _treatment(prod) or prod.arms[0]
+        base = _median(base_result, base_result.baseline_arm, context, turn)
+        measured = _median(prod, arm, context, turn)
+        if base is not None and measured is not None and measured > 0:
+            gain = (base / measured - 1) * 100
+            cards.append(
+                Headline(
+                    "Production gain vs baseline",
+                    f"{gain:+.1f}%",
+                    f"TTFT {fmt_ms(base)} → {fmt_ms(measured)} at {context:,} tokens, turn {turn}",
+                    "good" if gain > 0 else "bad",
+                )
+            )
+    if sources.soak is not None:
+        soak = sources.soak.result
+        verdict = soak.verdict.verdict
+        cards.append(
+            Headline(
+                "Stability window",
+                verdict,
+                f"{soak.completed_intervals} × {soak.interval_s:g} s intervals, {soak.totals.requests:,} requests"
+                + (f"; {soak.verdict.reasons[0]}" if soak.verdict.reasons else ""),
+                {"PASS": "good", "FAIL": "bad"}.get(verdict, "neutral"),
+            )
+        )
+    if sources.playbook is not None:
+        stages = sources.playbook.stages
+        done = sum(1 for s in stages if s.state == "done")
+        open_stages = [s.stage for s in stages if s.state != "done"]
+        if open_stages in ([], ["case_study"]):
+            card = Headline(
+                "Rollout playbook", "all gates passed",
+                "baseline, POC, staging and production gates passed; this report is the case study", "good",
+            )  # fmt: skip
+        else:
+            card = Headline("Rollout playbook", f"{done}/{len(stages)} stages done", sources.playbook.next_step)
+        cards.append(card)
+    return cards
+
+
+def _profile_rows(profiles: dict[str, OffloadProfile]) -> list[list[str]]:
+    rows = []
+    for arm, profile in profiles.items():
+        tiers = "; ".join(
+            f"{t.kind} {t.capacity_gb:g} GB, read {t.effective_read_gbps:g} GB/s, "
+            f"write {t.effective_write_gbps:g} GB/s, {t.effective_latency_us:g} µs"
+            for t in profile.tiers
+        )
+        rows.append([arm, profile.name, "on" if profile.prefix_caching else "off", tiers or "none"])
+    return rows
+
+
+def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
+    out: list[tuple[str, TableView]] = []
+    seen: set[Path] = set()
+    entries: list[tuple[str, Path, dict[str, Any], Scenario | None]] = []
+    for label, probe in (("POC", sources.poc), ("Baseline", sources.baseline), ("Production", sources.production)):
+        if probe is not None and probe.path not in seen:
+            seen.add(probe.path)
+            entries.append((label, probe.path, probe.manifest, probe.scenario))
+    if sources.soak is not None:
+        entries.append(("Stability window", sources.soak.path, sources.soak.manifest, sources.soak.scenario))
+    for label, path, manifest, scenario in entries:
+        host = manifest.get("host", {})
+        engines = manifest.get("engines", {})
+        if scenario is not None:
+            engine_cfg: dict[str, Any] = scenario.engine.model_dump(mode="json")
+        else:
+            engine_cfg = manifest.get("scenario", {}).get("engine") or {}
+        sha = str(manifest.get("kvbench_git_sha") or "—")[:12]
+        gpus = ", ".join(str(g.get("name")) for g in host.get("gpus") or []) or "none visible to kvbench"
+        versions = sorted({f"{e.get('kind')} {e.get('version')}" for e in engines.values()}) or ["—"]
+        commands = [redact_text(" ".join(str(a) for a in e.get("command", []))) for e in engines.values()]
+        rows = [
+            ["Scenario", manifest.get("scenario_name") or (scenario.name if scenario else "—")],
+            ["Engine", f"{engine_cfg.get('kind', '—')} (model {engine_cfg.get('model', '—')})"],
+            ["Engine versions", ", ".join(versions)],
+            ["Hardware", f"{engine_cfg.get('hardware', '—')}; GPUs on the host: {gpus}"],
+            ["Parallelism", ", ".join(f"{k}={v}" for k, v in (engine_cfg.get("parallelism") or {}).items()) or "—"],
+            ["kvbench", f"{manifest.get('kvbench_version', '—')} (git {sha})"],
+            ["Host", f"{host.get('platform', '—')}, Python {host.get('python', '—')}, {host.get('cpu_count', '—')} "
+             "CPUs"],
+            ["Run directory", str(path)],
+        ]  # fmt: skip
+        if commands:
+            rows.append(["Engine command (redacted)", commands[0]])
+        out.append((label, TableView(["", ""], rows, [False, False])))
+        if scenario is not None:
+            profiles = {arm.name: arm.profile for arm in scenario.arms}
+            columns = ["Arm", "Profile", "GPU prefix cache", "Tiers"]
+            table = TableView(columns, _profile_rows(profiles), [False] * len(columns))
+            out.append((f"{label}: offload profiles", table))
+    return out
+
+
+def poc_table(probe: ProbeSource) -> TableView:
+    from kvbench.reports.ttft_table import rows as ttft_rows
+
+    cols, body = ttft_rows(probe.result)
+    return TableView([c.title for c in cols], body, [True for _ in cols], caption="median TTFT in ms")
+
+
+def spread_table(probe: ProbeSource) -> TableView:
+    rows = []
+    for cell in probe.result.cells:
+        ttft = cell.ttft
+        rows.append(
+            [
+                cell.arm, f"{cell.context_tokens:,}", f"t{cell.turn}", str(ttft.n if ttft else 0), str(cell.errors),
+                fmt_ms(ttft.min_ms if ttft else None), fmt_ms(ttft.median_ms if ttft else None),
+                fmt_ms(ttft.p90_ms if ttft else None), fmt_ms(ttft.max_ms if ttft else None),
+                fmt_pct((ttft.p90_ms / ttft.median_ms - 1) if ttft and ttft.median_ms > 0 else None),
+            ]
+        )  # fmt: skip
+    return TableView(
+        ["Arm", "Tokens", "Turn", "n", "Errors", "min", "median", "p90", "max", "p90 over median"],
+        rows, [False, True, False, True, True, True, True, True, True, True],
+    )  # fmt: skip
+
+
+def poc_chart(probe: ProbeSource) -> Chart:
+    result = probe.result
+    groups = [f"{c:,}" for c in result.context_tokens]
+    series = []
+    color = 0
+    order = [a for a in result.arms if a != result.baseline_arm] + [result.baseline_arm]
+    for arm in order:
+        for turn in (1, 2):
+            if turn > result.turns:
+                continue
+            values = [_median(result, arm, ctx, turn) for ctx in result.context_tokens]
+            series.append(BarSeries(f"{arm} t{turn}", values, PALETTE[color % len(PALETTE)], " ms"))
+            color += 1
+    return bar_chart(
+        "chart-poc", "Median TTFT by context length, turn 1 and turn 2",
+        f"Grouped bars of median TTFT per arm and turn for {len(groups)} context lengths.",
+        groups, series, x_label="context length (tokens)", y_label="median TTFT (ms)", log=True,
+    )  # fmt: skip
+
+
+def soak_charts(soak: SoakSource) -> list[Chart]:
+    intervals = soak.intervals
+    if not intervals:
+        return []
+    window_s = max(soak.result.window_s, 1e-9)
+    scale, unit = (1.0, "seconds") if window_s < 300 else (60.0, "minutes") if window_s < 18000 else (3600.0, "hours")
+    xs = [(i.elapsed_start_s + i.duration_ns / 2e9) / scale for i in intervals]
+    verdict = soak.result.verdict
+    broken: dict[int, list[str]] = {}
+    for criterion in verdict.criteria:
+        if criterion.status == "fail":
+            for index in criterion.intervals:
+                broken.setdefault(index, []).append(criterion.name)
+    by_index = {i.index: (x, i) for x, i in zip(xs, intervals, strict=True)}
+    warm = soak.result.warmup_intervals
+    bands = []
+    if warm:
+        end = min(warm, len(intervals))
+        bands.append((0.0, end * soak.result.interval_s / scale, "#f3f4f6"))
+    span = (0.0, max(window_s / scale, xs[-1]))
+    slo = soak.result.slo
+    ttft_highlights = [
+        Highlight(x, item.ttft_p99_ms, f"interval {index}: {', '.join(names)}")
+        for index, names in broken.items()
+        if index in by_index and (item := by_index[index][1]).ttft_p99_ms is not None
+        for x in (by_index[index][0],)
+    ]
+    latency = line_chart(
+        "chart-soak-latency", "TTFT and TPOT per interval",
+        "Per-interval TTFT p50 and p99 and TPOT p99 over the stability window; red markers are intervals that "
+        "broke a criterion.",
+        [
+            LineSeries("TTFT p99", xs, [i.ttft_p99_ms for i in intervals], PALETTE[1], unit=" ms"),
+            LineSeries("TTFT p50", xs, [i.ttft_p50_ms for i in intervals], PALETTE[0], unit=" ms"),
+            LineSeries("TPOT p99", xs, [i.tpot_p99_ms for i in intervals], PALETTE[3], dashed=True, unit=" ms"),
+        ],
+        x_label=f"elapsed ({unit})", y_label="ms", highlights=ttft_highlights, bands=bands, x_range=span,
+        hlines=[(v, f"SLO {name} {v:g} ms") for name, v in (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms))
+                if v is not None],
+    )  # fmt: skip
+    health_highlights = [
+        Highlight(x, 100.0 * (item.error_rate or 0.0), f"interval {index}: {', '.join(names)}")
+        for index, names in broken.items()
+        if index in by_index
+        for x, item in (by_index[index],)
+    ]
+    floor = soak.result.criteria_spec.hit_rate_floor
+    health = line_chart(
+        "chart-soak-health", "Errors, cache hit rate and KV usage per interval",
+        "Per-interval error rate, prefix-cache hit rate and KV-cache usage in percent.",
+        [
+            LineSeries("error rate", xs, [_pct_or_none(i.error_rate) for i in intervals], PALETTE[1], unit="%"),
+            LineSeries("hit rate", xs, [_pct_or_none(i.hit_rate) for i in intervals], PALETTE[2], unit="%"),
+            LineSeries("KV usage", xs, [_pct_or_none(i.kv_usage) for i in intervals], PALETTE[6], dashed=True,
+                       unit="%"),
+        ],
+        x_label=f"elapsed ({unit})", y_label="percent", highlights=health_highlights, bands=bands, x_range=span,
+        hlines=[(floor * 100.0, f"hit-rate floor {floor:.0%}")] if floor is not None else [],
+    )  # fmt: skip
+    rps = line_chart(
+        "chart-soak-rps", "Completed requests per second",
+        "Per-interval throughput of the stability window.",
+        [LineSeries("RPS", xs, [i.rps for i in intervals], PALETTE[0], unit=" req/s")],
+        x_label=f"elapsed ({unit})", y_label="requests / s", bands=bands, x_range=span,
+    )  # fmt: skip
+    return [latency, health, rps]
+
+
+def _pct_or_none(value: float | None) -> float | None:
+    return None if value is None else value * 100.0
+
+
+def soak_criteria_table(soak: SoakSource) -> TableView:
+    rows = []
+    for c in soak.result.verdict.criteria:
+        intervals = ", ".join(str(i) for i in c.intervals[:20]) + (" …" if len(c.intervals) > 20 else "")
+        rows.append([c.name, c.status.upper().replace("_", " "), c.reason, intervals or "—"])
+    return TableView(["Criterion", "Status", "Observed", "Intervals that broke it"], rows, [False] * 4)
+
+
+@dataclass(frozen=True)
+class PredictionView:
+    table: TableView | None
+    chart: Chart | None
+    note: str
+
+
+def _kv_bytes_per_token(probe: ProbeSource) -> tuple[float | None, str]:
+    scenario = probe.scenario
+    if scenario is None:
+        return None, "the run's scenario.yaml could not be read"
+    engine = scenario.engine
+    if engine.kind != "sim":
+        return None, (
+            f"KV bytes per token are known for the simulator's model profiles only (engine kind {engine.kind})"
+        )
+    from kvbench.harness.sim.profiles import Deployment
+
+    try:
+        deployment = Deployment.resolve(engine.model, engine.hardware, engine.parallelism.tp, engine.dtype)
+    except ValueError as error:
+        return None, str(error)
+    return float(deployment.kv_bytes_per_token_per_gpu), deployment.label
+
+
+def predictions(probe: ProbeSource, turn: int) -> PredictionView:
+    """The analytical model (offload/analytical.py) against the POC's measured turn-``turn`` speedups."""
+    from kvbench.offload import analytical
+
+    result = probe.result
+    arm = _treatment(result)
+    if arm is None or probe.scenario is None:
+        return PredictionView(None, None, "needs a POC run with a baseline arm and an offload arm")
+    profile = next((a.profile for a in probe.scenario.arms if a.name == arm), None)
+    if profile is None or not profile.tiers:
+        return PredictionView(None, None, f"arm {arm} has no offload tier: nothing to predict")
+    kv_bytes, label = _kv_bytes_per_token(probe)
+    if kv_bytes is None:
+        return PredictionView(None, None, f"not available: {label}")
+    tier = profile.tiers[0]
+    rows = []
+    contexts: list[str] = []
+    predicted: list[float | None] = []
+    measured: list[float | None] = []
+    for context in result.context_tokens:
+        base = _median(result, result.baseline_arm, context, turn)
+        treated = _median(result, arm, context, turn)
+        cell = result.cell(arm, context, turn)
+        if base is None or treated is None or treated <= 0 or cell is None:
+            continue
+        prompt = cell.prompt_tokens_median or float(context)
+        cached = cell.cached_tokens_median
+        if cached is None or prompt <= 0:
+            continue
+        reuse = min(max(cached / prompt, 0.0), 1.0)
+        t_s = analytical.time_per_token_from_ttft(base / 1000.0, int(prompt))
+        r_s = analytical.read_time_per_token(kv_bytes, tier.effective_read_gbps)
+        w_s = analytical.write_time_per_token(kv_bytes, tier.effective_write_gbps)
+        prediction = analytical.predict(int(prompt), reuse, t_s=t_s, r_s=r_s, w_s=w_s)
+        got = base / treated
+        rows.append(
+            [
+                f"{context:,}", f"{reuse:.3f}", f"{t_s * 1e6:.2f}", f"{r_s * 1e6:.3f}", prediction.regime,
+                fmt_ms(prediction.ttft_kv_s * 1000.0), fmt_ms(treated), fmt_x(prediction.speedup), fmt_x(got),
+                f"{(got / prediction.speedup - 1) * 100:+.0f}%",
+            ]
+        )  # fmt: skip
+        contexts.append(f"{context:,}")
+        predicted.append(prediction.speedup)
+        measured.append(got)
+    if not rows:
+        return PredictionView(None, None, "no context length has both arms measured with cached-token counts")
+    table = TableView(
+        ["Tokens", "reuse a", "T (µs/tok)", "R (µs/tok)", "regime", "predicted TTFT", "measured TTFT",
+         "predicted speedup", "measured speedup", "measured vs predicted"],
+        rows, [True, True, True, True, False, True, True, True, True, True],
+        caption=f"{label}; tier {tier.kind} read {tier.effective_read_gbps:g} GB/s, "
+        f"{kv_bytes / 1024:.0f} KiB of KV per token per GPU",
+    )  # fmt: skip
+    chart = bar_chart(
+        "chart-predicted", f"Predicted vs measured turn-{turn} speedup",
+        "Bars of the analytical model's predicted speedup next to the measured speedup per context length.",
+        contexts,
+        [
+            BarSeries("predicted (analytical)", predicted, PALETTE[6], "×"),
+            BarSeries("measured", measured, PALETTE[0], "×"),
+        ],
+        x_label="context length (tokens)", y_label="speedup (×)", log=True,
+    )  # fmt: skip
+    return PredictionView(table, chart, "")
+
+
+def methodology(sources: ReportSources) -> list[str]:
+    notes = [
+        "TTFT is the time from just before a streaming request is handed to the HTTP client to the arrival of "
+        "the first network read that carries generated text (role-only, empty and usage-only chunks do not count), "
+        "timed with a monotonic nanosecond clock; milliseconds appear only in reports.",
+        "Every number on this page was computed from the stored per-request records (records.jsonl) and the files "
+        "listed in the appendix; nothing was typed in by hand.",
+    ]
+    probe = sources.poc or sources.baseline
+    if probe is not None and probe.scenario is not None and isinstance(probe.scenario.workload, MultiRoundQAProbe):
+        w = probe.scenario.workload
+        notes.append(
+            f"POC workload: multi-round QA, {w.conversations} conversation(s) per context length, {w.turns} turns, "
+            f"{w.question_tokens}-token questions, {w.answer_tokens}-token answers, {probe.result.repetitions} "
+            f"repetition(s); {w.warmup_requests} unmeasured warm-up request(s) per engine start. Between turns: "
+            f"{w.between_turns.mode.replace('_', ' ')}, so turn 2 measures a returning user whose KV left GPU "
+            "memory."
+        )
+        notes.append(
+            "Spread: every cell lists n, min, median, p90 and max over its requests (table above); the headline "
+            "uses medians. % diff = (baseline / arm − 1) × 100."
+        )
+    if sources.soak is not None:
+        spec = sources.soak.result.criteria_spec
+        notes.append(
+            f"Stability window: {sources.soak.result.window_s:g} s in {sources.soak.result.interval_s:g} s intervals; "
+            f"per interval TTFT/TPOT p50 and p99, RPS, errors by kind, cache hit rate and KV usage from /metrics. "
+            f"Drift of {spec.drift_metric.replace('_', ' ')}: one-sided Mann-Kendall test at "
+            f"{spec.drift_confidence:.0%} confidence and a Theil-Sen slope (both robust to outliers); the window "
+            f"fails only when the trend is significant and rises by more than {spec.drift_min_increase_pct:g}%."
+        )
+    notes.append(
+        "Predicted vs measured: T = baseline TTFT / prompt tokens (measured), R and W = KV bytes per token / tier "
+        "read and write bandwidth, a = cached / prompt tokens (measured); "
+        "TTFT_KV = max(a·N·R, (1−a)·N·W, (1−a)·N·T). The model leaves out fixed per-request costs (scheduling, "
+        "the first decode step, HTTP), so short prompts measure below the predicted speedup."
+    )
+    return notes
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def raw_files(sources: ReportSources, out_dir: Path) -> list[RawFile]:
+    files = []
+    for label, directory in sources.all_dirs:
+        for name in RAW_FILES:
+            path = directory / name
+            if not path.is_file():
+                continue
+            rel = os.path.relpath(path.resolve(), out_dir.resolve())
+            href = "/".join(quote(part) for part in Path(rel).parts)
+            files.append(RawFile(label, href, str(Path(directory.name) / name), fmt_bytes(path.stat().st_size),
+                                 _sha256(path)))  # fmt: skip
+    return files
+
+
+@dataclass(frozen=True)
+class ImageView:
+    title: str
+    alt: str
+    data_uri: str
+
+
+@dataclass(frozen=True)
+class CapacityView:
+    charts: list[Chart]
+    images: list[ImageView]
+    tables: list[TableView]
+    notes: list[str]
+
+
+def _png_uri(figure: Any) -> str:
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Headline]]:
+    """Capacity curves, tables and GPU savings of the sweeps (sweep.json, drawn by reports/curves.py)."""
+    from kvbench.harness.sweep_result import read_sweep_result
+    from kvbench.reports import curves
+
+    charts: list[Chart] = []
+    images: list[ImageView] = []
+    tables: list[TableView] = []
+    notes: list[str] = []
+    cards: list[Headline] = []
+    for path in paths:
+        result = read_sweep_result(path / "sweep.json")
+        unit = "users" if result.mode == "concurrency" else "req/s"
+        series = []
+        for index, arm in enumerate(result.arms):
+            points = result.arm_points(arm)
+            series.append(
+                LineSeries(arm, [p.load for p in points], [p.ttft.p99_ms if p.ttft else None for p in points],
+                           PALETTE[index % len(PALETTE)], unit=" ms")
+            )  # fmt: skip
+        slo = result.slo.ttft_ms
+        chart = line_chart(
+            f"chart-capacity-{len(charts)}", f"TTFT p99 against load ({result.scenario_name})",
+            "TTFT p99 of each arm at each load point of the sweep.", series,
+            x_label=f"load ({unit})", y_label="TTFT p99 (ms)", log=True,
+            hlines=[(slo, f"SLO TTFT {slo:g} ms")] if slo is not None else [],
+        )  # fmt: skip
+        charts.append(chart)
+        images.append(
+            ImageView(f"Capacity: RPS/GPU against TPS/user ({result.scenario_name})",
+                      "Capacity curves of each arm: requests per second per GPU against tokens per second per user.",
+                      _png_uri(curves.capacity_figure(result)))
+        )  # fmt: skip
+        header, body = curves.points_rows(result)
+        tables.append(TableView(header, body, [False] + [True] * (len(header) - 1), caption=str(path)))
+        notes.extend(curves.capacity_lines(result))
+        for saving in result.savings:
+            if saving.gpus_saved is None:
+                continue
+            dollars = f", ${saving.usd_per_year_saved:,.0f}/year" if saving.usd_per_year_saved is not None else ""
+            cards.append(
+                Headline(
+                    f"GPUs at {saving.target_rps:g} req/s within the SLO",
+                    f"{saving.gpus_saved} GPUs saved",
+                    f"{saving.baseline} {saving.gpus_baseline} → {saving.arm} {saving.gpus_arm} GPUs{dollars} "
+                    f"at ${saving.usd_per_gpu_hour:g}/GPU-hour",
+                    "good" if saving.gpus_saved > 0 else "bad",
+                )
+            )
+    if not (charts or tables):
+        return None, cards
+    return CapacityView(charts, images, tables, notes), cards
+
+
+def playbook_table(status: PlaybookStatus) -> TableView:
+    rows = [[s.title, s.state.upper(), s.gate, s.evidence, s.next_step or "—"] for s in status.stages]
+    return TableView(["Stage", "State", "Gate", "Evidence", "Next step"], rows, [False] * 5)
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+
+def environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=select_autoescape(enabled_extensions=("html", "j2"), default_for_string=True, default=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(ms=fmt_ms, pct=fmt_pct, x=fmt_x, num=fmt_num)
+    return env
+
+
+def build_context(sources: ReportSources, out_dir: Path) -> dict[str, Any]:
+    poc = sources.poc
+    soak = sources.soak
+    turn = sources.target_turn
+    prediction = predictions(poc, turn) if poc is not None else None
+    capacity, capacity_cards = capacity_view(sources.sweeps)
+    return {
+        "title": sources.title,
+        "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "kvbench_version": __version__,
+        "headlines": executive_summary(sources) + capacity_cards,
+        "playbook": playbook_table(sources.playbook) if sources.playbook else None,
+        "setup": setup_tables(sources),
+        "poc": poc,
+        "poc_table": poc_table(poc) if poc else None,
+        "poc_spread": spread_table(poc) if poc else None,
+        "poc_chart": poc_chart(poc) if poc else None,
+        "soak": soak.result if soak else None,
+        "soak_path": str(soak.path) if soak else "",
+        "soak_charts": soak_charts(soak) if soak else [],
+        "soak_criteria": soak_criteria_table(soak) if soak else None,
+        "sweeps": [str(p) for p in sources.sweeps],
+        "capacity": capacity,
+        "prediction": prediction,
+        "methodology": methodology(sources),
+        "raw_files": raw_files(sources, out_dir),
+    }
+
+
+def render_html(sources: ReportSources, out_dir: Path) -> str:
+    template = environment().get_template("case_study.html.j2")
+    return template.render(**build_context(sources, out_dir))
+
+
+def write_html(sources: ReportSources, out: Path) -> Path:
+    """Render the case study into ``out`` (written atomically)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = render_html(sources, out.parent)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def report_html(paths: Sequence[Path], *, playbook: Path | None = None, out: Path | None = None) -> Path:
+    """What ``kvbench report --html`` calls: collect the sources, render, return the file written."""
+    try:
+        sources = collect_sources(paths, playbook)
+    except RunDirError as error:
+        raise HtmlReportError(str(error)) from None
+    if out is None:
+        if playbook is not None:
+            out = playbook.resolve().parent / load_playbook(playbook).stages.case_study.gate.report
+        elif len(paths) == 1:
+            out = paths[0] / "report" / HTML_FILE
+        else:
+            out = Path(HTML_FILE)
+    return write_html(sources, out)

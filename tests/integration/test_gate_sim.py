@@ -1,0 +1,134 @@
+"""The nightly regression gate on real simulator runs.
+
+Each run gets a fresh simulator process (``kvbench sim serve``) behind a scenario of engine kind
+``openai`` -- the nightly setup, where kvbench talks to an endpoint it does not manage. The
+scenario file is the same for every night; what changes is the server behind it:
+
+* an unchanged rerun (same settings) must pass the gate (exit 0);
+* a planted regression -- the CPU tier behind the endpoint reads at 1 GB/s instead of 25 GB/s,
+  so turn-2 loads take longer -- must be caught (exit 1) in the turn-2 cells and nowhere else;
+* a run recorded on other hardware (the stored scenario's hardware label) cannot be compared (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+TIER = {"kind": "cpu", "capacity_gb": 64}
+SLOW_TIER = {"kind": "cpu", "capacity_gb": 64, "read_gbps": 1.0}
+
+
+def scenario(port: int, hardware: str = "h100-sxm") -> dict[str, object]:
+    return {
+        "name": "nightly-gate",
+        "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": f"http://127.0.0.1:{port}",
+                   "hardware": hardware},
+        "arms": [{"name": "AMG-ON", "offload": "cpu"}],
+        "workload": {
+            "kind": "multi_round_qa", "context_tokens": [2000, 8000], "conversations": 6, "turns": 2,
+            "answer_tokens": 4, "warmup_requests": 1, "between_turns": {"mode": "reset_prefix_cache"},
+        },
+        "gate": {"alpha": 0.01, "ttft_max_increase_pct": 10},
+        "seed": 9,
+    }  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def simulator(tmp: Path, tier: dict[str, object]) -> Iterator[int]:
+    """A fresh `kvbench sim serve` with one CPU tier; yields its port once /health answers."""
+    port = free_port()
+    settings = {"model": "llama-3.1-8b", "hardware": "h100-sxm",
+                "offload": {"name": "cpu", "tiers": [tier]}}  # fmt: skip
+    config = tmp / f"sim-{port}.json"
+    config.write_text(json.dumps(settings))
+    log = (tmp / f"sim-{port}.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench", "sim", "serve", "--config", str(config), "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if process.poll() is not None:
+                    raise RuntimeError((tmp / f"sim-{port}.log").read_text()) from None
+                time.sleep(0.1)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def night(tmp: Path, label: str, tier: dict[str, object]) -> Path:
+    """One nightly run against a fresh simulator; returns its run directory."""
+    with simulator(tmp, tier) as port:
+        path = tmp / f"{label}.yaml"
+        path.write_text(yaml.safe_dump(scenario(port)))
+        done = kvbench("run", str(path), "-o", str(tmp / label), cwd=tmp)
+        assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp / label).iterdir()
+    return run_dir
+
+
+def test_gate_passes_unchanged_rerun_and_catches_planted_regression(tmp_path: Path) -> None:
+    baseline = night(tmp_path, "baseline", TIER)
+    rerun = night(tmp_path, "rerun", TIER)
+    regressed = night(tmp_path, "regressed", SLOW_TIER)
+
+    same = kvbench("compare", str(baseline), str(rerun), "--junit", str(tmp_path / "same.xml"), cwd=tmp_path)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "PASS: no regression" in same.stdout
+
+    caught = kvbench(
+        "compare", str(baseline), str(regressed), "--junit", str(tmp_path / "caught.xml"),
+        "--json", str(tmp_path / "caught.json"), cwd=tmp_path,
+    )  # fmt: skip
+    assert caught.returncode == 1, caught.stdout + caught.stderr
+    assert "REGRESSION" in caught.stdout
+    result = json.loads((tmp_path / "caught.json").read_text())
+    regressions = {(c["context_tokens"], c["turn"]) for c in result["comparisons"] if c["status"] == "regression"}
+    assert (8000, 2) in regressions
+    assert all(turn == 2 for _, turn in regressions)  # turn 1 never touches the tier
+    suite = ET.parse(tmp_path / "caught.xml").getroot().find("testsuite")
+    assert suite is not None and int(suite.get("failures", "0")) == len(regressions)
+
+    # the same stored run, as if recorded on other hardware: the gate refuses to compare
+    other = tmp_path / "other-hw" / baseline.name
+    shutil.copytree(baseline, other)
+    stored = yaml.safe_load((other / "scenario.yaml").read_text())
+    stored["engine"]["hardware"] = "h200-sxm"
+    (other / "scenario.yaml").write_text(yaml.safe_dump(stored))
+    refused = kvbench("compare", str(baseline), str(other), cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "CANNOT COMPARE" in refused.stdout and "different hardware" in refused.stdout

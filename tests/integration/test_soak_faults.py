@@ -1,0 +1,180 @@
+"""Each fault the simulator can inject is detected by a short stability window and named in its verdict.
+
+A ``kvbench sim serve --faults FILE`` process plays the staging cluster (engine kind ``openai``:
+kvbench attaches to it, as it would to staging); ``kvbench soak`` runs 4 concurrent users for a few
+seconds in half-second intervals. The offload profile has no GPU prefix cache, so every cache hit
+comes from the CPU tier and tier faults show. Faults are placed by request count (requests 70 to
+~110 of roughly 170), so they land mid-window whatever the start-up time of the machine. A clean
+run of the same setup must PASS, so the criteria are not failing on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+PROFILE = {"name": "cpu-only", "prefix_caching": False, "tiers": [{"kind": "cpu", "capacity_gb": 64}]}
+WINDOW = {"from_request": 70, "requests": 40}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def staging(tmp: Path, faults: list[dict[str, Any]]) -> Iterator[int]:
+    port = free_port()
+    config = tmp / "sim.json"
+    config.write_text(json.dumps({"model": "llama-3.1-8b", "hardware": "h100-sxm", "offload": PROFILE}))
+    fault_file = tmp / "faults.yaml"
+    fault_file.write_text(yaml.safe_dump({"faults": faults}))
+    log = (tmp / "sim.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench", "sim", "serve", "--config", str(config), "--faults", str(fault_file),
+         "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((tmp / "sim.log").read_text()) from None
+                time.sleep(0.1)
+        yield port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+        log.close()
+
+
+def soak_scenario(port: int) -> dict[str, Any]:
+    return {
+        "name": "staging-soak",
+        "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": f"http://127.0.0.1:{port}",
+                   "hardware": "h100-sxm"},
+        "arms": [{"name": "AMG-ON", "offload": PROFILE}],
+        "workload": {
+            "kind": "multi_user_qa", "users": 24, "rounds": {"dist": "uniform", "low": 3, "high": 6},
+            "context_tokens": {"dist": "uniform", "low": 2000, "high": 4000}, "question_tokens": 24,
+            "answer_tokens": 8, "think_time_s": 0.05, "warmup_requests": 1,
+        },
+        "sweep": {"mode": "concurrency", "values": [4], "ramp_up": 0.2},
+        "slo": {"ttft_ms": 400, "tpot_ms": 100},
+        "soak": {
+            "window": "5s", "interval": "500ms", "warmup_intervals": 2,
+            "criteria": {"slo_compliance_min": 0.99, "max_error_rate": 0.01, "hit_rate_floor": 0.3,
+                         "drift_confidence": 0.99, "drift_min_increase_pct": 50},
+        },
+        "seed": 1,
+    }  # fmt: skip
+
+
+def soak(tmp: Path, faults: list[dict[str, Any]]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    with staging(tmp, faults) as port:
+        scenario = tmp / "soak.yaml"
+        scenario.write_text(yaml.safe_dump(soak_scenario(port)))
+        done = subprocess.run(
+            [sys.executable, "-m", "kvbench", "soak", str(scenario), "-o", str(tmp / "runs")],
+            capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+    (run_dir,) = (tmp / "runs").iterdir()
+    result = json.loads((run_dir / "soak.json").read_text())
+    return done, result
+
+
+def criteria(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in result["verdict"]["criteria"]}
+
+
+def test_clean_window_passes(tmp_path: Path) -> None:
+    done, result = soak(tmp_path, [])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert result["verdict"]["verdict"] == "PASS", result["verdict"]["reasons"]
+    assert result["complete"] and result["completed_intervals"] == 10
+    assert "Soak verdict: PASS" in done.stdout
+
+
+FAULTS = {
+    "http_error": ({"kind": "http_error", "status": 503, **WINDOW}, "error_rate", "HTTP 503"),
+    "drop_stream": ({"kind": "drop_stream", "after_tokens": 2, **WINDOW}, "error_rate", "stream_dropped"),
+    "latency_spike": ({"kind": "latency_spike", "extra_ms": 800, **WINDOW}, "slo_compliance", "TTFT > 400 ms"),
+    "slow_tier": ({"kind": "slow_tier", "factor": 40, **WINDOW}, "slo_compliance", "served from a cache"),
+    "full_tier": ({"kind": "full_tier", "from_request": 70}, "hit_rate_floor", "cache hit rate fell to"),
+}
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_fault_is_detected_and_named(tmp_path: Path, name: str) -> None:
+    fault, criterion, words = FAULTS[name]
+    done, result = soak(tmp_path, [fault])
+    assert done.returncode == 1, done.stdout + done.stderr  # kvbench soak exits 1 on FAIL
+    verdict = result["verdict"]
+    assert verdict["verdict"] == "FAIL"
+    broken = criteria(result)[criterion]
+    assert broken["status"] == "fail", verdict
+    assert words in broken["reason"], broken["reason"]
+    assert broken["intervals"], "the verdict names the intervals that broke the criterion"
+    assert all(index >= 2 for index in broken["intervals"])  # not the warm-up intervals
+    assert any(words in reason for reason in verdict["reasons"])
+
+
+def test_resume_continues_an_interrupted_window(tmp_path: Path) -> None:
+    """SIGTERM mid-window keeps the finished intervals; --resume measures only the ones left."""
+    with staging(tmp_path, []) as port:
+        scenario = tmp_path / "soak.yaml"
+        data = soak_scenario(port)
+        data["soak"]["window"] = "4s"
+        scenario.write_text(yaml.safe_dump(data))
+        first = subprocess.Popen(
+            [sys.executable, "-m", "kvbench", "soak", str(scenario), "-o", str(tmp_path / "runs")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        intervals: list[Path] = []
+        while time.monotonic() < deadline and first.poll() is None:
+            intervals = list((tmp_path / "runs").glob("*/intervals.jsonl"))
+            if intervals and len(intervals[0].read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.05)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 2, err
+        assert "kvbench soak --resume" in err
+        (run_dir,) = (tmp_path / "runs").iterdir()
+        kept = len((run_dir / "intervals.jsonl").read_text().splitlines())
+        assert 3 <= kept < 8
+        interrupted = json.loads((run_dir / "soak.json").read_text())
+        assert interrupted["verdict"]["verdict"] in ("INCOMPLETE", "FAIL") and not interrupted["complete"]
+
+        resumed = subprocess.run(
+            [sys.executable, "-m", "kvbench", "soak", "--resume", str(run_dir)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert resumed.returncode in (0, 1), resumed.stderr
+    lines = [json.loads(line) for line in (run_dir / "intervals.jsonl").read_text().splitlines()]
+    assert sorted(item["index"] for item in lines) == list(range(8))
+    assert {item["attempt"] for item in lines} == {0, 1}
+    result = json.loads((run_dir / "soak.json").read_text())
+    assert result["complete"] and result["attempts"] == 2 and result["completed_intervals"] == 8
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert [a["status"] for a in manifest["attempts"]] == ["interrupted", "completed"]

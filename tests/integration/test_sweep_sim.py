@@ -1,0 +1,106 @@
+"""A real, short ``kvbench sweep`` on the simulator: two arms, two loads, curves, SLO and GPUs saved.
+
+The engine is the simulator process (Llama-3.1-8B on one H100) with its HBM squeezed to ~22k tokens
+of KV (gpu_memory_utilization 0.25), so that at 8 active users the users' histories no longer fit:
+AMG-OFF (GPU prefix cache only) must recompute returning users, AMG-ON finds them in its CPU tier.
+About 45 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvbench.harness.records import read_records
+from kvbench.harness.sweep_result import read_sweep_result
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = {
+    "name": "it-sweep",
+    "engine": {
+        "kind": "sim",
+        "model": "llama-3.1-8b",
+        "hardware": "h100-sxm",
+        "gpu_memory_utilization": 0.25,
+    },
+    "arms": [{"name": "AMG-OFF", "offload": "hbm"}, {"name": "AMG-ON", "offload": "cpu"}],
+    "compare": {"baseline": "AMG-OFF"},
+    "workload": {
+        "kind": "multi_user_qa",
+        "users": 16,
+        "rounds": {"dist": "uniform", "low": 3, "high": 6},
+        "system_prompt_tokens": 300,
+        "context_tokens": {"dist": "uniform", "low": 2500, "high": 3500},
+        "question_tokens": 30,
+        "answer_tokens": 16,
+        "think_time_s": {"dist": "exponential", "mean": 0.3},
+        "warmup_requests": 1,
+    },
+    "sweep": {"mode": "concurrency", "values": [2, 8], "warmup": 2, "duration": 5, "ramp_up": 1},
+    "slo": {"ttft_ms": 300, "tpot_ms": 40, "percentile": 90},
+    "cost": {"target_rps": 50, "usd_per_gpu_hour": 2.0},
+    "seed": 4,
+}
+
+
+def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_sweep_on_the_simulator_draws_both_arms_with_slo_and_gpus_saved(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    done = kvbench("sweep", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "GPUs saved by AMG-ON vs AMG-OFF" in done.stdout
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    result = read_sweep_result(run_dir / "sweep.json")
+    assert result.complete and result.requests.errors == 0
+    assert [(p.arm, p.load) for p in result.points] == [("AMG-OFF", 2), ("AMG-OFF", 8), ("AMG-ON", 2), ("AMG-ON", 8)]
+    for p in result.points:
+        assert p.measured >= 10 and p.rps > 0 and p.tps_user_mean is not None and p.ttft_round1 is not None
+        assert 4.5 < p.window_s < 5.5 and p.max_in_flight <= p.load
+
+    off, on = result.point("AMG-OFF", 8), result.point("AMG-ON", 8)
+    assert off is not None and on is not None and off.ttft_later is not None and on.ttft_later is not None
+    # 8 users' histories overflow the squeezed HBM: OFF recomputes them, ON loads them from its CPU tier
+    assert on.hit_rate is not None and off.hit_rate is not None and on.hit_rate > off.hit_rate + 0.3
+    assert on.external_hit_rate is not None and on.external_hit_rate > 0.2
+    assert not off.external_hit_rate
+    assert on.ttft_later.p50_ms < 0.7 * off.ttft_later.p50_ms
+    # the prefill model sits beside every common load, for the arm with a tier
+    assert [(c.arm, c.load) for c in result.analytical] == [("AMG-ON", 2), ("AMG-ON", 8)]
+    high = result.analytical[1]
+    assert high.inputs.a_tier > 0.3 and high.measured_speedup is not None and high.measured_speedup > 1.3
+    assert high.regime in ("compute-bound", "io-bound", "write-bound")
+    assert result.savings and result.savings[0].target_rps == 50
+
+    # every request is on disk with its point, load, user and round
+    records = list(read_records(run_dir / "records.jsonl"))
+    measured = [r for r in records if r.phase == "measure"]
+    assert len(measured) == sum(p.measured for p in result.points)
+    assert all(r.point is not None and r.load in (2, 8) and r.user is not None for r in measured)
+    assert {r.turn for r in measured} >= {1, 2, 3}
+    points = [json.loads(line) for line in (run_dir / "points.jsonl").read_text().splitlines()]
+    assert len(points) == 4 and all(p["metrics"] for p in points)
+
+    # the curves come back from the stored files alone
+    report = run_dir / "report"
+    for name in ("capacity.png", "capacity.svg", "ttft_p99.png", "ttft_p99.svg", "sweep.csv", "capacity.md"):
+        assert (report / name).stat().st_size > 0
+    before = (report / "sweep.csv").read_text()
+    (run_dir / "sweep.json").unlink()
+    rebuilt = kvbench("sweep", "--report", str(run_dir), cwd=tmp_path)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (report / "sweep.csv").read_text() == before
+    with (report / "sweep.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == 4

