@@ -254,7 +254,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
     args = parser.parse_args()
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    console = Console()
+    console = Console(width=140)  # the table stays readable when printed to a file
 
     work = Path(tempfile.mkdtemp(prefix="kvbench-client-capacity-"))
     stats_dir = work / "server-stats"
