@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -422,30 +423,28 @@ async def probe_python(
     than ``timeout_s`` or prints no such line (then with the tail of its stderr); ``what`` names
     the step in those messages (``'import vllm'``).
     """
+    # a worker thread rather than an asyncio subprocess: its transport cannot outlive the event loop
+    # (an interrupted run otherwise ends with "Event loop is closed" noise from the transport's __del__)
     try:
-        process = await asyncio.create_subprocess_exec(
-            python,
-            "-c",
-            script,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [python, "-c", script],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
         )
     except OSError as error:
         raise EngineStartError(hint(python, f"cannot run {python!r}: {error}")) from None
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+    except subprocess.TimeoutExpired:
         raise EngineStartError(hint(python, f"{what} took more than {timeout_s:.0f} s")) from None
+    stdout, stderr = done.stdout, done.stderr
     for line in reversed(stdout.decode("utf-8", errors="replace").splitlines()):
         if line.startswith(marker):
             return line.removeprefix(marker)
     tail = [redact_text(line) for line in stderr.decode("utf-8", errors="replace").splitlines()[-15:]]
     detail = "\n".join(f"    {line}" for line in tail)
-    raise EngineStartError(hint(python, f"{what} failed (exit code {process.returncode}):\n{detail}"))
+    raise EngineStartError(hint(python, f"{what} failed (exit code {done.returncode}):\n{detail}"))
 
 
 def make_offload_dirs(must_exist: Sequence[Path], dirs: Sequence[Path]) -> None:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from kvbench.harness.model import StrictModel
+from kvbench.harness.sim.faults import Fault
 
 
 class Parallelism(StrictModel):
@@ -42,6 +43,12 @@ class SimEngineConfig(StrictModel):
     startup_timeout_s: float = Field(default=60.0, gt=0)
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535, description="Default: a free port.")
+    faults: list[Fault] = Field(
+        default_factory=list,
+        description="Injected faults, for testing soaks and gates: latency_spike, http_error, drop_stream, "
+        "slow_tier, full_tier (see docs/playbook.md).",
+    )
+    fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
 
 
 class OpenAIEngineConfig(StrictModel):

@@ -90,6 +90,8 @@ class SimSettings(StrictModel):
             gpu_memory_utilization=config.gpu_memory_utilization,
             offload=profile,
             prefix_caching=prefix_caching,
+            faults=list(config.faults),
+            fault_seed=config.fault_seed,
         )
 
     @classmethod
