@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 from pathlib import Path
 
 from rich.console import Console
 
 from kvbench.harness.errors import RunInterrupted
+from kvbench.harness.interrupt import Interrupted, run_interruptible
 from kvbench.harness.manifest import read_manifest
-from kvbench.harness.result import RunResult, read_result
+from kvbench.harness.result import read_result
 from kvbench.harness.rundir import RunDir
 from kvbench.harness.runner import ProbeRunner, ProgressSink, summarize_run_dir
 from kvbench.harness.scenario import Scenario
 from kvbench.reports.renderers import print_console, write_all
-
-
-async def _run_cancellable(runner: ProbeRunner) -> RunResult:
-    """Run, turning SIGTERM into a cancellation so engines are stopped and records kept."""
-    task = asyncio.ensure_future(runner.run())
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await task
-    finally:
-        with contextlib.suppress(NotImplementedError):
-            loop.remove_signal_handler(signal.SIGTERM)
 
 
 def run_scenario(
@@ -40,13 +25,11 @@ def run_scenario(
     progress: ProgressSink | None = None,
 ) -> RunDir:
     """Run (or resume) a scenario; returns the run directory with summary and reports written."""
-    run_dir = (
-        RunDir.open(resume) if resume else RunDir.create(output_dir or Path(scenario.output.dir), scenario)
-    )
+    run_dir = RunDir.open(resume) if resume else RunDir.create(output_dir or Path(scenario.output.dir), scenario)
     runner = ProbeRunner(scenario, run_dir, source=source, progress=progress)
     try:
-        asyncio.run(_run_cancellable(runner))
-    except (KeyboardInterrupt, asyncio.CancelledError):
+        run_interruptible(runner.run)
+    except Interrupted:
         raise RunInterrupted(
             f"run interrupted; engines were stopped and the records kept. Continue with: "
             f"kvbench run --resume {run_dir.path}"

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import signal
 import time
 import uuid
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from kvbench.harness.client import OpenAIClient
 from kvbench.harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
 from kvbench.harness.engines.registry import create_engine
 from kvbench.harness.errors import KvbenchError, ScenarioError
+from kvbench.harness.interrupt import Interrupted, run_interruptible
 from kvbench.harness.load import LoadPlan, RecordContext, run_load
 from kvbench.harness.manifest import Manifest, read_manifest
 from kvbench.harness.metrics_scrape import METRICS, MetricsSnapshot, delta, metric_value, parse_metrics
@@ -521,19 +521,6 @@ def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
     return result
 
 
-async def _run_cancellable(runner: SoakRunner) -> SoakResult:
-    """Run, turning SIGTERM into a cancellation so the engine is stopped and the intervals kept."""
-    task = asyncio.ensure_future(runner.run())
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await task
-    finally:
-        with contextlib.suppress(NotImplementedError):
-            loop.remove_signal_handler(signal.SIGTERM)
-
-
 def run_soak(
     scenario: Scenario,
     *,
@@ -560,8 +547,8 @@ def run_soak(
         run_dir = RunDir.create(output_dir or Path(effective.output.dir), effective)
     runner = SoakRunner(effective, run_dir, arm=arm, source=source, progress=progress)
     try:
-        result = asyncio.run(_run_cancellable(runner))
-    except (asyncio.CancelledError, KeyboardInterrupt):
+        result = run_interruptible(runner.run)
+    except Interrupted:
         kept = len(read_intervals(intervals_file(run_dir)))
         raise SoakError(
             f"interrupted: {kept} of {runner.planned} intervals are stored in {run_dir.path}; "

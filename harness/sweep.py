@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import time
 import uuid
 from collections.abc import Iterable
@@ -43,7 +42,8 @@ from kvbench.harness.client import OpenAIClient
 from kvbench.harness.client_pool import ProcessClientPool, StreamingClient
 from kvbench.harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
 from kvbench.harness.engines.registry import create_engine
-from kvbench.harness.errors import KvbenchError
+from kvbench.harness.errors import KvbenchError, RunInterrupted
+from kvbench.harness.interrupt import Interrupted, run_interruptible
 from kvbench.harness.load import LoadPlan, LoadWindow, RecordContext, run_load
 from kvbench.harness.manifest import Manifest
 from kvbench.harness.metrics_scrape import cache_counter_deltas
@@ -530,19 +530,6 @@ def summarize_sweep(run_dir: RunDir) -> SweepResult:
 # ---------------------------------------------------------------------------------------------
 
 
-async def _run_cancellable(runner: SweepRunner) -> SweepResult:
-    """Run, turning SIGTERM into a cancellation so engines are stopped and records kept."""
-    task = asyncio.ensure_future(runner.run())
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        return await task
-    finally:
-        with contextlib.suppress(NotImplementedError):
-            loop.remove_signal_handler(signal.SIGTERM)
-
-
 def run_sweep(
     scenario: Scenario,
     *,
@@ -555,7 +542,13 @@ def run_sweep(
     _ = scenario.load_workload  # a clear error before anything starts
     run_dir = RunDir.open(resume) if resume else RunDir.create(output_dir or Path(scenario.output.dir), scenario)
     runner = SweepRunner(scenario, run_dir, source=source, progress=progress)
-    asyncio.run(_run_cancellable(runner))
+    try:
+        run_interruptible(runner.run)
+    except Interrupted:
+        raise RunInterrupted(
+            f"sweep interrupted; engines were stopped and the records kept. Continue with: "
+            f"kvbench sweep --resume {run_dir.path}"
+        ) from None
     return run_dir
 
 
