@@ -21,7 +21,6 @@ import contextlib
 import logging
 import math
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -55,7 +54,7 @@ from kvbench.harness.soak_result import (
     totals,
     write_soak_result,
 )
-from kvbench.workloads.multi_round_qa import build_filler
+from kvbench.harness.warmup import send_warmup_requests
 from kvbench.workloads.multi_user import MultiUserWorkload
 
 log = logging.getLogger(__name__)
@@ -65,8 +64,6 @@ SOAK_FILE = "soak.json"
 NS = 1_000_000_000
 SESSIONS_PER_ATTEMPT = 1_000_000_000
 """Attempt ``a`` numbers its sessions from ``a ×`` this, so a resumed window starts new conversations."""
-WARMUP_PROMPT_TOKENS = 128
-WARMUP_ANSWER_TOKENS = 8
 RESTART_TOLERANCE = 1e-6
 START_TIME_METRIC = "process_start_time_seconds"
 
@@ -368,34 +365,11 @@ class SoakRunner:
     async def _warm_up(self, engine: RunningEngine, client: OpenAIClient, writer: RecordWriter) -> None:
         config = self.workload_config
         self.progress.describe(f"{self.arm.name}: warming up")
-        for index in range(config.warmup_requests):
-            prompt = await build_filler(
-                engine.tokenizer(), seed=self.scenario.seed, tag=f"soak-warmup-{self.attempt}-{index}",
-                tokens=WARMUP_PROMPT_TOKENS,
-            )  # fmt: skip
-            if config.api == "chat":
-                outcome = await client.chat(
-                    [{"role": "user", "content": prompt}], WARMUP_ANSWER_TOKENS, ignore_eos=config.ignore_eos
-                )
-            else:
-                outcome = await client.completion(prompt, WARMUP_ANSWER_TOKENS, ignore_eos=config.ignore_eos)
-            writer.append(
-                RequestRecord(
-                    arm=self.arm.name, attempt=self.attempt, phase="warmup", repetition=0,
-                    context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=1,
-                    request_id=uuid.uuid4().hex[:16], api=config.api, started_ns=outcome.started_ns,
-                    ttft_ns=outcome.ttft_ns, e2e_ns=outcome.e2e_ns, itl_ns=list(outcome.itl_ns),
-                    output_chunks=outcome.output_chunks, prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens, cached_tokens=outcome.cached_tokens,
-                    http_status=outcome.http_status, ok=outcome.ok, error_kind=outcome.error_kind,
-                    error=outcome.error,
-                )
-            )  # fmt: skip
-            if not outcome.ok:
-                raise SoakError(
-                    f"arm {self.arm.name}: warm-up request failed ({outcome.error_kind}: {outcome.error}); "
-                    "engine log tail:\n" + "\n".join(engine.log_tail(20))
-                )
+        await send_warmup_requests(
+            engine, client, writer, arm=self.arm.name, attempt=self.attempt, count=config.warmup_requests,
+            api=config.api, ignore_eos=config.ignore_eos, seed=self.scenario.seed,
+            tag=f"soak-warmup-{self.attempt}", error=SoakError,
+        )  # fmt: skip
         with contextlib.suppress(PrefixCacheResetUnsupported):
             await engine.reset_prefix_cache()
 

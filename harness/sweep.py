@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -59,7 +58,7 @@ from kvbench.harness.sweep_result import (
     read_sweep_result,
     write_sweep_result,
 )
-from kvbench.workloads.multi_round_qa import build_filler
+from kvbench.harness.warmup import send_warmup_requests
 from kvbench.workloads.multi_user import MultiUserWorkload
 
 log = logging.getLogger(__name__)
@@ -68,8 +67,6 @@ POINTS_FILE = "points.jsonl"
 SWEEP_FILE = "sweep.json"
 SESSIONS_PER_POINT = 1_000_000
 """Point ``p`` numbers its sessions from ``p × SESSIONS_PER_POINT``: new conversations per point."""
-WARMUP_PROMPT_TOKENS = 128
-WARMUP_ANSWER_TOKENS = 8
 
 
 def points_file(run_dir: RunDir) -> Path:
@@ -281,33 +278,10 @@ class SweepRunner:
         """Unmeasured requests after start-up (kernels, allocators, connections)."""
         config = self.workload_config
         self.progress.describe(f"{arm.name}: warming up")
-        for index in range(config.warmup_requests):
-            prompt = await build_filler(
-                engine.tokenizer(), seed=self.scenario.seed, tag=f"sweep-warmup-{index}", tokens=WARMUP_PROMPT_TOKENS
-            )
-            if config.api == "chat":
-                outcome = await client.chat(
-                    [{"role": "user", "content": prompt}], WARMUP_ANSWER_TOKENS, ignore_eos=config.ignore_eos
-                )
-            else:
-                outcome = await client.completion(prompt, WARMUP_ANSWER_TOKENS, ignore_eos=config.ignore_eos)
-            writer.append(
-                RequestRecord(
-                    arm=arm.name, attempt=self.attempt, phase="warmup", repetition=0,
-                    context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=1,
-                    request_id=uuid.uuid4().hex[:16], api=config.api, started_ns=outcome.started_ns,
-                    ttft_ns=outcome.ttft_ns, e2e_ns=outcome.e2e_ns, itl_ns=list(outcome.itl_ns),
-                    output_chunks=outcome.output_chunks, prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens, cached_tokens=outcome.cached_tokens,
-                    http_status=outcome.http_status, ok=outcome.ok, error_kind=outcome.error_kind,
-                    error=outcome.error,
-                )
-            )  # fmt: skip
-            if not outcome.ok:
-                raise KvbenchError(
-                    f"arm {arm.name}: warm-up request failed ({outcome.error_kind}: {outcome.error}); "
-                    "engine log tail:\n" + "\n".join(engine.log_tail(20))
-                )
+        await send_warmup_requests(
+            engine, client, writer, arm=arm.name, attempt=self.attempt, count=config.warmup_requests,
+            api=config.api, ignore_eos=config.ignore_eos, seed=self.scenario.seed, tag="sweep-warmup",
+        )  # fmt: skip
 
     async def _run_point(
         self,
