@@ -1,8 +1,8 @@
 """Client capacity: does kvbench report the TTFT the server really produced, at 1 to 1000 users?
 
-Starts the simulator's fixed-latency server (``python -m kvbench.harness.sim.fixed``: every request
+Starts the simulator's fixed-latency server (``python -m harness.sim.fixed``: every request
 gets exactly ``--ttft-ms`` to its first token and ``--itl-ms`` between tokens) and, per
-concurrency, drives it with kvbench's own load runner (:func:`kvbench.harness.load.run_load`, the
+concurrency, drives it with kvbench's own load runner (:func:`harness.runs.load.run_load`, the
 same code ``kvbench sweep`` uses: multi-round sessions, one pooled aiohttp client) for a warm-up and
 a measured window. It prints, per concurrency:
 
@@ -15,7 +15,7 @@ a measured window. It prints, per concurrency:
   the same endpoint in the same run, and its measured-minus-true TTFT (median, p99).
 
 ``--client-workers K`` sends the requests from K processes (kvbench's
-:class:`~kvbench.harness.client_pool.ProcessClientPool`, as ``sweep.client_workers`` does), each with
+:class:`~harness.client.pool.ProcessClientPool`, as ``sweep.client_workers`` does), each with
 its own event loop (uvloop with ``--uvloop``), for when one loop cannot keep up.
 
     python benchmarks/client_capacity.py                       # 1, 100, 500, 1000 users
@@ -44,16 +44,16 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.client import OpenAIClient
-from kvbench.harness.client_pool import ProcessClientPool, StreamingClient
-from kvbench.harness.engines.base import Endpoint
-from kvbench.harness.engines.process import free_port
-from kvbench.harness.load import LoadPlan, LoadWindow, RecordContext, run_load
-from kvbench.harness.records import RequestRecord
-from kvbench.harness.scenario import MultiUserQA
-from kvbench.harness.sim.fixed import MODEL_NAME
-from kvbench.harness.sim.tokenizer import SimTokenizer
-from kvbench.workloads.multi_user import MultiUserWorkload
+from harness.client.openai import OpenAIClient
+from harness.client.pool import ProcessClientPool, StreamingClient
+from harness.engines.base import Endpoint
+from harness.engines.process import free_port
+from harness.runs.load import LoadPlan, LoadWindow, RecordContext, run_load
+from harness.scenario.spec import MultiUserQA
+from harness.sim.fixed import MODEL_NAME
+from harness.sim.tokenizer import SimTokenizer
+from harness.store.records import RequestRecord
+from workloads.multi_user import MultiUserWorkload
 
 NS_PER_MS = 1_000_000
 REPO = Path(__file__).resolve().parents[1]
@@ -261,14 +261,14 @@ def main() -> None:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     server_argv = [
-        sys.executable, "-m", "kvbench.harness.sim.fixed", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
+        sys.executable, "-m", "harness.sim.fixed", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
         "--itl-ms", str(args.itl_ms), "--workers", str(args.server_workers), "--stats-dir", str(stats_dir),
     ] + (["--uvloop"] if args.uvloop else [])  # fmt: skip
     server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     python = None if args.no_vllm else vllm_python()
     tokenizer_dir = work / "tokenizer"
     if python is not None:
-        from kvbench.harness.modeldir import synthesize_model_dir
+        from harness.engines.modeldir import synthesize_model_dir
 
         synthesize_model_dir("tiny", tokenizer_dir)
     rows: list[Row] = []

@@ -1,8 +1,10 @@
 """kvbench: benchmark and proof-of-concept harness for KV-cache offloading in LLM inference.
 
-The installed package maps the repository's top-level folders into one namespace:
-``kvbench.harness`` (scenario, engines, client, runner), ``kvbench.workloads``,
-``kvbench.offload``, ``kvbench.reports`` and ``kvbench.scenarios`` (bundled YAML files).
+This package is the ground floor (``errors``, ``redact``, ``schema``) and the command line
+(``kvbench.cli``). The pipeline's stages are the repository's top-level packages, imported by
+their folder names: ``harness`` (scenario, engines, sim, client, runs, store, results, gate),
+``workloads``, ``offload``, ``reports`` and ``scenarios`` (bundled YAML files). See
+docs/architecture.md.
 """
 
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ stores their KV; the model assumes the three overlap perfectly, so the slowest o
 
 Below ``a*`` prefill is compute-bound (speedup ``1/(1−a)``), above it IO-bound (speedup
 ``e/a``); the peak, ``1+e``, is at ``a*``, and full reuse gives ``e``. Bandwidths are in GB/s
-(1e9 B/s) and FLOP rates in FLOP/s, as in :mod:`kvbench.offload.profiles`. See
+(1e9 B/s) and FLOP rates in FLOP/s, as in :mod:`offload.profiles`. See
 ``docs/analytical-model.md`` for the derivation, the assumptions and a worked example.
 """
 
@@ -36,8 +36,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.harness.model import StrictModel
-from kvbench.offload.profiles import OffloadTier
+from kvbench.schema import StrictModel
+
+from .profiles import OffloadTier
 
 GB = 1e9
 """Bytes per GB; bandwidths here are in GB/s like the offload profiles'."""

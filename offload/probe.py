@@ -14,7 +14,7 @@ Method:
 * **Timing.** ``time.perf_counter_ns``; a write pass spans the first ``write`` to the end of
   ``fsync``; a read pass spans the first to the last ``read``. Opening the file and evicting the
   cache are outside the timed span. Bandwidth is bytes per nanosecond, which is GB/s (1e9 B/s),
-  the unit of :class:`~kvbench.offload.profiles.OffloadTier`.
+  the unit of :class:`~offload.profiles.OffloadTier`.
 * **Passes.** Each pass rewrites the same file (truncated at open) and reads it back; the
   result reports every sample and the median.
 * **Cleanup.** The file is removed in a ``finally`` block, so also on ``KeyboardInterrupt`` (the CLI
@@ -42,9 +42,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from kvbench.harness.errors import KvbenchError
-from kvbench.harness.model import StrictModel
-from kvbench.offload.profiles import OffloadTier, TierKind
+from kvbench.errors import KvbenchError
+from kvbench.schema import StrictModel
+
+from .profiles import OffloadTier, TierKind
 
 ProbeMode = Literal["direct", "buffered"]
 

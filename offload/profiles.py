@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.harness.model import StrictModel
+from kvbench.schema import StrictModel
 
 TierKind = Literal["cpu", "disk", "shared"]
 

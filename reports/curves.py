@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.sweep_result import PointResult, Quantiles, SweepResult
+from harness.results.sweep_result import PointResult, Quantiles, SweepResult
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 

@@ -24,17 +24,18 @@ from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
+from harness.results.run_result import RunResult, read_result
+from harness.results.soak_result import IntervalStats, SoakResult, read_intervals, read_soak_result
+from harness.scenario.spec import MultiRoundQAProbe, Scenario
+from harness.store.manifest import read_manifest
+from harness.store.rundir import RunDir
 from kvbench import __version__
-from kvbench.harness.errors import KvbenchError, RunDirError
-from kvbench.harness.manifest import read_manifest
-from kvbench.harness.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
-from kvbench.harness.redact import redact_text
-from kvbench.harness.result import RunResult, read_result
-from kvbench.harness.rundir import RunDir
-from kvbench.harness.scenario import MultiRoundQAProbe, Scenario
-from kvbench.harness.soak_result import IntervalStats, SoakResult, read_intervals, read_soak_result
-from kvbench.offload.profiles import OffloadProfile
-from kvbench.reports.charts import PALETTE, BarSeries, Chart, Highlight, LineSeries, bar_chart, line_chart
+from kvbench.errors import KvbenchError, RunDirError
+from kvbench.redact import redact_text
+from offload.profiles import OffloadProfile
+
+from .charts import PALETTE, BarSeries, Chart, Highlight, LineSeries, bar_chart, line_chart
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HTML_FILE = "case-study.html"
@@ -381,7 +382,7 @@ def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
 
 
 def poc_table(probe: ProbeSource) -> TableView:
-    from kvbench.reports.ttft_table import rows as ttft_rows
+    from .ttft_table import rows as ttft_rows
 
     cols, body = ttft_rows(probe.result)
     return TableView([c.title for c in cols], body, [True for _ in cols], caption="median TTFT in ms")
@@ -521,7 +522,7 @@ def _kv_bytes_per_token(probe: ProbeSource) -> tuple[float | None, str]:
         return None, (
             f"KV bytes per token are known for the simulator's model profiles only (engine kind {engine.kind})"
         )
-    from kvbench.harness.sim.profiles import Deployment
+    from harness.sim.profiles import Deployment
 
     try:
         deployment = Deployment.resolve(engine.model, engine.hardware, engine.parallelism.tp, engine.dtype)
@@ -532,7 +533,7 @@ def _kv_bytes_per_token(probe: ProbeSource) -> tuple[float | None, str]:
 
 def predictions(probe: ProbeSource, turn: int) -> PredictionView:
     """The analytical model (offload/analytical.py) against the POC's measured turn-``turn`` speedups."""
-    from kvbench.offload import analytical
+    from offload import analytical
 
     result = probe.result
     arm = _treatment(result)
@@ -685,8 +686,9 @@ def _png_uri(figure: Any) -> str:
 
 def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Headline]]:
     """Capacity curves, tables and GPU savings of the sweeps (sweep.json, drawn by reports/curves.py)."""
-    from kvbench.harness.sweep_result import read_sweep_result
-    from kvbench.reports import curves
+    from harness.results.sweep_result import read_sweep_result
+
+    from . import curves
 
     charts: list[Chart] = []
     images: list[ImageView] = []

@@ -14,8 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.result import RunResult
-from kvbench.reports.ttft_table import rows
+from harness.results.run_result import RunResult
+
+from .ttft_table import rows
 
 Renderer = Callable[[RunResult, dict[str, Any], Path], Path]
 RENDERERS: dict[str, Renderer] = {}

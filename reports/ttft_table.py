@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.harness.result import RunResult
+from harness.results.run_result import RunResult
 
 DIFF_TURN = 2
 

@@ -1,1 +1,1 @@
-"""Bundled scenarios, shipped as package data so `kvbench run quickstart` works after install."""
+"""Bundled scenario files (YAML), found by name: ``kvbench run quickstart``."""

@@ -1,7 +1,7 @@
 """Stored result files for report and playbook tests, written through the harness's own writers.
 
 A probe run directory is built from synthetic per-request records and aggregated by
-:func:`kvbench.harness.runner.summarize_run_dir`, exactly as ``kvbench report`` does; a soak
+:func:`harness.runs.probe.summarize_run_dir`, exactly as ``kvbench report`` does; a soak
 directory holds intervals appended by :func:`append_interval` and a soak.json from
 :func:`summarize_soak`. Nothing here hard-codes a result: every number is computed from records.
 """
@@ -12,13 +12,13 @@ import json
 import random
 from pathlib import Path
 
-from kvbench.harness.aggregate import GroupDone, MetricsDelta
-from kvbench.harness.records import RecordWriter, RequestRecord
-from kvbench.harness.rundir import RunDir
-from kvbench.harness.runner import summarize_run_dir
-from kvbench.harness.scenario import parse_scenario
-from kvbench.harness.soak import intervals_file, summarize_soak
-from kvbench.harness.soak_result import IntervalStats, append_interval
+from harness.results.aggregate import GroupDone, MetricsDelta
+from harness.results.soak_result import IntervalStats, append_interval
+from harness.runs.probe import summarize_run_dir
+from harness.runs.soak import intervals_file, summarize_soak
+from harness.scenario.spec import parse_scenario
+from harness.store.records import RecordWriter, RequestRecord
+from harness.store.rundir import RunDir
 
 PROBE = {
     "name": "probe",

@@ -14,9 +14,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kvbench.harness.engines.base import Tokenizer
-from kvbench.harness.scenario import MultiRoundQAProbe
-from kvbench.workloads.text import fit_to_tokens
+from harness.engines.base import Tokenizer
+from harness.scenario.spec import MultiRoundQAProbe
+
+from .text import fit_to_tokens
 
 SYSTEM_PROMPT = "You are a careful assistant. Answer questions about the document the user provides."
 

@@ -13,7 +13,7 @@ Everything is a pure function of ``(seed, session)`` or ``(seed, user)``:
 * :meth:`MultiUserWorkload.plan` draws a session's rounds, question and answer lengths and think
   times (:class:`SessionPlan`), with no tokenizer and no I/O;
 * the texts (system prompt, contexts, questions, synthetic answers) are seeded prose cut to an
-  exact token count with the engine's tokenizer (:func:`kvbench.workloads.text.fit_to_tokens`).
+  exact token count with the engine's tokenizer (:func:`workloads.text.fit_to_tokens`).
 
 So every arm and every load point sees byte-identical users. Contexts are built once, before any
 load is applied (:meth:`MultiUserWorkload.prepare`), because building a long context is CPU work
@@ -29,8 +29,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvbench.harness.engines.base import Tokenizer
-from kvbench.harness.scenario import (
+from harness.engines.base import Tokenizer
+from harness.scenario.spec import (
     ChoiceDist,
     Distribution,
     ExponentialDist,
@@ -40,7 +40,8 @@ from kvbench.harness.scenario import (
     NormalDist,
     UniformDist,
 )
-from kvbench.workloads.text import fit_to_tokens
+
+from .text import fit_to_tokens
 
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 """Allowance for the chat template's tokens around each message when checking ``max_prompt_tokens``."""
@@ -180,7 +181,7 @@ class Session:
 
 
 class MultiUserWorkload:
-    """Plans and texts of a :class:`~kvbench.harness.scenario.MultiUserQA` workload for one seed.
+    """Plans and texts of a :class:`~harness.scenario.spec.MultiUserQA` workload for one seed.
 
     ``tokenizer`` must be the engine's, so that token counts are exact. Texts are cached: build the
     contexts with :meth:`prepare` before applying load, then :meth:`start_session` only builds the

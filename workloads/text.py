@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from kvbench.harness.engines.base import Tokenizer
+from harness.engines.base import Tokenizer
 
 WORDS: tuple[str, ...] = tuple(
     """

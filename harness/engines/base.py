@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
-from kvbench.offload.profiles import OffloadProfile
+from offload.profiles import OffloadProfile
 
 
 @dataclass(frozen=True)

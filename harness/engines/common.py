@@ -1,8 +1,8 @@
 """What the engine kinds share: HTTP helpers, tokenizers, the running-engine base and launch steps.
 
-The engine modules (:mod:`~kvbench.harness.engines.vllm`, :mod:`~kvbench.harness.engines.sglang`,
-:mod:`~kvbench.harness.engines.trtllm`, :mod:`~kvbench.harness.engines.sim`,
-:mod:`~kvbench.harness.engines.openai`) build on these pieces, so that each says only what is
+The engine modules (:mod:`~harness.engines.vllm`, :mod:`~harness.engines.sglang`,
+:mod:`~harness.engines.trtllm`, :mod:`~harness.sim.engine`,
+:mod:`~harness.engines.openai`) build on these pieces, so that each says only what is
 particular to its engine:
 
 * :func:`post_text` and :func:`reset_with_retry`: a POST whose transport failures become
@@ -10,7 +10,7 @@ particular to its engine:
 * :class:`ServerTokenizer` (the server's ``POST /tokenize`` / ``/detokenize``, optionally falling
   back to a local tokenizer) and :class:`ModelDirTokenizer` (a model directory's ``tokenizer.json``);
 * :class:`RunningServer` / :class:`RunningProcess`: the endpoint, facts, pid and log tail of a
-  :class:`~kvbench.harness.engines.base.RunningEngine`;
+  :class:`~harness.engines.base.RunningEngine`;
 * :class:`ProcessEngine`: the ``async with`` lifecycle of an engine kvbench starts (an exit stack,
   an optional temporary directory), and :func:`start_server` / :func:`open_session` for its steps;
 * :func:`served_model_name`, :func:`resolve_served_model`, :func:`resolve_python`,
@@ -34,18 +34,19 @@ from typing import Generic, Protocol, TypeVar
 
 import aiohttp
 
-from kvbench.harness.engines.base import (
+from kvbench.errors import EngineStartError, KvbenchError
+from kvbench.redact import redact_text
+
+from .base import (
     Endpoint,
     EngineFacts,
     LaunchContext,
     PrefixCacheResetUnsupported,
     Tokenizer,
 )
-from kvbench.harness.engines.configs import SglangEngineConfig, VllmEngineConfig
-from kvbench.harness.engines.process import ManagedProcess, ProcessSpec
-from kvbench.harness.errors import EngineStartError, KvbenchError
-from kvbench.harness.modeldir import SYNTH_PREFIX, resolve_model_ref
-from kvbench.harness.redact import redact_text
+from .configs import SglangEngineConfig, VllmEngineConfig
+from .modeldir import SYNTH_PREFIX, resolve_model_ref
+from .process import ManagedProcess, ProcessSpec
 
 LOG_FILE = "engine.log"
 TOKENIZER_FILE = "tokenizer.json"
@@ -248,7 +249,7 @@ class ServerTokenizer:
 
 
 class RunningServer:
-    """The endpoint and facts of a :class:`~kvbench.harness.engines.base.RunningEngine`."""
+    """The endpoint and facts of a :class:`~harness.engines.base.RunningEngine`."""
 
     def __init__(self, endpoint: Endpoint, facts: EngineFacts) -> None:
         self._endpoint = endpoint

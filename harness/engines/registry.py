@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
-from kvbench.harness.engines.base import Engine, LaunchContext
-from kvbench.harness.engines.configs import EngineConfig
+from .base import Engine, LaunchContext
+from .configs import EngineConfig
 
 
 class EngineFactory(Protocol):
@@ -14,11 +14,11 @@ class EngineFactory(Protocol):
 
 
 _FACTORIES: dict[str, str] = {
-    "sim": "kvbench.harness.engines.sim:SimEngine",
-    "openai": "kvbench.harness.engines.openai:OpenAIEngine",
-    "vllm": "kvbench.harness.engines.vllm:VllmEngine",
-    "sglang": "kvbench.harness.engines.sglang:SglangEngine",
-    "trtllm": "kvbench.harness.engines.trtllm:TrtllmEngine",
+    "sim": "harness.sim.engine:SimEngine",
+    "openai": "harness.engines.openai:OpenAIEngine",
+    "vllm": "harness.engines.vllm:VllmEngine",
+    "sglang": "harness.engines.sglang:SglangEngine",
+    "trtllm": "harness.engines.trtllm:TrtllmEngine",
 }
 
 

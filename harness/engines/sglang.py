@@ -3,7 +3,7 @@
 ``SglangEngine(config, context)`` is the engine kind ``sglang``. Entering it
 
 1. renders the arm's offload profile into HiCache flags
-   (:func:`kvbench.offload.render_sglang.render_sglang_launch`) and creates the storage directory
+   (:func:`harness.engines.sglang_offload.render_sglang_launch`) and creates the storage directory
    of a disk tier (a shared tier's directory must already exist);
 2. asks SGLang's python for ``sglang.__version__``, so a broken environment fails before a long
    start-up, with a message that says how to fix it;
@@ -16,7 +16,7 @@ and, unless ``enable_metrics`` is off, ``--enable-metrics`` (SGLang serves ``/me
 Between turns, ``POST /flush_cache`` resets the radix cache; SGLang refuses (HTTP 400) while
 requests are running or waiting, so a refusal is retried for ~10 s. With HiCache the flush also
 empties the host pool, which is why scenario validation refuses ``reset_prefix_cache`` for arms
-with tiers (:mod:`kvbench.offload.render_sglang`). Exact token counts come from SGLang's
+with tiers (:mod:`harness.engines.sglang_offload`). Exact token counts come from SGLang's
 ``POST /tokenize``; a server without it (older SGLang) falls back to the model directory's
 ``tokenizer.json``, and with neither, tokenizing raises :class:`TokenizerUnavailable`.
 
@@ -32,9 +32,13 @@ from pathlib import Path
 
 import aiohttp
 
-from kvbench.harness.engines import common
-from kvbench.harness.engines.base import Endpoint, EngineFacts, LaunchContext, Tokenizer
-from kvbench.harness.engines.common import (
+from harness.client.scrape import SGLANG, metrics_path
+from kvbench.errors import EngineStartError
+from kvbench.redact import redact_argv, redact_env
+
+from . import common
+from .base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from .common import (
     EngineRequestError,
     ModelDirTokenizer,
     ProcessEngine,
@@ -50,12 +54,9 @@ from kvbench.harness.engines.common import (
     served_model_name,
     start_server,
 )
-from kvbench.harness.engines.configs import EngineConfig, SglangEngineConfig
-from kvbench.harness.engines.process import ManagedProcess, free_port
-from kvbench.harness.errors import EngineStartError
-from kvbench.harness.metrics_scrape import SGLANG, metrics_path
-from kvbench.harness.redact import redact_argv, redact_env
-from kvbench.offload.render_sglang import SglangLaunchPlan, check_supported, render_sglang_launch
+from .configs import EngineConfig, SglangEngineConfig
+from .process import ManagedProcess, free_port
+from .sglang_offload import SglangLaunchPlan, check_supported, render_sglang_launch
 
 __all__ = [
     "LAUNCH_MODULE",
@@ -159,7 +160,7 @@ class SglangTokenizer(ServerTokenizer):
 
     ``encode`` adds no special tokens (BOS): it counts the text itself, as a prompt builder needs.
     The first 404 switches to the model directory's ``tokenizer.json`` for good
-    (:class:`~kvbench.harness.engines.common.ModelDirTokenizer`); without one, TokenizerUnavailable.
+    (:class:`~harness.engines.common.ModelDirTokenizer`); without one, TokenizerUnavailable.
     """
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str, model_dir: Path | None) -> None:
@@ -171,7 +172,7 @@ class SglangTokenizer(ServerTokenizer):
 
 
 class RunningSglang(RunningProcess):
-    """The :class:`~kvbench.harness.engines.base.RunningEngine` of a started SGLang server."""
+    """The :class:`~harness.engines.base.RunningEngine` of a started SGLang server."""
 
     def __init__(
         self,

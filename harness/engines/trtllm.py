@@ -3,7 +3,7 @@
 ``TrtllmEngine(config, context)`` is the engine kind ``trtllm``. Entering it
 
 1. renders the arm's offload profile into LLM-API options
-   (:func:`kvbench.offload.render_trtllm.render_trtllm_options`) and writes them to a YAML file in a
+   (:func:`harness.engines.trtllm_offload.render_trtllm_options`) and writes them to a YAML file in a
    fresh temporary directory;
 2. runs ``trtllm-serve MODEL --host H --port P --backend pytorch --extra_llm_api_options FILE``
    (argv list, its own process group, log ``engine.log``) and waits for ``GET /health``;
@@ -12,7 +12,7 @@
 What TensorRT-LLM does not offer, kvbench says plainly instead of faking:
 
 * no endpoint drops the GPU prefix cache: :meth:`RunningTrtllm.reset_prefix_cache` raises
-  :class:`~kvbench.harness.engines.base.PrefixCacheResetUnsupported` (scenario validation already
+  :class:`~harness.engines.base.PrefixCacheResetUnsupported` (scenario validation already
   refuses ``between_turns: reset_prefix_cache``; use ``filler``);
 * no ``/tokenize`` endpoint: exact token counts come from the model directory's ``tokenizer.json``
   (the same Hugging Face fast-tokenizer file the server loads), read with the ``tokenizers``
@@ -37,14 +37,18 @@ from pathlib import Path
 
 import aiohttp
 
-from kvbench.harness.engines.base import (
+from harness.client.scrape import TRTLLM, metrics_path
+from kvbench.errors import EngineStartError
+from kvbench.redact import redact_argv, redact_env, redact_text
+
+from .base import (
     Endpoint,
     EngineFacts,
     LaunchContext,
     PrefixCacheResetUnsupported,
     Tokenizer,
 )
-from kvbench.harness.engines.common import (
+from .common import (
     TOKENIZER_FILE,
     ModelDirTokenizer,
     ProcessEngine,
@@ -54,13 +58,10 @@ from kvbench.harness.engines.common import (
     server_version,
     start_server,
 )
-from kvbench.harness.engines.configs import EngineConfig, TrtllmEngineConfig
-from kvbench.harness.engines.process import ManagedProcess, free_port
-from kvbench.harness.errors import EngineStartError
-from kvbench.harness.metrics_scrape import TRTLLM, metrics_path
-from kvbench.harness.modeldir import resolve_model_ref
-from kvbench.harness.redact import redact_argv, redact_env, redact_text
-from kvbench.offload.render_trtllm import RESET_ADVICE, TrtllmLaunchPlan, check_supported, render_trtllm_options
+from .configs import EngineConfig, TrtllmEngineConfig
+from .modeldir import resolve_model_ref
+from .process import ManagedProcess, free_port
+from .trtllm_offload import RESET_ADVICE, TrtllmLaunchPlan, check_supported, render_trtllm_options
 
 SERVE_ENV_VAR = "KVBENCH_TRTLLM_SERVE"
 DEFAULT_SERVE = "trtllm-serve"
@@ -135,7 +136,7 @@ def _serve_hint(serve: str, problem: str) -> str:
 
 
 class RunningTrtllm(RunningProcess):
-    """The :class:`~kvbench.harness.engines.base.RunningEngine` of a started trtllm-serve."""
+    """The :class:`~harness.engines.base.RunningEngine` of a started trtllm-serve."""
 
     def __init__(
         self,

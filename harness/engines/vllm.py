@@ -2,7 +2,7 @@
 
 ``VllmEngine(config, context)`` is the engine kind ``vllm``. Entering it
 
-1. renders the arm's offload profile (:func:`kvbench.offload.render_vllm.render_vllm_launch`) and
+1. renders the arm's offload profile (:func:`harness.engines.vllm_offload.render_vllm_launch`) and
    writes what the plan needs into a fresh temporary directory (LMCache YAML, Prometheus dir);
 2. asks the venv's python for the vLLM (and LMCache) version, so a broken venv fails before a
    long start-up, with a message that says how to fix it;
@@ -27,9 +27,12 @@ from pathlib import Path
 
 import aiohttp
 
-from kvbench.harness.engines import common
-from kvbench.harness.engines.base import Endpoint, EngineFacts, LaunchContext, Tokenizer
-from kvbench.harness.engines.common import (
+from kvbench.errors import EngineStartError
+from kvbench.redact import redact_argv, redact_env, redact_text
+
+from . import common
+from .base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from .common import (
     EngineRequestError,
     ProcessEngine,
     RunningProcess,
@@ -43,12 +46,10 @@ from kvbench.harness.engines.common import (
     served_model_name,
     start_server,
 )
-from kvbench.harness.engines.configs import EngineConfig, VllmEngineConfig
-from kvbench.harness.engines.lmcache_server import LmcacheServer
-from kvbench.harness.engines.process import ManagedProcess, free_port
-from kvbench.harness.errors import EngineStartError
-from kvbench.harness.redact import redact_argv, redact_env, redact_text
-from kvbench.offload.render_vllm import VllmLaunchPlan, check_supported, render_vllm_launch
+from .configs import EngineConfig, VllmEngineConfig
+from .lmcache_server import LmcacheServer
+from .process import ManagedProcess, free_port
+from .vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch
 
 PYTHON_ENV_VAR = "KVBENCH_VLLM_PYTHON"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -58,7 +59,7 @@ RESET_ATTEMPTS = 20
 RESET_RETRY_S = 0.5
 _VERSION_MARK = "KVBENCH_VERSIONS="
 
-# shared with the other engines (kvbench.harness.engines.common); imported from here too
+# shared with the other engines (harness.engines.common); imported from here too
 VllmTokenizer = ServerTokenizer
 __all__ = [
     "API_SERVER_MODULE",

@@ -33,8 +33,8 @@ from typing import Annotated, Literal, Protocol
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
-from kvbench.harness.model import StrictModel
-from kvbench.offload.profiles import TierKind
+from kvbench.schema import StrictModel
+from offload.profiles import TierKind
 
 FaultKind = Literal["latency_spike", "http_error", "drop_stream", "slow_tier", "full_tier"]
 

@@ -19,7 +19,7 @@ to ``stats_dir/fixed-<pid>.jsonl``: ``received_ns``, ``first_due_ns`` and ``firs
 tell server lateness (``first_sent − first_due``) from client error. ``workers > 1`` runs several
 processes on one port (``SO_REUSEPORT``) so the server is not the bottleneck.
 
-Run it: ``python -m kvbench.harness.sim.fixed --port 8000 --ttft-ms 200 --itl-ms 50``.
+Run it: ``python -m harness.sim.fixed --port 8000 --ttft-ms 200 --itl-ms 50``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import IO, Any
 
 from aiohttp import web
 
-from kvbench.harness.sim.tokenizer import SimTokenizer, apply_chat_template
+from .tokenizer import SimTokenizer, apply_chat_template
 
 NS = 1_000_000_000
 MODEL_NAME = "fixed-latency"
@@ -259,7 +259,7 @@ def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kvbench.harness.sim.fixed", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.sim.fixed", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--ttft-ms", type=float, required=True, help="Time to first token of every request.")

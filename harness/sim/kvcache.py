@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvbench.offload.profiles import OffloadProfile, OffloadTier
+from offload.profiles import OffloadProfile, OffloadTier
 
 ROOT_HASH = 0x6B76_6265_6E63_68  # arbitrary fixed seed of every hash chain ("kvbench")
 
@@ -188,7 +188,7 @@ class TierState:
     bytes_written: float = 0.0
     bytes_read: float = 0.0
     evictions: int = 0
-    # fault injection (kvbench.harness.sim.faults): a slow tier, a full tier that refuses writes
+    # fault injection (harness.sim.faults): a slow tier, a full tier that refuses writes
     slow_factor: float = 1.0
     refuse_writes: bool = False
     refused_writes: int = 0

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvbench.harness.sim.faults import FaultInjector
-from kvbench.harness.sim.scheduler import TTFT_BUCKETS, EngineCore
+from .faults import FaultInjector
+from .scheduler import TTFT_BUCKETS, EngineCore
 
 LABELS = ("model_name", "engine")
 

@@ -37,11 +37,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvbench.harness.sim.kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, chain_hashes
-from kvbench.harness.sim.profiles import Deployment
-from kvbench.harness.sim.settings import SimSettings
-from kvbench.harness.sim.timemodel import StepWork, TimeModel
-from kvbench.harness.sim.tokenizer import GENERATED_FIRST_IDS, GENERATED_NEXT_IDS, token_text
+from .kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, chain_hashes
+from .profiles import Deployment
+from .settings import SimSettings
+from .timemodel import StepWork, TimeModel
+from .tokenizer import GENERATED_FIRST_IDS, GENERATED_NEXT_IDS, token_text
 
 logger = logging.getLogger(__name__)
 

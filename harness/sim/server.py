@@ -25,10 +25,11 @@ from typing import Any
 from aiohttp import web
 
 import kvbench
-from kvbench.harness.engines.sim import url_host
-from kvbench.harness.sim.faults import FaultInjector
-from kvbench.harness.sim.metrics import metrics_registry, render
-from kvbench.harness.sim.scheduler import (
+
+from .engine import url_host
+from .faults import FaultInjector
+from .metrics import metrics_registry, render
+from .scheduler import (
     EngineCore,
     EngineLoop,
     ErrorEvent,
@@ -38,8 +39,8 @@ from kvbench.harness.sim.scheduler import (
     TokenEvent,
     Usage,
 )
-from kvbench.harness.sim.settings import SimSettings
-from kvbench.harness.sim.tokenizer import SimTokenizer, apply_chat_template
+from .settings import SimSettings
+from .tokenizer import SimTokenizer, apply_chat_template
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """The settings one simulator server runs with (the JSON file ``kvbench sim serve --config`` reads).
 
-:class:`~kvbench.harness.engines.sim.SimEngine` writes this file from the scenario's engine
+:class:`~harness.sim.engine.SimEngine` writes this file from the scenario's engine
 section, the arm's offload profile and the runner's prefix-caching decision; ``kvbench sim serve``
 can also build it from command-line options.
 
 Fault injection (latency spikes, 5xx bursts, dropped streams, slow or full tiers) is the optional
-field ``faults`` (see :mod:`kvbench.harness.sim.faults`), read by the server's request path and by
+field ``faults`` (see :mod:`harness.sim.faults`), read by the server's request path and by
 the offload tiers; ``kvbench sim serve --faults FILE`` sets it.
 """
 
@@ -17,11 +17,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.harness.engines.configs import SimEngineConfig
-from kvbench.harness.model import StrictModel
-from kvbench.harness.sim.faults import Fault
-from kvbench.harness.sim.profiles import Deployment
-from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile
+from harness.engines.configs import SimEngineConfig
+from kvbench.schema import StrictModel
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile
+
+from .faults import Fault
+from .profiles import Deployment
 
 
 class SimSettings(StrictModel):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.harness.sim.profiles import Deployment
+from .profiles import Deployment
 
 STEP_OVERHEAD_S = 1.0e-3
 """Per-step CPU work of a vLLM V1 engine step with CUDA graphs (about a millisecond)."""

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvbench.harness.records import read_records
-from kvbench.harness.result import read_result
+from harness.results.run_result import read_result
+from harness.store.records import read_records
 
 pytestmark = pytest.mark.integration
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kvbench.harness.engines.base import LaunchContext
-from kvbench.harness.engines.configs import SimEngineConfig
-from kvbench.harness.engines.sim import SimEngine
-from kvbench.harness.sim.server import running_server
-from kvbench.harness.sim.settings import SimSettings
-from kvbench.harness.sim.tokenizer import WORDS
-from kvbench.offload.profiles import BUILTIN_PROFILES
+from harness.engines.base import LaunchContext
+from harness.engines.configs import SimEngineConfig
+from harness.sim.engine import SimEngine
+from harness.sim.server import running_server
+from harness.sim.settings import SimSettings
+from harness.sim.tokenizer import WORDS
+from offload.profiles import BUILTIN_PROFILES
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvbench.harness.records import read_records
-from kvbench.harness.sweep_result import read_sweep_result
+from harness.results.sweep_result import read_sweep_result
+from harness.store.records import read_records
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvbench.harness.modeldir import synthesize_model_dir
-from kvbench.harness.records import read_records
-from kvbench.harness.sweep_result import read_sweep_result
+from harness.engines.modeldir import synthesize_model_dir
+from harness.results.sweep_result import read_sweep_result
+from harness.store.records import read_records
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")

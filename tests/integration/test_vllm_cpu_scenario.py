@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.harness.result import read_result
+from harness.results.run_result import read_result
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.harness.aggregate import GroupDone, MetricsDelta, aggregate
-from kvbench.harness.records import RecordWriter, RequestRecord, read_records
-from kvbench.harness.result import pct_diff, read_result, write_result
-from kvbench.harness.scenario import parse_scenario
-from kvbench.reports.renderers import markdown_table
+from harness.results.aggregate import GroupDone, MetricsDelta, aggregate
+from harness.results.run_result import pct_diff, read_result, write_result
+from harness.scenario.spec import parse_scenario
+from harness.store.records import RecordWriter, RequestRecord, read_records
+from reports.renderers import markdown_table
 
 SCENARIO = parse_scenario(
     {

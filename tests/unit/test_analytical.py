@@ -8,8 +8,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from kvbench.offload import analytical as am
-from kvbench.offload.profiles import OffloadTier
+from offload import analytical as am
+from offload.profiles import OffloadTier
 
 approx = pytest.approx
 

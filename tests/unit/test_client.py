@@ -1,4 +1,4 @@
-"""Tests for the streaming client (kvbench.harness.client) against an in-process aiohttp server.
+"""Tests for the streaming client (harness.client.openai) against an in-process aiohttp server.
 
 The server replays the golden streams of tests/golden/sse/ piece by piece with planted delays, so
 the tests can check what the timestamps mean (TTFT is not triggered by role-only chunks or
@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kvbench.harness.client import SNIPPET_CHARS, OpenAIClient, RequestOutcome
-from kvbench.harness.engines.base import Endpoint
+from harness.client.openai import SNIPPET_CHARS, OpenAIClient, RequestOutcome
+from harness.engines.base import Endpoint
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 SSE = GOLDEN / "sse"

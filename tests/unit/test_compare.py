@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.cli import app
-from kvbench.harness.aggregate import GroupDone
-from kvbench.harness.compare import (
+from harness.gate.compare import (
     CompareError,
     apply_threshold_flags,
     compare_paths,
@@ -21,9 +19,11 @@ from kvbench.harness.compare import (
     render_junit,
     render_markdown,
 )
-from kvbench.harness.records import RecordWriter, RequestRecord
-from kvbench.harness.rundir import RunDir
-from kvbench.harness.scenario import GateSpec, parse_scenario
+from harness.results.aggregate import GroupDone
+from harness.scenario.spec import GateSpec, parse_scenario
+from harness.store.records import RecordWriter, RequestRecord
+from harness.store.rundir import RunDir
+from kvbench.cli import app
 
 BASE = {
     "name": "gate",

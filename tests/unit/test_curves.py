@@ -10,9 +10,8 @@ import pytest
 from matplotlib.patches import Rectangle
 from rich.console import Console
 
-from kvbench.harness.capacity import arm_capacity, savings
-from kvbench.harness.scenario import CostSpec
-from kvbench.harness.sweep_result import (
+from harness.results.capacity import arm_capacity, savings
+from harness.results.sweep_result import (
     PointResult,
     Quantiles,
     SloLimits,
@@ -21,7 +20,8 @@ from kvbench.harness.sweep_result import (
     read_sweep_result,
     write_sweep_result,
 )
-from kvbench.reports.curves import (
+from harness.scenario.spec import CostSpec
+from reports.curves import (
     capacity_figure,
     frontier_flags,
     pareto_frontier,

@@ -1,13 +1,13 @@
 """The engine contract: one suite, run against every engine client family kvbench speaks to.
 
 Each family is a real process on a real port, driven through kvbench's own
-:class:`~kvbench.harness.client.OpenAIClient` and :mod:`~kvbench.harness.metrics_scrape`:
+:class:`~harness.client.openai.OpenAIClient` and :mod:`~harness.client.scrape`:
 
 * ``vllm``, ``sglang``, ``trtllm``: ``tests/fakes/fake_engine.py`` replaying the family's golden
   SSE streams and /metrics pages (``tests/golden/sse/contract.json``); the vLLM page carries
   LMCache's counters, the TensorRT-LLM fake reads the LLM-API YAML kvbench renders and serves
   Prometheus text on ``/prometheus/metrics`` only because that YAML turns it on;
-* ``sim``: the real simulator, started by :class:`~kvbench.harness.engines.sim.SimEngine`;
+* ``sim``: the real simulator, started by :class:`~harness.sim.engine.SimEngine`;
 * ``openai``: an endpoint kvbench only attaches to (:class:`OpenAIEngine`), here an SGLang-shaped
   fake that wants an API key; its metric family is recognised from the page (``auto``).
 
@@ -33,13 +33,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvbench.harness.client import OpenAIClient, RequestOutcome
-from kvbench.harness.engines.base import Endpoint, EngineFacts, LaunchContext
-from kvbench.harness.engines.configs import OpenAIEngineConfig, SimEngineConfig, TrtllmEngineConfig
-from kvbench.harness.engines.openai import OpenAIEngine
-from kvbench.harness.engines.process import ManagedProcess, ProcessSpec, free_port
-from kvbench.harness.engines.sim import SimEngine
-from kvbench.harness.metrics_scrape import (
+from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.client.scrape import (
     AUTO,
     LMCACHE_METRICS,
     METRICS,
@@ -57,8 +52,13 @@ from kvbench.harness.metrics_scrape import (
     summarize,
     summarize_lmcache,
 )
-from kvbench.offload.profiles import BUILTIN_PROFILES
-from kvbench.offload.render_trtllm import render_trtllm_options
+from harness.engines.base import Endpoint, EngineFacts, LaunchContext
+from harness.engines.configs import OpenAIEngineConfig, SimEngineConfig, TrtllmEngineConfig
+from harness.engines.openai import OpenAIEngine
+from harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from harness.engines.trtllm_offload import render_trtllm_options
+from harness.sim.engine import SimEngine
+from offload.profiles import BUILTIN_PROFILES
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_ENGINE = ROOT / "fakes" / "fake_engine.py"

@@ -26,20 +26,20 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvbench.harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
-from kvbench.harness.engines.configs import SglangEngineConfig, TrtllmEngineConfig
-from kvbench.harness.engines.process import ManagedProcess, ProcessSpec, free_port
-from kvbench.harness.engines.registry import create_engine, engine_kinds
-from kvbench.harness.engines.sglang import (
+from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
+from harness.engines.configs import SglangEngineConfig, TrtllmEngineConfig
+from harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from harness.engines.registry import create_engine, engine_kinds
+from harness.engines.sglang import (
     PYTHON_ENV_VAR,
     EngineRequestError,
     SglangEngine,
     TokenizerUnavailable,
     probe_version,
 )
-from kvbench.harness.engines.trtllm import SERVE_ENV_VAR, ModelDirTokenizer, TrtllmEngine
-from kvbench.harness.errors import EngineStartError
-from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
+from harness.engines.trtllm import SERVE_ENV_VAR, ModelDirTokenizer, TrtllmEngine
+from kvbench.errors import EngineStartError
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
 
 FAKE_ENGINE = Path(__file__).resolve().parent.parent / "fakes" / "fake_engine.py"
 EXTRA_ARGS_ENV = "KVBENCH_FAKE_ENGINE_ARGS"
@@ -233,7 +233,7 @@ async def test_sglang_engine_lifecycle(
     sglang_site: Path, record: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(EXTRA_ARGS_ENV, json.dumps(["--flush-refusals", "2"]))
-    monkeypatch.setattr("kvbench.harness.engines.sglang.RESET_RETRY_S", 0.01)
+    monkeypatch.setattr("harness.engines.sglang.RESET_RETRY_S", 0.01)
     storage = tmp_path / "hicache"
     profile = DISK.model_copy(
         update={"tiers": (DISK.tiers[0], DISK.tiers[1].model_copy(update={"path": str(storage)}))}
@@ -276,7 +276,7 @@ async def test_sglang_reset_refused_for_too_long_is_an_error(
     sglang_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(EXTRA_ARGS_ENV, json.dumps(["--flush-refusals", "1000"]))
-    monkeypatch.setattr("kvbench.harness.engines.sglang.RESET_RETRY_S", 0.0)
+    monkeypatch.setattr("harness.engines.sglang.RESET_RETRY_S", 0.0)
     context = LaunchContext(arm="off", profile=BUILTIN_PROFILES["hbm"], log_dir=tmp_path / "logs", prefix_caching=True)
     async with SglangEngine(sglang_config(tmp_path / "m"), context) as running:
         with pytest.raises(EngineRequestError, match=r"refused to flush its cache 20 times.*running or waiting"):

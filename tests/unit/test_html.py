@@ -8,9 +8,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from harness.gate.playbook import attach_run, save_playbook, starter_playbook
 from kvbench.cli import app
-from kvbench.harness.playbook import attach_run, save_playbook, starter_playbook
-from kvbench.reports.html import collect_sources, render_html, report_html
+from reports.html import collect_sources, render_html, report_html
 from tests.resultfiles import make_probe_run, make_soak_dir
 
 XSS = "<script>alert(1)</script>"

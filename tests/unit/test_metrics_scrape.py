@@ -1,4 +1,4 @@
-"""Tests for /metrics parsing, counter deltas and hit rates (kvbench.harness.metrics_scrape)."""
+"""Tests for /metrics parsing, counter deltas and hit rates (harness.client.scrape)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.harness.metrics_scrape import (
+from harness.client.scrape import (
     METRICS,
     METRICS_BY_TAG,
     VLLM,

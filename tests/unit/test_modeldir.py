@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.harness.modeldir import (
+from harness.engines.modeldir import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     TOKENIZER_VOCAB_SIZE,
@@ -17,7 +17,7 @@ from kvbench.harness.modeldir import (
     shape_names,
     synthesize_model_dir,
 )
-from kvbench.harness.modeldir_cli import model_app
+from kvbench.cli.model import model_app
 
 tokenizers = pytest.importorskip("tokenizers")
 

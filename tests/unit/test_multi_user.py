@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.harness.errors import ScenarioError
-from kvbench.harness.scenario import MultiUserQA, load_scenario, parse_scenario
-from kvbench.harness.sim.tokenizer import SimTokenizer
-from kvbench.workloads.multi_user import (
+from harness.scenario.spec import MultiUserQA, load_scenario, parse_scenario
+from harness.sim.tokenizer import SimTokenizer
+from kvbench.errors import ScenarioError
+from workloads.multi_user import (
     MultiUserWorkload,
     expected_mean_prompt_tokens,
     expected_mean_rounds,

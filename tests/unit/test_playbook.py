@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.cli import app
-from kvbench.harness.playbook import (
+from harness.gate.playbook import (
     PlaybookError,
     attach_run,
     load_playbook,
@@ -19,6 +18,7 @@ from kvbench.harness.playbook import (
     save_playbook,
     starter_playbook,
 )
+from kvbench.cli import app
 from tests.resultfiles import make_probe_run, make_soak_dir
 
 

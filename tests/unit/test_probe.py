@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from kvbench.offload import probe as probe_mod
-from kvbench.offload.cli import offload_app
-from kvbench.offload.probe import ProbeError, ProbeResult, format_size, parse_size, probe_path
+from kvbench.cli.offload import offload_app
+from offload import probe as probe_mod
+from offload.probe import ProbeError, ProbeResult, format_size, parse_size, probe_path
 
 MiB = 1024**2
 

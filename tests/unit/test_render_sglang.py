@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kvbench.harness.engines.base import LaunchContext
-from kvbench.harness.engines.configs import SglangEngineConfig
-from kvbench.harness.engines.sglang import (
+from harness.engines.base import LaunchContext
+from harness.engines.configs import SglangEngineConfig
+from harness.engines.sglang import (
     PYTHON_ENV_VAR,
     SglangEngine,
     build_sglang_argv,
@@ -26,10 +26,10 @@ from kvbench.harness.engines.sglang import (
     resolve_python,
     served_model_name,
 )
-from kvbench.harness.errors import ScenarioError
-from kvbench.harness.scenario import parse_scenario
-from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
-from kvbench.offload.render_sglang import STORAGE_DIR_ENV, SUPPORTED, check_supported, render_sglang_launch
+from harness.engines.sglang_offload import STORAGE_DIR_ENV, SUPPORTED, check_supported, render_sglang_launch
+from harness.scenario.spec import parse_scenario
+from kvbench.errors import ScenarioError
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
 
 
 def sglang_config(**overrides: Any) -> SglangEngineConfig:

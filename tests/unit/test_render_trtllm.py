@@ -19,9 +19,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kvbench.harness.engines.base import LaunchContext
-from kvbench.harness.engines.configs import TrtllmEngineConfig
-from kvbench.harness.engines.trtllm import (
+from harness.engines.base import LaunchContext
+from harness.engines.configs import TrtllmEngineConfig
+from harness.engines.trtllm import (
     SERVE_ENV_VAR,
     TrtllmEngine,
     build_trtllm_argv,
@@ -29,10 +29,10 @@ from kvbench.harness.engines.trtllm import (
     resolve_serve,
     served_model_name,
 )
-from kvbench.harness.errors import ScenarioError
-from kvbench.harness.scenario import parse_scenario
-from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
-from kvbench.offload.render_trtllm import RESET_ADVICE, SUPPORTED, check_supported, render_trtllm_options
+from harness.engines.trtllm_offload import RESET_ADVICE, SUPPORTED, check_supported, render_trtllm_options
+from harness.scenario.spec import parse_scenario
+from kvbench.errors import ScenarioError
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
 
 KV_CACHE_CONFIG_FIELDS = {
     "enable_block_reuse",

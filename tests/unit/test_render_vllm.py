@@ -18,10 +18,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kvbench.harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
-from kvbench.harness.engines.configs import VllmEngineConfig
-from kvbench.harness.engines.registry import create_engine, engine_kinds
-from kvbench.harness.engines.vllm import (
+from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
+from harness.engines.configs import VllmEngineConfig
+from harness.engines.registry import create_engine, engine_kinds
+from harness.engines.vllm import (
     PYTHON_ENV_VAR,
     EngineRequestError,
     VllmEngine,
@@ -30,10 +30,10 @@ from kvbench.harness.engines.vllm import (
     probe_versions,
     resolve_python,
 )
-from kvbench.harness.errors import EngineStartError
-from kvbench.harness.scenario import parse_scenario
-from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
-from kvbench.offload.render_vllm import check_supported, render_vllm_launch, resolve_backend
+from harness.engines.vllm_offload import check_supported, render_vllm_launch, resolve_backend
+from harness.scenario.spec import parse_scenario
+from kvbench.errors import EngineStartError
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
 
 
 def vllm_config(**overrides: object) -> VllmEngineConfig:
@@ -438,7 +438,7 @@ async def test_engine_lifecycle_with_lmcache_mp_sidecar(
     fake_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_RESET_REFUSALS", "2")
-    monkeypatch.setattr("kvbench.harness.engines.vllm.RESET_RETRY_S", 0.01)
+    monkeypatch.setattr("harness.engines.vllm.RESET_RETRY_S", 0.01)
     config = vllm_config(
         model=str(tmp_path / "tiny"), python=sys.executable, device="cpu", startup_timeout_s=30, stop_grace_s=5
     )
@@ -504,7 +504,7 @@ async def test_reset_refused_for_too_long_is_an_error(
     fake_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_RESET_REFUSALS", "1000")
-    monkeypatch.setattr("kvbench.harness.engines.vllm.RESET_RETRY_S", 0.0)
+    monkeypatch.setattr("harness.engines.vllm.RESET_RETRY_S", 0.0)
     config = vllm_config(model=str(tmp_path / "m"), python=sys.executable, startup_timeout_s=30)
     context = LaunchContext(arm="off", profile=BUILTIN_PROFILES["off"], log_dir=tmp_path / "logs", prefix_caching=False)
     async with VllmEngine(config, context) as running:

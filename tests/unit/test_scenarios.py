@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.harness.errors import ScenarioError
-from kvbench.harness.scenario import bundled_scenarios, load_scenario
+from harness.scenario.spec import bundled_scenarios, load_scenario
+from kvbench.errors import ScenarioError
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO_FILES = sorted((REPO / "scenarios").rglob("*.yaml"))

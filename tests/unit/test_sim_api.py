@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvbench.harness.sim.server import running_server
-from kvbench.harness.sim.settings import SimSettings
-from kvbench.offload.profiles import BUILTIN_PROFILES
+from harness.sim.server import running_server
+from harness.sim.settings import SimSettings
+from offload.profiles import BUILTIN_PROFILES
 
 MODEL = "tiny"
 MESSAGES = [{"role": "system", "content": "You answer."}, {"role": "user", "content": "What is a cache? " * 100}]

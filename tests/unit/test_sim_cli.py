@@ -6,9 +6,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from kvbench.harness.sim.cli import sim_app
-from kvbench.harness.sim.profiles import Deployment
-from kvbench.harness.sim.timemodel import TimeModel
+from harness.sim.profiles import Deployment
+from harness.sim.timemodel import TimeModel
+from kvbench.cli.sim import sim_app
 
 runner = CliRunner()
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.harness.sim.kvcache import BlockPool, OffloadTiers, chain_hashes
-from kvbench.offload.profiles import OffloadProfile, OffloadTier
+from harness.sim.kvcache import BlockPool, OffloadTiers, chain_hashes
+from offload.profiles import OffloadProfile, OffloadTier
 
 
 def test_hash_chain_shares_prefixes_and_extends() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.harness.sim.scheduler import EngineCore, Event, FinishEvent, Phase, SimRequest, TokenEvent
-from kvbench.harness.sim.settings import SimSettings
-from kvbench.offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
+from harness.sim.scheduler import EngineCore, Event, FinishEvent, Phase, SimRequest, TokenEvent
+from harness.sim.settings import SimSettings
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
 
 
 def make_core(offload: str | OffloadProfile = "hbm", **overrides: object) -> EngineCore:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from kvbench.harness.engines.configs import Parallelism, SimEngineConfig
-from kvbench.harness.sim.profiles import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
-from kvbench.harness.sim.settings import SimSettings
-from kvbench.harness.sim.timemodel import StepWork, TimeModel
-from kvbench.offload.profiles import BUILTIN_PROFILES
+from harness.engines.configs import Parallelism, SimEngineConfig
+from harness.sim.profiles import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
+from harness.sim.settings import SimSettings
+from harness.sim.timemodel import StepWork, TimeModel
+from offload.profiles import BUILTIN_PROFILES
 
 
 def timing(model: str, hardware: str = "h100-sxm", tp: int = 1, dtype: str | None = None) -> TimeModel:

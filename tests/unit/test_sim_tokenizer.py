@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from kvbench.harness.engines.base import Tokenizer
-from kvbench.harness.sim.tokenizer import (
+from harness.engines.base import Tokenizer
+from harness.sim.tokenizer import (
     CHAR_BASE,
     SUBWORD_BASE,
     VOCAB_SIZE,
@@ -85,7 +85,7 @@ def test_about_one_token_per_english_word() -> None:
 def test_ids_are_identical_in_another_process() -> None:
     text = " ".join(SAMPLES[1:8])
     script = (
-        "import json, sys; from kvbench.harness.sim.tokenizer import encode; "
+        "import json, sys; from harness.sim.tokenizer import encode; "
         "print(json.dumps(encode(sys.stdin.read())))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -9,12 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.harness.errors import ScenarioError
-from kvbench.harness.metrics_scrape import parse_metrics
-from kvbench.harness.records import RequestRecord
-from kvbench.harness.scenario import SLO, SoakSpec, parse_duration, parse_scenario
-from kvbench.harness.soak import counter_totals, interval_hit_rate, restarted, soak_arm, soak_scenario
-from kvbench.harness.soak_result import (
+from harness.client.scrape import parse_metrics
+from harness.results.soak_result import (
     IntervalAccumulator,
     IntervalStats,
     MetricsReading,
@@ -24,6 +20,10 @@ from kvbench.harness.soak_result import (
     read_intervals,
     trend,
 )
+from harness.runs.soak import counter_totals, interval_hit_rate, restarted, soak_arm, soak_scenario
+from harness.scenario.spec import SLO, SoakSpec, parse_duration, parse_scenario
+from harness.store.records import RequestRecord
+from kvbench.errors import ScenarioError
 
 NS_MS = 1_000_000
 SLO_TARGETS = SLO(ttft_ms=500, tpot_ms=50)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.harness.sim.faults import FaultInjector, load_faults, parse_faults
-from kvbench.harness.sim.kvcache import TierState
-from kvbench.offload.profiles import OffloadTier
+from harness.sim.faults import FaultInjector, load_faults, parse_faults
+from harness.sim.kvcache import TierState
+from offload.profiles import OffloadTier
 
 
 def tier() -> TierState:

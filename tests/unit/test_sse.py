@@ -1,4 +1,4 @@
-"""Tests for the incremental SSE parser and the OpenAI chunk interpreter (kvbench.harness.sse)."""
+"""Tests for the incremental SSE parser and the OpenAI chunk interpreter (harness.client.sse)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvbench.harness.sse import (
+from harness.client.sse import (
     FrameKind,
     SSEEvent,
     SSEParser,

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvbench.cli import app
-from kvbench.harness.capacity import (
+from harness.results.capacity import (
     Reuse,
     arm_capacity,
     engine_shapes,
@@ -20,14 +19,15 @@ from kvbench.harness.capacity import (
     predicted_ttft,
     savings,
 )
-from kvbench.harness.errors import RunDirError, ScenarioError
-from kvbench.harness.records import RequestRecord
-from kvbench.harness.scenario import CostSpec, Scenario, parse_scenario
-from kvbench.harness.sweep import aggregate_sweep
-from kvbench.harness.sweep_metrics import LATENCY_METRICS, SCALAR_METRICS, PointDone
-from kvbench.harness.sweep_result import PointResult, read_sweep_result, write_sweep_result
-from kvbench.offload import analytical
-from kvbench.offload.profiles import BUILTIN_PROFILES
+from harness.results.sweep_metrics import LATENCY_METRICS, SCALAR_METRICS, PointDone
+from harness.results.sweep_result import PointResult, read_sweep_result, write_sweep_result
+from harness.runs.sweep import aggregate_sweep
+from harness.scenario.spec import CostSpec, Scenario, parse_scenario
+from harness.store.records import RequestRecord
+from kvbench.cli import app
+from kvbench.errors import RunDirError, ScenarioError
+from offload import analytical
+from offload.profiles import BUILTIN_PROFILES
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -261,9 +261,9 @@ def test_sweep_command_needs_exactly_one_source(tmp_path: Path) -> None:
 
 
 def test_resume_plans_only_unfinished_points_in_a_new_attempt(tmp_path: Path) -> None:
-    from kvbench.harness.records import RecordWriter, append_jsonl
-    from kvbench.harness.rundir import RunDir
-    from kvbench.harness.sweep import SweepRunner, points_file, read_points
+    from harness.runs.sweep import SweepRunner, points_file, read_points
+    from harness.store.records import RecordWriter, append_jsonl
+    from harness.store.rundir import RunDir
 
     two_points = scenario(sweep={"mode": "concurrency", "values": [2, 4]})
     run_dir = RunDir.create(tmp_path, two_points)

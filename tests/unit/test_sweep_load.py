@@ -14,15 +14,15 @@ from itertools import pairwise
 import pytest
 from aiohttp import web
 
-from kvbench.harness.client import OpenAIClient
-from kvbench.harness.client_pool import ProcessClientPool
-from kvbench.harness.engines.base import Endpoint
-from kvbench.harness.load import LoadPlan, RecordContext, run_load
-from kvbench.harness.records import RequestRecord
-from kvbench.harness.scenario import MultiUserQA
-from kvbench.harness.sim.fixed import FixedLatency, FixedServer
-from kvbench.harness.sim.tokenizer import SimTokenizer
-from kvbench.workloads.multi_user import MultiUserWorkload
+from harness.client.openai import OpenAIClient
+from harness.client.pool import ProcessClientPool
+from harness.engines.base import Endpoint
+from harness.runs.load import LoadPlan, RecordContext, run_load
+from harness.scenario.spec import MultiUserQA
+from harness.sim.fixed import FixedLatency, FixedServer
+from harness.sim.tokenizer import SimTokenizer
+from harness.store.records import RequestRecord
+from workloads.multi_user import MultiUserWorkload
 
 TTFT_S = 0.05
 ITL_S = 0.01

@@ -1,0 +1,393 @@
+"""The async OpenAI-compatible streaming client that measures every request.
+
+One :class:`OpenAIClient` holds one pooled :class:`aiohttp.ClientSession` for a whole run (never a
+session per request). :meth:`OpenAIClient.chat` and :meth:`OpenAIClient.completion` send a
+streaming request and return a :class:`RequestOutcome`; they never raise for anything the server or
+the network does — failures come back as an ``error_kind`` — and only :class:`asyncio.CancelledError`
+propagates.
+
+Timing rules (all from :func:`time.monotonic_ns`):
+
+* ``started_ns`` is taken just before the request is handed to aiohttp. It includes any wait for a
+  free pooled connection, so keep the number of requests in flight at or below ``max_connections``.
+* Each network read is timestamped the moment it returns, before it is parsed; every event it
+  completes gets that timestamp.
+* TTFT is the arrival of the first frame carrying generated tokens (non-empty content, or
+  reasoning text of reasoning models). Role-only chunks, empty-content chunks, usage-only chunks,
+  SSE comments and keep-alives do not count.
+* ITLs are the gaps between successive token-carrying arrivals. When one network read carries
+  several token-carrying frames, the later ones get a gap of 0 (their true spacing was lost in the
+  socket buffer).
+* E2E is the arrival of the last byte of the event stream: the read that completed
+  ``data: [DONE]`` (what follows it, the end of the chunked body, is read so the connection can be
+  reused, but not timed). On failures it is the last byte received, or the moment the failure was
+  seen when nothing arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+import aiohttp
+
+from harness.engines.base import Endpoint
+from harness.store.records import ErrorKind
+from kvbench.redact import redact_text
+
+from .sse import Api, Frame, FrameKind, SSEParser, Usage, interpret_chunk
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+METRICS_PATH = "/metrics"
+SNIPPET_CHARS = 300
+"""Error bodies and messages are cut to this many characters (after redaction)."""
+_SNIPPET_READ_BYTES = 4096
+DRAIN_TIMEOUT_S = 1.0
+"""How long to wait for the end of the body after ``data: [DONE]``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What one streaming request did. Durations are nanoseconds relative to ``started_ns``."""
+
+    started_ns: int
+    """time.monotonic_ns() just before the request was sent."""
+    ttft_ns: int | None = None
+    e2e_ns: int | None = None
+    itl_ns: tuple[int, ...] = ()
+    output_chunks: int = 0
+    """Token-carrying frames received."""
+    text: str = ""
+    """The generated text (content only; reasoning text is not included)."""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    http_status: int | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    """Redacted, at most :data:`SNIPPET_CHARS` characters."""
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+
+def _snippet(text: str) -> str:
+    text = redact_text(" ".join(text.split()))
+    return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+class _Stream:
+    """Accumulates one streaming response: timings, text, usage, and the first failure."""
+
+    def __init__(self, api: Api, started_ns: int) -> None:
+        self.api: Api = api
+        self.started_ns = started_ns
+        self.http_status: int | None = None
+        self.first_token_ns: int | None = None
+        self.last_token_ns: int | None = None
+        self.last_byte_ns: int | None = None
+        self.itl: list[int] = []
+        self.chunks = 0
+        self.parts: list[str] = []
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+
+    def on_frame(self, frame: Frame, arrived_ns: int) -> tuple[ErrorKind, str] | None:
+        """Account for one frame; return (error_kind, message) when it ends the request."""
+        if frame.usage is not None:
+            self.usage = frame.usage
+        if frame.finish_reason is not None:
+            self.finish_reason = frame.finish_reason
+        kind = frame.kind
+        if frame.carries_tokens:
+            if self.last_token_ns is None:
+                self.first_token_ns = arrived_ns
+            else:
+                self.itl.append(arrived_ns - self.last_token_ns)
+            self.last_token_ns = arrived_ns
+            self.chunks += 1
+            if frame.text:
+                self.parts.append(frame.text)
+        elif kind is FrameKind.DONE:
+            self.done = True
+        elif kind is FrameKind.ERROR:
+            return "server_error", frame.error or "error frame"
+        elif kind is FrameKind.MALFORMED:
+            return "malformed_frame", frame.error or "malformed frame"
+        return None
+
+    def outcome(
+        self, error_kind: ErrorKind | None = None, error: str | None = None, *, failed_ns: int | None = None
+    ) -> RequestOutcome:
+        end_ns = self.last_byte_ns if self.last_byte_ns is not None else failed_ns
+        usage = self.usage or Usage()
+        return RequestOutcome(
+            started_ns=self.started_ns,
+            ttft_ns=None if self.first_token_ns is None else self.first_token_ns - self.started_ns,
+            e2e_ns=None if end_ns is None else end_ns - self.started_ns,
+            itl_ns=tuple(self.itl),
+            output_chunks=self.chunks,
+            text="".join(self.parts),
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            http_status=self.http_status,
+            error_kind=error_kind,
+            error=None if error is None else _snippet(error),
+            finish_reason=self.finish_reason,
+        )
+
+
+class OpenAIClient:
+    """Streaming client for an OpenAI-compatible server; use as ``async with OpenAIClient(...)``.
+
+    ``endpoint.base_url`` is the server root (``http://host:port``); a trailing ``/v1`` is tolerated.
+    ``timeout_s`` bounds a whole request (connection wait, connect, and reading the stream);
+    ``connect_timeout_s`` and ``read_timeout_s`` optionally bound connecting and the silence between
+    two reads. A connect timeout is a ``connection`` error; the other two are ``timeout``.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float,
+        max_connections: int = 512,
+        connect_timeout_s: float | None = None,
+        read_timeout_s: float | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._endpoint = endpoint
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._max_connections = max_connections
+        root = endpoint.base_url.rstrip("/")
+        self._root = root.removesuffix("/v1")
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session (only between ``__aenter__`` and ``__aexit__``)."""
+        if self._session is None or self._session.closed:
+            raise RuntimeError("OpenAIClient is not open: use it as 'async with OpenAIClient(...)'")
+        return self._session
+
+    async def __aenter__(self) -> OpenAIClient:
+        if self._session is not None and not self._session.closed:
+            raise RuntimeError("OpenAIClient is already open")
+        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            headers=self._endpoint.headers,
+            raise_for_status=False,
+        )
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url(self, path: str) -> str:
+        """Absolute URL of a server path such as ``/metrics`` or ``/v1/completions``."""
+        return self._root + (path if path.startswith("/") else "/" + path)
+
+    # ------------------------------------------------------------------ streaming requests
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        """Stream a chat completion of ``messages``."""
+        payload: dict[str, object] = {"messages": [dict(message) for message in messages]}
+        return await self._stream("chat", CHAT_PATH, payload, max_tokens, ignore_eos, extra_body)
+
+    async def completion(
+        self,
+        prompt: str,
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        """Stream a text completion of ``prompt``."""
+        payload: dict[str, object] = {"prompt": prompt}
+        return await self._stream("completions", COMPLETIONS_PATH, payload, max_tokens, ignore_eos, extra_body)
+
+    def build_payload(
+        self,
+        base: Mapping[str, object],
+        max_tokens: int,
+        ignore_eos: bool,
+        extra_body: Mapping[str, object] | None,
+    ) -> dict[str, object]:
+        """The request body: ``extra_body`` keys are merged last and win, except ``stream``."""
+        payload: dict[str, object] = {"model": self._endpoint.model, **base}
+        payload.update(
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        if ignore_eos:
+            payload["ignore_eos"] = True
+        if extra_body:
+            payload.update(extra_body)
+            payload["stream"] = True
+        return payload
+
+    async def _stream(
+        self,
+        api: Api,
+        path: str,
+        base: Mapping[str, object],
+        max_tokens: int,
+        ignore_eos: bool,
+        extra_body: Mapping[str, object] | None,
+    ) -> RequestOutcome:
+        session = self.session
+        body = self.build_payload(base, max_tokens, ignore_eos, extra_body)
+        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        state = _Stream(api, time.monotonic_ns())
+        phase: Literal["connect", "stream"] = "connect"
+        try:
+            async with session.post(self.url(path), json=body, headers=headers) as response:
+                phase = "stream"
+                state.http_status = response.status
+                if response.status >= 400:
+                    snippet = await _read_snippet(response)
+                    state.last_byte_ns = time.monotonic_ns()
+                    reason = response.reason or ""
+                    return state.outcome("http_status", f"HTTP {response.status} {reason}: {snippet}")
+                if response.content_type == "application/json":
+                    snippet = await _read_snippet(response)
+                    state.last_byte_ns = time.monotonic_ns()
+                    return state.outcome("malformed_frame", f"expected an event stream, got JSON: {snippet}")
+                return await _consume(response, state)
+        except aiohttp.ConnectionTimeoutError as exc:
+            return state.outcome("connection", _describe(exc), failed_ns=time.monotonic_ns())
+        except TimeoutError as exc:  # total timeout, or silence longer than read_timeout_s
+            if isinstance(exc, aiohttp.ServerTimeoutError):
+                message = _describe(exc)
+            else:
+                message = f"no complete response within timeout_s={self._timeout.total:g}"
+            return state.outcome("timeout", message, failed_ns=time.monotonic_ns())
+        except aiohttp.ClientPayloadError as exc:
+            return state.outcome("stream_dropped", _describe(exc), failed_ns=time.monotonic_ns())
+        except aiohttp.ClientError as exc:
+            kind: ErrorKind = "connection" if phase == "connect" else "stream_dropped"
+            return state.outcome(kind, _describe(exc), failed_ns=time.monotonic_ns())
+        except OSError as exc:  # a socket error aiohttp did not wrap
+            kind = "connection" if phase == "connect" else "stream_dropped"
+            return state.outcome(kind, _describe(exc), failed_ns=time.monotonic_ns())
+
+    # ------------------------------------------------------------------ plain helpers
+
+    async def get_text(self, path: str) -> str:
+        """GET a server path and return its body; raises aiohttp errors (status >= 400 included)."""
+        async with self.session.get(self.url(path)) as response:
+            response.raise_for_status()
+            return await response.text()
+
+    async def post_json(self, path: str, payload: object) -> tuple[int, object]:
+        """POST JSON; return the status and the decoded body (text if not JSON, None if empty).
+
+        Raises aiohttp errors and :class:`TimeoutError`, but not for a status >= 400: callers such as
+        ``/tokenize`` and ``/reset_prefix_cache`` decide what a status means.
+        """
+        async with self.session.post(self.url(path), json=payload) as response:
+            text = await response.text()
+            if not text.strip():
+                return response.status, None
+            try:
+                return response.status, json.loads(text)
+            except json.JSONDecodeError:
+                return response.status, text
+
+    async def metrics_text(self) -> str:
+        """The Prometheus ``/metrics`` page of the server."""
+        return await self.get_text(self._endpoint.metrics_path or METRICS_PATH)
+
+
+async def _read_snippet(response: aiohttp.ClientResponse) -> str:
+    """Up to a few KiB of an error body, decoded leniently; empty if the body cannot be read."""
+    try:
+        raw = await response.content.read(_SNIPPET_READ_BYTES)
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return ""
+    return raw.decode("utf-8", errors="replace")
+
+
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read what follows ``[DONE]`` (the end of the chunked body) so the connection can be reused.
+
+    Bounded by :data:`DRAIN_TIMEOUT_S`; a server that keeps the stream open after ``[DONE]`` just
+    loses its pooled connection. Nothing read here affects the outcome.
+    """
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            async for _ in response.content.iter_any():
+                pass
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+
+
+async def _consume(response: aiohttp.ClientResponse, state: _Stream) -> RequestOutcome:
+    """Read the event stream to its end, timestamping each read on arrival."""
+    parser = SSEParser()
+    api = state.api
+    async for chunk in response.content.iter_any():
+        arrived_ns = time.monotonic_ns()
+        state.last_byte_ns = arrived_ns
+        for event in parser.feed(chunk):
+            failure = state.on_frame(interpret_chunk(event.data, api), arrived_ns)
+            if failure is not None:
+                return state.outcome(*failure)
+            if state.done:
+                break  # anything after [DONE] is ignored
+        if state.done:
+            await _drain(response)
+            break
+    if not state.done:
+        for event in parser.finish():
+            frame = interpret_chunk(event.data, api)
+            if frame.kind is FrameKind.MALFORMED:
+                break  # a frame cut off by the end of the stream: the stream dropped
+            failure = state.on_frame(frame, state.last_byte_ns or time.monotonic_ns())
+            if failure is not None:
+                return state.outcome(*failure)
+    if not state.done:
+        return state.outcome("stream_dropped", "stream ended without data: [DONE]", failed_ns=time.monotonic_ns())
+    if state.chunks == 0:
+        return state.outcome("empty_response", "the stream carried no generated text")
+    return state.outcome()

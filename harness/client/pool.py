@@ -1,0 +1,272 @@
+"""Streaming requests spread over worker processes, for loads one event loop cannot time accurately.
+
+One asyncio loop parses every SSE chunk of every stream in Python; past a few hundred concurrent
+streams it falls behind and the TTFT it reports grows by its own backlog (``benchmarks/
+client_capacity.py`` measures this against a fixed-latency server). :class:`ProcessClientPool`
+keeps the session logic (who sends what, when) in the caller's loop and moves the requests into
+``workers`` processes, each with its own event loop (uvloop when installed and asked for) and
+its own pooled :class:`~harness.client.openai.OpenAIClient`. Timing is unchanged: ``started_ns``,
+TTFT and ITLs are taken by the worker's client with ``time.monotonic_ns()``, the system-wide
+monotonic clock, so they compare with the caller's own timestamps.
+
+The pool has the ``chat``/``completion`` interface of the client (:class:`StreamingClient`), so
+:func:`harness.runs.load.run_load` takes either. Requests go to the worker with the fewest in
+flight. A worker that dies fails its requests with :class:`ClientPoolError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import multiprocessing
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from types import TracebackType
+from typing import Any, Protocol
+
+from harness.engines.base import Endpoint
+from kvbench.errors import KvbenchError
+
+from .openai import OpenAIClient, RequestOutcome
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+class StreamingClient(Protocol):
+    """What the load runner needs from a client: streamed chat and text completions."""
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome: ...
+
+    async def completion(
+        self,
+        prompt: str,
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome: ...
+
+
+class ClientPoolError(KvbenchError):
+    """A client worker process failed to start or died."""
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    pending: dict[int, asyncio.Future[RequestOutcome]] = field(default_factory=dict)
+    dead: bool = False
+
+
+class ProcessClientPool:
+    """``workers`` client processes behind the client interface; use as ``async with``."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        workers: int,
+        timeout_s: float,
+        max_connections: int,
+        use_uvloop: bool = True,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self._endpoint = endpoint
+        self._workers_wanted = workers
+        self._timeout_s = timeout_s
+        self._per_worker_connections = math.ceil(max_connections / workers) + 8
+        self._use_uvloop = use_uvloop
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count()
+
+    @property
+    def workers(self) -> int:
+        return len(self._workers)
+
+    async def __aenter__(self) -> ProcessClientPool:
+        context = multiprocessing.get_context("spawn")
+        loop = asyncio.get_running_loop()
+        try:
+            for _ in range(self._workers_wanted):
+                parent, child = context.Pipe(duplex=True)
+                process = context.Process(
+                    target=_worker_main,
+                    args=(child, self._endpoint, self._timeout_s, self._per_worker_connections, self._use_uvloop),
+                    daemon=True,
+                )
+                process.start()
+                child.close()
+                self._workers.append(_Worker(process, parent))
+            for worker in self._workers:
+                ready = await loop.run_in_executor(None, worker.conn.poll, START_TIMEOUT_S)
+                if not ready or worker.conn.recv() != ("ready", worker.process.pid):
+                    raise ClientPoolError(f"client worker {worker.process.pid} did not start")
+                loop.add_reader(worker.conn.fileno(), self._on_readable, worker)
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for worker in self._workers:
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(worker.conn.fileno())
+            if not worker.dead:
+                with contextlib.suppress(OSError, ValueError):
+                    worker.conn.send(("stop",))
+            self._fail(worker, "the client pool closed")
+        for worker in self._workers:
+            await loop.run_in_executor(None, worker.process.join, STOP_TIMEOUT_S)
+            if worker.process.is_alive():
+                worker.process.kill()
+                await loop.run_in_executor(None, worker.process.join, STOP_TIMEOUT_S)
+            worker.conn.close()
+        self._workers = []
+
+    # -- requests ---------------------------------------------------------------------------
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        body = [dict(m) for m in messages]
+        return await self._submit("chat", body, max_tokens, ignore_eos, extra_body)
+
+    async def completion(
+        self,
+        prompt: str,
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        return await self._submit("completion", prompt, max_tokens, ignore_eos, extra_body)
+
+    async def _submit(
+        self, kind: str, body: object, max_tokens: int, ignore_eos: bool, extra_body: Mapping[str, object] | None
+    ) -> RequestOutcome:
+        alive = [w for w in self._workers if not w.dead]
+        if not alive:
+            raise ClientPoolError("no client worker is running")
+        worker = min(alive, key=lambda w: len(w.pending))
+        request_id = next(self._ids)
+        future: asyncio.Future[RequestOutcome] = asyncio.get_running_loop().create_future()
+        worker.pending[request_id] = future
+        extra = dict(extra_body) if extra_body else None
+        try:
+            worker.conn.send((kind, request_id, body, max_tokens, ignore_eos, extra))
+        except (OSError, ValueError) as error:
+            worker.pending.pop(request_id, None)
+            self._fail(worker, f"cannot reach client worker: {error}")
+            raise ClientPoolError(f"client worker {worker.process.pid} is gone") from error
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if worker.pending.pop(request_id, None) is not None and not worker.dead:
+                with contextlib.suppress(OSError, ValueError):
+                    worker.conn.send(("cancel", request_id))
+            raise
+
+    def _on_readable(self, worker: _Worker) -> None:
+        try:
+            while worker.conn.poll():
+                request_id, outcome = worker.conn.recv()
+                future = worker.pending.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(outcome)
+        except (EOFError, OSError):
+            with contextlib.suppress(OSError, ValueError):
+                asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+            self._fail(worker, f"client worker {worker.process.pid} exited (code {worker.process.exitcode})")
+
+    def _fail(self, worker: _Worker, reason: str) -> None:
+        worker.dead = True
+        for future in worker.pending.values():
+            if not future.done():
+                future.set_exception(ClientPoolError(reason))
+        worker.pending.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process
+# ---------------------------------------------------------------------------------------------
+
+
+def _worker_main(
+    conn: Connection, endpoint: Endpoint, timeout_s: float, max_connections: int, use_uvloop: bool
+) -> None:
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            uvloop.install()
+    asyncio.run(_serve(conn, endpoint, timeout_s, max_connections))
+
+
+async def _serve(conn: Connection, endpoint: Endpoint, timeout_s: float, max_connections: int) -> None:
+    loop = asyncio.get_running_loop()
+    tasks: dict[int, asyncio.Task[Any]] = {}
+    stopped = asyncio.Event()
+
+    async with OpenAIClient(endpoint, timeout_s=timeout_s, max_connections=max_connections) as client:
+
+        async def run(request_id: int, kind: str, body: Any, max_tokens: int, ignore_eos: bool, extra: Any) -> None:
+            if kind == "chat":
+                outcome = await client.chat(body, max_tokens, ignore_eos=ignore_eos, extra_body=extra)
+            else:
+                outcome = await client.completion(body, max_tokens, ignore_eos=ignore_eos, extra_body=extra)
+            tasks.pop(request_id, None)
+            with contextlib.suppress(OSError, ValueError):
+                conn.send((request_id, outcome))
+
+        def on_readable() -> None:
+            try:
+                while conn.poll():
+                    message = conn.recv()
+                    if message[0] == "stop":
+                        stopped.set()
+                        return
+                    if message[0] == "cancel":
+                        task = tasks.pop(message[1], None)
+                        if task is not None:
+                            task.cancel()
+                        continue
+                    kind, request_id, body, max_tokens, ignore_eos, extra = message
+                    tasks[request_id] = loop.create_task(run(request_id, kind, body, max_tokens, ignore_eos, extra))
+            except (EOFError, OSError):
+                stopped.set()  # the parent went away
+
+        loop.add_reader(conn.fileno(), on_readable)
+        conn.send(("ready", os.getpid()))
+        await stopped.wait()
+        loop.remove_reader(conn.fileno())
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    conn.close()

@@ -1,0 +1,1 @@
+"""After results: the regression gate (compare) and the rollout playbook."""

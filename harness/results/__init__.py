@@ -1,0 +1,1 @@
+"""Stage 6, results: pure functions of stored files -> versioned result files."""

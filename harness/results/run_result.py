@@ -1,0 +1,169 @@
+"""The versioned run-result file (``summary.json``) that every report reads.
+
+Reports never look at engines or raw sockets: they read this file (and the manifest), so
+``kvbench report RUN_DIR`` can rebuild every output offline. Bump ``SCHEMA_VERSION`` on any
+incompatible change; readers refuse versions they do not know.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvbench.errors import RunDirError
+
+SCHEMA_VERSION = 1
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LatencyStats(Frozen):
+    """Distribution of one latency over the successful requests of a cell (milliseconds)."""
+
+    n: int
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+
+
+class TtftCell(Frozen):
+    """TTFT of one (arm, context length, turn) cell."""
+
+    arm: str
+    context_tokens: int
+    turn: int
+    ttft: LatencyStats | None = Field(description="None when no request of the cell succeeded.")
+    errors: int
+    prompt_tokens_median: float | None = None
+    cached_tokens_median: float | None = None
+
+
+class PctDiff(Frozen):
+    """(baseline / arm − 1) × 100 on median TTFT: how much slower the baseline is than the arm."""
+
+    arm: str
+    baseline: str
+    context_tokens: int
+    turn: int
+    value: float | None
+
+
+class CacheStats(Frozen):
+    """Prefix-cache counters of one (arm, context length, turn), from /metrics deltas (tokens)."""
+
+    arm: str
+    context_tokens: int
+    turn: int
+    gpu_queries: float | None = None
+    gpu_hits: float | None = None
+    external_queries: float | None = None
+    external_hits: float | None = None
+    prompt_tokens: float | None = None
+
+    @property
+    def gpu_hit_rate(self) -> float | None:
+        return _rate(self.gpu_hits, self.gpu_queries)
+
+    @property
+    def external_hit_rate(self) -> float | None:
+        return _rate(self.external_hits, self.external_queries)
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Share of prompt tokens served from any cache (GPU prefix cache or offload tier).
+
+        The denominator is the engine's prompt-token counter, which counts with the prefix cache
+        off too (then hit counters stay at zero and the rate is 0, not unknown).
+        """
+        total = self.prompt_tokens or self.gpu_queries
+        if not total:
+            return None
+        hits = (self.gpu_hits or 0.0) + (self.external_hits or 0.0)
+        return hits / total
+
+
+def _rate(hits: float | None, queries: float | None) -> float | None:
+    if hits is None or not queries:
+        return None
+    return hits / queries
+
+
+class RequestCounts(Frozen):
+    measured: int
+    ok: int
+    errors: int
+    warmup: int
+    filler: int
+    discarded: int = Field(description="Records of groups re-run after an interrupted attempt.")
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+
+
+class RunResult(Frozen):
+    """Everything reports need, aggregated from records.jsonl and engine_metrics.jsonl."""
+
+    schema_version: Literal[1] = 1
+    kvbench_version: str
+    run_id: str
+    scenario_name: str
+    workload_kind: str
+    arms: list[str]
+    baseline_arm: str
+    context_tokens: list[int]
+    turns: int
+    repetitions: int
+    complete: bool = Field(description="Every planned group of every arm finished.")
+    cells: list[TtftCell]
+    pct_diff: list[PctDiff]
+    cache: list[CacheStats]
+    requests: RequestCounts
+
+    def cell(self, arm: str, context_tokens: int, turn: int) -> TtftCell | None:
+        for cell in self.cells:
+            if (cell.arm, cell.context_tokens, cell.turn) == (arm, context_tokens, turn):
+                return cell
+        return None
+
+    def diff(self, arm: str, context_tokens: int, turn: int) -> float | None:
+        for item in self.pct_diff:
+            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
+                return item.value
+        return None
+
+    def cache_stats(self, arm: str, context_tokens: int, turn: int) -> CacheStats | None:
+        for item in self.cache:
+            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
+                return item
+        return None
+
+
+def write_result(result: RunResult, path: Path) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_result(path: Path) -> RunResult:
+    if not path.exists():
+        raise RunDirError(f"{path}: missing (run `kvbench report` on the run directory to rebuild it)")
+    raw = path.read_text(encoding="utf-8")
+    try:
+        version = json.loads(raw).get("schema_version")
+    except ValueError as error:
+        raise RunDirError(f"{path}: not JSON: {error}") from None
+    if version != SCHEMA_VERSION:
+        raise RunDirError(f"{path}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
+    return RunResult.model_validate_json(raw)
+
+
+def pct_diff(baseline_ms: float | None, arm_ms: float | None) -> float | None:
+    """(baseline / arm − 1) × 100; e.g. OFF 22998.583 ms vs ON 301.481 ms -> 7528.53."""
+    if baseline_ms is None or arm_ms is None or arm_ms <= 0:
+        return None
+    return (baseline_ms / arm_ms - 1.0) * 100.0

@@ -1,0 +1,662 @@
+"""The stability window's result files, per-interval aggregation, and the PASS/FAIL verdict.
+
+A soak directory holds, beside the usual ``scenario.yaml``, ``manifest.json`` and raw
+``records.jsonl``:
+
+* ``intervals.jsonl`` -- one :class:`IntervalStats` per finished interval, appended and fsynced
+  the moment the interval closes (a crash loses at most the interval in flight);
+* ``soak.json`` -- the versioned :class:`SoakResult`: window, totals and the :class:`SoakVerdict`,
+  rebuilt from ``intervals.jsonl`` alone by :func:`evaluate` (``kvbench report`` does it offline).
+
+Only aggregates live in memory: :class:`IntervalAccumulator` keeps a few numbers per request of the
+*current* interval and drops them when the interval closes, so memory stays flat over a 24 h
+window. Timestamps are integer nanoseconds; milliseconds appear only in the aggregates.
+
+Criteria (:class:`~harness.scenario.spec.SoakCriteria`), judged on the intervals after
+``warmup_intervals``:
+
+* ``slo_compliance`` -- share of requests that succeeded within ``slo.ttft_ms``/``slo.tpot_ms``/
+  ``slo.e2e_ms`` over the window, at least ``slo_compliance_min``;
+* ``error_rate`` -- failed / all requests over the window, at most ``max_error_rate``;
+* ``drift`` -- no significant upward trend of the per-interval ``drift_metric`` (TTFT p99 by
+  default): one-sided Mann-Kendall test (Kendall's tau of value against time, tie-corrected) at
+  ``drift_confidence``, *and* a Theil-Sen line that rises by more than ``drift_min_increase_pct``
+  over the window; both are robust to outliers, so one spike is not a trend;
+* ``hit_rate_floor`` -- every judged interval's prefix-cache hit rate at least the floor;
+* ``restarts`` -- engine restarts (cumulative ``/metrics`` counters going down) at most
+  ``max_restarts``.
+
+Each failed criterion names the intervals that broke it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+from scipy import stats
+
+from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
+from harness.store.records import RequestRecord
+from kvbench.errors import RunDirError
+
+from .run_result import Frozen
+
+SOAK_SCHEMA_VERSION = 1
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+MIN_DRIFT_POINTS = 4
+
+CriterionName = Literal["slo_compliance", "error_rate", "drift", "hit_rate_floor", "restarts"]
+CriterionStatus = Literal["pass", "fail", "not_evaluated"]
+VerdictValue = Literal["PASS", "FAIL", "INCOMPLETE"]
+
+
+class IntervalStats(Frozen):
+    """Aggregates of the requests that completed in one interval, plus the engine's /metrics."""
+
+    index: int = Field(description="0-based interval number within the window.")
+    attempt: int = Field(description="Which invocation (0 = first, each --resume adds one) measured it.")
+    start_unix_ns: int = Field(description="Wall clock at the interval's start (time.time_ns()).")
+    duration_ns: int
+    requests: int = Field(description="Requests that completed (or failed) in the interval.")
+    ok: int
+    errors: int
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    http_statuses: dict[str, int] = Field(default_factory=dict, description="Failed requests by HTTP status.")
+    rps: float = Field(description="Completed requests per second.")
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    slo_met: int | None = Field(default=None, description="Requests that succeeded within every SLO target.")
+    slo_missed: dict[str, int] = Field(
+        default_factory=dict, description="Requests over each target (ttft, tpot, e2e) or failed (failed)."
+    )
+    slo_missed_cached: int = Field(
+        default=0, description="Successful requests over a target that were served partly from a cache."
+    )
+    hit_rate: float | None = Field(default=None, description="Prompt tokens served from a cache / prompt tokens.")
+    hit_rate_source: Literal["metrics", "usage"] | None = None
+    kv_usage: float | None = Field(default=None, description="GPU KV-cache usage (0..1) at the interval's end.")
+    restarts: int = Field(default=0, description="Engine restarts seen at the interval's end.")
+    metrics_error: str | None = Field(default=None, description="Why /metrics could not be read, if it could not.")
+    counters: dict[str, float] = Field(
+        default_factory=dict, description="Cumulative /metrics counters at the end (restart detection on resume)."
+    )
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.requests if self.requests else None
+
+    @property
+    def slo_compliance(self) -> float | None:
+        if self.slo_met is None or not self.requests:
+            return None
+        return self.slo_met / self.requests
+
+    @property
+    def elapsed_start_s(self) -> float:
+        return self.index * self.duration_ns / NS_PER_S
+
+    def metric(self, name: str) -> float | None:
+        value = getattr(self, f"{name}_ms", None)
+        return None if value is None else float(value)
+
+
+class CriterionResult(Frozen):
+    """One stability criterion: observed value, limit, and the intervals that broke it."""
+
+    name: CriterionName
+    status: CriterionStatus
+    observed: float | None = None
+    limit: float | None = None
+    reason: str
+    intervals: list[int] = Field(default_factory=list)
+    details: dict[str, float | str] = Field(default_factory=dict)
+
+
+class SoakVerdict(Frozen):
+    verdict: VerdictValue
+    reasons: list[str]
+    criteria: list[CriterionResult]
+
+    def criterion(self, name: CriterionName) -> CriterionResult | None:
+        return next((c for c in self.criteria if c.name == name), None)
+
+
+class SoakTotals(Frozen):
+    requests: int
+    ok: int
+    errors: int
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    http_statuses: dict[str, int] = Field(default_factory=dict)
+
+
+class SoakResult(Frozen):
+    """``soak.json``: what a stability window showed and its verdict (intervals live in intervals.jsonl)."""
+
+    schema_version: Literal[1] = 1
+    kvbench_version: str
+    run_id: str
+    scenario_name: str
+    arm: str
+    engine_kind: str
+    load: str = Field(description="The target load, in words (e.g. '4 concurrent users').")
+    window_s: float
+    interval_s: float
+    planned_intervals: int
+    completed_intervals: int
+    complete: bool
+    attempts: int
+    slo: SLO
+    criteria_spec: SoakCriteria
+    warmup_intervals: int
+    totals: SoakTotals
+    verdict: SoakVerdict
+
+
+# --------------------------------------------------------------------------------------------
+# Per-interval aggregation
+# --------------------------------------------------------------------------------------------
+
+
+def tpot_ns(record: RequestRecord) -> int | None:
+    """Time per output token after the first: (e2e − ttft) / (output tokens − 1)."""
+    if not record.ok or record.ttft_ns is None or record.e2e_ns is None:
+        return None
+    tokens = record.completion_tokens if record.completion_tokens is not None else record.output_chunks
+    if tokens is None or tokens < 2:
+        return None
+    return (record.e2e_ns - record.ttft_ns) // (tokens - 1)
+
+
+def slo_misses(record: RequestRecord, slo: SLO) -> tuple[str, ...]:
+    """Which SLO targets a request missed: ``failed`` for an error, else ``ttft``/``tpot``/``e2e``."""
+    if not record.ok:
+        return ("failed",)
+    missed = []
+    if slo.ttft_ms is not None and (record.ttft_ns is None or record.ttft_ns > slo.ttft_ms * NS_PER_MS):
+        missed.append("ttft")
+    if slo.tpot_ms is not None:
+        tpot = tpot_ns(record)
+        if tpot is not None and tpot > slo.tpot_ms * NS_PER_MS:
+            missed.append("tpot")
+    if slo.e2e_ms is not None and (record.e2e_ns is None or record.e2e_ns > slo.e2e_ms * NS_PER_MS):
+        missed.append("e2e")
+    return tuple(missed)
+
+
+def within_slo(record: RequestRecord, slo: SLO) -> bool:
+    return not slo_misses(record, slo)
+
+
+def slo_has_targets(slo: SLO) -> bool:
+    return any(value is not None for value in (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms))
+
+
+@dataclass
+class IntervalAccumulator:
+    """The current interval's per-request numbers (a handful of ints each); cleared when it closes."""
+
+    slo: SLO
+    rows: list[tuple[int | None, int | None, bool, str | None, int | None, int | None, int | None, bool]] = field(
+        default_factory=list
+    )
+    missed: dict[str, int] = field(default_factory=dict)
+    missed_cached: int = 0
+
+    def add(self, record: RequestRecord) -> None:
+        misses = slo_misses(record, self.slo) if slo_has_targets(self.slo) else ()
+        for name in misses:
+            self.missed[name] = self.missed.get(name, 0) + 1
+        if misses and record.ok and (record.cached_tokens or 0) > 0:
+            self.missed_cached += 1
+        self.rows.append(
+            (
+                record.ttft_ns,
+                tpot_ns(record),
+                record.ok,
+                record.error_kind,
+                record.http_status,
+                record.prompt_tokens,
+                record.cached_tokens,
+                not misses,
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def close(
+        self,
+        *,
+        index: int,
+        attempt: int,
+        start_unix_ns: int,
+        duration_ns: int,
+        metrics: MetricsReading | None = None,
+    ) -> IntervalStats:
+        """Aggregate the buffered requests (with pandas) into one :class:`IntervalStats`, then clear."""
+        frame = pd.DataFrame(
+            self.rows, columns=["ttft_ns", "tpot_ns", "ok", "error_kind", "http_status", "prompt", "cached", "slo"]
+        )
+        missed, missed_cached = self.missed, self.missed_cached
+        self.rows, self.missed, self.missed_cached = [], {}, 0
+        ok = frame[frame["ok"]] if not frame.empty else frame
+        failed = frame[~frame["ok"]] if not frame.empty else frame
+        seconds = duration_ns / NS_PER_S
+        ttft = ok["ttft_ns"].dropna().astype("float64") / NS_PER_MS
+        tpot = ok["tpot_ns"].dropna().astype("float64") / NS_PER_MS
+        errors_by_kind = {str(k): int(v) for k, v in failed["error_kind"].fillna("unknown").value_counts().items()}
+        statuses = failed["http_status"].dropna().astype("int64")
+        http_statuses = {str(k): int(v) for k, v in statuses.value_counts().items()}
+        hit_rate: float | None = None
+        source: Literal["metrics", "usage"] | None = None
+        if metrics is not None and metrics.hit_rate is not None:
+            hit_rate, source = metrics.hit_rate, "metrics"
+        else:
+            usable = ok[ok["prompt"].notna() & ok["cached"].notna()]
+            prompt_total = float(usable["prompt"].sum()) if not usable.empty else 0.0
+            if prompt_total > 0:
+                hit_rate, source = float(usable["cached"].sum()) / prompt_total, "usage"
+        return IntervalStats(
+            index=index,
+            attempt=attempt,
+            start_unix_ns=start_unix_ns,
+            duration_ns=duration_ns,
+            requests=len(frame),
+            ok=len(ok),
+            errors=len(failed),
+            errors_by_kind=errors_by_kind,
+            http_statuses=http_statuses,
+            rps=len(frame) / seconds if seconds > 0 else 0.0,
+            ttft_p50_ms=_quantile(ttft, 0.5),
+            ttft_p99_ms=_quantile(ttft, 0.99),
+            tpot_p50_ms=_quantile(tpot, 0.5),
+            tpot_p99_ms=_quantile(tpot, 0.99),
+            slo_met=int(frame["slo"].sum()) if slo_has_targets(self.slo) else None,
+            slo_missed=missed,
+            slo_missed_cached=missed_cached,
+            hit_rate=hit_rate,
+            hit_rate_source=source,
+            kv_usage=metrics.kv_usage if metrics else None,
+            restarts=metrics.restarts if metrics else 0,
+            metrics_error=metrics.error if metrics else None,
+            counters=dict(metrics.counters) if metrics else {},
+        )
+
+
+def _quantile(series: pd.Series, q: float) -> float | None:
+    return None if series.empty else float(series.quantile(q))
+
+
+@dataclass(frozen=True)
+class MetricsReading:
+    """What one interval's /metrics scrapes said."""
+
+    hit_rate: float | None = None
+    kv_usage: float | None = None
+    restarts: int = 0
+    error: str | None = None
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------
+
+
+def append_interval(path: Path, stats_: IntervalStats) -> None:
+    """Append one interval to intervals.jsonl and fsync it."""
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(stats_.model_dump_json() + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_intervals(path: Path) -> list[IntervalStats]:
+    """The intervals of intervals.jsonl; a torn last line (a killed writer) is skipped.
+
+    When a resumed attempt re-measured an interval index, the later attempt's line wins.
+    """
+    if not path.exists():
+        return []
+    by_index: dict[int, IntervalStats] = {}
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = IntervalStats.model_validate_json(line)
+        except ValueError as error:
+            if number == len(lines) and not line.endswith("\n"):
+                break
+            raise RunDirError(f"{path}:{number}: not a valid interval: {error}") from None
+        by_index[item.index] = item
+    return [by_index[index] for index in sorted(by_index)]
+
+
+def write_soak_result(result: SoakResult, path: Path) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_soak_result(path: Path) -> SoakResult:
+    if not path.exists():
+        raise RunDirError(f"{path}: missing (rebuild it with `kvbench report {path.parent}`)")
+    raw = path.read_text(encoding="utf-8")
+    try:
+        version = json.loads(raw).get("schema_version")
+    except ValueError as error:
+        raise RunDirError(f"{path}: not JSON: {error}") from None
+    if version != SOAK_SCHEMA_VERSION:
+        raise RunDirError(f"{path}: schema_version {version!r}; this kvbench reads soak schema {SOAK_SCHEMA_VERSION}")
+    return SoakResult.model_validate_json(raw)
+
+
+# --------------------------------------------------------------------------------------------
+# Trend test
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Mann-Kendall (one-sided, upward) and Theil-Sen over a series sampled at times ``t``."""
+
+    n: int
+    tau: float
+    p_value: float
+    slope: float
+    """Theil-Sen slope, value units per unit of t."""
+    slope_low: float
+    slope_high: float
+    start_level: float
+    """Median of the first quarter of the points (at least 3): the level the series started at."""
+    rise: float
+    """The Theil-Sen line's rise from the first to the last point."""
+
+    @property
+    def relative_rise(self) -> float:
+        return self.rise / self.start_level if self.start_level > 0 else math.inf if self.rise > 0 else 0.0
+
+
+def trend(t: Sequence[float], values: Sequence[float], confidence: float) -> Trend:
+    """Mann-Kendall upward-trend test and Theil-Sen slope with its ``confidence`` interval."""
+    x = np.asarray(t, dtype="float64")
+    y = np.asarray(values, dtype="float64")
+    if x.size < 3:
+        raise ValueError(f"a trend needs at least 3 points, got {x.size}")
+    if np.all(y == y[0]):
+        return Trend(int(x.size), 0.0, 1.0, 0.0, 0.0, 0.0, float(y[0]), 0.0)
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    kendall = stats.kendalltau(x, y, alternative="greater")
+    tau = float(kendall.statistic)
+    p_value = float(kendall.pvalue)
+    if math.isnan(p_value):
+        p_value, tau = 1.0, 0.0
+    slope, _, low, high = stats.theilslopes(y, x, alpha=confidence)
+    start = float(np.median(y[: max(3, y.size // 4)]))
+    rise = float(slope * (x[-1] - x[0]))
+    return Trend(int(x.size), tau, p_value, float(slope), float(low), float(high), start, rise)
+
+
+# --------------------------------------------------------------------------------------------
+# Verdict
+# --------------------------------------------------------------------------------------------
+
+_DRIFT_LABEL = {"ttft_p99": "TTFT p99", "ttft_p50": "TTFT p50", "tpot_p99": "TPOT p99", "tpot_p50": "TPOT p50"}
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.2f}%"
+
+
+def _kinds(intervals: Iterable[IntervalStats]) -> tuple[dict[str, int], dict[str, int]]:
+    kinds: dict[str, int] = {}
+    statuses: dict[str, int] = {}
+    for item in intervals:
+        for kind, count in item.errors_by_kind.items():
+            kinds[kind] = kinds.get(kind, 0) + count
+        for status, count in item.http_statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
+    return kinds, statuses
+
+
+def describe_errors(kinds: Mapping[str, int], statuses: Mapping[str, int]) -> str:
+    parts = []
+    for kind, count in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        if kind == "http_status" and statuses:
+            codes = ", ".join(f"HTTP {code} ×{n}" for code, n in sorted(statuses.items()))
+            parts.append(f"{kind} {count} ({codes})")
+        else:
+            parts.append(f"{kind} {count}")
+    return ", ".join(parts)
+
+
+def _span(intervals: Sequence[int]) -> str:
+    if not intervals:
+        return ""
+    shown = ", ".join(str(i) for i in intervals[:12])
+    more = f" and {len(intervals) - 12} more" if len(intervals) > 12 else ""
+    return f"; intervals {shown}{more}"
+
+
+def check_slo(judged: Sequence[IntervalStats], spec: SoakSpec, slo: SLO) -> CriterionResult:
+    limit = spec.criteria.slo_compliance_min
+    if not slo_has_targets(slo):
+        return CriterionResult(
+            name="slo_compliance", status="not_evaluated", limit=limit,
+            reason="the scenario sets no slo.ttft_ms, slo.tpot_ms or slo.e2e_ms",
+        )  # fmt: skip
+    requests = sum(i.requests for i in judged)
+    met = sum(i.slo_met or 0 for i in judged)
+    if requests == 0:
+        return CriterionResult(
+            name="slo_compliance", status="fail", limit=limit, reason="no request completed in the judged intervals"
+        )
+    observed = met / requests
+    broken = [
+        i.index
+        for i in judged
+        if i.requests >= spec.min_interval_requests and (i.slo_compliance is not None and i.slo_compliance < limit)
+    ]
+    targets = ", ".join(
+        f"{name} ≤ {value:g} ms"
+        for name, value in (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2E", slo.e2e_ms))
+        if value is not None
+    )
+    if observed < limit:
+        missed: dict[str, int] = {}
+        for item in judged:
+            for name, count in item.slo_missed.items():
+                missed[name] = missed.get(name, 0) + count
+        cached = sum(i.slo_missed_cached for i in judged)
+        slow = sum(missed.get(k, 0) for k in ("ttft", "tpot", "e2e"))
+        limits = {"ttft": ("TTFT", slo.ttft_ms), "tpot": ("TPOT", slo.tpot_ms), "e2e": ("E2E", slo.e2e_ms)}
+
+        def label(key: str) -> str:
+            name, value = limits.get(key, (key, None))
+            return f"{name} > {value:g} ms" if value is not None else name
+
+        breakdown = ", ".join(f"{label(k)} ×{v}" for k, v in sorted(missed.items(), key=lambda kv: -kv[1]))
+        where = f"; {cached} of the slow requests were served from a cache" if slow else ""
+        details: dict[str, float | str] = {f"missed:{k}": float(v) for k, v in missed.items()}
+        details["missed_cached"] = float(cached)
+        return CriterionResult(
+            name="slo_compliance", status="fail", observed=observed, limit=limit, intervals=broken, details=details,
+            reason=f"SLO compliance {_pct(observed)} < {_pct(limit)} ({met}/{requests} requests succeeded with "
+            f"{targets}; missed: {breakdown}{where}){_span(broken)}",
+        )  # fmt: skip
+    return CriterionResult(
+        name="slo_compliance", status="pass", observed=observed, limit=limit, intervals=broken,
+        reason=f"SLO compliance {_pct(observed)} ≥ {_pct(limit)} ({targets})",
+    )  # fmt: skip
+
+
+def check_errors(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
+    limit = spec.criteria.max_error_rate
+    requests = sum(i.requests for i in judged)
+    errors = sum(i.errors for i in judged)
+    if requests == 0:
+        return CriterionResult(
+            name="error_rate", status="fail", limit=limit, reason="no request completed in the judged intervals"
+        )
+    observed = errors / requests
+    broken = [
+        i.index
+        for i in judged
+        if i.requests >= spec.min_interval_requests and (i.error_rate or 0.0) > limit
+    ]
+    kinds, statuses = _kinds(judged)
+    details: dict[str, float | str] = {f"kind:{k}": float(v) for k, v in kinds.items()}
+    details.update({f"http:{k}": float(v) for k, v in statuses.items()})
+    if observed > limit:
+        return CriterionResult(
+            name="error_rate", status="fail", observed=observed, limit=limit, intervals=broken, details=details,
+            reason=f"error rate {_pct(observed)} > {_pct(limit)} ({errors}/{requests} failed: "
+            f"{describe_errors(kinds, statuses)}){_span(broken)}",
+        )  # fmt: skip
+    tail = f" ({describe_errors(kinds, statuses)})" if errors else ""
+    return CriterionResult(
+        name="error_rate", status="pass", observed=observed, limit=limit, intervals=broken, details=details,
+        reason=f"error rate {_pct(observed)} ≤ {_pct(limit)}{tail}",
+    )  # fmt: skip
+
+
+def check_drift(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
+    criteria = spec.criteria
+    label = _DRIFT_LABEL[criteria.drift_metric]
+    limit = criteria.drift_min_increase_pct / 100.0
+    points = [
+        (i.index, i.elapsed_start_s / 60.0, value)
+        for i in judged
+        if i.requests >= spec.min_interval_requests and (value := i.metric(criteria.drift_metric)) is not None
+    ]
+    if len(points) < MIN_DRIFT_POINTS:
+        return CriterionResult(
+            name="drift", status="not_evaluated", limit=limit,
+            reason=f"{label} drift needs at least {MIN_DRIFT_POINTS} intervals with requests, got {len(points)}",
+        )  # fmt: skip
+    minutes = [p[1] for p in points]
+    values = [p[2] for p in points]
+    found = trend(minutes, values, criteria.drift_confidence)
+    alpha = 1.0 - criteria.drift_confidence
+    significant = found.p_value < alpha
+    rel = found.relative_rise
+    details: dict[str, float | str] = {
+        "tau": found.tau, "p_value": found.p_value, "slope_ms_per_min": found.slope,
+        "slope_low": found.slope_low, "slope_high": found.slope_high, "start_ms": found.start_level,
+        "rise_ms": found.rise, "confidence": criteria.drift_confidence, "points": float(found.n),
+    }  # fmt: skip
+    stats_text = (
+        f"Theil-Sen {found.slope:+.3g} ms/min ({criteria.drift_confidence:.0%} CI [{found.slope_low:+.3g}, "
+        f"{found.slope_high:+.3g}]), {rel * 100:+.1f}% over the window; Mann-Kendall tau={found.tau:.2f}, "
+        f"p={found.p_value:.2g}"
+    )
+    if significant and rel > limit:
+        threshold = found.start_level * (1.0 + limit)
+        broken = [index for index, _, value in points if value > threshold]
+        return CriterionResult(
+            name="drift", status="fail", observed=rel, limit=limit, intervals=broken, details=details,
+            reason=f"{label} drifts upward: {stats_text} < {alpha:.2g} and rise > {criteria.drift_min_increase_pct:g}%"
+            f"{_span(broken)}",
+        )  # fmt: skip
+    why = "no significant upward trend" if not significant else f"rise within {criteria.drift_min_increase_pct:g}%"
+    return CriterionResult(
+        name="drift", status="pass", observed=rel, limit=limit, details=details, reason=f"{label}: {why} ({stats_text})"
+    )
+
+
+def check_hit_rate(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
+    floor = spec.criteria.hit_rate_floor
+    if floor is None:
+        return CriterionResult(name="hit_rate_floor", status="not_evaluated", reason="no hit_rate_floor set")
+    rated = [i for i in judged if i.requests >= spec.min_interval_requests and i.hit_rate is not None]
+    if not rated:
+        return CriterionResult(
+            name="hit_rate_floor", status="fail", limit=floor,
+            reason="hit-rate floor set, but no interval has a hit rate (no /metrics prefix-cache counters and no "
+            "usage.cached_tokens)",
+        )  # fmt: skip
+    lowest = min(i.hit_rate for i in rated if i.hit_rate is not None)
+    broken = [i.index for i in rated if i.hit_rate is not None and i.hit_rate < floor]
+    if broken:
+        return CriterionResult(
+            name="hit_rate_floor", status="fail", observed=lowest, limit=floor, intervals=broken,
+            reason=f"cache hit rate fell to {_pct(lowest)} < floor {_pct(floor)} in {len(broken)} interval(s)"
+            f"{_span(broken)}",
+        )  # fmt: skip
+    return CriterionResult(
+        name="hit_rate_floor", status="pass", observed=lowest, limit=floor,
+        reason=f"cache hit rate ≥ {_pct(floor)} in every interval (lowest {_pct(lowest)})",
+    )  # fmt: skip
+
+
+def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
+    limit = spec.criteria.max_restarts
+    total = sum(i.restarts for i in intervals)
+    broken = [i.index for i in intervals if i.restarts]
+    scraped = sum(1 for i in intervals if i.metrics_error is None and i.counters)
+    if total > limit:
+        return CriterionResult(
+            name="restarts", status="fail", observed=float(total), limit=float(limit), intervals=broken,
+            reason=f"engine restarted {total} time(s) (> {limit}; /metrics counters went back){_span(broken)}",
+        )  # fmt: skip
+    if scraped == 0:
+        return CriterionResult(
+            name="restarts", status="not_evaluated", limit=float(limit),
+            reason="restarts cannot be seen: no interval has /metrics counters",
+        )  # fmt: skip
+    return CriterionResult(
+        name="restarts", status="pass", observed=float(total), limit=float(limit),
+        reason=f"{total} engine restart(s) (≤ {limit}) over {scraped} scraped interval(s)",
+    )  # fmt: skip
+
+
+def evaluate(intervals: Sequence[IntervalStats], spec: SoakSpec, slo: SLO, *, planned: int) -> SoakVerdict:
+    """Judge a window's intervals against the criteria: PASS, FAIL, or INCOMPLETE (not all measured)."""
+    judged = [i for i in intervals if i.index >= spec.warmup_intervals]
+    criteria = [
+        check_slo(judged, spec, slo),
+        check_errors(judged, spec),
+        check_drift(judged, spec),
+        check_hit_rate(judged, spec),
+        check_restarts(intervals, spec),
+    ]
+    reasons = [c.reason for c in criteria if c.status == "fail"]
+    if reasons:
+        return SoakVerdict(verdict="FAIL", reasons=reasons, criteria=criteria)
+    if len(intervals) < planned:
+        return SoakVerdict(
+            verdict="INCOMPLETE",
+            reasons=[f"only {len(intervals)} of {planned} intervals measured; continue with `kvbench soak --resume`"],
+            criteria=criteria,
+        )
+    return SoakVerdict(verdict="PASS", reasons=[], criteria=criteria)
+
+
+def totals(intervals: Iterable[IntervalStats]) -> SoakTotals:
+    items = list(intervals)
+    kinds, statuses = _kinds(items)
+    return SoakTotals(
+        requests=sum(i.requests for i in items),
+        ok=sum(i.ok for i in items),
+        errors=sum(i.errors for i in items),
+        errors_by_kind=kinds,
+        http_statuses=statuses,
+    )
+
+
+def planned_intervals(window_s: float, interval_s: float) -> int:
+    return max(1, math.ceil(window_s / interval_s - 1e-9))

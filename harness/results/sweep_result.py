@@ -1,0 +1,228 @@
+"""The versioned sweep result (``sweep.json``): what ``kvbench sweep`` measured, and all its reports read.
+
+Reports (curves, CSV, the console table) read this file alone, so ``kvbench sweep --report RUN_DIR``
+can redraw everything offline. Bump :data:`SWEEP_SCHEMA_VERSION` on any incompatible change;
+:func:`read_sweep_result` refuses versions it does not know. Latencies are milliseconds and rates
+per second here (display units); the records underneath keep integer nanoseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from kvbench.errors import RunDirError
+from offload.analytical import Prediction, Regime
+
+from .run_result import Frozen
+
+SWEEP_SCHEMA_VERSION = 1
+
+
+class Quantiles(Frozen):
+    """Distribution of one latency over a set of requests (milliseconds)."""
+
+    n: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+
+
+class PointResult(Frozen):
+    """One (arm, load point): the steady-state window and everything measured in it.
+
+    Every field's formula is in :mod:`harness.results.sweep_metrics` (the tag is the field name).
+    """
+
+    arm: str
+    point: int
+    load: float
+    mode: Literal["concurrency", "qps"]
+    gpus: int
+    window_s: float
+    sent: int
+    measured: int
+    ok: int
+    errors: int
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    cancelled: int = 0
+    late_arrivals: int = 0
+    max_in_flight: int = 0
+    sessions: int = 0
+    rps: float
+    rps_per_gpu: float
+    output_tps: float
+    output_tps_per_gpu: float
+    tps_user_mean: float | None
+    tps_user_p50: float | None
+    ttft: Quantiles | None
+    ttft_round1: Quantiles | None
+    ttft_later: Quantiles | None
+    tpot: Quantiles | None
+    itl: Quantiles | None
+    e2e: Quantiles | None
+    goodput_rps: float | None
+    goodput_rps_per_gpu: float | None
+    slo_attainment: float | None
+    meets_slo: bool | None = Field(description="None when the scenario sets no SLO limit.")
+    prompt_tokens_mean: float | None
+    prompt_tokens_round1_mean: float | None
+    prompt_tokens_later_mean: float | None
+    output_tokens_mean: float | None
+    cached_share: float | None = Field(description="Σ usage cached_tokens / Σ prompt_tokens (engine-reported).")
+    cached_share_later: float | None
+    gpu_hit_rate: float | None
+    external_hit_rate: float | None
+    hit_rate: float | None
+    lag_p99_ms: float | None
+
+
+class SloLimits(Frozen):
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    percentile: float
+
+
+class ArmCapacity(Frozen):
+    """The most each arm serves per GPU within the SLO, and what a target load then needs."""
+
+    arm: str
+    max_rps_per_gpu_at_slo: float | None = Field(description="Best RPS/GPU over the points that meet the SLO.")
+    at_load: float | None
+    tps_user_at_max: float | None
+    max_rps_per_gpu: float | None = Field(description="Best RPS/GPU over all points, SLO or not.")
+    gpus_needed: int | None = Field(description="GPUs for cost.target_rps at max_rps_per_gpu_at_slo.")
+    deployments_needed: int | None
+    usd_per_year: float | None
+
+
+class GpuSavings(Frozen):
+    """GPUs (and dollars) an arm saves against the baseline at the target load within the SLO."""
+
+    arm: str
+    baseline: str
+    target_rps: float
+    usd_per_gpu_hour: float
+    gpus_baseline: int | None
+    gpus_arm: int | None
+    gpus_saved: int | None
+    usd_per_year_saved: float | None
+    capacity_ratio: float | None = Field(description="Arm's max RPS/GPU at SLO / the baseline's.")
+
+
+class AnalyticalInputs(Frozen):
+    """Where each input of the prefill model came from.
+
+    A later-round prompt of N tokens splits into ``a_gpu·N`` tokens still in GPU memory (free),
+    ``a_tier·N`` tokens loaded from the offload tier and ``(1 − a_gpu − a_tier)·N`` recomputed.
+    The deck's model is applied to the part not in GPU memory: ``N' = (1 − a_gpu)·N`` with reuse
+    ``a' = a_tier / (1 − a_gpu)``, so ``TTFT_KV = max(a_tier·N·R, m·N·W, m·N·T)``, m the miss share.
+    """
+
+    n_tokens: float = Field(description="Mean prompt tokens of the arm's later-round requests at this load.")
+    n_out: float = Field(description="Mean output tokens per request.")
+    a: float = Field(description="Reuse of the arm's later rounds: cached prompt tokens / prompt tokens.")
+    a_gpu: float = Field(description="Part of a served from GPU memory.")
+    a_tier: float = Field(description="Part of a served from the offload tier.")
+    a_source: str
+    a_baseline: float
+    a_baseline_gpu: float
+    t_s: float
+    t_source: str
+    t_measured_s: float | None = Field(description="Baseline round-1 TTFT p50 / its prompt tokens.")
+    r_s: float
+    w_s: float
+    tier: str
+    kv_bytes_per_token: float | None
+    hbm_gbps: float | None
+
+
+class AnalyticalComparison(Frozen):
+    """The Pliops prefill model beside the measurement: one treatment arm vs the baseline at one load."""
+
+    arm: str
+    baseline: str
+    load: float
+    inputs: AnalyticalInputs
+    prediction: Prediction = Field(description="analytical.predict(N', a', T, R, W): the arm's prefill beyond HBM.")
+    predicted_ttft_ms: float = Field(description="Predicted later-round prefill time of the arm.")
+    predicted_baseline_ttft_ms: float = Field(description="(1 − a_baseline)·N·T, or the same model with its tier.")
+    predicted_speedup_vs_baseline: float | None = Field(description="None when the arm's predicted prefill is 0.")
+    measured_ttft_ms: float | None = Field(description="Arm's later-round TTFT p50 at this load.")
+    measured_baseline_ttft_ms: float | None
+    measured_speedup: float | None = Field(description="Baseline / arm later-round TTFT p50 at this load.")
+    regime: Regime
+    e2e_gain_bound: float | None = Field(description="1 + AP/AH; None without an HBM bandwidth.")
+    measured_capacity_ratio: float | None
+    measured_output_tps_ratio: float | None = Field(description="Arm / baseline output TPS at this load.")
+
+
+class SweepCounts(Frozen):
+    sent: int
+    measured: int
+    ok: int
+    errors: int
+    warmup: int
+    discarded: int = Field(description="Records of points re-run after an interrupted attempt.")
+
+
+class SweepResult(Frozen):
+    """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
+
+    schema_version: Literal[1] = 1
+    kvbench_version: str
+    run_id: str
+    scenario_name: str
+    engine_kind: str
+    model: str
+    hardware: str
+    gpus: int = Field(description="GPUs of one deployment: TP × PP × DP × replicas.")
+    mode: Literal["concurrency", "qps"]
+    loads: list[float]
+    arms: list[str]
+    baseline_arm: str
+    slo: SloLimits
+    complete: bool
+    points: list[PointResult]
+    capacity: list[ArmCapacity]
+    savings: list[GpuSavings]
+    analytical: list[AnalyticalComparison]
+    analytical_notes: list[str] = Field(default_factory=list)
+    requests: SweepCounts
+
+    def point(self, arm: str, load: float) -> PointResult | None:
+        for item in self.points:
+            if item.arm == arm and item.load == load:
+                return item
+        return None
+
+    def arm_points(self, arm: str) -> list[PointResult]:
+        return sorted((p for p in self.points if p.arm == arm), key=lambda p: p.load)
+
+    def capacity_of(self, arm: str) -> ArmCapacity | None:
+        return next((c for c in self.capacity if c.arm == arm), None)
+
+
+def write_sweep_result(result: SweepResult, path: Path) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_sweep_result(path: Path) -> SweepResult:
+    if not path.exists():
+        raise RunDirError(f"{path}: missing (run `kvbench sweep --report RUN_DIR` to rebuild it)")
+    raw = path.read_text(encoding="utf-8")
+    try:
+        version = json.loads(raw).get("schema_version")
+    except ValueError as error:
+        raise RunDirError(f"{path}: not JSON: {error}") from None
+    if version != SWEEP_SCHEMA_VERSION:
+        raise RunDirError(f"{path}: sweep schema_version {version!r}; this kvbench reads {SWEEP_SCHEMA_VERSION}")
+    return SweepResult.model_validate_json(raw)

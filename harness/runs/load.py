@@ -1,0 +1,462 @@
+"""The load runner: many users of a multi-user workload against one endpoint, for a timed window.
+
+:func:`run_load` drives :class:`~workloads.multi_user.MultiUserWorkload` sessions through
+one pooled :class:`~harness.client.openai.OpenAIClient` (or a
+:class:`~harness.client.pool.ProcessClientPool`), hands every finished request to
+``on_record`` the moment it completes, and returns the :class:`LoadWindow` it measured. It knows
+nothing about engines, arms or files, so ``kvbench sweep`` (one short window per load point) and a
+soak (one long window, cut into intervals by ``on_tick``, ended by ``stop``) share it.
+
+Timeline (all ``time.monotonic_ns()``)::
+
+    start ── warm-up ──> window_start ── measured window ──> window_end ── drain ──> end
+
+* ``mode="concurrency"``: ``value`` users are active at once (closed loop). User slot ``j`` starts at
+  ``start + j·ramp_up/value``; a user sends a round, waits for the answer, thinks, sends the next
+  round; when its session ends the slot starts the next session.
+* ``mode="qps"``: requests arrive at ``value`` per second (open loop), Poisson (exponential gaps)
+  or constant. Each arrival goes to the user that has waited longest since becoming ready (its
+  previous answer plus think time); with none ready a new session starts, up to
+  ``max_active_users``, beyond which the arrival waits and counts as late. ``scheduled_ns`` in
+  the record is the arrival time, so ``started_ns - scheduled_ns`` shows client lag.
+* With ``stagger_rounds`` the users present at the start (the first session of each slot, or the
+  sessions opened during warm-up) start at a random round of their session with a synthetic
+  history, so the mix of rounds is steady from the beginning; such a first request is always a
+  warm-up record, because the engine never saw its history.
+* A request is ``measure`` when it is sent inside the window, ``warmup`` before it. Nothing is sent
+  after ``window_end`` (or once ``stop`` is set); requests in flight then have ``drain_timeout_s``
+  to finish, after which they are cancelled and recorded as ``timeout`` errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.client.openai import RequestOutcome
+from harness.client.pool import StreamingClient
+from harness.scenario.spec import SweepSpec
+from harness.store.records import Phase, RequestRecord
+from workloads.multi_user import MultiUserWorkload, Prompt, Session, stream
+
+NS = 1_000_000_000
+
+LoadMode = Literal["concurrency", "qps"]
+Arrival = Literal["poisson", "constant"]
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """One load level and its timeline."""
+
+    mode: LoadMode
+    value: float
+    """Users (concurrency) or requests per second (qps)."""
+    warmup_s: float = 0.0
+    duration_s: float | None = None
+    """Length of the measured window; None runs until ``stop`` is set (a soak)."""
+    arrival: Arrival = "poisson"
+    ramp_up_s: float = 0.0
+    stagger_rounds: bool = True
+    drain_timeout_s: float = 60.0
+    max_active_users: int = 4096
+    first_session: int = 0
+    """Sessions are numbered from here (distinct ranges per point give distinct conversations)."""
+    seed: int = 0
+    """Seeds the arrival process (qps)."""
+
+    def __post_init__(self) -> None:
+        if not self.value > 0 or math.isinf(self.value):
+            raise ValueError(f"load value must be a positive number, got {self.value}")
+        if self.mode == "concurrency" and self.value != int(self.value):
+            raise ValueError(f"concurrency must be a whole number of users, got {self.value}")
+        if self.warmup_s < 0 or self.ramp_up_s < 0 or self.drain_timeout_s < 0:
+            raise ValueError("warmup_s, ramp_up_s and drain_timeout_s must be >= 0")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration_s must be > 0 or None, got {self.duration_s}")
+
+    @classmethod
+    def from_sweep(cls, spec: SweepSpec, value: float, *, first_session: int, seed: int) -> LoadPlan:
+        return cls(
+            mode=spec.mode,
+            value=value,
+            warmup_s=spec.warmup,
+            duration_s=spec.duration,
+            arrival=spec.arrival,
+            ramp_up_s=spec.ramp_up,
+            stagger_rounds=spec.stagger_rounds,
+            drain_timeout_s=spec.drain_timeout,
+            max_active_users=spec.max_active_users,
+            first_session=first_session,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class RecordContext:
+    """Identity stamped into every record of a load run."""
+
+    arm: str
+    attempt: int
+    repetition: int = 0
+    point: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadWindow:
+    """What one load run did (times are monotonic ns)."""
+
+    start_ns: int
+    window_start_ns: int
+    window_end_ns: int
+    """When sending stopped: the planned window end, or when ``stop`` was set."""
+    end_ns: int
+    sent: int
+    measured: int
+    errors: int
+    sessions: int
+    max_in_flight: int
+    late_arrivals: int
+    cancelled: int
+    """Requests still running at the end of the drain, cancelled and recorded as errors."""
+
+    @property
+    def window_s(self) -> float:
+        return (self.window_end_ns - self.window_start_ns) / NS
+
+
+class _Stopped(Exception):
+    """Internal: sending has stopped."""
+
+
+@dataclass
+class _Counters:
+    sent: int = 0
+    measured: int = 0
+    errors: int = 0
+    sessions: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    late: int = 0
+    cancelled: int = 0
+
+
+@dataclass
+class _Runner:
+    client: StreamingClient
+    workload: MultiUserWorkload
+    plan: LoadPlan
+    context: RecordContext
+    on_record: Callable[[RequestRecord], None]
+    counters: _Counters = field(default_factory=_Counters)
+    next_session: int = 0
+    start_ns: int = 0
+    window_start_ns: int = 0
+    planned_end_ns: int | None = None
+    stopped_ns: int | None = None
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    failure: BaseException | None = None
+
+    # -- task bookkeeping -------------------------------------------------------------------
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None and not isinstance(error, _Stopped) and self.failure is None:
+            self.failure = error
+            self.stop()
+
+    def stop(self) -> None:
+        if not self.stopped.is_set():
+            self.stopped_ns = time.monotonic_ns()
+            self.stopped.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopped.is_set()
+
+    async def pause_until(self, when_ns: int) -> None:
+        """Sleep until ``when_ns``; raise :class:`_Stopped` if sending stops first."""
+        delay = (when_ns - time.monotonic_ns()) / NS
+        if self.stopping:
+            raise _Stopped
+        if delay <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopped.wait(), delay)
+        if self.stopping:
+            raise _Stopped
+
+    # -- sessions and requests --------------------------------------------------------------
+    async def open_session(self, *, staggered: bool) -> Session:
+        session_id = self.plan.first_session + self.next_session
+        self.next_session += 1
+        plan = self.workload.plan(session_id)
+        start_round = self.workload.stagger_round(plan) if staggered else 1
+        session = await self.workload.start_session(session_id, start_round=start_round)
+        self.counters.sessions += 1
+        return session
+
+    async def send(self, session: Session, scheduled_ns: int | None = None) -> bool:
+        """Send the session's next round, record it, and keep the answer; False if it failed."""
+        if self.stopping:
+            raise _Stopped
+        prompt = session.prompt()
+        now = time.monotonic_ns()
+        phase: Phase = "warmup" if now < self.window_start_ns or session.is_prefilled else "measure"
+        counters = self.counters
+        counters.sent += 1
+        counters.in_flight += 1
+        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
+        try:
+            outcome = await self._request(prompt)
+        except asyncio.CancelledError:
+            counters.in_flight -= 1
+            counters.cancelled += 1
+            self._emit(session, prompt, phase, _cancelled(now), scheduled_ns)
+            raise
+        counters.in_flight -= 1
+        self._emit(session, prompt, phase, outcome, scheduled_ns)
+        if outcome.ok:
+            session.record_answer(outcome.text)
+        return outcome.ok
+
+    async def _request(self, prompt: Prompt) -> RequestOutcome:
+        config = self.workload.config
+        if config.api == "chat":
+            return await self.client.chat(prompt.messages, prompt.max_tokens, ignore_eos=config.ignore_eos)
+        return await self.client.completion(prompt.completion_prompt, prompt.max_tokens, ignore_eos=config.ignore_eos)
+
+    def _emit(
+        self, session: Session, prompt: Prompt, phase: Phase, outcome: RequestOutcome, scheduled_ns: int | None
+    ) -> None:
+        if phase == "measure":
+            self.counters.measured += 1
+        if not outcome.ok:
+            self.counters.errors += 1
+        plan = session.plan
+        config = self.workload.config
+        self.on_record(
+            RequestRecord(
+                arm=self.context.arm,
+                attempt=self.context.attempt,
+                phase=phase,
+                repetition=self.context.repetition,
+                context_tokens=plan.context_tokens,
+                conversation=plan.session,
+                turn=prompt.round,
+                request_id=uuid.uuid4().hex[:16],
+                api=config.api,
+                started_ns=outcome.started_ns,
+                ttft_ns=outcome.ttft_ns,
+                e2e_ns=outcome.e2e_ns,
+                itl_ns=list(outcome.itl_ns),
+                output_chunks=outcome.output_chunks,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                cached_tokens=outcome.cached_tokens,
+                expected_prompt_tokens=prompt.expected_prompt_tokens,
+                http_status=outcome.http_status,
+                ok=outcome.ok,
+                error_kind=outcome.error_kind,
+                error=outcome.error,
+                point=self.context.point,
+                load=self.plan.value,
+                user=plan.user,
+                scheduled_ns=scheduled_ns,
+            )
+        )
+
+    # -- closed loop ------------------------------------------------------------------------
+    async def user_slot(self, slot: int, users: int) -> None:
+        await self.pause_until(self.start_ns + int(slot * self.plan.ramp_up_s * NS / users))
+        staggered = self.plan.stagger_rounds
+        while not self.stopping:
+            session = await self.open_session(staggered=staggered)
+            staggered = False
+            while not session.done:
+                round_ = session.next_round
+                if not await self.send(session):
+                    break  # a failed round: later rounds would not measure a returning user
+                think = session.think_after(round_)
+                if not session.done and think > 0:
+                    await self.pause_until(time.monotonic_ns() + int(think * NS))
+
+    # -- open loop --------------------------------------------------------------------------
+    async def arrivals(self) -> None:
+        plan = self.plan
+        rng = stream(plan.seed, "arrivals", plan.first_session, plan.value)
+        ready: collections.deque[Session] = collections.deque()
+        wake = asyncio.Event()
+        active = 0
+
+        def returned(session: Session) -> None:
+            ready.append(session)
+            wake.set()
+
+        async def think_then_return(session: Session, think_s: float) -> None:
+            await self.pause_until(time.monotonic_ns() + int(think_s * NS))
+            returned(session)
+
+        async def one_request(session: Session, scheduled_ns: int) -> None:
+            nonlocal active
+            round_ = session.next_round
+            ok = await self.send(session, scheduled_ns)
+            if not ok or session.done:
+                active -= 1
+                wake.set()
+                return
+            think = session.think_after(round_)
+            if think > 0:
+                self.spawn(think_then_return(session, think))
+            else:
+                returned(session)
+
+        due = self.start_ns
+        while True:
+            gap = rng.expovariate(plan.value) if plan.arrival == "poisson" else 1.0 / plan.value
+            due += int(gap * NS)
+            await self.pause_until(due)
+            if not ready and active >= plan.max_active_users:
+                self.counters.late += 1
+            while not ready and active >= plan.max_active_users:
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), 1.0)
+                if self.stopping:
+                    raise _Stopped
+            if ready:
+                session = ready.popleft()
+            else:
+                staggered = plan.stagger_rounds and time.monotonic_ns() < self.window_start_ns
+                session = await self.open_session(staggered=staggered)
+                active += 1
+            self.spawn(one_request(session, due))
+
+    # -- the run ----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event | None, on_tick: Callable[[int], None] | None, tick_s: float) -> LoadWindow:
+        plan = self.plan
+        self.start_ns = time.monotonic_ns()
+        self.window_start_ns = self.start_ns + int(plan.warmup_s * NS)
+        if plan.duration_s is not None:
+            self.planned_end_ns = self.window_start_ns + int(plan.duration_s * NS)
+        helpers = [asyncio.ensure_future(self._timer(stop))]
+        if on_tick is not None:
+            helpers.append(asyncio.ensure_future(_ticker(on_tick, tick_s)))
+        try:
+            if plan.mode == "concurrency":
+                users = int(plan.value)
+                for slot in range(users):
+                    self.spawn(self.user_slot(slot, users))
+            else:
+                self.spawn(self.arrivals())
+            await self.stopped.wait()
+            if self.failure is None:
+                await self._drain()
+        finally:
+            for task in [*helpers, *self.tasks]:
+                task.cancel()
+            await asyncio.gather(*helpers, *self.tasks, return_exceptions=True)
+        if self.failure is not None:
+            raise self.failure
+        c = self.counters
+        assert self.stopped_ns is not None
+        return LoadWindow(
+            start_ns=self.start_ns,
+            window_start_ns=self.window_start_ns,
+            window_end_ns=max(self.stopped_ns, self.window_start_ns),
+            end_ns=time.monotonic_ns(),
+            sent=c.sent,
+            measured=c.measured,
+            errors=c.errors,
+            sessions=c.sessions,
+            max_in_flight=c.max_in_flight,
+            late_arrivals=c.late,
+            cancelled=c.cancelled,
+        )
+
+    async def _timer(self, stop: asyncio.Event | None) -> None:
+        waits: list[asyncio.Future[Any]] = []
+        if stop is not None:
+            waits.append(asyncio.ensure_future(stop.wait()))
+        if self.planned_end_ns is not None:
+            waits.append(asyncio.ensure_future(asyncio.sleep((self.planned_end_ns - time.monotonic_ns()) / NS)))
+        if not waits:
+            return
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        self.stop()
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.plan.drain_timeout_s
+        while self.tasks and self.failure is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.wait(set(self.tasks), timeout=remaining, return_when=asyncio.FIRST_EXCEPTION)
+
+
+async def _ticker(on_tick: Callable[[int], None], tick_s: float) -> None:
+    next_ns = time.monotonic_ns() + int(tick_s * NS)
+    while True:
+        await asyncio.sleep(max(0.0, (next_ns - time.monotonic_ns()) / NS))
+        on_tick(time.monotonic_ns())
+        next_ns += int(tick_s * NS)
+
+
+def _cancelled(started_ns: int) -> RequestOutcome:
+    return RequestOutcome(
+        started_ns=started_ns,
+        e2e_ns=time.monotonic_ns() - started_ns,
+        error_kind="timeout",
+        error="still running at the end of the drain timeout; cancelled",
+    )
+
+
+async def run_load(
+    client: StreamingClient,
+    workload: MultiUserWorkload,
+    plan: LoadPlan,
+    context: RecordContext,
+    *,
+    on_record: Callable[[RequestRecord], None],
+    stop: asyncio.Event | None = None,
+    on_tick: Callable[[int], None] | None = None,
+    tick_s: float = 1.0,
+) -> LoadWindow:
+    """Apply ``plan``'s load with ``workload``'s users through ``client``; see the module docstring.
+
+    ``client`` is an :class:`~harness.client.openai.OpenAIClient`, or a
+    :class:`~harness.client.pool.ProcessClientPool` when one event loop cannot keep up.
+
+    ``on_record`` is called once per request, as it completes (warm-up and measured alike).
+    ``stop`` ends sending early (or, with ``plan.duration_s=None``, at all); ``on_tick`` is called
+    every ``tick_s`` seconds with the current monotonic ns (soak intervals, progress). The client
+    must allow at least as many connections as requests in flight, or connection waits will count
+    as TTFT. Exceptions from the workload (tokenizer failures) propagate after everything in
+    flight is cancelled.
+    """
+    if plan.duration_s is None and stop is None:
+        raise ValueError("a load plan without duration_s needs a stop event")
+    if tick_s <= 0:
+        raise ValueError("tick_s must be positive")
+    runner = _Runner(client=client, workload=workload, plan=plan, context=context, on_record=on_record)
+    return await runner.run(stop, on_tick, tick_s)

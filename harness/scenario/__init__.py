@@ -1,0 +1,1 @@
+"""Stage 1, the scenario: the validated, frozen description of one experiment and its loading."""

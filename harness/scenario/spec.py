@@ -1,0 +1,612 @@
+"""The scenario: one YAML file that says what to run, validated once, then read-only.
+
+``load_scenario`` is the single entry point; any problem becomes a :class:`ScenarioError` whose
+message names the file, the field path and the allowed values.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
+
+from harness.engines.configs import EngineConfig
+from kvbench.errors import ScenarioError
+from kvbench.schema import StrictModel
+from offload.profiles import OffloadProfile, resolve_profile
+
+
+class Arm(StrictModel):
+    """One side of the comparison, e.g. AMG-OFF (offload disabled) or AMG-ON (offload enabled)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+    offload: str | OffloadProfile = Field(
+        description="A built-in profile name (off, hbm, cpu, disk, shared) or an inline profile."
+    )
+
+    @field_validator("offload")
+    @classmethod
+    def _known_profile(cls, value: str | OffloadProfile) -> str | OffloadProfile:
+        resolve_profile(value)
+        return value
+
+    @property
+    def profile(self) -> OffloadProfile:
+        return resolve_profile(self.offload)
+
+
+class BetweenTurns(StrictModel):
+    """How turn 2 is made to measure a *returning* user, whose KV has left GPU memory.
+
+    * ``reset_prefix_cache``: ask the engine to drop its GPU prefix cache between turns
+      (vLLM ``POST /reset_prefix_cache``, SGLang ``/flush_cache``, the simulator); offload tiers stay.
+    * ``disable_prefix_cache``: start the engine with its GPU prefix cache off, so only an
+      offload tier can serve turn 2.
+    * ``filler``: send unrelated prompts between turns until the GPU cache has been overwritten.
+    * ``none``: do nothing (measures the hot-cache case, useful as a sanity check).
+    """
+
+    mode: Literal["reset_prefix_cache", "disable_prefix_cache", "filler", "none"] = "reset_prefix_cache"
+    filler_tokens: int = Field(
+        default=0, ge=0, description="With mode=filler: total prompt tokens of filler traffic per gap."
+    )
+    filler_request_tokens: int = Field(default=4000, ge=16, description="Prompt tokens per filler request.")
+
+    @model_validator(mode="after")
+    def _filler_needs_tokens(self) -> BetweenTurns:
+        if self.mode == "filler" and self.filler_tokens <= 0:
+            raise ValueError("mode 'filler' needs filler_tokens > 0 (enough to overwrite the GPU KV cache)")
+        return self
+
+
+class MultiRoundQAProbe(StrictModel):
+    """Unloaded multi-round QA probe: per context length, N conversations with T turns each."""
+
+    kind: Literal["multi_round_qa"]
+    context_tokens: list[Annotated[int, Field(ge=16, le=2_000_000)]] = Field(min_length=1)
+    conversations: int = Field(default=2, ge=1, description="Independent conversations per length.")
+    turns: int = Field(default=2, ge=2, le=64)
+    question_tokens: int = Field(default=32, ge=4)
+    answer_tokens: int = Field(default=16, ge=1, description="max_tokens of every answer.")
+    ignore_eos: bool = Field(
+        default=True, description="Ask the engine to ignore EOS so every answer has answer_tokens tokens."
+    )
+    api: Literal["chat", "completions"] = "chat"
+    between_turns: BetweenTurns = BetweenTurns()
+    warmup_requests: int = Field(default=2, ge=0, description="Unmeasured requests after start-up.")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("context_tokens")
+    @classmethod
+    def _sorted_unique(cls, values: list[int]) -> list[int]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"context lengths must be unique, got {values}")
+        return sorted(values)
+
+
+class _DistBase(StrictModel):
+    """Optional clipping bounds shared by every distribution (applied after sampling)."""
+
+    min: float | None = Field(default=None, description="Samples below are raised to it.")
+    max: float | None = Field(default=None, description="Samples above are lowered to it.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> _DistBase:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) is above max ({self.max:g})")
+        return self
+
+
+class FixedDist(_DistBase):
+    """Always ``value`` (a bare number in YAML means this)."""
+
+    dist: Literal["fixed"]
+    value: float = Field(ge=0)
+
+
+class UniformDist(_DistBase):
+    """Uniform on [low, high]; integer quantities (tokens, rounds) draw integers, both ends included."""
+
+    dist: Literal["uniform"]
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformDist:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) is above high ({self.high:g})")
+        return self
+
+
+class NormalDist(_DistBase):
+    """Normal with this mean and standard deviation (negative samples become 0)."""
+
+    dist: Literal["normal"]
+    mean: float = Field(ge=0)
+    std: float = Field(ge=0)
+
+
+class LogNormalDist(_DistBase):
+    """Log-normal whose own mean and standard deviation are ``mean`` and ``std`` (long right tail)."""
+
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+
+
+class ExponentialDist(_DistBase):
+    """Exponential with this mean (think times, gaps)."""
+
+    dist: Literal["exponential"]
+    mean: float = Field(gt=0)
+
+
+class ChoiceDist(_DistBase):
+    """One of ``values``, with optional relative ``weights``."""
+
+    dist: Literal["choice"]
+    values: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    weights: list[Annotated[float, Field(ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> ChoiceDist:
+        if self.weights is not None:
+            if len(self.weights) != len(self.values):
+                raise ValueError(f"{len(self.weights)} weights for {len(self.values)} values")
+            if not sum(self.weights) > 0:
+                raise ValueError("weights must not all be 0")
+        return self
+
+
+def _bare_number_is_fixed(value: object) -> object:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"dist": "fixed", "value": value}
+    return value
+
+
+Distribution = Annotated[
+    FixedDist | UniformDist | NormalDist | LogNormalDist | ExponentialDist | ChoiceDist,
+    Field(discriminator="dist"),
+    BeforeValidator(_bare_number_is_fixed),
+]
+"""A number (fixed) or a mapping with ``dist``: fixed, uniform, normal, lognormal, exponential, choice."""
+
+
+class MultiUserQA(StrictModel):
+    """Many users, each a multi-round QA conversation, driven under load by ``kvbench sweep``.
+
+    Every user has the shared system prompt, a private context (document, code, history) and a
+    number of rounds; each round resends the whole history plus a new question. Lengths, rounds
+    and think times are drawn per user from the distributions below, deterministically from the
+    scenario seed, so every arm and every load point sees the same users.
+    """
+
+    kind: Literal["multi_user_qa"]
+    users: int = Field(
+        default=10_000, ge=1, description="Distinct users; sessions cycle through them (user = session % users)."
+    )
+    rounds: Distribution = Field(description="Rounds per session (integer), e.g. {dist: uniform, low: 2, high: 11}.")
+    system_prompt_tokens: int = Field(default=0, ge=0, description="Shared system prompt S (same for all users).")
+    context_tokens: Distribution = Field(description="Per-user context tokens (sent in round 1, kept in history).")
+    question_tokens: Distribution = Field(default=FixedDist(dist="fixed", value=32))
+    answer_tokens: Distribution = Field(
+        default=FixedDist(dist="fixed", value=100), description="max_tokens of each answer (integer, >= 1)."
+    )
+    think_time_s: Distribution = Field(
+        default=FixedDist(dist="fixed", value=0), description="Pause after an answer before the user's next round."
+    )
+    max_prompt_tokens: int | None = Field(
+        default=None, ge=16, description="A session ends early rather than send a longer prompt (model limit)."
+    )
+    ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have max_tokens.")
+    api: Literal["chat", "completions"] = "chat"
+    warmup_requests: int = Field(default=2, ge=0, description="Unmeasured requests after each engine start.")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+
+WorkloadConfig = Annotated[MultiRoundQAProbe | MultiUserQA, Field(discriminator="kind")]
+
+
+class SLO(StrictModel):
+    """Service-level objectives; used for goodput, soak verdicts and regression gates."""
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2e_ms: float | None = Field(default=None, gt=0)
+    percentile: float = Field(
+        default=90.0, gt=0, le=100,
+        description="kvbench sweep: a load point meets the SLO when this percentile of TTFT, TPOT and E2E "
+        "is within the limits given.",
+    )  # fmt: skip
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number of seconds or a string such as ``4h``, ``90s``, ``500ms``, ``1h30m``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 60s, 4h or 1h30m, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        parts = _DURATION_PART.findall(text)
+        if parts and "".join(number + unit for number, unit in parts) == text:
+            return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    raise ValueError(f"expected a duration such as 60s, 4h or 1h30m (units: ms, s, m, h, d), got {value!r}")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""Seconds; YAML may say ``4h``, ``60s``, ``500ms`` or ``1h30m``."""
+
+
+class GateSpec(StrictModel):
+    """Rules of the regression gate (``kvbench compare``); command-line flags override them.
+
+    A metric regresses only when the one-sided test is significant at ``alpha`` *and* the change
+    exceeds its threshold, so noise alone never fails a gate and a tiny real shift does not either.
+    """
+
+    alpha: float = Field(default=0.01, gt=0, lt=0.5, description="Significance level of the one-sided tests.")
+    ttft_max_increase_pct: float = Field(
+        default=10.0, ge=0, description="A TTFT cell regresses when its median rose by more than this (%)."
+    )
+    ttft_min_increase_ms: float = Field(
+        default=1.0, ge=0, description="...and by more than this many milliseconds (guards tiny TTFTs)."
+    )
+    error_rate_max_increase: float = Field(
+        default=0.01, ge=0, le=1, description="An arm regresses when its error rate rose by more than this (0..1)."
+    )
+    hit_rate_max_decrease: float = Field(
+        default=0.05, ge=0, le=1, description="An arm's per-request cache hit rate may fall by at most this (0..1)."
+    )
+    turns: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, description="Turns whose TTFT is gated (default: every turn)."
+    )
+
+
+class SoakCriteria(StrictModel):
+    """What a stability window must show to PASS (``kvbench soak``)."""
+
+    slo_compliance_min: float = Field(
+        default=0.99, gt=0, le=1,
+        description="Share of requests that must succeed within slo.ttft_ms and slo.tpot_ms over the window.",
+    )  # fmt: skip
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Most failed requests / requests.")
+    drift_metric: Literal["ttft_p99", "ttft_p50", "tpot_p99", "tpot_p50"] = Field(
+        default="ttft_p99", description="Per-interval series tested for an upward trend."
+    )
+    drift_confidence: float = Field(
+        default=0.95, gt=0.5, lt=1, description="Confidence of the one-sided Mann-Kendall trend test."
+    )
+    drift_min_increase_pct: float = Field(
+        default=10.0, ge=0,
+        description="A significant trend fails only if the Theil-Sen line rises by more than this over the window.",
+    )  # fmt: skip
+    hit_rate_floor: float | None = Field(
+        default=None, ge=0, le=1, description="Every interval's prefix-cache hit rate (from /metrics) must reach it."
+    )
+    max_restarts: int = Field(default=0, ge=0, description="Engine restarts tolerated (counter resets in /metrics).")
+
+
+class SoakSpec(StrictModel):
+    """A stability window: the workload at its target load for ``window``, measured per ``interval``."""
+
+    window: Duration = Field(default=3600.0, description="Length of the window (kvbench soak --window overrides).")
+    interval: Duration = Field(default=60.0, description="Aggregation interval.")
+    load: float | None = Field(
+        default=None, gt=0,
+        description="Target load in the sweep section's mode (users or requests/s); default: its highest value.",
+    )  # fmt: skip
+    warmup_intervals: int = Field(
+        default=0, ge=0, description="Leading intervals kept in the time series but left out of the verdict."
+    )
+    min_interval_requests: int = Field(
+        default=1, ge=1, description="Intervals with fewer completed requests are not judged on their own."
+    )
+    criteria: SoakCriteria = SoakCriteria()
+
+    @model_validator(mode="after")
+    def _interval_fits(self) -> SoakSpec:
+        if self.interval > self.window:
+            raise ValueError(f"interval ({self.interval:g} s) is longer than the window ({self.window:g} s)")
+        return self
+
+
+class SweepSpec(StrictModel):
+    """The load grid of ``kvbench sweep``: one steady-state window per load point and arm.
+
+    ``mode: concurrency`` keeps ``values[i]`` users active (closed loop: a user sends its next round
+    after its answer and think time); ``mode: qps`` sends requests at ``values[i]`` per second
+    (open loop, Poisson or constant gaps), each to the next user that is ready for its next round.
+    """
+
+    mode: Literal["concurrency", "qps"]
+    values: list[Annotated[float, Field(gt=0)]] = Field(min_length=1, description="Concurrencies or request rates.")
+    arrival: Literal["poisson", "constant"] = Field(default="poisson", description="Gaps between arrivals (qps).")
+    warmup: Duration = Field(default=10.0, description="Per point: load applied but not measured.")
+    duration: Duration = Field(default=60.0, description="Per point: the steady-state window measured.")
+    ramp_up: float = Field(
+        default=5.0, ge=0, description="Seconds over which the first users start (concurrency mode)."
+    )
+    stagger_rounds: bool = Field(
+        default=True,
+        description="The first users start at a random round of their session (history pre-filled), so the mix "
+        "of rounds is steady from the start; their first requests count as warm-up.",
+    )
+    drain_timeout: Duration = Field(
+        default=120.0, description="After the window, how long requests in flight may take to finish."
+    )
+    reset_between_points: bool = Field(
+        default=False, description="Reset the engine's GPU prefix cache before each point (arms always restart)."
+    )
+    max_active_users: int = Field(default=4096, ge=1, description="qps mode: most users in a session at once.")
+    client_workers: int = Field(
+        default=1, ge=1, le=64,
+        description="Processes that send the requests, one event loop each (uvloop if installed); one loop "
+        "times ~500 concurrent streams well, more need more (benchmarks/client_capacity.py).",
+    )  # fmt: skip
+
+    @field_validator("values")
+    @classmethod
+    def _sorted_unique(cls, values: list[float]) -> list[float]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"load values must be unique, got {values}")
+        return sorted(values)
+
+    @model_validator(mode="after")
+    def _integer_concurrency(self) -> SweepSpec:
+        if self.mode == "concurrency" and any(v != int(v) for v in self.values):
+            raise ValueError(f"mode 'concurrency' needs whole numbers of users, got {self.values}")
+        return self
+
+
+class CostSpec(StrictModel):
+    """What capacity costs: the load to provision for and the price of a GPU (for GPUs saved, $/year)."""
+
+    target_rps: float = Field(gt=0, description="Requests per second the deployment must serve within the SLO.")
+    usd_per_gpu_hour: float = Field(gt=0, description="Price of one GPU-hour in US dollars.")
+    hours_per_year: float = Field(default=8760.0, gt=0, le=8784)
+
+
+class OutputSpec(StrictModel):
+    dir: str = Field(default="runs", description="Parent directory of run directories.")
+
+
+class Compare(StrictModel):
+    """Which arm is the baseline of the % diff columns (default: the first arm)."""
+
+    baseline: str | None = None
+
+
+class Scenario(StrictModel):
+    """A complete, validated benchmark scenario."""
+
+    schema_version: Literal[1] = 1
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    engine: EngineConfig
+    arms: list[Arm] = Field(min_length=1)
+    workload: WorkloadConfig
+    repetitions: int = Field(default=1, ge=1, description="Times the workload is repeated per arm.")
+    seed: int = 0
+    slo: SLO = SLO()
+    output: OutputSpec = OutputSpec()
+    compare: Compare = Compare()
+    gate: GateSpec = GateSpec()
+    soak: SoakSpec | None = Field(default=None, description="Stability-window settings (kvbench soak).")
+    sweep: SweepSpec | None = Field(default=None, description="Load grid (kvbench sweep; multi_user_qa only).")
+    cost: CostSpec | None = Field(default=None, description="Target load and GPU price (kvbench sweep).")
+
+    @model_validator(mode="after")
+    def _arms_consistent(self) -> Scenario:
+        names = [arm.name for arm in self.arms]
+        if len(names) != len(set(names)):
+            raise ValueError(f"arm names must be unique, got {names}")
+        if self.compare.baseline is not None and self.compare.baseline not in names:
+            raise ValueError(f"compare.baseline {self.compare.baseline!r} is not an arm; arms: {names}")
+        if self.engine.kind == "vllm":
+            from harness.engines.vllm_offload import check_supported
+
+            for arm in self.arms:
+                try:
+                    check_supported(arm.profile, self.engine)
+                except ValueError as error:
+                    raise ValueError(f"arm {arm.name!r}: {error}") from None
+        between = self.workload.between_turns.mode if isinstance(self.workload, MultiRoundQAProbe) else None
+        if self.engine.kind == "sglang":
+            from harness.engines.sglang_offload import check_supported as check_sglang
+
+            for arm in self.arms:
+                try:
+                    check_sglang(arm.profile, self.engine, between_turns=between)
+                except ValueError as error:
+                    raise ValueError(f"arm {arm.name!r}: {error}") from None
+        if self.engine.kind == "trtllm":
+            from harness.engines.trtllm_offload import check_supported as check_trtllm
+
+            for arm in self.arms:
+                try:
+                    check_trtllm(arm.profile, self.engine, between_turns=between)
+                except ValueError as error:
+                    raise ValueError(f"arm {arm.name!r}: {error}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _sweep_matches_workload(self) -> Scenario:
+        if isinstance(self.workload, MultiUserQA) and self.sweep is None:
+            raise ValueError("workload kind 'multi_user_qa' needs a 'sweep' section (mode, values, duration)")
+        if isinstance(self.workload, MultiRoundQAProbe) and self.sweep is not None:
+            raise ValueError("'sweep' applies to workload kind 'multi_user_qa' only (this workload is a probe)")
+        return self
+
+    @property
+    def baseline_arm(self) -> str:
+        return self.compare.baseline or self.arms[0].name
+
+    @property
+    def probe_workload(self) -> MultiRoundQAProbe:
+        """The workload of a probe scenario (``kvbench run``); a clear error for any other kind."""
+        if not isinstance(self.workload, MultiRoundQAProbe):
+            raise ScenarioError(
+                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is a load workload; "
+                "run it with `kvbench sweep` and rebuild its reports with `kvbench sweep --report RUN_DIR` "
+                "(`kvbench run` and `kvbench report` take workload kind 'multi_round_qa')"
+            )
+        return self.workload
+
+    @property
+    def load_workload(self) -> MultiUserQA:
+        """The workload of a load scenario (``kvbench sweep``); a clear error for any other kind."""
+        if not isinstance(self.workload, MultiUserQA):
+            raise ScenarioError(
+                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is a probe; run it with "
+                "`kvbench run` (`kvbench sweep` runs workload kind 'multi_user_qa')"
+            )
+        return self.workload
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return sorted(model.model_fields)
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """Best-effort: the pydantic model that owns the mapping at ``loc`` (for listing allowed keys)."""
+    model: type[BaseModel] | None = Scenario
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            # discriminated-union members appear as their tag in the location
+            model = _UNION_TAGS.get(part, None)
+            continue
+        model = _first_model(field.annotation)
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _union_tags() -> dict[str, type[BaseModel]]:
+    from harness.engines import configs
+
+    tags: dict[str, type[BaseModel]] = {}
+    for obj in vars(configs).values():
+        if isinstance(obj, type) and issubclass(obj, BaseModel) and "kind" in obj.model_fields:
+            annotation = obj.model_fields["kind"].annotation
+            for tag in getattr(annotation, "__args__", ()):
+                tags[str(tag)] = obj
+    tags["multi_round_qa"] = MultiRoundQAProbe
+    tags["multi_user_qa"] = MultiUserQA
+    for dist in (FixedDist, UniformDist, NormalDist, LogNormalDist, ExponentialDist, ChoiceDist):
+        for tag in getattr(dist.model_fields["dist"].annotation, "__args__", ()):
+            tags[str(tag)] = dist
+    return tags
+
+
+_UNION_TAGS = _union_tags()
+
+
+def _display_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """``loc`` without the tags pydantic inserts for discriminated unions (workload.multi_user_qa.rounds
+    -> workload.rounds), so the path is the one written in the YAML file."""
+    out: list[int | str] = []
+    model: type[BaseModel] | None = Scenario
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            out.append(part)
+            continue
+        field = model.model_fields.get(part)
+        if field is None and part in _UNION_TAGS:
+            model = _UNION_TAGS[part]
+            continue
+        out.append(part)
+        model = None if field is None else _first_model(field.annotation)
+    return tuple(out)
+
+
+def format_validation_error(source: str, error: ValidationError) -> str:
+    lines = [f"{source}: invalid scenario ({error.error_count()} problem(s))"]
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        path = ".".join(str(p) for p in _display_loc(loc)) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            owner = _model_at(loc[:-1])
+            if owner is not None:
+                message += f"; allowed fields here: {', '.join(_field_names(owner))}"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        got = item.get("input")
+        suffix = (
+            ""
+            if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict)
+            else f" (got {got!r})"
+        )
+        lines.append(f"  - {path}: {message}{suffix}")
+    return "\n".join(lines)
+
+
+def bundled_scenarios() -> dict[str, Path]:
+    """Scenario files shipped with the package, by stem (``quickstart`` -> .../quickstart.yaml)."""
+    root = resources.files("scenarios")
+    found: dict[str, Path] = {}
+    for entry in root.iterdir():
+        if entry.name.endswith(".yaml"):
+            found[entry.name.removesuffix(".yaml")] = Path(str(entry))
+    return found
+
+
+def resolve_scenario_path(ref: str) -> Path:
+    """A path to a YAML file, or the name of a bundled scenario."""
+    path = Path(ref)
+    if path.exists():
+        return path
+    bundled = bundled_scenarios()
+    if ref in bundled:
+        return bundled[ref]
+    names = ", ".join(sorted(bundled)) or "(none)"
+    raise ScenarioError(f"{ref}: no such file, and not a bundled scenario; bundled scenarios: {names}")
+
+
+def parse_scenario(data: object, source: str) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as error:
+        raise ScenarioError(format_validation_error(source, error)) from None
+
+
+def load_scenario(ref: str | Path) -> tuple[Scenario, Path]:
+    """Read and validate a scenario file (or bundled scenario name)."""
+    path = resolve_scenario_path(str(ref))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ScenarioError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ScenarioError(f"{path}: not valid YAML: {error}") from None
+    return parse_scenario(data, str(path)), path

@@ -1,0 +1,1 @@
+"""Stage 5, the store: the run directory, append-only records and events, the typed manifest."""

@@ -1,0 +1,136 @@
+"""``kvbench sim``: run the engine simulator, or list its model and hardware profiles.
+
+Only typer is imported at module level; the server and its dependencies load inside the commands,
+so mounting this sub-app keeps ``kvbench --help`` fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+sim_app = typer.Typer(
+    help="The built-in engine simulator (OpenAI-compatible, physics-based latencies).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str) -> typer.Exit:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+@sim_app.command()
+def serve(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Settings JSON (as written by the sim engine); overrides the rest.")
+    ] = None,
+    model: Annotated[str, typer.Option(help="Model profile (see `kvbench sim profiles`).")] = "llama-3.1-8b",
+    hardware: Annotated[str, typer.Option(help="Hardware profile.")] = "h100-sxm",
+    tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
+    dtype: Annotated[str | None, typer.Option(help="bf16, fp16 or fp8; default: the model's.")] = None,
+    offload: Annotated[str, typer.Option(help="Built-in offload profile: off, hbm, cpu, disk, shared.")] = "hbm",
+    no_prefix_caching: Annotated[
+        bool, typer.Option("--no-prefix-caching", help="Force the HBM prefix cache off.")
+    ] = False,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    access_log: Annotated[bool, typer.Option("--access-log", help="Log every HTTP request.")] = False,
+    faults: Annotated[
+        Path | None,
+        typer.Option("--faults", help="Fault-injection file (YAML or JSON list of faults); replaces any in --config."),
+    ] = None,
+) -> None:
+    """Serve the OpenAI-compatible simulator until interrupted."""
+    from pydantic import ValidationError
+
+    from harness.sim.server import serve as run_server
+    from harness.sim.settings import SimSettings
+    from offload.profiles import resolve_profile
+
+    try:
+        if config is not None:
+            settings = SimSettings.load(config)
+        else:
+            settings = SimSettings.model_validate(
+                {
+                    "model": model,
+                    "hardware": hardware,
+                    "tp": tp,
+                    "dtype": dtype,
+                    "offload": resolve_profile(offload),
+                    "prefix_caching": not no_prefix_caching,
+                }
+            )
+        if faults is not None:
+            from harness.sim.faults import load_faults
+
+            settings = settings.model_copy(update={"faults": load_faults(faults)})
+    except OSError as error:
+        raise _fail(f"{config}: cannot read: {error.strerror}") from None
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors())
+        raise _fail(problems) from None
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger(__name__).info("kvbench sim serving %s on http://%s:%d", settings.name, host, port)
+    if settings.faults:
+        kinds = ", ".join(fault.kind for fault in settings.faults)
+        logging.getLogger(__name__).warning("fault injection is ON: %s", kinds)
+    run_server(settings, host=host, port=port, access_log=access_log)
+
+
+@sim_app.command()
+def profiles() -> None:
+    """Print the model and hardware profiles, and the shipped deployments with their speeds."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.sim.profiles import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
+    from harness.sim.timemodel import TimeModel
+
+    console = Console()
+    models = Table(title="Model profiles")
+    for column in ("name", "checkpoint", "params", "layers", "hidden", "heads/kv", "head_dim", "ffn", "max len"):
+        models.add_column(column, justify="left" if column in ("name", "checkpoint") else "right")
+    for m in MODELS.values():
+        models.add_row(
+            m.name, m.hf_id, f"{m.params / 1e9:.2f} B", str(m.layers), str(m.hidden_size),
+            f"{m.heads}/{m.kv_heads}", str(m.head_dim), str(m.intermediate_size), str(m.max_position_embeddings),
+        )  # fmt: skip
+    console.print(models)
+
+    hardware = Table(title="Hardware profiles (per GPU)")
+    for column in ("name", "BF16 TFLOP/s", "FP8 TFLOP/s", "MFU", "HBM GB", "HBM TB/s", "host link GB/s"):
+        hardware.add_column(column, justify="left" if column == "name" else "right")
+    for hw in HARDWARE.values():
+        hardware.add_row(
+            hw.name, f"{hw.peak_bf16_flops / 1e12:.0f}", f"{hw.peak_fp8_flops / 1e12:.0f}", f"{hw.mfu:.2f}",
+            f"{hw.hbm_bytes / 1e9:.1f}", f"{hw.hbm_bytes_per_s / 1e12:.2f}", f"{hw.host_link_bytes_per_s / 1e9:.0f}",
+        )  # fmt: skip
+    console.print(hardware)
+
+    shipped = Table(title="Shipped deployments (gpu_memory_utilization 0.9, 8192-token steps)")
+    for column in ("model", "hardware", "tp", "dtype", "KV tokens", "TTFT 8k", "TTFT 32k", "TTFT 128k", "TPOT"):
+        shipped.add_column(column, justify="left" if column in ("model", "hardware", "dtype") else "right")
+    for model, hw_name, tp, dtype in SHIPPED_DEPLOYMENTS:
+        deployment = Deployment.resolve(model, hw_name, tp, dtype)
+        timing = TimeModel(deployment)
+        limit = deployment.model.max_position_embeddings
+
+        def ttft(tokens: int, timing: TimeModel = timing, limit: int = limit) -> str:
+            return f"{timing.prefill_seconds(tokens):.2f} s" if tokens <= limit else "-"
+
+        shipped.add_row(
+            model, hw_name, str(tp), dtype, f"{deployment.kv_cache_tokens(0.9, 8192):,}",
+            ttft(8192), ttft(32768), ttft(131072), f"{timing.decode_step_seconds(1, 8192) * 1e3:.1f} ms",
+        )  # fmt: skip
+    console.print(shipped)
