@@ -44,15 +44,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from harness.client.endpoint import Endpoint
 from harness.client.openai import OpenAIClient
 from harness.client.pool import ProcessClientPool, StreamingClient
-from harness.engines.base import Endpoint
 from harness.engines.process import free_port
 from harness.runs.load import LoadPlan, LoadWindow, RecordContext, run_load
-from harness.scenario.spec import MultiUserQA
 from harness.sim.fixed import MODEL_NAME
 from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
+from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
 NS_PER_MS = 1_000_000

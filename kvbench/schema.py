@@ -1,13 +1,71 @@
-"""Shared pydantic base for every user-facing configuration model.
+"""Shared pydantic bases: frozen configuration models and versioned result files.
 
 Scenario files are validated once and then never mutated: every model is frozen and rejects
 unknown keys, so a typo in a YAML file is an error rather than a silently ignored setting.
 """
 
+import json
+from pathlib import Path
+from typing import ClassVar, Self
+
 from pydantic import BaseModel, ConfigDict
+
+from .errors import RunDirError
 
 
 class StrictModel(BaseModel):
     """Frozen, ``extra="forbid"`` base model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VersionedFile(BaseModel):
+    """A result file: a frozen model that knows its file name and schema version.
+
+    ``save`` writes atomically (a temporary file in the same directory, then ``replace``), so a
+    killed writer leaves the previous file or the new one, never half of one; ``load`` refuses a
+    file whose ``schema_version`` this kvbench does not read, naming the file and both versions.
+    Subclasses set ``FILE_NAME`` and declare ``schema_version: Literal[N] = N``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    FILE_NAME: ClassVar[str]
+    REBUILD_HINT: ClassVar[str] = "rebuild it with `kvbench report RUN_DIR`"
+
+    @classmethod
+    def schema_version_read(cls) -> int:
+        default = cls.model_fields["schema_version"].default
+        if not isinstance(default, int):
+            raise TypeError(f"{cls.__name__}.schema_version needs an integer default")
+        return default
+
+    def write_file(self, path: Path) -> Path:
+        """Write to ``path`` (a file, or a directory to write ``FILE_NAME`` into); return the file."""
+        target = path / self.FILE_NAME if path.is_dir() else path
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            tmp.replace(target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+    @classmethod
+    def read_file(cls, path: Path) -> Self:
+        """Read ``path`` (a file, or the directory holding ``FILE_NAME``)."""
+        target = path / cls.FILE_NAME if path.is_dir() else path
+        if not target.exists():
+            raise RunDirError(f"{target}: missing ({cls.REBUILD_HINT.replace('RUN_DIR', str(target.parent))})")
+        raw = target.read_text(encoding="utf-8")
+        try:
+            version = json.loads(raw).get("schema_version")
+        except (ValueError, AttributeError) as error:
+            raise RunDirError(f"{target}: not a JSON object: {error}") from None
+        expected = cls.schema_version_read()
+        if version != expected:
+            raise RunDirError(f"{target}: schema_version {version!r}; this kvbench reads {expected}")
+        try:
+            return cls.model_validate_json(raw)
+        except ValueError as error:
+            raise RunDirError(f"{target}: not a valid {cls.__name__}: {error}") from None

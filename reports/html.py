@@ -25,15 +25,16 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
-from harness.results.run_result import RunResult, read_result
-from harness.results.soak_result import IntervalStats, SoakResult, read_intervals, read_soak_result
-from harness.scenario.spec import MultiRoundQAProbe, Scenario
+from harness.results.run_result import RunResult
+from harness.results.soak_result import IntervalStats, SoakResult, read_intervals
+from harness.scenario.spec import Scenario
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import KvbenchError, RunDirError
 from kvbench.redact import redact_text
 from offload.profiles import OffloadProfile
+from workloads.config import MultiRoundQAProbe
 
 from .charts import PALETTE, BarSeries, Chart, Highlight, LineSeries, bar_chart, line_chart
 
@@ -105,12 +106,12 @@ def _scenario_of(path: Path) -> Scenario | None:
 def load_probe(path: Path) -> ProbeSource:
     if not path.is_dir():
         raise HtmlReportError(f"{path}: not a directory")
-    result = read_result(path / "summary.json")
+    result = RunResult.read_file(path / "summary.json")
     return ProbeSource(path, result, read_manifest(path / "manifest.json"), _scenario_of(path))
 
 
 def load_soak(path: Path) -> SoakSource:
-    result = read_soak_result(path / "soak.json")
+    result = SoakResult.read_file(path / "soak.json")
     intervals = read_intervals(path / "intervals.jsonl")
     return SoakSource(path, result, intervals, read_manifest(path / "manifest.json"), _scenario_of(path))
 
@@ -522,7 +523,7 @@ def _kv_bytes_per_token(probe: ProbeSource) -> tuple[float | None, str]:
         return None, (
             f"KV bytes per token are known for the simulator's model profiles only (engine kind {engine.kind})"
         )
-    from harness.sim.profiles import Deployment
+    from offload.shapes import Deployment
 
     try:
         deployment = Deployment.resolve(engine.model, engine.hardware, engine.parallelism.tp, engine.dtype)
@@ -686,7 +687,7 @@ def _png_uri(figure: Any) -> str:
 
 def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Headline]]:
     """Capacity curves, tables and GPU savings of the sweeps (sweep.json, drawn by reports/curves.py)."""
-    from harness.results.sweep_result import read_sweep_result
+    from harness.results.sweep_result import SweepResult
 
     from . import curves
 
@@ -696,7 +697,7 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
     notes: list[str] = []
     cards: list[Headline] = []
     for path in paths:
-        result = read_sweep_result(path / "sweep.json")
+        result = SweepResult.read_file(path / "sweep.json")
         unit = "users" if result.mode == "concurrency" else "req/s"
         series = []
         for index, arm in enumerate(result.arms):

@@ -12,11 +12,11 @@ import json
 import random
 from pathlib import Path
 
-from harness.results.aggregate import GroupDone, MetricsDelta
 from harness.results.soak_result import IntervalStats, append_interval
 from harness.runs.probe import summarize_run_dir
 from harness.runs.soak import intervals_file, summarize_soak
 from harness.scenario.spec import parse_scenario
+from harness.store.events import GroupDone, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from harness.engines.base import Tokenizer
-from harness.scenario.spec import MultiRoundQAProbe
-
+from .config import MultiRoundQAProbe
 from .text import fit_to_tokens
+from .tokenizer import Tokenizer
 
 SYSTEM_PROMPT = "You are a careful assistant. Answer questions about the document the user provides."
 

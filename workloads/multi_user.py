@@ -29,8 +29,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from harness.engines.base import Tokenizer
-from harness.scenario.spec import (
+from .config import (
     ChoiceDist,
     Distribution,
     ExponentialDist,
@@ -40,8 +39,8 @@ from harness.scenario.spec import (
     NormalDist,
     UniformDist,
 )
-
 from .text import fit_to_tokens
+from .tokenizer import Tokenizer
 
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 """Allowance for the chat template's tokens around each message when checking ``max_prompt_tokens``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from harness.engines.base import Tokenizer
+from .tokenizer import Tokenizer
 
 WORDS: tuple[str, ...] = tuple(
     """

@@ -36,8 +36,8 @@ from typing import Literal
 
 import aiohttp
 
-from harness.engines.base import Endpoint
-from harness.store.records import ErrorKind
+from harness.client.endpoint import Endpoint
+from harness.client.errors import ErrorKind
 from kvbench.redact import redact_text
 
 from .sse import Api, Frame, FrameKind, SSEParser, Usage, interpret_chunk

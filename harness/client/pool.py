@@ -29,7 +29,7 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any, Protocol
 
-from harness.engines.base import Endpoint
+from harness.client.endpoint import Endpoint
 from kvbench.errors import KvbenchError
 
 from .openai import OpenAIClient, RequestOutcome

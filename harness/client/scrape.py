@@ -6,7 +6,7 @@ differences, so a measurement takes a snapshot before and after and works on
 :func:`delta`. :data:`METRICS` is a declarative table of what kvbench reads, with one column of
 sample names per engine family (``vllm``, ``sglang``, ``trtllm``); :data:`LMCACHE_METRICS` holds
 LMCache's own counters, which appear on whatever page LMCache reports to (vLLM's ``/metrics`` with
-the in-process connector, the ``lmcache server`` sidecar's own page). :func:`family_for_engine`
+the in-process connector, the ``lmcache server`` sidecar's own page). :func:`harness.engines.kinds.metrics_family`
 maps an engine kind to its family, :func:`metrics_path` gives the family's Prometheus path
 (TensorRT-LLM serves Prometheus text on ``/prometheus/metrics``; its ``/metrics`` is JSON), and
 :func:`detect_family` recognises a page by its name prefixes (family ``auto``).
@@ -41,11 +41,6 @@ LMCACHE: EngineFamily = "lmcache"
 AUTO: EngineFamily = "auto"
 """Recognise the family from the page's name prefixes (:func:`detect_family`)."""
 
-ENGINE_FAMILIES: Mapping[str, EngineFamily] = MappingProxyType(
-    {"sim": VLLM, "vllm": VLLM, "sglang": SGLANG, "trtllm": TRTLLM, "openai": AUTO}
-)
-"""Engine kind -> metric family (the simulator exposes vLLM's names; an attached endpoint is detected)."""
-
 METRICS_PATHS: Mapping[EngineFamily, str] = MappingProxyType(
     {VLLM: "/metrics", SGLANG: "/metrics", TRTLLM: "/prometheus/metrics"}
 )
@@ -53,11 +48,6 @@ METRICS_PATHS: Mapping[EngineFamily, str] = MappingProxyType(
 serves Prometheus text on ``/prometheus/metrics`` only with ``return_perf_metrics: true``."""
 
 _FAMILY_PREFIXES: tuple[tuple[EngineFamily, str], ...] = ((SGLANG, "sglang:"), (TRTLLM, "trtllm_"), (VLLM, "vllm:"))
-
-
-def family_for_engine(kind: str) -> EngineFamily:
-    """The metric family of an engine kind (``auto`` for kinds kvbench does not know)."""
-    return ENGINE_FAMILIES.get(kind, AUTO)
 
 
 def metrics_path(family: EngineFamily) -> str:

@@ -8,28 +8,14 @@ cleans up after it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+from harness.client.endpoint import Endpoint
 from offload.profiles import OffloadProfile
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where requests go. The API key never appears in ``repr``."""
-
-    base_url: str
-    model: str
-    api_key: str | None = field(default=None, repr=False)
-    metrics_path: str = "/metrics"
-    """Where the engine serves Prometheus text (TensorRT-LLM: /prometheus/metrics)."""
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+from workloads.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -57,14 +43,6 @@ class PrefixCacheResetUnsupported(Exception):
     """The engine cannot drop its GPU prefix cache on request."""
 
 
-class Tokenizer(Protocol):
-    """Exact token counts for the engine's own tokenizer."""
-
-    async def encode(self, text: str) -> list[int]: ...
-
-    async def decode(self, token_ids: Sequence[int]) -> str: ...
-
-
 class RunningEngine(Protocol):
     @property
     def endpoint(self) -> Endpoint: ...
@@ -79,6 +57,16 @@ class RunningEngine(Protocol):
         ...
 
     def log_tail(self, lines: int = 50) -> list[str]: ...
+
+
+class EngineConfigModel(Protocol):
+    """What every engine config model has (the union's members are pydantic models with these)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
 
 
 class Engine(Protocol):

@@ -34,16 +34,12 @@ from typing import Generic, Protocol, TypeVar
 
 import aiohttp
 
+from harness.client.endpoint import Endpoint
 from kvbench.errors import EngineStartError, KvbenchError
 from kvbench.redact import redact_text
+from workloads.tokenizer import Tokenizer
 
-from .base import (
-    Endpoint,
-    EngineFacts,
-    LaunchContext,
-    PrefixCacheResetUnsupported,
-    Tokenizer,
-)
+from .base import EngineFacts, LaunchContext, PrefixCacheResetUnsupported
 from .configs import SglangEngineConfig, VllmEngineConfig
 from .modeldir import SYNTH_PREFIX, resolve_model_ref
 from .process import ManagedProcess, ProcessSpec

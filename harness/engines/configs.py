@@ -1,16 +1,17 @@
 """Scenario-side configuration of each engine kind (the ``engine:`` section of a scenario).
 
-One model per kind, joined into a discriminated union on ``kind``; a new engine adds its
-model here and its lifecycle module to :mod:`harness.engines.registry`.
+One model per kind. The kinds themselves (config model, lifecycle, offload support check,
+metric family) are listed once, in :mod:`harness.engines.kinds`; the scenario joins the models
+into a discriminated union on ``kind`` (:data:`harness.scenario.spec.EngineConfig`). The
+simulator's model lives with the simulator (:mod:`harness.sim.config`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from harness.sim.faults import Fault
 from kvbench.schema import StrictModel
 
 
@@ -25,30 +26,6 @@ class Parallelism(StrictModel):
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.replicas
-
-
-class SimEngineConfig(StrictModel):
-    """The built-in engine simulator (``kvbench sim serve``), started as a real subprocess."""
-
-    kind: Literal["sim"]
-    model: str = Field(description="Simulator model profile, e.g. 'llama-3.1-8b' (kvbench sim profiles).")
-    hardware: str = Field(description="Simulator hardware profile, e.g. 'h100-sxm'.")
-    parallelism: Parallelism = Parallelism()
-    dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
-        default=None, description="Weight/KV dtype; default: the model profile's."
-    )
-    max_batch_tokens: int = Field(default=8192, ge=64, description="Per-step token budget (chunked prefill).")
-    block_tokens: int = Field(default=16, ge=1, description="Tokens per KV block in the prefix cache.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    startup_timeout_s: float = Field(default=60.0, gt=0)
-    host: str = "127.0.0.1"
-    port: int | None = Field(default=None, ge=1, le=65535, description="Default: a free port.")
-    faults: list[Fault] = Field(
-        default_factory=list,
-        description="Injected faults, for testing soaks and gates: latency_spike, http_error, drop_stream, "
-        "slow_tier, full_tier (see docs/playbook.md).",
-    )
-    fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
 
 
 class OpenAIEngineConfig(StrictModel):
@@ -241,9 +218,3 @@ class TrtllmEngineConfig(StrictModel):
                 "(prefix caching, the cpu tier) and free_gpu_memory_fraction; set those instead"
             )
         return self
-
-
-EngineConfig = Annotated[
-    SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig | SglangEngineConfig | TrtllmEngineConfig,
-    Field(discriminator="kind"),
-]

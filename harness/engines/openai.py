@@ -17,12 +17,14 @@ from types import TracebackType
 
 import aiohttp
 
+from harness.client.endpoint import Endpoint
 from kvbench.errors import EngineStartError
 from kvbench.redact import redact_text
+from workloads.tokenizer import Tokenizer
 
-from .base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from .base import EngineConfigModel, EngineFacts, LaunchContext
 from .common import RunningServer, ServerTokenizer, reset_with_retry, server_version
-from .configs import EngineConfig, OpenAIEngineConfig
+from .configs import OpenAIEngineConfig
 
 POLL_S = 0.5
 REQUEST_TIMEOUT_S = 30.0
@@ -56,7 +58,7 @@ class RunningEndpoint(RunningServer):
 class OpenAIEngine:
     """Engine kind ``openai``: ``async with OpenAIEngine(config, context) as running: ...``."""
 
-    def __init__(self, config: EngineConfig, context: LaunchContext) -> None:
+    def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
         if not isinstance(config, OpenAIEngineConfig):
             raise TypeError(f"OpenAIEngine needs an OpenAIEngineConfig, got {type(config).__name__}")
         self.config = config

@@ -32,12 +32,14 @@ from pathlib import Path
 
 import aiohttp
 
+from harness.client.endpoint import Endpoint
 from harness.client.scrape import SGLANG, metrics_path
 from kvbench.errors import EngineStartError
 from kvbench.redact import redact_argv, redact_env
+from workloads.tokenizer import Tokenizer
 
 from . import common
-from .base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from .base import EngineConfigModel, EngineFacts, LaunchContext
 from .common import (
     EngineRequestError,
     ModelDirTokenizer,
@@ -54,7 +56,7 @@ from .common import (
     served_model_name,
     start_server,
 )
-from .configs import EngineConfig, SglangEngineConfig
+from .configs import SglangEngineConfig
 from .process import ManagedProcess, free_port
 from .sglang_offload import SglangLaunchPlan, check_supported, render_sglang_launch
 
@@ -211,7 +213,7 @@ class RunningSglang(RunningProcess):
 class SglangEngine(ProcessEngine[RunningSglang]):
     """Engine kind ``sglang``: ``async with SglangEngine(config, context) as running: ...``."""
 
-    def __init__(self, config: EngineConfig, context: LaunchContext) -> None:
+    def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
         if not isinstance(config, SglangEngineConfig):
             raise TypeError(f"SglangEngine needs a SglangEngineConfig, got {type(config).__name__}")
         check_supported(context.profile, config)

@@ -86,7 +86,7 @@ def _where(profile: OffloadProfile) -> str:
     return f"offload profile {profile.name!r} on SGLang"
 
 
-def check_supported(profile: OffloadProfile, config: SglangEngineConfig, *, between_turns: str | None = None) -> None:
+def check_supported(profile: OffloadProfile, config: SglangEngineConfig, between_turns: str | None = None) -> None:
     """Raise ValueError (naming what is supported) if SGLang cannot realise ``profile``.
 
     ``between_turns`` is the workload's ``between_turns.mode`` when it has one: ``disable_prefix_cache``

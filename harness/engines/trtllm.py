@@ -37,17 +37,13 @@ from pathlib import Path
 
 import aiohttp
 
+from harness.client.endpoint import Endpoint
 from harness.client.scrape import TRTLLM, metrics_path
 from kvbench.errors import EngineStartError
 from kvbench.redact import redact_argv, redact_env, redact_text
+from workloads.tokenizer import Tokenizer
 
-from .base import (
-    Endpoint,
-    EngineFacts,
-    LaunchContext,
-    PrefixCacheResetUnsupported,
-    Tokenizer,
-)
+from .base import EngineConfigModel, EngineFacts, LaunchContext, PrefixCacheResetUnsupported
 from .common import (
     TOKENIZER_FILE,
     ModelDirTokenizer,
@@ -58,7 +54,7 @@ from .common import (
     server_version,
     start_server,
 )
-from .configs import EngineConfig, TrtllmEngineConfig
+from .configs import TrtllmEngineConfig
 from .modeldir import resolve_model_ref
 from .process import ManagedProcess, free_port
 from .trtllm_offload import RESET_ADVICE, TrtllmLaunchPlan, check_supported, render_trtllm_options
@@ -165,7 +161,7 @@ class RunningTrtllm(RunningProcess):
 class TrtllmEngine(ProcessEngine[RunningTrtllm]):
     """Engine kind ``trtllm``: ``async with TrtllmEngine(config, context) as running: ...``."""
 
-    def __init__(self, config: EngineConfig, context: LaunchContext) -> None:
+    def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
         if not isinstance(config, TrtllmEngineConfig):
             raise TypeError(f"TrtllmEngine needs a TrtllmEngineConfig, got {type(config).__name__}")
         check_supported(context.profile, config)

@@ -68,7 +68,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def check_supported(profile: OffloadProfile, config: TrtllmEngineConfig, *, between_turns: str | None = None) -> None:
+def check_supported(profile: OffloadProfile, config: TrtllmEngineConfig, between_turns: str | None = None) -> None:
     """Raise ValueError (naming what is supported) if TensorRT-LLM cannot realise ``profile``.
 
     ``between_turns`` is the workload's ``between_turns.mode`` when it has one.

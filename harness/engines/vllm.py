@@ -27,11 +27,13 @@ from pathlib import Path
 
 import aiohttp
 
+from harness.client.endpoint import Endpoint
 from kvbench.errors import EngineStartError
 from kvbench.redact import redact_argv, redact_env, redact_text
+from workloads.tokenizer import Tokenizer
 
 from . import common
-from .base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from .base import EngineConfigModel, EngineFacts, LaunchContext
 from .common import (
     EngineRequestError,
     ProcessEngine,
@@ -46,7 +48,7 @@ from .common import (
     served_model_name,
     start_server,
 )
-from .configs import EngineConfig, VllmEngineConfig
+from .configs import VllmEngineConfig
 from .lmcache_server import LmcacheServer
 from .process import ManagedProcess, free_port
 from .vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch
@@ -232,7 +234,7 @@ def _reset_succeeded(text: str) -> bool:
 class VllmEngine(ProcessEngine[RunningVllm]):
     """Engine kind ``vllm``: ``async with VllmEngine(config, context) as running: ...``."""
 
-    def __init__(self, config: EngineConfig, context: LaunchContext) -> None:
+    def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
         if not isinstance(config, VllmEngineConfig):
             raise TypeError(f"VllmEngine needs a VllmEngineConfig, got {type(config).__name__}")
         check_supported(context.profile, config)

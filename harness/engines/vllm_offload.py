@@ -152,7 +152,7 @@ def resolve_backend(profile: OffloadProfile, config: VllmEngineConfig) -> Render
     return profile.backend
 
 
-def check_supported(profile: OffloadProfile, config: VllmEngineConfig) -> None:
+def check_supported(profile: OffloadProfile, config: VllmEngineConfig, between_turns: str | None = None) -> None:
     """Raise ValueError (naming what is supported) if vLLM cannot realise ``profile`` on ``config``."""
     backend = resolve_backend(profile, config)
     if backend == "none":

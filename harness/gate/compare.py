@@ -36,12 +36,13 @@ import pandas as pd
 from scipy import stats
 
 from harness.results.run_result import Frozen
-from harness.scenario.spec import GateSpec, MultiRoundQAProbe, Scenario
+from harness.scenario.spec import GateSpec, Scenario
 from harness.store.manifest import read_manifest
 from harness.store.records import read_records
 from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import KvbenchError
+from workloads.config import MultiRoundQAProbe
 
 COMPARE_SCHEMA_VERSION = 1
 NS_PER_MS = 1_000_000

@@ -24,7 +24,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from harness.results.run_result import Frozen, RunResult, read_result
+from harness.results.run_result import Frozen, RunResult
 from harness.scenario.spec import Duration
 from kvbench.errors import KvbenchError, RunDirError
 from kvbench.schema import StrictModel
@@ -293,7 +293,7 @@ def _median(result: RunResult, arm: str, context: int, turn: int) -> float | Non
 def _read_probe(path: Path) -> RunResult:
     if not path.is_dir():
         raise RunDirError(f"{path}: the attached run directory is missing")
-    return read_result(path / "summary.json")
+    return RunResult.read_file(path / "summary.json")
 
 
 def _cmd(text: str) -> str:
@@ -383,7 +383,7 @@ class _Judge:
         return self._done("poc", text, evidence)
 
     def staging(self) -> StageStatus:
-        from harness.results.soak_result import read_soak_result
+        from harness.results.soak_result import SoakResult
 
         gate = self.playbook.stages.staging.gate
         text = "soak verdict PASS" + (f" over ≥ {gate.min_window:g} s" if gate.min_window else "")
@@ -396,7 +396,7 @@ class _Judge:
                 f"{self.attach_hint('staging', 'SOAK_DIR')}",
             )  # fmt: skip
         try:
-            soak = read_soak_result(run / "soak.json")
+            soak = SoakResult.read_file(run / "soak.json")
         except RunDirError as error:
             return self._failed("staging", text, str(error), f"rebuild it with {_cmd(f'kvbench report {run}')}")
         evidence = (

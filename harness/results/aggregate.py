@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from harness.scenario.spec import Scenario
+from harness.store.events import GroupDone, GroupKey, MetricsDelta
 from harness.store.records import RequestRecord
 from kvbench import __version__
 
 from .run_result import (
     CacheStats,
-    Frozen,
     LatencyStats,
     PctDiff,
     RequestCounts,
@@ -27,37 +27,7 @@ from .run_result import (
     pct_diff,
 )
 
-GroupKey = tuple[str, int, int]  # (arm, repetition, context_tokens)
-
 NS_PER_MS = 1_000_000
-
-
-class GroupDone(Frozen):
-    """A progress event: this group finished in this attempt."""
-
-    arm: str
-    repetition: int
-    context_tokens: int
-    attempt: int
-
-    @property
-    def key(self) -> GroupKey:
-        return (self.arm, self.repetition, self.context_tokens)
-
-
-class MetricsDelta(Frozen):
-    """Engine /metrics counter deltas over one turn of one group (values keyed by metric tag)."""
-
-    arm: str
-    attempt: int
-    repetition: int
-    context_tokens: int
-    turn: int
-    values: dict[str, float]
-
-    @property
-    def key(self) -> GroupKey:
-        return (self.arm, self.repetition, self.context_tokens)
 
 
 def latency_stats(values_ns: Sequence[int] | pd.Series) -> LatencyStats | None:

@@ -24,8 +24,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engines.configs import EngineConfig, SimEngineConfig, VllmEngineConfig
-from harness.scenario.spec import Arm, CostSpec
+from harness.engines.configs import VllmEngineConfig
+from harness.scenario.spec import Arm, CostSpec, EngineConfig
+from harness.sim.config import SimEngineConfig
 from offload import analytical
 from offload.profiles import OffloadProfile
 
@@ -133,7 +134,7 @@ def engine_shapes(engine: EngineConfig) -> Shapes:
 
 
 def _sim_shapes(engine: SimEngineConfig) -> Shapes:
-    from harness.sim.profiles import DTYPE_BYTES, Deployment
+    from offload.shapes import DTYPE_BYTES, Deployment
 
     tp = engine.parallelism.tp
     try:

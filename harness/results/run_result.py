@@ -1,21 +1,17 @@
 """The versioned run-result file (``summary.json``) that every report reads.
 
 Reports never look at engines or raw sockets: they read this file (and the manifest), so
-``kvbench report RUN_DIR`` can rebuild every output offline. Bump ``SCHEMA_VERSION`` on any
+``kvbench report RUN_DIR`` can rebuild every output offline. Bump its ``schema_version`` on any
 incompatible change; readers refuse versions they do not know.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvbench.errors import RunDirError
-
-SCHEMA_VERSION = 1
+from kvbench.schema import VersionedFile
 
 
 class Frozen(BaseModel):
@@ -105,7 +101,9 @@ class RequestCounts(Frozen):
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
 
 
-class RunResult(Frozen):
+class RunResult(VersionedFile):
+
+    FILE_NAME: ClassVar[str] = "summary.json"
     """Everything reports need, aggregated from records.jsonl and engine_metrics.jsonl."""
 
     schema_version: Literal[1] = 1
@@ -141,25 +139,6 @@ class RunResult(Frozen):
             if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
                 return item
         return None
-
-
-def write_result(result: RunResult, path: Path) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def read_result(path: Path) -> RunResult:
-    if not path.exists():
-        raise RunDirError(f"{path}: missing (run `kvbench report` on the run directory to rebuild it)")
-    raw = path.read_text(encoding="utf-8")
-    try:
-        version = json.loads(raw).get("schema_version")
-    except ValueError as error:
-        raise RunDirError(f"{path}: not JSON: {error}") from None
-    if version != SCHEMA_VERSION:
-        raise RunDirError(f"{path}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
-    return RunResult.model_validate_json(raw)
 
 
 def pct_diff(baseline_ms: float | None, arm_ms: float | None) -> float | None:

@@ -31,13 +31,12 @@ Each failed criterion names the intervals that broke it.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -47,10 +46,10 @@ from scipy import stats
 from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
 from harness.store.records import RequestRecord
 from kvbench.errors import RunDirError
+from kvbench.schema import VersionedFile
 
 from .run_result import Frozen
 
-SOAK_SCHEMA_VERSION = 1
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 MIN_DRIFT_POINTS = 4
@@ -141,8 +140,10 @@ class SoakTotals(Frozen):
     http_statuses: dict[str, int] = Field(default_factory=dict)
 
 
-class SoakResult(Frozen):
+class SoakResult(VersionedFile):
     """``soak.json``: what a stability window showed and its verdict (intervals live in intervals.jsonl)."""
+
+    FILE_NAME: ClassVar[str] = "soak.json"
 
     schema_version: Literal[1] = 1
     kvbench_version: str
@@ -343,25 +344,6 @@ def read_intervals(path: Path) -> list[IntervalStats]:
             raise RunDirError(f"{path}:{number}: not a valid interval: {error}") from None
         by_index[item.index] = item
     return [by_index[index] for index in sorted(by_index)]
-
-
-def write_soak_result(result: SoakResult, path: Path) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def read_soak_result(path: Path) -> SoakResult:
-    if not path.exists():
-        raise RunDirError(f"{path}: missing (rebuild it with `kvbench report {path.parent}`)")
-    raw = path.read_text(encoding="utf-8")
-    try:
-        version = json.loads(raw).get("schema_version")
-    except ValueError as error:
-        raise RunDirError(f"{path}: not JSON: {error}") from None
-    if version != SOAK_SCHEMA_VERSION:
-        raise RunDirError(f"{path}: schema_version {version!r}; this kvbench reads soak schema {SOAK_SCHEMA_VERSION}")
-    return SoakResult.model_validate_json(raw)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,25 +1,21 @@
 """The versioned sweep result (``sweep.json``): what ``kvbench sweep`` measured, and all its reports read.
 
 Reports (curves, CSV, the console table) read this file alone, so ``kvbench sweep --report RUN_DIR``
-can redraw everything offline. Bump :data:`SWEEP_SCHEMA_VERSION` on any incompatible change;
-:func:`read_sweep_result` refuses versions it does not know. Latencies are milliseconds and rates
+can redraw everything offline. Bump its ``schema_version`` on any incompatible change;
+``SweepResult.read_file`` refuses versions it does not know. Latencies are milliseconds and rates
 per second here (display units); the records underneath keep integer nanoseconds.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from kvbench.errors import RunDirError
+from kvbench.schema import VersionedFile
 from offload.analytical import Prediction, Regime
 
 from .run_result import Frozen
-
-SWEEP_SCHEMA_VERSION = 1
 
 
 class Quantiles(Frozen):
@@ -172,7 +168,9 @@ class SweepCounts(Frozen):
     discarded: int = Field(description="Records of points re-run after an interrupted attempt.")
 
 
-class SweepResult(Frozen):
+class SweepResult(VersionedFile):
+
+    FILE_NAME: ClassVar[str] = "sweep.json"
     """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
 
     schema_version: Literal[1] = 1
@@ -207,22 +205,3 @@ class SweepResult(Frozen):
 
     def capacity_of(self, arm: str) -> ArmCapacity | None:
         return next((c for c in self.capacity if c.arm == arm), None)
-
-
-def write_sweep_result(result: SweepResult, path: Path) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def read_sweep_result(path: Path) -> SweepResult:
-    if not path.exists():
-        raise RunDirError(f"{path}: missing (run `kvbench sweep --report RUN_DIR` to rebuild it)")
-    raw = path.read_text(encoding="utf-8")
-    try:
-        version = json.loads(raw).get("schema_version")
-    except ValueError as error:
-        raise RunDirError(f"{path}: not JSON: {error}") from None
-    if version != SWEEP_SCHEMA_VERSION:
-        raise RunDirError(f"{path}: sweep schema_version {version!r}; this kvbench reads {SWEEP_SCHEMA_VERSION}")
-    return SweepResult.model_validate_json(raw)

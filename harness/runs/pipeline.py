@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness.results.run_result import read_result
+from harness.results.run_result import RunResult
 from harness.scenario.spec import Scenario
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
@@ -41,7 +41,7 @@ def run_scenario(
 def rebuild_reports(run_dir: RunDir, console: Console | None = None) -> list[Path]:
     """Re-aggregate stored records into summary.json, then render every report from it."""
     summarize_run_dir(run_dir)
-    result = read_result(run_dir.summary_file)
+    result = RunResult.read_file(run_dir.summary_file)
     manifest = read_manifest(run_dir.manifest_file)
     paths = write_all(result, manifest, run_dir.report_dir)
     if console is not None:

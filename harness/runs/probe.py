@@ -17,16 +17,19 @@ import aiohttp
 
 from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.client.scrape import cache_counter_deltas
-from harness.engines.base import LaunchContext, RunningEngine, Tokenizer
-from harness.engines.registry import create_engine
-from harness.results.aggregate import GroupDone, MetricsDelta, aggregate
-from harness.results.run_result import RunResult, write_result
-from harness.scenario.spec import Arm, MultiRoundQAProbe, Scenario
+from harness.engines.base import LaunchContext, RunningEngine
+from harness.engines.kinds import create_engine
+from harness.results.aggregate import aggregate
+from harness.results.run_result import RunResult
+from harness.scenario.spec import Arm, Scenario
+from harness.store.events import GroupDone, MetricsDelta
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.errors import KvbenchError
+from workloads.config import MultiRoundQAProbe
 from workloads.multi_round_qa import ConversationState, build_conversations, build_filler
+from workloads.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -355,5 +358,5 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
     """Aggregate a run directory's stored files into summary.json (used by run and report)."""
     scenario = run_dir.scenario()
     result = aggregate(scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics())
-    write_result(result, run_dir.summary_file)
+    result.write_file(run_dir.summary_file)
     return result

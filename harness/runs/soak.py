@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from harness.client.openai import OpenAIClient
 from harness.client.scrape import METRICS, MetricsSnapshot, delta, metric_value, parse_metrics
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
-from harness.engines.registry import create_engine
+from harness.engines.kinds import create_engine
 from harness.results.soak_result import (
     IntervalAccumulator,
     IntervalStats,
@@ -44,14 +44,14 @@ from harness.results.soak_result import (
     planned_intervals,
     read_intervals,
     totals,
-    write_soak_result,
 )
-from harness.scenario.spec import Arm, MultiUserQA, Scenario, SoakSpec, SweepSpec
+from harness.scenario.spec import Arm, Scenario, SoakSpec, SweepSpec
 from harness.store.manifest import Manifest, read_manifest
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import KvbenchError, ScenarioError
+from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
 from .interrupt import Interrupted, run_interruptible
@@ -426,7 +426,7 @@ class SoakRunner:
                 writer.sync()
                 append_interval(intervals_file(self.run_dir), stats)
                 self.done.append(stats)
-                write_soak_result(self._result(), soak_file(self.run_dir))
+                self._result().write_file(soak_file(self.run_dir))
                 self.progress.interval(stats)
             stop.set()
             await load_task
@@ -492,7 +492,7 @@ def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
     attempts = max(len(manifest.get("attempts", [])), max((i.attempt + 1 for i in intervals), default=0))
     arm_name = arm or next(iter(manifest.get("engines", {})), None) or soak_arm(scenario, None).name
     result = build_result(run_dir, scenario, arm_name, intervals, attempts=attempts)
-    write_soak_result(result, soak_file(run_dir))
+    result.write_file(soak_file(run_dir))
     return result
 
 

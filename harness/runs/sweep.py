@@ -39,7 +39,7 @@ from harness.client.openai import OpenAIClient
 from harness.client.pool import ProcessClientPool, StreamingClient
 from harness.client.scrape import cache_counter_deltas
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
-from harness.engines.registry import create_engine
+from harness.engines.kinds import create_engine
 from harness.results.capacity import analytical_comparisons, arm_capacity, engine_shapes, savings
 from harness.results.sweep_metrics import PointDone, point_data, point_result
 from harness.results.sweep_result import (
@@ -47,15 +47,14 @@ from harness.results.sweep_result import (
     SloLimits,
     SweepCounts,
     SweepResult,
-    read_sweep_result,
-    write_sweep_result,
 )
-from harness.scenario.spec import Arm, MultiUserQA, Scenario, SweepSpec
+from harness.scenario.spec import Arm, Scenario, SweepSpec
 from harness.store.manifest import Manifest
 from harness.store.records import RecordWriter, RequestRecord, append_jsonl
 from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import KvbenchError, RunInterrupted
+from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
 from .interrupt import Interrupted, run_interruptible
@@ -496,7 +495,7 @@ def aggregate_sweep(
 def summarize_sweep(run_dir: RunDir) -> SweepResult:
     """Aggregate a sweep run directory's stored files into sweep.json."""
     result = aggregate_sweep(run_dir.scenario(), run_dir.run_id, run_dir.records(), read_points(run_dir))
-    write_sweep_result(result, sweep_file(run_dir))
+    result.write_file(sweep_file(run_dir))
     return result
 
 
@@ -532,7 +531,7 @@ def rebuild_sweep_reports(run_dir: RunDir, console: Console | None = None) -> li
     from reports.curves import print_sweep, write_sweep_reports
 
     summarize_sweep(run_dir)
-    result = read_sweep_result(sweep_file(run_dir))
+    result = SweepResult.read_file(sweep_file(run_dir))
     paths = write_sweep_reports(result, run_dir.report_dir)
     if console is not None:
         print_sweep(result, console)

@@ -17,11 +17,13 @@ from types import TracebackType
 import aiohttp
 
 import kvbench
-from harness.engines.base import Endpoint, EngineFacts, LaunchContext, Tokenizer
+from harness.client.endpoint import Endpoint
+from harness.engines.base import EngineConfigModel, EngineFacts, LaunchContext
 from harness.engines.common import RunningProcess
-from harness.engines.configs import EngineConfig, SimEngineConfig
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from harness.sim.config import SimEngineConfig
 from kvbench.errors import EngineStartError
+from workloads.tokenizer import Tokenizer
 
 from .settings import SimSettings
 from .tokenizer import SimTokenizer
@@ -68,7 +70,7 @@ class RunningSim(RunningProcess):
 class SimEngine:
     """Engine kind ``sim``: ``async with SimEngine(config, context) as running: ...``."""
 
-    def __init__(self, config: EngineConfig, context: LaunchContext) -> None:
+    def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
         if not isinstance(config, SimEngineConfig):
             raise TypeError(f"SimEngine needs a SimEngineConfig, got {type(config).__name__}")
         self.config = config

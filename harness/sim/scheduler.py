@@ -37,8 +37,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from offload.shapes import Deployment
+
 from .kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, chain_hashes
-from .profiles import Deployment
 from .settings import SimSettings
 from .timemodel import StepWork, TimeModel
 from .tokenizer import GENERATED_FIRST_IDS, GENERATED_NEXT_IDS, token_text

@@ -17,12 +17,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from harness.engines.configs import SimEngineConfig
+from harness.sim.config import SimEngineConfig
 from kvbench.schema import StrictModel
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile
+from offload.shapes import Deployment
 
 from .faults import Fault
-from .profiles import Deployment
 
 
 class SimSettings(StrictModel):

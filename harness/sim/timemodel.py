@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .profiles import Deployment
+from offload.shapes import Deployment
 
 STEP_OVERHEAD_S = 1.0e-3
 """Per-step CPU work of a vLLM V1 engine step with CUDA graphs (about a millisecond)."""

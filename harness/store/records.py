@@ -17,16 +17,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.client.errors import ErrorKind
+
 Phase = Literal["warmup", "measure", "filler"]
-ErrorKind = Literal[
-    "http_status",
-    "server_error",
-    "timeout",
-    "connection",
-    "malformed_frame",
-    "stream_dropped",
-    "empty_response",
-]
 
 
 class RequestRecord(BaseModel):

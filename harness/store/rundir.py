@@ -21,10 +21,10 @@ from pathlib import Path
 
 import yaml
 
-from harness.results.aggregate import GroupDone, MetricsDelta
 from harness.scenario.spec import Scenario, parse_scenario
 from kvbench.errors import RunDirError
 
+from .events import GroupDone, MetricsDelta
 from .records import RequestRecord, append_jsonl, read_records
 
 

@@ -94,8 +94,8 @@ def profiles() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.sim.profiles import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
     from harness.sim.timemodel import TimeModel
+    from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
 
     console = Console()
     models = Table(title="Model profiles")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.results.run_result import read_result
+from harness.results.run_result import RunResult
 from harness.store.records import read_records
 
 pytestmark = pytest.mark.integration
@@ -70,7 +70,7 @@ def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "% diff (t2)" in done.stdout
     run_dir = only_run_dir(tmp_path / "runs")
-    result = read_result(run_dir / "summary.json")
+    result = RunResult.read_file(run_dir / "summary.json")
     assert result.complete and result.requests.errors == 0
 
     def median(arm: str, ctx: int, turn: int) -> float:
@@ -136,7 +136,7 @@ def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
     # nothing measured before the kill was lost, and the second attempt finished the plan
     assert {r.request_id for r in kept} <= {r.request_id for r in after}
     assert {r.attempt for r in after} == {0, 1}
-    result = read_result(run_dir / "summary.json")
+    result = RunResult.read_file(run_dir / "summary.json")
     assert result.complete
     assert all(cell.ttft is not None and cell.ttft.n == 2 for cell in result.cells)
     manifest = json.loads((run_dir / "manifest.json").read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.results.run_result import read_result
+from harness.results.run_result import RunResult
 from harness.store.records import read_records
 
 pytestmark = pytest.mark.integration
@@ -48,5 +48,5 @@ def test_http_error_burst_from_scenario_becomes_error_records(tmp_path: Path) ->
     assert [(r.http_status, r.error_kind) for r in failed] == [(503, "http_status")] * 2
     # a conversation whose turn 1 failed is not continued, so only one conversation reaches turn 2
     assert sum(1 for r in measured if r.turn == 2) == 1
-    result = read_result(run_dir / "summary.json")
+    result = RunResult.read_file(run_dir / "summary.json")
     assert result.requests.errors_by_kind == {"http_status": 2}

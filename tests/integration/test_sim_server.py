@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from harness.engines.base import LaunchContext
-from harness.engines.configs import SimEngineConfig
+from harness.sim.config import SimEngineConfig
 from harness.sim.engine import SimEngine
 from harness.sim.server import running_server
 from harness.sim.settings import SimSettings

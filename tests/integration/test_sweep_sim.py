@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.results.sweep_result import read_sweep_result
+from harness.results.sweep_result import SweepResult
 from harness.store.records import read_records
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ def test_sweep_on_the_simulator_draws_both_arms_with_slo_and_gpus_saved(tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     assert "GPUs saved by AMG-ON vs AMG-OFF" in done.stdout
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    result = read_sweep_result(run_dir / "sweep.json")
+    result = SweepResult.read_file(run_dir / "sweep.json")
     assert result.complete and result.requests.errors == 0
     assert [(p.arm, p.load) for p in result.points] == [("AMG-OFF", 2), ("AMG-OFF", 8), ("AMG-ON", 2), ("AMG-ON", 8)]
     for p in result.points:

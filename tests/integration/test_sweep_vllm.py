@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from harness.engines.modeldir import synthesize_model_dir
-from harness.results.sweep_result import read_sweep_result
+from harness.results.sweep_result import SweepResult
 from harness.store.records import read_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_bundled_vllm_cpu_sweep_runs_end_to_end(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    result = read_sweep_result(run_dir / "sweep.json")
+    result = SweepResult.read_file(run_dir / "sweep.json")
     assert result.complete and result.engine_kind == "vllm" and result.requests.errors == 0
     assert len(result.points) == 4 and all(p.measured >= 5 for p in result.points)
     on, off = result.point("AMG-ON", 4), result.point("AMG-OFF", 4)

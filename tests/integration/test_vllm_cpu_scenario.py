@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results.run_result import read_result
+from harness.results.run_result import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")
@@ -54,7 +54,7 @@ def test_lmcache_serves_turn2_on_vllm_cpu(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
-    result = read_result(run_dir / "summary.json")
+    result = RunResult.read_file(run_dir / "summary.json")
     assert result.complete and result.requests.errors == 0
     longest = max(result.context_tokens)
 

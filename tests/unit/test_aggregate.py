@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.results.aggregate import GroupDone, MetricsDelta, aggregate
-from harness.results.run_result import pct_diff, read_result, write_result
+from harness.results.aggregate import aggregate
+from harness.results.run_result import RunResult, pct_diff
 from harness.scenario.spec import parse_scenario
+from harness.store.events import GroupDone, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord, read_records
 from reports.renderers import markdown_table
 
@@ -134,8 +135,8 @@ def test_cache_stats_from_metric_deltas() -> None:
 
 def test_result_file_roundtrip(tmp_path: Path) -> None:
     result = aggregate(SCENARIO, "r", full_records(on_t2=50.0), done_all())
-    write_result(result, tmp_path / "summary.json")
-    assert read_result(tmp_path / "summary.json") == result
+    result.write_file(tmp_path / "summary.json")
+    assert RunResult.read_file(tmp_path / "summary.json") == result
 
 
 def test_record_writer_keeps_records_and_skips_torn_line(tmp_path: Path) -> None:

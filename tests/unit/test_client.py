@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from harness.client.endpoint import Endpoint
 from harness.client.openai import SNIPPET_CHARS, OpenAIClient, RequestOutcome
-from harness.engines.base import Endpoint
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 SSE = GOLDEN / "sse"

@@ -19,8 +19,8 @@ from harness.gate.compare import (
     render_junit,
     render_markdown,
 )
-from harness.results.aggregate import GroupDone
 from harness.scenario.spec import GateSpec, parse_scenario
+from harness.store.events import GroupDone
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.cli import app

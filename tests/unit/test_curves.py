@@ -17,8 +17,6 @@ from harness.results.sweep_result import (
     SloLimits,
     SweepCounts,
     SweepResult,
-    read_sweep_result,
-    write_sweep_result,
 )
 from harness.scenario.spec import CostSpec
 from reports.curves import (
@@ -104,8 +102,8 @@ def test_capacity_figure_shades_the_tpot_region_only_when_there_is_a_limit() -> 
 
 def test_reports_are_written_from_the_stored_result_alone(tmp_path: Path) -> None:
     path = tmp_path / "sweep.json"
-    write_sweep_result(result(), path)
-    paths = write_sweep_reports(read_sweep_result(path), tmp_path / "report")
+    result().write_file(path)
+    paths = write_sweep_reports(SweepResult.read_file(path), tmp_path / "report")
     names = sorted(p.name for p in paths)
     assert names == ["capacity.md", "capacity.png", "capacity.svg", "sweep.csv", "ttft_p99.png", "ttft_p99.svg"]
     assert (tmp_path / "report" / "capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -120,7 +118,7 @@ def test_reports_are_written_from_the_stored_result_alone(tmp_path: Path) -> Non
     assert "GPUs saved by AMG-ON vs AMG-OFF at 100 req/s: 50 − 26 = 24 GPUs, $525,600/year" in markdown
     # redrawing gives byte-identical vector output
     first = (tmp_path / "report" / "capacity.svg").read_bytes()
-    write_sweep_reports(read_sweep_result(path), tmp_path / "report")
+    write_sweep_reports(SweepResult.read_file(path), tmp_path / "report")
     assert (tmp_path / "report" / "capacity.svg").read_bytes() == first
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from harness.client.endpoint import Endpoint
 from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.client.scrape import (
     AUTO,
@@ -44,7 +45,6 @@ from harness.client.scrape import (
     cache_counter_deltas,
     delta,
     detect_family,
-    family_for_engine,
     hit_rates,
     metric_value,
     metrics_path,
@@ -52,11 +52,13 @@ from harness.client.scrape import (
     summarize,
     summarize_lmcache,
 )
-from harness.engines.base import Endpoint, EngineFacts, LaunchContext
-from harness.engines.configs import OpenAIEngineConfig, SimEngineConfig, TrtllmEngineConfig
+from harness.engines.base import EngineFacts, LaunchContext
+from harness.engines.configs import OpenAIEngineConfig, TrtllmEngineConfig
+from harness.engines.kinds import metrics_family
 from harness.engines.openai import OpenAIEngine
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
 from harness.engines.trtllm_offload import render_trtllm_options
+from harness.sim.config import SimEngineConfig
 from harness.sim.engine import SimEngine
 from offload.profiles import BUILTIN_PROFILES
 
@@ -94,7 +96,7 @@ class Target:
 
     @property
     def metrics_family(self) -> str:
-        return family_for_engine(self.kind)
+        return metrics_family(self.kind)
 
     @property
     def metrics_path(self) -> str:
@@ -381,7 +383,7 @@ def test_every_engine_column_names_the_engine_prefix() -> None:
         assert all(name.startswith(("lmcache:", "lmcache_mp_")) for name in spec.names["lmcache"])
         assert spec.kind == "counter"
     for kind in ("sim", "vllm", "sglang", "trtllm", "openai"):
-        assert family_for_engine(kind) in (VLLM, SGLANG, TRTLLM, AUTO)
+        assert metrics_family(kind) in (VLLM, SGLANG, TRTLLM, AUTO)
 
 
 def test_label_selectors_split_cache_sources_and_fall_back_on_old_versions() -> None:

@@ -28,8 +28,8 @@ import pytest
 
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
 from harness.engines.configs import SglangEngineConfig, TrtllmEngineConfig
+from harness.engines.kinds import create_engine, engine_kinds
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
-from harness.engines.registry import create_engine, engine_kinds
 from harness.engines.sglang import (
     PYTHON_ENV_VAR,
     EngineRequestError,

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.scenario.spec import MultiUserQA, load_scenario, parse_scenario
+from harness.scenario.spec import load_scenario, parse_scenario
 from harness.sim.tokenizer import SimTokenizer
 from kvbench.errors import ScenarioError
+from workloads.config import MultiUserQA
 from workloads.multi_user import (
     MultiUserWorkload,
     expected_mean_prompt_tokens,

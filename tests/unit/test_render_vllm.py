@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
 from harness.engines.configs import VllmEngineConfig
-from harness.engines.registry import create_engine, engine_kinds
+from harness.engines.kinds import create_engine, engine_kinds
 from harness.engines.vllm import (
     PYTHON_ENV_VAR,
     EngineRequestError,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from harness.sim.profiles import Deployment
 from harness.sim.timemodel import TimeModel
 from kvbench.cli.sim import sim_app
+from offload.shapes import Deployment
 
 runner = CliRunner()
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from harness.engines.configs import Parallelism, SimEngineConfig
-from harness.sim.profiles import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
+from harness.engines.configs import Parallelism
+from harness.sim.config import SimEngineConfig
 from harness.sim.settings import SimSettings
 from harness.sim.timemodel import StepWork, TimeModel
 from offload.profiles import BUILTIN_PROFILES
+from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
 
 
 def timing(model: str, hardware: str = "h100-sxm", tp: int = 1, dtype: str | None = None) -> TimeModel:

@@ -20,7 +20,7 @@ from harness.results.capacity import (
     savings,
 )
 from harness.results.sweep_metrics import LATENCY_METRICS, SCALAR_METRICS, PointDone
-from harness.results.sweep_result import PointResult, read_sweep_result, write_sweep_result
+from harness.results.sweep_result import PointResult, SweepResult
 from harness.runs.sweep import aggregate_sweep
 from harness.scenario.spec import CostSpec, Scenario, parse_scenario
 from harness.store.records import RequestRecord
@@ -220,13 +220,13 @@ def test_analytical_comparison_is_stored_beside_each_common_load() -> None:
 def test_result_round_trips_and_unknown_versions_are_refused(tmp_path: Path) -> None:
     result = aggregate_sweep(scenario(), "run", arm_records("AMG-OFF"), [done("AMG-OFF")])
     path = tmp_path / "sweep.json"
-    write_sweep_result(result, path)
-    assert read_sweep_result(path) == result
+    result.write_file(path)
+    assert SweepResult.read_file(path) == result
     data = json.loads(path.read_text())
     data["schema_version"] = 99
     path.write_text(json.dumps(data))
     with pytest.raises(RunDirError, match="schema_version 99"):
-        read_sweep_result(path)
+        SweepResult.read_file(path)
 
 
 def test_load_scenario_rules_name_the_file_and_field() -> None:

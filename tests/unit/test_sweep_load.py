@@ -14,14 +14,14 @@ from itertools import pairwise
 import pytest
 from aiohttp import web
 
+from harness.client.endpoint import Endpoint
 from harness.client.openai import OpenAIClient
 from harness.client.pool import ProcessClientPool
-from harness.engines.base import Endpoint
 from harness.runs.load import LoadPlan, RecordContext, run_load
-from harness.scenario.spec import MultiUserQA
 from harness.sim.fixed import FixedLatency, FixedServer
 from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
+from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
 TTFT_S = 0.05

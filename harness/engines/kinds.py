@@ -1,0 +1,97 @@
+"""The engine kinds kvbench knows: one row per kind, read by every stage that differs per kind.
+
+A row names, as ``"module:attribute"`` strings imported on first use (so ``kvbench --help`` and a
+simulator run never import vLLM's renderers):
+
+* ``config``: the pydantic model of the scenario's ``engine:`` section for this kind;
+* ``factory``: the :class:`~harness.engines.base.Engine` that starts (or attaches to) it;
+* ``check_supported``: ``f(profile, config, between_turns)`` raising ``ValueError`` when the
+  kind cannot realise an arm's offload profile (None: every profile is accepted);
+* ``metrics``: the family of ``/metrics`` names it exposes (:mod:`harness.client.scrape`).
+
+Adding an engine is adding a row here and the modules it names; no other stage branches on kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+from harness.client.scrape import AUTO, SGLANG, TRTLLM, VLLM, EngineFamily
+from offload.profiles import OffloadProfile
+
+from .base import Engine, EngineConfigModel, LaunchContext
+
+
+class EngineFactory(Protocol):
+    def __call__(self, config: EngineConfigModel, context: LaunchContext) -> Engine: ...
+
+
+SupportCheck = Callable[[OffloadProfile, EngineConfigModel, str | None], None]
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    kind: str
+    config: str
+    factory: str
+    check_supported: str | None
+    metrics: EngineFamily
+
+
+KINDS: Mapping[str, EngineKind] = MappingProxyType(
+    {
+        row.kind: row
+        for row in (
+            EngineKind("sim", "harness.sim.config:SimEngineConfig", "harness.sim.engine:SimEngine", None, VLLM),
+            EngineKind("openai", "harness.engines.configs:OpenAIEngineConfig", "harness.engines.openai:OpenAIEngine",
+                       None, AUTO),
+            EngineKind("vllm", "harness.engines.configs:VllmEngineConfig", "harness.engines.vllm:VllmEngine",
+                       "harness.engines.vllm_offload:check_supported", VLLM),
+            EngineKind("sglang", "harness.engines.configs:SglangEngineConfig", "harness.engines.sglang:SglangEngine",
+                       "harness.engines.sglang_offload:check_supported", SGLANG),
+            EngineKind("trtllm", "harness.engines.configs:TrtllmEngineConfig", "harness.engines.trtllm:TrtllmEngine",
+                       "harness.engines.trtllm_offload:check_supported", TRTLLM),
+        )
+    }
+)  # fmt: skip
+
+
+def engine_kinds() -> list[str]:
+    return sorted(KINDS)
+
+
+def engine_kind(kind: str) -> EngineKind:
+    row = KINDS.get(kind)
+    if row is None:
+        raise KeyError(f"no engine registered for kind {kind!r}; known: {', '.join(engine_kinds())}")
+    return row
+
+
+def load_attribute(target: str) -> object:
+    """Import ``"module:attribute"`` and return the attribute."""
+    module_name, attribute = target.split(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def metrics_family(kind: str) -> EngineFamily:
+    """The metric family of an engine kind (``auto`` for kinds kvbench does not know)."""
+    row = KINDS.get(kind)
+    return row.metrics if row is not None else AUTO
+
+
+def check_supported(config: EngineConfigModel, profile: OffloadProfile, between_turns: str | None) -> None:
+    """Raise ValueError when ``config``'s engine kind cannot realise ``profile``."""
+    target = engine_kind(config.kind).check_supported
+    if target is None:
+        return
+    check: SupportCheck = load_attribute(target)  # type: ignore[assignment]
+    check(profile, config, between_turns)
+
+
+def create_engine(config: EngineConfigModel, context: LaunchContext) -> Engine:
+    factory: EngineFactory = load_attribute(engine_kind(config.kind).factory)  # type: ignore[assignment]
+    return factory(config, context)

@@ -1,0 +1,187 @@
+"""Workload configuration: the ``workload:`` section of a scenario, owned by the workload stage.
+
+Two kinds, joined on ``kind``: ``multi_round_qa`` (the unloaded probe: per context length, N
+conversations of T turns, turn 2 measuring a returning user) and ``multi_user_qa`` (many users
+under load, for sweeps and soaks; lengths, rounds and think times drawn from :data:`Distribution`).
+Token counts are tokens of the engine's own tokenizer; times are seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from kvbench.schema import StrictModel
+
+
+class BetweenTurns(StrictModel):
+    """How turn 2 is made to measure a *returning* user, whose KV has left GPU memory.
+
+    * ``reset_prefix_cache``: ask the engine to drop its GPU prefix cache between turns
+      (vLLM ``POST /reset_prefix_cache``, SGLang ``/flush_cache``, the simulator); offload tiers stay.
+    * ``disable_prefix_cache``: start the engine with its GPU prefix cache off, so only an
+      offload tier can serve turn 2.
+    * ``filler``: send unrelated prompts between turns until the GPU cache has been overwritten.
+    * ``none``: do nothing (measures the hot-cache case, useful as a sanity check).
+    """
+
+    mode: Literal["reset_prefix_cache", "disable_prefix_cache", "filler", "none"] = "reset_prefix_cache"
+    filler_tokens: int = Field(
+        default=0, ge=0, description="With mode=filler: total prompt tokens of filler traffic per gap."
+    )
+    filler_request_tokens: int = Field(default=4000, ge=16, description="Prompt tokens per filler request.")
+
+    @model_validator(mode="after")
+    def _filler_needs_tokens(self) -> BetweenTurns:
+        if self.mode == "filler" and self.filler_tokens <= 0:
+            raise ValueError("mode 'filler' needs filler_tokens > 0 (enough to overwrite the GPU KV cache)")
+        return self
+
+
+class MultiRoundQAProbe(StrictModel):
+    """Unloaded multi-round QA probe: per context length, N conversations with T turns each."""
+
+    kind: Literal["multi_round_qa"]
+    context_tokens: list[Annotated[int, Field(ge=16, le=2_000_000)]] = Field(min_length=1)
+    conversations: int = Field(default=2, ge=1, description="Independent conversations per length.")
+    turns: int = Field(default=2, ge=2, le=64)
+    question_tokens: int = Field(default=32, ge=4)
+    answer_tokens: int = Field(default=16, ge=1, description="max_tokens of every answer.")
+    ignore_eos: bool = Field(
+        default=True, description="Ask the engine to ignore EOS so every answer has answer_tokens tokens."
+    )
+    api: Literal["chat", "completions"] = "chat"
+    between_turns: BetweenTurns = BetweenTurns()
+    warmup_requests: int = Field(default=2, ge=0, description="Unmeasured requests after start-up.")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("context_tokens")
+    @classmethod
+    def _sorted_unique(cls, values: list[int]) -> list[int]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"context lengths must be unique, got {values}")
+        return sorted(values)
+
+
+class _DistBase(StrictModel):
+    """Optional clipping bounds shared by every distribution (applied after sampling)."""
+
+    min: float | None = Field(default=None, description="Samples below are raised to it.")
+    max: float | None = Field(default=None, description="Samples above are lowered to it.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> _DistBase:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) is above max ({self.max:g})")
+        return self
+
+
+class FixedDist(_DistBase):
+    """Always ``value`` (a bare number in YAML means this)."""
+
+    dist: Literal["fixed"]
+    value: float = Field(ge=0)
+
+
+class UniformDist(_DistBase):
+    """Uniform on [low, high]; integer quantities (tokens, rounds) draw integers, both ends included."""
+
+    dist: Literal["uniform"]
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UniformDist:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) is above high ({self.high:g})")
+        return self
+
+
+class NormalDist(_DistBase):
+    """Normal with this mean and standard deviation (negative samples become 0)."""
+
+    dist: Literal["normal"]
+    mean: float = Field(ge=0)
+    std: float = Field(ge=0)
+
+
+class LogNormalDist(_DistBase):
+    """Log-normal whose own mean and standard deviation are ``mean`` and ``std`` (long right tail)."""
+
+    dist: Literal["lognormal"]
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+
+
+class ExponentialDist(_DistBase):
+    """Exponential with this mean (think times, gaps)."""
+
+    dist: Literal["exponential"]
+    mean: float = Field(gt=0)
+
+
+class ChoiceDist(_DistBase):
+    """One of ``values``, with optional relative ``weights``."""
+
+    dist: Literal["choice"]
+    values: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    weights: list[Annotated[float, Field(ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> ChoiceDist:
+        if self.weights is not None:
+            if len(self.weights) != len(self.values):
+                raise ValueError(f"{len(self.weights)} weights for {len(self.values)} values")
+            if not sum(self.weights) > 0:
+                raise ValueError("weights must not all be 0")
+        return self
+
+
+def _bare_number_is_fixed(value: object) -> object:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"dist": "fixed", "value": value}
+    return value
+
+
+Distribution = Annotated[
+    FixedDist | UniformDist | NormalDist | LogNormalDist | ExponentialDist | ChoiceDist,
+    Field(discriminator="dist"),
+    BeforeValidator(_bare_number_is_fixed),
+]
+"""A number (fixed) or a mapping with ``dist``: fixed, uniform, normal, lognormal, exponential, choice."""
+
+
+class MultiUserQA(StrictModel):
+    """Many users, each a multi-round QA conversation, driven under load by ``kvbench sweep``.
+
+    Every user has the shared system prompt, a private context (document, code, history) and a
+    number of rounds; each round resends the whole history plus a new question. Lengths, rounds
+    and think times are drawn per user from the distributions below, deterministically from the
+    scenario seed, so every arm and every load point sees the same users.
+    """
+
+    kind: Literal["multi_user_qa"]
+    users: int = Field(
+        default=10_000, ge=1, description="Distinct users; sessions cycle through them (user = session % users)."
+    )
+    rounds: Distribution = Field(description="Rounds per session (integer), e.g. {dist: uniform, low: 2, high: 11}.")
+    system_prompt_tokens: int = Field(default=0, ge=0, description="Shared system prompt S (same for all users).")
+    context_tokens: Distribution = Field(description="Per-user context tokens (sent in round 1, kept in history).")
+    question_tokens: Distribution = Field(default=FixedDist(dist="fixed", value=32))
+    answer_tokens: Distribution = Field(
+        default=FixedDist(dist="fixed", value=100), description="max_tokens of each answer (integer, >= 1)."
+    )
+    think_time_s: Distribution = Field(
+        default=FixedDist(dist="fixed", value=0), description="Pause after an answer before the user's next round."
+    )
+    max_prompt_tokens: int | None = Field(
+        default=None, ge=16, description="A session ends early rather than send a longer prompt (model limit)."
+    )
+    ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have max_tokens.")
+    api: Literal["chat", "completions"] = "chat"
+    warmup_requests: int = Field(default=2, ge=0, description="Unmeasured requests after each engine start.")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+
+WorkloadConfig = Annotated[MultiRoundQAProbe | MultiUserQA, Field(discriminator="kind")]
