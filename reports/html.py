@@ -26,8 +26,9 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
 from harness.results.run_result import RunResult
-from harness.results.soak_result import IntervalStats, SoakResult, read_intervals
+from harness.results.soak_result import SoakResult
 from harness.scenario.spec import Scenario
+from harness.store.events import IntervalStats
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
 from kvbench import __version__
@@ -112,7 +113,7 @@ def load_probe(path: Path) -> ProbeSource:
 
 def load_soak(path: Path) -> SoakSource:
     result = SoakResult.read_file(path / "soak.json")
-    intervals = read_intervals(path / "intervals.jsonl")
+    intervals = RunDir(path).intervals()
     return SoakSource(path, result, intervals, read_manifest(path / "manifest.json"), _scenario_of(path))
 
 

@@ -1,8 +1,8 @@
 """Stored result files for report and playbook tests, written through the harness's own writers.
 
 A probe run directory is built from synthetic per-request records and aggregated by
-:func:`harness.runs.probe.summarize_run_dir`, exactly as ``kvbench report`` does; a soak
-directory holds intervals appended by :func:`append_interval` and a soak.json from
+:func:`harness.results.aggregate.summarize_run_dir`, exactly as ``kvbench report`` does; a soak
+directory holds intervals appended by :meth:`RunDir.append_interval` and a soak.json from
 :func:`summarize_soak`. Nothing here hard-codes a result: every number is computed from records.
 """
 
@@ -12,11 +12,10 @@ import json
 import random
 from pathlib import Path
 
-from harness.results.soak_result import IntervalStats, append_interval
-from harness.runs.probe import summarize_run_dir
-from harness.runs.soak import intervals_file, summarize_soak
+from harness.results.aggregate import summarize_run_dir
+from harness.results.soak import summarize_soak
 from harness.scenario.spec import parse_scenario
-from harness.store.events import GroupDone, MetricsDelta
+from harness.store.events import GroupDone, IntervalStats, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 
@@ -110,8 +109,7 @@ def make_soak_dir(parent: Path, *, name: str = "soak", error_burst: bool = False
         errors = 12 if error_burst and index in (12, 13) else 0
         requests = 60
         p99 = 180 + rng.uniform(-15, 15)
-        append_interval(
-            intervals_file(run_dir),
+        run_dir.append_interval(
             IntervalStats(
                 index=index, attempt=0, start_unix_ns=1_700_000_000 * 10**9 + index * 30 * 10**9,
                 duration_ns=30 * 10**9, requests=requests, ok=requests - errors, errors=errors,

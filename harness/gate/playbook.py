@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from harness.results.run_result import Frozen, RunResult
 from harness.scenario.spec import Duration
+from harness.store.rundir import RunDir
 from kvbench.errors import KvbenchError, RunDirError
 from kvbench.schema import StrictModel
 
@@ -231,14 +232,10 @@ def attach_run(path: Path, stage: str, run_dir: Path) -> Playbook:
 
 
 def run_kind(path: Path) -> Literal["probe", "soak", "sweep", "unknown"]:
-    """What a result directory holds: a probe run (summary.json), a soak, or a sweep."""
-    if (path / "soak.json").exists() or (path / "intervals.jsonl").exists():
-        return "soak"
-    if (path / "sweep.json").exists():
-        return "sweep"
-    if (path / "summary.json").exists() or (path / "records.jsonl").exists():
-        return "probe"
-    return "unknown"
+    """What a result directory holds: a probe run, a sweep or a soak (the run directory's own word), or nothing."""
+    if not (path / "scenario.yaml").exists():
+        return "unknown"
+    return RunDir(path).kind
 
 
 # --------------------------------------------------------------------------------------------

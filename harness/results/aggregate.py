@@ -15,6 +15,7 @@ import pandas as pd
 from harness.scenario.spec import Scenario
 from harness.store.events import GroupDone, GroupKey, MetricsDelta
 from harness.store.records import RequestRecord
+from harness.store.rundir import RunDir
 from kvbench import __version__
 
 from .run_result import (
@@ -201,3 +202,11 @@ def _cache_stats(
                 if found is not None:
                     out.append(CacheStats(arm=arm, context_tokens=context, turn=turn, **found))
     return out
+
+
+def summarize_run_dir(run_dir: RunDir) -> RunResult:
+    """Aggregate a probe run directory's stored files into summary.json (used by run and report)."""
+    scenario = run_dir.scenario()
+    result = aggregate(scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics())
+    result.write_file(run_dir.summary_file)
+    return result

@@ -32,10 +32,8 @@ Each failed criterion names the intervals that broke it.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -44,8 +42,8 @@ from pydantic import Field
 from scipy import stats
 
 from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
+from harness.store.events import IntervalStats
 from harness.store.records import RequestRecord
-from kvbench.errors import RunDirError
 from kvbench.schema import VersionedFile
 
 from .run_result import Frozen
@@ -57,58 +55,6 @@ MIN_DRIFT_POINTS = 4
 CriterionName = Literal["slo_compliance", "error_rate", "drift", "hit_rate_floor", "restarts"]
 CriterionStatus = Literal["pass", "fail", "not_evaluated"]
 VerdictValue = Literal["PASS", "FAIL", "INCOMPLETE"]
-
-
-class IntervalStats(Frozen):
-    """Aggregates of the requests that completed in one interval, plus the engine's /metrics."""
-
-    index: int = Field(description="0-based interval number within the window.")
-    attempt: int = Field(description="Which invocation (0 = first, each --resume adds one) measured it.")
-    start_unix_ns: int = Field(description="Wall clock at the interval's start (time.time_ns()).")
-    duration_ns: int
-    requests: int = Field(description="Requests that completed (or failed) in the interval.")
-    ok: int
-    errors: int
-    errors_by_kind: dict[str, int] = Field(default_factory=dict)
-    http_statuses: dict[str, int] = Field(default_factory=dict, description="Failed requests by HTTP status.")
-    rps: float = Field(description="Completed requests per second.")
-    ttft_p50_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    tpot_p50_ms: float | None = None
-    tpot_p99_ms: float | None = None
-    slo_met: int | None = Field(default=None, description="Requests that succeeded within every SLO target.")
-    slo_missed: dict[str, int] = Field(
-        default_factory=dict, description="Requests over each target (ttft, tpot, e2e) or failed (failed)."
-    )
-    slo_missed_cached: int = Field(
-        default=0, description="Successful requests over a target that were served partly from a cache."
-    )
-    hit_rate: float | None = Field(default=None, description="Prompt tokens served from a cache / prompt tokens.")
-    hit_rate_source: Literal["metrics", "usage"] | None = None
-    kv_usage: float | None = Field(default=None, description="GPU KV-cache usage (0..1) at the interval's end.")
-    restarts: int = Field(default=0, description="Engine restarts seen at the interval's end.")
-    metrics_error: str | None = Field(default=None, description="Why /metrics could not be read, if it could not.")
-    counters: dict[str, float] = Field(
-        default_factory=dict, description="Cumulative /metrics counters at the end (restart detection on resume)."
-    )
-
-    @property
-    def error_rate(self) -> float | None:
-        return self.errors / self.requests if self.requests else None
-
-    @property
-    def slo_compliance(self) -> float | None:
-        if self.slo_met is None or not self.requests:
-            return None
-        return self.slo_met / self.requests
-
-    @property
-    def elapsed_start_s(self) -> float:
-        return self.index * self.duration_ns / NS_PER_S
-
-    def metric(self, name: str) -> float | None:
-        value = getattr(self, f"{name}_ms", None)
-        return None if value is None else float(value)
 
 
 class CriterionResult(Frozen):
@@ -314,36 +260,6 @@ class MetricsReading:
 # --------------------------------------------------------------------------------------------
 # Files
 # --------------------------------------------------------------------------------------------
-
-
-def append_interval(path: Path, stats_: IntervalStats) -> None:
-    """Append one interval to intervals.jsonl and fsync it."""
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(stats_.model_dump_json() + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def read_intervals(path: Path) -> list[IntervalStats]:
-    """The intervals of intervals.jsonl; a torn last line (a killed writer) is skipped.
-
-    When a resumed attempt re-measured an interval index, the later attempt's line wins.
-    """
-    if not path.exists():
-        return []
-    by_index: dict[int, IntervalStats] = {}
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = IntervalStats.model_validate_json(line)
-        except ValueError as error:
-            if number == len(lines) and not line.endswith("\n"):
-                break
-            raise RunDirError(f"{path}:{number}: not a valid interval: {error}") from None
-        by_index[item.index] = item
-    return [by_index[index] for index in sorted(by_index)]
 
 
 # --------------------------------------------------------------------------------------------

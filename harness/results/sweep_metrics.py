@@ -26,37 +26,12 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from .run_result import Frozen
+from harness.store.events import PointDone
+
 from .sweep_result import PointResult, Quantiles, SloLimits
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
-
-
-class PointDone(Frozen):
-    """A progress event (``points.jsonl``): one load point of one arm finished in this attempt."""
-
-    arm: str
-    point: int
-    load: float
-    attempt: int
-    start_ns: int
-    window_start_ns: int
-    window_end_ns: int
-    end_ns: int
-    sent: int
-    measured: int
-    errors: int
-    sessions: int
-    max_in_flight: int
-    late_arrivals: int
-    cancelled: int
-    metrics: dict[str, float] | None = None
-    """Engine /metrics counter deltas over the window (tag -> value), when the engine has /metrics."""
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.arm, self.point)
 
 
 @dataclass(frozen=True)

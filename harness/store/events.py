@@ -4,14 +4,21 @@
   in an attempt; resume skips it.
 * :class:`MetricsDelta` (``engine_metrics.jsonl``): the engine's ``/metrics`` counter deltas over
   one turn of one group, keyed by metric tag (tokens or queries, as counted by the engine).
+* :class:`PointDone` (``points.jsonl``): a sweep's load point finished, with its window edges
+  (monotonic ns) and counters.
+* :class:`IntervalStats` (``intervals.jsonl``): a soak interval's aggregates (a soak keeps raw
+  records on disk and aggregates per interval as it goes, so memory stays flat over hours).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 GroupKey = tuple[str, int, int]
 """(arm, repetition, context_tokens)"""
+NS_PER_S = 1_000_000_000
 
 
 class Frozen(BaseModel):
@@ -44,3 +51,81 @@ class MetricsDelta(Frozen):
     @property
     def key(self) -> GroupKey:
         return (self.arm, self.repetition, self.context_tokens)
+
+
+class PointDone(Frozen):
+    """A progress event (``points.jsonl``): one load point of one arm finished in this attempt."""
+
+    arm: str
+    point: int
+    load: float
+    attempt: int
+    start_ns: int
+    window_start_ns: int
+    window_end_ns: int
+    end_ns: int
+    sent: int
+    measured: int
+    errors: int
+    sessions: int
+    max_in_flight: int
+    late_arrivals: int
+    cancelled: int
+    metrics: dict[str, float] | None = None
+    """Engine /metrics counter deltas over the window (tag -> value), when the engine has /metrics."""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.arm, self.point)
+
+
+class IntervalStats(Frozen):
+    """Aggregates of the requests that completed in one interval, plus the engine's /metrics."""
+
+    index: int = Field(description="0-based interval number within the window.")
+    attempt: int = Field(description="Which invocation (0 = first, each --resume adds one) measured it.")
+    start_unix_ns: int = Field(description="Wall clock at the interval's start (time.time_ns()).")
+    duration_ns: int
+    requests: int = Field(description="Requests that completed (or failed) in the interval.")
+    ok: int
+    errors: int
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    http_statuses: dict[str, int] = Field(default_factory=dict, description="Failed requests by HTTP status.")
+    rps: float = Field(description="Completed requests per second.")
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    slo_met: int | None = Field(default=None, description="Requests that succeeded within every SLO target.")
+    slo_missed: dict[str, int] = Field(
+        default_factory=dict, description="Requests over each target (ttft, tpot, e2e) or failed (failed)."
+    )
+    slo_missed_cached: int = Field(
+        default=0, description="Successful requests over a target that were served partly from a cache."
+    )
+    hit_rate: float | None = Field(default=None, description="Prompt tokens served from a cache / prompt tokens.")
+    hit_rate_source: Literal["metrics", "usage"] | None = None
+    kv_usage: float | None = Field(default=None, description="GPU KV-cache usage (0..1) at the interval's end.")
+    restarts: int = Field(default=0, description="Engine restarts seen at the interval's end.")
+    metrics_error: str | None = Field(default=None, description="Why /metrics could not be read, if it could not.")
+    counters: dict[str, float] = Field(
+        default_factory=dict, description="Cumulative /metrics counters at the end (restart detection on resume)."
+    )
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.requests if self.requests else None
+
+    @property
+    def slo_compliance(self) -> float | None:
+        if self.slo_met is None or not self.requests:
+            return None
+        return self.slo_met / self.requests
+
+    @property
+    def elapsed_start_s(self) -> float:
+        return self.index * self.duration_ns / NS_PER_S
+
+    def metric(self, name: str) -> float | None:
+        value = getattr(self, f"{name}_ms", None)
+        return None if value is None else float(value)

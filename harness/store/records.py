@@ -8,7 +8,6 @@ reports.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.client.errors import ErrorKind
+
+from .jsonl import iter_jsonl
 
 Phase = Literal["warmup", "measure", "filler"]
 
@@ -95,24 +96,4 @@ class RecordWriter:
 
 def read_records(path: Path) -> Iterator[RequestRecord]:
     """Yield the records of a JSONL file; a torn last line (a killed writer) is skipped."""
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8") as handle:
-        lines = handle.readlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            yield RequestRecord.model_validate_json(line)
-        except ValueError:
-            if number == len(lines) and not line.endswith("\n"):
-                return  # the process died mid-write; everything before it is intact
-            raise
-
-
-def append_jsonl(path: Path, payload: dict[str, object]) -> None:
-    """Append one JSON object as a line and fsync (for small, rare progress events)."""
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(payload, sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    return iter_jsonl(path, RequestRecord)

@@ -1,37 +1,48 @@
-"""The run directory: where a run's files live and how they are read back.
+"""The run directory: it owns every file name, knows its run kind and its next attempt number.
 
 RUN_DIR/
   scenario.yaml        the validated scenario, as run (resume reads it)
   manifest.json        versions, host, git SHA, engine command lines (redacted), attempts
-  records.jsonl        one RequestRecord per request, appended as each completes
-  progress.jsonl       one line per finished (arm, repetition, context length) group
-  engine_metrics.jsonl /metrics counter deltas per group and turn
-  summary.json         the versioned RunResult (rebuilt by `kvbench report`)
+  records.jsonl        one RequestRecord per request, appended as each completes (every kind)
+  progress.jsonl       probe: one GroupDone per finished (arm, repetition, context length)
+  engine_metrics.jsonl probe: /metrics counter deltas per group and turn
+  summary.json         probe: the versioned RunResult (rebuilt by `kvbench report`)
+  points.jsonl         sweep: one PointDone per finished (arm, load point)
+  sweep.json           sweep: the versioned SweepResult
+  intervals.jsonl      soak: one IntervalStats per finished interval
+  soak.json            soak: the versioned SoakResult (verdict)
   logs/<arm>/          engine logs
-  report/              tables rendered from summary.json
+  report/              tables and plots rendered from the result file
+
+Every event file is append-only JSON Lines (:mod:`.jsonl`); result files are rewritten atomically.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
 from harness.scenario.spec import Scenario, parse_scenario
 from kvbench.errors import RunDirError
 
-from .events import GroupDone, MetricsDelta
-from .records import RequestRecord, append_jsonl, read_records
+from .events import GroupDone, IntervalStats, MetricsDelta, PointDone
+from .jsonl import append_jsonl, read_jsonl
+from .manifest import read_manifest
+from .records import RequestRecord, read_records
+
+RunKind = Literal["probe", "sweep", "soak"]
 
 
 @dataclass(frozen=True)
 class RunDir:
     path: Path
 
+    # -- file names -------------------------------------------------------------------------
     @property
     def scenario_file(self) -> Path:
         return self.path / "scenario.yaml"
@@ -55,6 +66,22 @@ class RunDir:
     @property
     def summary_file(self) -> Path:
         return self.path / "summary.json"
+
+    @property
+    def points_file(self) -> Path:
+        return self.path / "points.jsonl"
+
+    @property
+    def sweep_file(self) -> Path:
+        return self.path / "sweep.json"
+
+    @property
+    def intervals_file(self) -> Path:
+        return self.path / "intervals.jsonl"
+
+    @property
+    def soak_file(self) -> Path:
+        return self.path / "soak.json"
 
     @property
     def report_dir(self) -> Path:
@@ -92,6 +119,15 @@ class RunDir:
             raise RunDirError(f"{path}: no scenario.yaml, so this is not a kvbench run directory")
         return run_dir
 
+    @property
+    def kind(self) -> RunKind:
+        """What this directory holds, from the files its runner writes (a soak's scenario is also a sweep's)."""
+        if self.intervals_file.exists() or self.soak_file.exists():
+            return "soak"
+        if self.points_file.exists() or self.sweep_file.exists():
+            return "sweep"
+        return "probe"
+
     # -- reading --------------------------------------------------------------------------
     def scenario(self) -> Scenario:
         data = yaml.safe_load(self.scenario_file.read_text(encoding="utf-8"))
@@ -101,36 +137,43 @@ class RunDir:
         return list(read_records(self.records_file))
 
     def groups_done(self) -> list[GroupDone]:
-        return [GroupDone.model_validate(event) for event in _read_jsonl(self.progress_file)]
+        return read_jsonl(self.progress_file, GroupDone)
 
     def metrics(self) -> list[MetricsDelta]:
-        return [MetricsDelta.model_validate(event) for event in _read_jsonl(self.metrics_file)]
+        return read_jsonl(self.metrics_file, MetricsDelta)
 
-    def last_attempt(self) -> int:
-        attempts = [record.attempt for record in self.records()]
-        attempts += [event.attempt for event in self.groups_done()]
-        return max(attempts, default=-1)
+    def points(self) -> list[PointDone]:
+        return read_jsonl(self.points_file, PointDone)
+
+    def intervals(self) -> list[IntervalStats]:
+        """The soak's intervals by index; where a resumed attempt re-measured an index, the later line wins."""
+        by_index = {item.index: item for item in read_jsonl(self.intervals_file, IntervalStats)}
+        return [by_index[index] for index in sorted(by_index)]
+
+    def attempts_started(self) -> int:
+        """Attempts the manifest recorded (0 before the first run starts)."""
+        if not self.manifest_file.exists():
+            return 0
+        return len(read_manifest(self.manifest_file).get("attempts", []))
+
+    def next_attempt(self) -> int:
+        """0 for a new directory; one more than any attempt seen in any stored file otherwise."""
+        seen = [record.attempt for record in self.records()]
+        seen += [event.attempt for event in self.groups_done()]
+        seen += [event.attempt for event in self.points()]
+        seen += [event.attempt for event in self.intervals()]
+        seen.append(self.attempts_started() - 1)
+        return max(seen, default=-1) + 1
 
     # -- appending ------------------------------------------------------------------------
     def mark_group_done(self, event: GroupDone) -> None:
-        append_jsonl(self.progress_file, event.model_dump())
+        append_jsonl(self.progress_file, event)
 
     def append_metrics(self, delta: MetricsDelta) -> None:
-        append_jsonl(self.metrics_file, delta.model_dump())
+        append_jsonl(self.metrics_file, delta)
 
+    def append_point(self, event: PointDone) -> None:
+        append_jsonl(self.points_file, event)
 
-def _read_jsonl(path: Path) -> list[dict[str, object]]:
-    if not path.exists():
-        return []
-    out = []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            if number == len(lines) and not line.endswith("\n"):
-                break  # torn final line of a killed writer
-            raise RunDirError(f"{path}:{number}: not valid JSON") from None
-    return out
+    def append_interval(self, stats: IntervalStats) -> None:
+        append_jsonl(self.intervals_file, stats)

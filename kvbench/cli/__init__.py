@@ -7,12 +7,16 @@ stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from kvbench import __version__
+
+if TYPE_CHECKING:
+    from harness.runs.kinds import SoakOverrides
+    from harness.store.rundir import RunDir, RunKind
 
 app = typer.Typer(
     name="kvbench",
@@ -53,6 +57,34 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _launch(
+    kind: RunKind, scenario: str | None, *, output_dir: Path | None, resume: Path | None,
+    overrides: SoakOverrides | None = None,
+) -> RunDir:
+    """Start (or resume) a run of ``kind`` through the one spine, then write every report of it."""
+    from harness.runs.kinds import launch
+    from harness.runs.progress import RichProgress
+    from harness.scenario.spec import load_scenario
+    from harness.store.rundir import RunDir
+    from kvbench.errors import KvbenchError
+    from reports.outputs import write_outputs
+
+    if (scenario is None) == (resume is None):
+        raise _fail("give either a scenario (a YAML file or a bundled name such as 'quickstart') or --resume RUN_DIR")
+    try:
+        loaded, source = load_scenario(scenario) if scenario is not None else (None, None)
+        with RichProgress(console) as progress:
+            run_dir, _ = launch(
+                kind, loaded, source=source, output_dir=output_dir, resume=resume, progress=progress,
+                overrides=overrides,
+            )
+        write_outputs(run_dir, console)
+    except KvbenchError as error:
+        raise _fail(str(error)) from None
+    assert isinstance(run_dir, RunDir)
+    return run_dir
+
+
 @app.callback(invoke_without_command=True)
 def main(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
@@ -76,29 +108,7 @@ def run(
     ] = None,
 ) -> None:
     """Run a scenario: every arm, the workload, then the t1/t2 TTFT table."""
-    from harness.runs.pipeline import rebuild_reports, run_scenario
-    from harness.runs.progress import RichProgress
-    from harness.scenario.spec import load_scenario
-    from harness.store.rundir import RunDir
-    from kvbench.errors import KvbenchError
-
-    try:
-        if resume is not None:
-            if scenario is not None:
-                raise _fail("give either a scenario or --resume RUN_DIR, not both")
-            run_dir = RunDir.open(resume)
-            loaded, source = run_dir.scenario(), run_dir.scenario_file
-        elif scenario is None:
-            raise _fail("missing scenario (a YAML file or a bundled name such as 'quickstart')")
-        else:
-            loaded, source = load_scenario(scenario)
-        with RichProgress(console) as progress:
-            run_dir = run_scenario(
-                loaded, source=source, output_dir=output_dir, resume=resume, progress=progress
-            )
-        rebuild_reports(run_dir, console)
-    except KvbenchError as error:
-        raise _fail(str(error)) from None
+    run_dir = _launch("probe", scenario, output_dir=output_dir, resume=resume)
     console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")
 
 
@@ -142,12 +152,11 @@ def report(
         ),
     ] = None,
 ) -> None:
-    """Rebuild summary.json (soak.json) and every report from stored files alone; --html for the case study."""
-    from harness.gate.playbook import run_kind
-    from harness.runs.pipeline import rebuild_reports
-    from harness.runs.soak import summarize_soak
+    """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
+    from harness.runs.kinds import summarize
     from harness.store.rundir import RunDir
     from kvbench.errors import KvbenchError
+    from reports.outputs import write_outputs
 
     dirs = list(run_dirs or [])
     if not dirs and playbook is None:
@@ -155,18 +164,12 @@ def report(
     if (playbook is not None or out is not None) and not html:
         raise _fail("--playbook and --out go with --html")
     try:
-        for run_dir in dirs:
-            kind = run_kind(run_dir)
-            if kind == "soak":
-                result = summarize_soak(RunDir.open(run_dir))
-                console.print(f"{run_dir}: soak verdict [bold]{result.verdict.verdict}[/]", highlight=False)
-                for reason in result.verdict.reasons:
-                    console.print(f"  - {reason}", highlight=False, markup=False)
-            elif kind == "sweep":
-                console.print(f"{run_dir}: a sweep (redraw its curves with kvbench sweep --report {run_dir})")
-            else:
-                for path in rebuild_reports(RunDir.open(run_dir), console):
-                    console.print(f"wrote {path}")
+        for path in dirs:
+            run_dir = RunDir.open(path)
+            summarize(run_dir)
+            console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False)
+            for written in write_outputs(run_dir, console):
+                console.print(f"wrote {written}")
         if html:
             from reports.html import report_html
 
@@ -192,39 +195,20 @@ def soak(
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted window.")] = None,
 ) -> None:
     """Stability window: the workload at its target load; per-interval stats and a PASS/FAIL verdict."""
-    from harness.runs.soak import RichSoakProgress, run_soak
-    from harness.scenario.spec import load_scenario, parse_duration
-    from harness.store.rundir import RunDir
-    from kvbench.errors import KvbenchError
+    from harness.runs.kinds import SoakOverrides
+    from harness.scenario.spec import parse_duration
 
     try:
-        if (scenario is None) == (resume is None):
-            raise _fail("give either a scenario or --resume SOAK_DIR")
-        try:
-            window_s = parse_duration(window) if window is not None else None
-            interval_s = parse_duration(interval) if interval is not None else None
-        except ValueError as error:
-            raise _fail(f"--window/--interval: {error}") from None
-        if resume is not None:
-            run_dir = RunDir.open(resume)
-            loaded, source = run_dir.scenario(), run_dir.scenario_file
-        else:
-            assert scenario is not None
-            loaded, source = load_scenario(scenario)
-        with RichSoakProgress(console) as progress:
-            run_dir, result = run_soak(
-                loaded, source=source, output_dir=output_dir, resume=resume, window_s=window_s,
-                interval_s=interval_s, load=load, arm=arm, progress=progress,
-            )  # fmt: skip
-    except KvbenchError as error:
-        raise _fail(str(error)) from None
-    verdict = result.verdict
-    color = {"PASS": "green", "FAIL": "red"}.get(verdict.verdict, "yellow")
-    console.print(f"Soak verdict: [bold {color}]{verdict.verdict}[/] ({result.completed_intervals} intervals)")
-    for criterion in verdict.criteria:
-        console.print(f"  {criterion.status:>13}  {criterion.name}: {criterion.reason}", highlight=False, markup=False)
+        window_s = parse_duration(window) if window is not None else None
+        interval_s = parse_duration(interval) if interval is not None else None
+    except ValueError as error:
+        raise _fail(f"--window/--interval: {error}") from None
+    overrides = SoakOverrides(window_s=window_s, interval_s=interval_s, load=load, arm=arm)
+    run_dir = _launch("soak", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
     console.print(f"Soak directory: [bold]{run_dir.path}[/]  (HTML: kvbench report --html {run_dir.path})")
-    if verdict.verdict == "FAIL":
+    from harness.results.soak_result import SoakResult
+
+    if SoakResult.read_file(run_dir.soak_file).verdict.verdict == "FAIL":
         raise typer.Exit(1)
 
 
@@ -341,30 +325,13 @@ def sweep(
     ] = None,
 ) -> None:
     """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved."""
-    from harness.runs.sweep import RichSweepProgress, rebuild_sweep_reports, run_sweep
-    from harness.scenario.spec import load_scenario
-    from harness.store.rundir import RunDir
-    from kvbench.errors import KvbenchError
-
-    try:
-        if sum(x is not None for x in (scenario, resume, report_only)) != 1:
+    if report_only is not None:
+        if scenario is not None or resume is not None:
             raise _fail("give exactly one of: a scenario, --resume RUN_DIR, --report RUN_DIR")
-        if report_only is not None:
-            for path in rebuild_sweep_reports(RunDir.open(report_only), console):
-                console.print(f"wrote {path}")
-            return
-        if resume is not None:
-            run_dir = RunDir.open(resume)
-            loaded, source = run_dir.scenario(), run_dir.scenario_file
-        else:
-            assert scenario is not None
-            loaded, source = load_scenario(scenario)
-        with RichSweepProgress(console) as progress:
-            run_dir = run_sweep(loaded, source=source, output_dir=output_dir, resume=resume, progress=progress)
-        rebuild_sweep_reports(run_dir, console)
-    except KvbenchError as error:
-        raise _fail(str(error)) from None
-    console.print(f"Run directory: [bold]{run_dir.path}[/]  (redraw: kvbench sweep --report {run_dir.path})")
+        report(run_dirs=[report_only])
+        return
+    run_dir = _launch("sweep", scenario, output_dir=output_dir, resume=resume)
+    console.print(f"Run directory: [bold]{run_dir.path}[/]  (redraw: kvbench report {run_dir.path})")
 
 
 @app.command()

@@ -12,17 +12,17 @@ import pytest
 from harness.client.scrape import parse_metrics
 from harness.results.soak_result import (
     IntervalAccumulator,
-    IntervalStats,
     MetricsReading,
-    append_interval,
     evaluate,
     planned_intervals,
-    read_intervals,
     trend,
 )
-from harness.runs.soak import counter_totals, interval_hit_rate, restarted, soak_arm, soak_scenario
+from harness.runs.soak import counter_totals, interval_hit_rate, restarted
+from harness.scenario.soak import soak_arm, soak_scenario
 from harness.scenario.spec import SLO, SoakSpec, parse_duration, parse_scenario
+from harness.store.events import IntervalStats
 from harness.store.records import RequestRecord
+from harness.store.rundir import RunDir
 from kvbench.errors import ScenarioError
 
 NS_MS = 1_000_000
@@ -187,13 +187,14 @@ def test_warmup_incomplete_and_unset_criteria() -> None:
 
 
 def test_intervals_file_survives_a_torn_line_and_resumes(tmp_path: Path) -> None:
-    path = tmp_path / "intervals.jsonl"
+    run_dir = RunDir(tmp_path)
+    path = run_dir.intervals_file
     for i in range(3):
-        append_interval(path, interval(i))
-    append_interval(path, interval(2, p99=999.0))  # a resumed attempt re-measured interval 2
+        run_dir.append_interval(interval(i))
+    run_dir.append_interval(interval(2, p99=999.0))  # a resumed attempt re-measured interval 2
     with path.open("a") as handle:
         handle.write('{"index": 3, "attem')  # killed mid-write
-    back = read_intervals(path)
+    back = run_dir.intervals()
     assert [i.index for i in back] == [0, 1, 2]
     assert back[2].ttft_p99_ms == 999.0
 

@@ -19,10 +19,11 @@ from harness.results.capacity import (
     predicted_ttft,
     savings,
 )
-from harness.results.sweep_metrics import LATENCY_METRICS, SCALAR_METRICS, PointDone
+from harness.results.sweep import aggregate_sweep
+from harness.results.sweep_metrics import LATENCY_METRICS, SCALAR_METRICS
 from harness.results.sweep_result import PointResult, SweepResult
-from harness.runs.sweep import aggregate_sweep
 from harness.scenario.spec import CostSpec, Scenario, parse_scenario
+from harness.store.events import PointDone
 from harness.store.records import RequestRecord
 from kvbench.cli import app
 from kvbench.errors import RunDirError, ScenarioError
@@ -261,8 +262,9 @@ def test_sweep_command_needs_exactly_one_source(tmp_path: Path) -> None:
 
 
 def test_resume_plans_only_unfinished_points_in_a_new_attempt(tmp_path: Path) -> None:
-    from harness.runs.sweep import SweepRunner, points_file, read_points
-    from harness.store.records import RecordWriter, append_jsonl
+    from harness.runs.sweep import SweepRunner
+    from harness.store.jsonl import append_jsonl
+    from harness.store.records import RecordWriter
     from harness.store.rundir import RunDir
 
     two_points = scenario(sweep={"mode": "concurrency", "values": [2, 4]})
@@ -270,10 +272,10 @@ def test_resume_plans_only_unfinished_points_in_a_new_attempt(tmp_path: Path) ->
     with RecordWriter(run_dir.records_file) as writer:
         for record in arm_records("AMG-OFF"):
             writer.append(record)
-    append_jsonl(points_file(run_dir), done("AMG-OFF").model_dump())
-    with points_file(run_dir).open("a") as handle:
+    append_jsonl(run_dir.points_file, done("AMG-OFF"))
+    with run_dir.points_file.open("a") as handle:
         handle.write('{"arm": "AMG-OFF", "point": 1')  # torn line of a killed writer
     runner = SweepRunner(run_dir.scenario(), run_dir)
     assert runner.attempt == 1
     assert runner.pending() == {"AMG-OFF": [1], "AMG-ON": [0, 1]}
-    assert [p.key for p in read_points(run_dir)] == [("AMG-OFF", 0)]
+    assert [p.key for p in run_dir.points()] == [("AMG-OFF", 0)]

@@ -1,0 +1,54 @@
+"""A soak's result: the verdict over its stored intervals -> ``soak.json`` (rebuilt by ``kvbench report``)."""
+
+from __future__ import annotations
+
+import math
+
+from harness.scenario.soak import describe_load, soak_arm, soak_scenario
+from harness.scenario.spec import Scenario, SoakSpec
+from harness.store.events import IntervalStats
+from harness.store.manifest import read_manifest
+from harness.store.rundir import RunDir
+from kvbench import __version__
+
+from .soak_result import SoakResult, evaluate, planned_intervals, totals
+
+
+def build_result(
+    run_dir: RunDir, scenario: Scenario, arm: str, intervals: list[IntervalStats], *, attempts: int
+) -> SoakResult:
+    spec = scenario.soak or SoakSpec()
+    sweep = scenario.sweep
+    planned = planned_intervals(spec.window, spec.interval)
+    load = spec.load if spec.load is not None else (max(sweep.values) if sweep else math.nan)
+    return SoakResult(
+        kvbench_version=__version__,
+        run_id=run_dir.run_id,
+        scenario_name=scenario.name,
+        arm=arm,
+        engine_kind=scenario.engine.kind,
+        load=describe_load(sweep, load) if sweep else "unknown",
+        window_s=spec.window,
+        interval_s=spec.interval,
+        planned_intervals=planned,
+        completed_intervals=len(intervals),
+        complete=len(intervals) >= planned,
+        attempts=attempts,
+        slo=scenario.slo,
+        criteria_spec=spec.criteria,
+        warmup_intervals=spec.warmup_intervals,
+        totals=totals(intervals),
+        verdict=evaluate(intervals, spec, scenario.slo, planned=planned),
+    )
+
+
+def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
+    """Re-judge a soak directory from its stored intervals and rewrite soak.json (``kvbench report``)."""
+    scenario = soak_scenario(run_dir.scenario(), source=str(run_dir.scenario_file))
+    intervals = run_dir.intervals()
+    manifest = read_manifest(run_dir.manifest_file)
+    attempts = max(len(manifest.get("attempts", [])), max((i.attempt + 1 for i in intervals), default=0))
+    arm_name = arm or next(iter(manifest.get("engines", {})), None) or soak_arm(scenario, None).name
+    result = build_result(run_dir, scenario, arm_name, intervals, attempts=attempts)
+    result.write_file(run_dir.soak_file)
+    return result

@@ -1,0 +1,123 @@
+"""The run kinds, one row each: how the scenario is checked, which runner runs it, how its result is built.
+
+The CLI's ``run``, ``sweep`` and ``soak`` commands and ``kvbench report`` all go through this table,
+so "start or resume, then summarize" is written once (:func:`launch`, :func:`summarize`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.results.aggregate import summarize_run_dir
+from harness.results.soak import summarize_soak
+from harness.results.sweep import summarize_sweep
+from harness.scenario.soak import SoakError, soak_arm, soak_scenario
+from harness.scenario.spec import Scenario
+from harness.store.rundir import RunDir, RunKind
+from kvbench.errors import KvbenchError
+from kvbench.schema import VersionedFile
+
+from .probe import ProbeRunner
+from .progress import RunProgress
+from .soak import SoakRunner
+from .spine import Runner, run_sync
+from .sweep import SweepRunner
+
+
+@dataclass(frozen=True)
+class SoakOverrides:
+    """``kvbench soak`` flags that override the scenario's soak section (a new window only)."""
+
+    window_s: float | None = None
+    interval_s: float | None = None
+    load: float | None = None
+    arm: str | None = None
+
+    @property
+    def changes_window(self) -> bool:
+        return self.window_s is not None or self.interval_s is not None or self.load is not None
+
+
+def _probe_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+    _ = scenario.probe_workload  # a clear error before anything starts
+    return scenario
+
+
+def _sweep_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+    _ = scenario.load_workload
+    return scenario
+
+
+def _soak_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+    effective = soak_scenario(
+        scenario, window_s=overrides.window_s, interval_s=overrides.interval_s, load=overrides.load, source=source
+    )
+    soak_arm(effective, overrides.arm)  # fail before creating a directory
+    return effective
+
+
+def _probe_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
+                  overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
+    return ProbeRunner(scenario, run_dir, source=source, progress=progress)  # type: ignore[return-value]
+
+
+def _sweep_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
+                  overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
+    return SweepRunner(scenario, run_dir, source=source, progress=progress)  # type: ignore[return-value]
+
+
+def _soak_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
+                 overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
+    return SoakRunner(scenario, run_dir, arm=overrides.arm, source=source, progress=progress)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class RunKindSpec:
+    kind: RunKind
+    check: Callable[[Scenario, str, SoakOverrides], Scenario]
+    runner: Callable[[Scenario, RunDir, Path | None, RunProgress | None, SoakOverrides], Runner[VersionedFile]]
+    summarize: Callable[[RunDir], VersionedFile]
+
+
+RUN_KINDS: dict[RunKind, RunKindSpec] = {
+    "probe": RunKindSpec("probe", _probe_scenario, _probe_runner, summarize_run_dir),
+    "sweep": RunKindSpec("sweep", _sweep_scenario, _sweep_runner, summarize_sweep),
+    "soak": RunKindSpec("soak", _soak_scenario, _soak_runner, summarize_soak),
+}
+
+
+def launch(
+    kind: RunKind,
+    scenario: Scenario | None,
+    *,
+    source: Path | None,
+    output_dir: Path | None = None,
+    resume: Path | None = None,
+    progress: RunProgress | None = None,
+    overrides: SoakOverrides | None = None,
+) -> tuple[RunDir, VersionedFile]:
+    """Start a new run of ``kind`` from ``scenario``, or resume the run directory ``resume``."""
+    spec = RUN_KINDS[kind]
+    overrides = overrides or SoakOverrides()
+    if resume is not None:
+        if scenario is not None:
+            raise KvbenchError("give either a scenario or --resume RUN_DIR, not both")
+        if overrides.changes_window:
+            raise SoakError("--resume continues the stored window: --window, --interval and --load cannot change it")
+        run_dir = RunDir.open(resume)
+        source = run_dir.scenario_file
+        effective = spec.check(run_dir.scenario(), str(source), overrides)
+    else:
+        if scenario is None:
+            raise KvbenchError("missing scenario (a YAML file or a bundled name such as 'quickstart')")
+        effective = spec.check(scenario, str(source or "scenario"), overrides)
+        run_dir = RunDir.create(output_dir or Path(effective.output.dir), effective)
+    runner = spec.runner(effective, run_dir, source, progress, overrides)
+    return run_dir, run_sync(runner)
+
+
+def summarize(run_dir: RunDir) -> VersionedFile:
+    """Rebuild the run directory's result file from its stored files (any kind)."""
+    return RUN_KINDS[run_dir.kind].summarize(run_dir)

@@ -1,0 +1,272 @@
+"""The spine every run kind goes through: :func:`execute` around an :class:`ArmSession` per arm.
+
+``kvbench run`` (a probe), ``kvbench sweep`` and ``kvbench soak`` differ only in what they do
+with a started engine; everything else happens here, once:
+
+1. the attempt number comes from the run directory (:meth:`RunDir.next_attempt`), the manifest
+   records the attempt's start, and its end as ``completed``, ``failed`` or ``interrupted``;
+2. for each arm with work left, an :class:`ArmSession` starts the engine (one process per arm, so
+   caches never leak between arms), records its facts in the manifest, opens the client, and
+   offers warm-up, prefix-cache reset, ``/metrics`` scraping and record appending;
+3. the records file is one append-only :class:`RecordWriter` for the whole attempt;
+4. Ctrl-C and SIGTERM cancel the job, so every ``async with`` stops its engine, the records stay,
+   and :class:`RunInterrupted` says how to resume (:func:`run_sync`);
+5. the runner's ``summarize`` turns the stored files into the kind's versioned result file.
+
+A runner (:class:`Runner`) says only what differs: which arms have work, what one arm does, how
+its result is built. ``probe.py``, ``sweep.py`` and ``soak.py`` hold those differences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
+
+import aiohttp
+
+from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
+from harness.engines.kinds import create_engine
+from harness.scenario.spec import Arm, Scenario
+from harness.store.manifest import Manifest
+from harness.store.records import Phase, RecordWriter, RequestRecord
+from harness.store.rundir import RunDir
+from kvbench.errors import KvbenchError, RunInterrupted
+from kvbench.schema import VersionedFile
+from workloads.multi_round_qa import build_filler
+from workloads.tokenizer import Tokenizer
+
+from .interrupt import Interrupted, run_interruptible
+from .progress import NoProgress, RunProgress
+
+log = logging.getLogger(__name__)
+
+ResultT = TypeVar("ResultT", bound=VersionedFile)
+
+WARMUP_PROMPT_TOKENS = 128
+WARMUP_ANSWER_TOKENS = 8
+DEFAULT_CONNECTIONS = 100
+"""aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
+
+
+def record_from(
+    outcome: RequestOutcome,
+    *,
+    arm: str,
+    attempt: int,
+    phase: Phase,
+    api: str,
+    repetition: int,
+    context_tokens: int,
+    conversation: int,
+    turn: int,
+    expected_prompt_tokens: int | None = None,
+) -> RequestRecord:
+    """The immutable record of one request the spine or a probe sent (load records come from ``load.py``)."""
+    return RequestRecord(
+        arm=arm, attempt=attempt, phase=phase, repetition=repetition, context_tokens=context_tokens,
+        conversation=conversation, turn=turn, request_id=uuid.uuid4().hex[:16],
+        api="chat" if api == "chat" else "completions", started_ns=outcome.started_ns, ttft_ns=outcome.ttft_ns,
+        e2e_ns=outcome.e2e_ns, itl_ns=list(outcome.itl_ns), output_chunks=outcome.output_chunks,
+        prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+        cached_tokens=outcome.cached_tokens, expected_prompt_tokens=expected_prompt_tokens,
+        http_status=outcome.http_status, ok=outcome.ok, error_kind=outcome.error_kind, error=outcome.error,
+    )  # fmt: skip
+
+
+class ArmSession:
+    """One arm's started engine and open client, and what every run kind does with them."""
+
+    def __init__(
+        self,
+        runner: Runner[VersionedFile],
+        arm: Arm,
+        engine: RunningEngine,
+        client: OpenAIClient,
+        writer: RecordWriter,
+    ) -> None:
+        self.runner = runner
+        self.arm = arm
+        self.engine = engine
+        self.client = client
+        self.writer = writer
+
+    @property
+    def attempt(self) -> int:
+        return self.runner.attempt
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer()
+
+    def append(self, record: RequestRecord) -> None:
+        self.writer.append(record)
+
+    def sync(self) -> None:
+        """fsync the records written so far (at the end of each unit of work)."""
+        self.writer.sync()
+
+    async def send(
+        self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int, *, api: str, ignore_eos: bool
+    ) -> RequestOutcome:
+        """One streamed request: ``prompt`` is chat messages, or text (sent as one user message for chat)."""
+        if api == "chat":
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            return await self.client.chat(messages, max_tokens, ignore_eos=ignore_eos)
+        if not isinstance(prompt, str):
+            raise TypeError("the completions API takes a text prompt")
+        return await self.client.completion(prompt, max_tokens, ignore_eos=ignore_eos)
+
+    async def warm_up(self, count: int, *, api: str, ignore_eos: bool, tag: str) -> None:
+        """``count`` unmeasured short requests (kernels, allocators, connections), recorded as ``warmup``.
+
+        A failed one stops the arm with the engine's log tail: an engine that cannot answer a
+        128-token prompt would only produce error records.
+        """
+        scenario = self.runner.scenario
+        for index in range(count):
+            prompt = await build_filler(
+                self.tokenizer, seed=scenario.seed, tag=f"{tag}-{index}", tokens=WARMUP_PROMPT_TOKENS
+            )
+            outcome = await self.send(prompt, WARMUP_ANSWER_TOKENS, api=api, ignore_eos=ignore_eos)
+            self.append(
+                record_from(
+                    outcome, arm=self.arm.name, attempt=self.attempt, phase="warmup", api=api, repetition=-1,
+                    context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=1,
+                )
+            )  # fmt: skip
+            if not outcome.ok:
+                raise KvbenchError(
+                    f"arm {self.arm.name}: warm-up request failed ({outcome.error_kind}: {outcome.error}); "
+                    "engine log tail:\n" + "\n".join(self.engine.log_tail(20))
+                )
+
+    async def reset_prefix_cache(self, *, required: bool) -> bool:
+        """Drop the engine's GPU prefix cache (offload tiers stay). False when the engine cannot.
+
+        ``required``: the measurement depends on it (a probe's returning user), so an engine that
+        cannot reset is an error; otherwise (a load run starting clean) it is logged and the arm
+        starts warm.
+        """
+        try:
+            await self.engine.reset_prefix_cache()
+        except PrefixCacheResetUnsupported:
+            if required:
+                raise
+            log.info("arm %s: the engine cannot reset its prefix cache; it starts warm", self.arm.name)
+            return False
+        return True
+
+    async def scrape(self) -> str | None:
+        """The engine's /metrics page, or None when it has none (the run goes on without cache stats)."""
+        try:
+            return await self.client.metrics_text()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            log.warning("arm %s: /metrics unavailable (%s); no cache statistics", self.arm.name, error)
+            return None
+
+
+class Runner(ABC, Generic[ResultT]):
+    """What one run kind does; the spine (:func:`execute`) does the rest."""
+
+    verb: ClassVar[str]
+    """The CLI verb that resumes this kind (``kvbench VERB --resume RUN_DIR``)."""
+    unit: ClassVar[str]
+    """What the progress bar counts."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        run_dir: RunDir,
+        *,
+        source: Path | None = None,
+        progress: RunProgress | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.run_dir = run_dir
+        self.source = source
+        self.progress: RunProgress = progress or NoProgress()
+        self.attempt = run_dir.next_attempt()
+
+    # -- what differs per kind ------------------------------------------------------------------
+    @abstractmethod
+    def arms_with_work(self) -> list[Arm]:
+        """The arms that still have work, in the order they run."""
+
+    @abstractmethod
+    def work(self) -> tuple[int, int]:
+        """(total, already done) units of work, for the progress bar."""
+
+    @abstractmethod
+    async def run_arm(self, session: ArmSession) -> None:
+        """Everything this kind does with one arm's started engine."""
+
+    @abstractmethod
+    def summarize(self) -> ResultT:
+        """Build (and write) the kind's result file from the stored files alone."""
+
+    def prefix_caching(self, arm: Arm) -> bool:
+        """Whether the engine starts with its GPU prefix cache on."""
+        return arm.profile.prefix_caching
+
+    def request_timeout_s(self) -> float:
+        return self.scenario.workload.request_timeout_s
+
+    def connections(self) -> int:
+        return DEFAULT_CONNECTIONS
+
+    def interrupted_message(self) -> str:
+        return (
+            f"{self.verb} interrupted; engines were stopped and the records kept. Continue with: "
+            f"kvbench {self.verb} --resume {self.run_dir.path}"
+        )
+
+    # -- the spine ------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def arm_session(self, arm: Arm, writer: RecordWriter, manifest: Manifest) -> AsyncIterator[ArmSession]:
+        context = LaunchContext(
+            arm=arm.name,
+            profile=arm.profile,
+            log_dir=self.run_dir.log_dir(arm.name),
+            prefix_caching=self.prefix_caching(arm),
+        )
+        self.progress.describe(f"{arm.name}: starting {self.scenario.engine.kind} engine")
+        async with create_engine(self.scenario.engine, context) as engine:
+            manifest.record_engine(arm.name, engine.facts)
+            async with OpenAIClient(
+                engine.endpoint, timeout_s=self.request_timeout_s(), max_connections=self.connections()
+            ) as client:
+                yield ArmSession(self, arm, engine, client, writer)  # type: ignore[arg-type]
+
+
+async def execute(runner: Runner[ResultT]) -> ResultT:
+    """Run every arm with work left through an :class:`ArmSession`; return the kind's result."""
+    total, done = runner.work()
+    runner.progress.start(total, done, runner.unit)
+    manifest = Manifest.start(runner.run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
+    status = "interrupted"
+    try:
+        with RecordWriter(runner.run_dir.records_file) as writer:
+            for arm in runner.arms_with_work():
+                async with runner.arm_session(arm, writer, manifest) as session:
+                    await runner.run_arm(session)
+        status = "completed"
+    except KvbenchError:
+        status = "failed"
+        raise
+    finally:
+        manifest.finish(status)
+    return runner.summarize()
+
+
+def run_sync(runner: Runner[ResultT]) -> ResultT:
+    """:func:`execute` in its own event loop; Ctrl-C/SIGTERM become :class:`RunInterrupted`."""
+    try:
+        return run_interruptible(lambda: execute(runner))
+    except Interrupted:
+        raise RunInterrupted(runner.interrupted_message()) from None

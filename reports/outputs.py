@@ -1,0 +1,90 @@
+"""The output registry: every report kvbench writes, keyed by (result kind, format).
+
+``kvbench report RUN_DIR`` reads the directory's result file and calls every output registered
+for its kind: files under ``RUN_DIR/report/`` and a console view. Adding an output is adding one
+entry here; reports read result files (and the manifest) only, never records or engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from harness.results.run_result import RunResult
+from harness.results.soak_result import SoakResult
+from harness.results.sweep_result import SweepResult
+from harness.store.manifest import read_manifest
+from harness.store.rundir import RunDir, RunKind
+from kvbench.schema import VersionedFile
+
+from . import curves, renderers
+
+
+@dataclass(frozen=True)
+class Output:
+    kind: RunKind
+    format: str
+    write: Callable[[VersionedFile, dict[str, Any], Path, Console | None], list[Path]]
+
+
+def _probe_files(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    assert isinstance(result, RunResult)
+    return renderers.write_all(result, manifest, out)
+
+
+def _probe_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    assert isinstance(result, RunResult)
+    if console is not None:
+        renderers.print_console(result, manifest, console)
+    return []
+
+
+def _sweep_files(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    assert isinstance(result, SweepResult)
+    return curves.write_sweep_reports(result, out)
+
+
+def _sweep_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    assert isinstance(result, SweepResult)
+    if console is not None:
+        curves.print_sweep(result, console)
+    return []
+
+
+def _soak_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    assert isinstance(result, SoakResult)
+    if console is not None:
+        verdict = result.verdict
+        color = {"PASS": "green", "FAIL": "red"}.get(verdict.verdict, "yellow")
+        console.print(f"Soak verdict: [bold {color}]{verdict.verdict}[/] ({result.completed_intervals} intervals)")
+        for criterion in verdict.criteria:
+            line = f"  {criterion.status:>13}  {criterion.name}: {criterion.reason}"
+            console.print(escape(line), highlight=False)
+    return []
+
+
+OUTPUTS: tuple[Output, ...] = (
+    Output("probe", "files", _probe_files),
+    Output("probe", "console", _probe_console),
+    Output("sweep", "files", _sweep_files),
+    Output("sweep", "console", _sweep_console),
+    Output("soak", "console", _soak_console),
+)
+RESULT_FILES: dict[RunKind, type[VersionedFile]] = {"probe": RunResult, "sweep": SweepResult, "soak": SoakResult}
+
+
+def write_outputs(run_dir: RunDir, console: Console | None = None) -> list[Path]:
+    """Every output of the run directory's kind, from its result file and manifest alone."""
+    kind = run_dir.kind
+    result = RESULT_FILES[kind].read_file(run_dir.path)
+    manifest = read_manifest(run_dir.manifest_file) if run_dir.manifest_file.exists() else {}
+    paths: list[Path] = []
+    for output in OUTPUTS:
+        if output.kind == kind:
+            paths += output.write(result, manifest, run_dir.report_dir, console)
+    return paths

@@ -1,0 +1,149 @@
+"""The folders form a one-way graph: an ``ast`` walk over every module fails on any import that breaks it.
+
+Layers (a module's layer is its top-level package; inside ``harness`` its stage package):
+
+* ground floor ``kvbench`` (errors, redact, schema) imports nothing of kvbench's;
+* ``workloads`` and ``offload`` import the ground floor only;
+* ``harness.<stage>`` imports workloads, offload, the ground floor and the harness stages listed
+  for it in :data:`HARNESS_STAGES` (a DAG: client < engines < sim < scenario < store < results <
+  runs, gate);
+* ``reports`` reads results: harness.results, harness.store, harness.scenario, harness.gate,
+  workloads and offload (for the types stored in a run directory), the ground floor;
+* ``kvbench.cli`` (and ``kvbench.__main__``) may import everything; nothing imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("kvbench", "harness", "workloads", "offload", "reports", "scenarios")
+GROUND = "kvbench"
+CLI = "kvbench.cli"
+
+HARNESS_STAGES: dict[str, set[str]] = {
+    "harness.client": set(),
+    "harness.engines": {"harness.client"},
+    "harness.sim": {"harness.client", "harness.engines"},
+    "harness.scenario": {"harness.engines", "harness.sim"},
+    "harness.store": {"harness.client", "harness.engines", "harness.scenario"},
+    "harness.results": {"harness.engines", "harness.sim", "harness.scenario", "harness.store"},
+    "harness.runs": {"harness.client", "harness.engines", "harness.sim", "harness.scenario", "harness.store",
+                     "harness.results"},
+    "harness.gate": {"harness.scenario", "harness.store", "harness.results"},
+}  # fmt: skip
+ALLOWED: dict[str, set[str]] = {
+    GROUND: set(),
+    "workloads": {GROUND},
+    "offload": {GROUND},
+    "scenarios": set(),
+    "harness": set(),
+    "reports": {GROUND, "workloads", "offload", "harness.results", "harness.store", "harness.scenario",
+                "harness.gate"},
+    **{stage: {GROUND, "workloads", "offload", *deps} for stage, deps in HARNESS_STAGES.items()},
+}  # fmt: skip
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "harness" and len(parts) > 1:
+        return ".".join(parts[:2])
+    if parts[0] == "kvbench" and len(parts) > 1 and parts[1] in {"cli", "__main__"}:
+        return CLI
+    return parts[0]
+
+
+def module_name(path: Path, root: Path) -> tuple[str, bool]:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    return ".".join(parts[:-1] if is_package else parts), is_package
+
+
+def imports_of(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import of a kvbench package in ``path``, relative ones resolved."""
+    module, is_package = module_name(path, root)
+    package = module if is_package else module.rsplit(".", 1)[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return [(line, target) for line, target in found if target.split(".")[0] in PACKAGES]
+
+
+def violations(root: Path) -> list[str]:
+    out: list[str] = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            source = layer(module_name(path, root)[0])
+            for line, target in imports_of(path, root):
+                dest = layer(target)
+                if dest == source or source == CLI:
+                    continue
+                if dest not in ALLOWED.get(source, set()):
+                    out.append(f"{path.relative_to(root)}:{line}: {source} may not import {target} ({dest})")
+    return out
+
+
+def test_the_folders_import_one_way() -> None:
+    assert violations(ROOT) == []
+
+
+def test_every_module_belongs_to_a_known_layer() -> None:
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            assert layer(module_name(path, ROOT)[0]) in {*ALLOWED, CLI}, path
+
+
+def test_the_harness_stages_form_a_dag() -> None:
+    order: list[str] = []
+    pending = dict(HARNESS_STAGES)
+    while pending:
+        ready = [stage for stage, deps in pending.items() if deps <= set(order)]
+        assert ready, f"a cycle among {sorted(pending)}"
+        order += ready
+        for stage in ready:
+            del pending[stage]
+
+
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        ("workloads/bad.py", "from harness.scenario.spec import Scenario\n"),
+        ("offload/bad.py", "from harness.engines import base\n"),
+        ("harness/engines/bad.py", "from ..runs import spine\n"),
+        ("harness/store/bad.py", "from harness.results.aggregate import aggregate\n"),
+        ("harness/runs/bad.py", "from reports.outputs import write_outputs\n"),
+        ("reports/bad.py", "import harness.runs.probe\n"),
+        ("kvbench/bad.py", "from kvbench.cli import app\n"),
+    ],
+)
+def test_a_forbidden_import_fails(tmp_path: Path, where: str, line: str) -> None:
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    target = tmp_path / where
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (target.parent / "__init__.py").touch()
+    target.write_text(line)
+    found = violations(tmp_path)
+    assert len(found) == 1 and found[0].startswith(where), found
+
+
+def test_a_permitted_import_passes(tmp_path: Path) -> None:
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "harness" / "runs").mkdir()
+    (tmp_path / "harness" / "runs" / "ok.py").write_text(
+        "from harness.store.rundir import RunDir\nfrom workloads.config import MultiUserQA\nfrom ..results import x\n"
+    )
+    assert violations(tmp_path) == []
