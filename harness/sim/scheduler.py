@@ -10,8 +10,13 @@
 2. admits waiting requests first come, first served, while budget, ``max_num_seqs`` and blocks
    allow. Admission looks the prompt up in the HBM prefix cache, then looks the rest up in the
    offload tiers; a tier hit puts the request into a *loading* state until its chunks are in HBM,
-   and only then does its prefill of the remaining tokens start. All blocks of the prompt are
-   allocated at admission (a request that does not fit waits: ``num_requests_waiting``).
+   and only then does its prefill of the remaining tokens start. The offload profile's
+   ``load_overlap`` changes that: ``layerwise`` lets the prefill start ``load/L + (L-1)/L x
+   max(load - compute, 0)`` seconds after the load starts (an ``L``-layer pipeline, ``compute``
+   the unloaded prefill of the remaining tokens); ``bidirectional`` (Cake) recomputes the head of
+   the cached prefix, up to the chunk boundary that minimises ``max(compute(head), load(tail))``,
+   while its tail loads. All blocks of the prompt are allocated at admission (a request that does
+   not fit waits: ``num_requests_waiting``).
 
 :meth:`EngineCore.plan` returns the step and its modelled duration; :meth:`EngineCore.complete`
 applies it at the step's end time: KV is now computed, full blocks enter the prefix cache, first
