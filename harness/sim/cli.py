@@ -1,4 +1,6 @@
-"""``kvbench sim``: run the engine simulator, or list its model and hardware profiles.
+"""``kvbench sim``: run the engine simulator, list its model and hardware profiles, or run the
+compute-vs-load what-if (``whatif``: turn-2 TTFT against tier read bandwidth, see
+:mod:`kvbench.harness.sim.whatif`).
 
 Only typer is imported at module level; the server and its dependencies load inside the commands,
 so mounting this sub-app keeps ``kvbench --help`` fast.
