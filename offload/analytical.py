@@ -24,7 +24,18 @@ stores their KV; the model assumes the three overlap perfectly, so the slowest o
     speedup   = TTFT_noKV / TTFT_KV
 
 Below ``a*`` prefill is compute-bound (speedup ``1/(1−a)``), above it IO-bound (speedup
-``e/a``); the peak, ``1+e``, is at ``a*``, and full reuse gives ``e``. Bandwidths are in GB/s
+``e/a``); the peak, ``1+e``, is at ``a*``, and full reuse gives ``e``.
+
+How much load and compute really overlap is the offload profile's ``load_overlap``
+(:func:`ttft_overlap`), with ``C = a·N`` cached and ``M = (1−a)·N`` new tokens and ``L`` layers::
+
+    none           TTFT = max(C·R + M·T, M·W)                                   load, then compute
+    layerwise      TTFT = max(C·R/L + (L−1)/L · max(C·R, M·T) + M·T/L, M·W)     an L-stage pipeline
+    bidirectional  TTFT = max(C·T·R/(T+R) + M·T, M·W)                            Cake
+
+Bidirectional (Cake) computes the prefix's first ``h`` tokens while loading the other ``C−h``;
+``max(h·T, (C−h)·R)`` is smallest at ``h* = C·R/(T+R)``. The deck's ``TTFT_KV`` is the layerwise
+limit ``L → ∞``. Bandwidths are in GB/s
 (1e9 B/s) and FLOP rates in FLOP/s, as in :mod:`offload.profiles`. See
 ``docs/analytical-model.md`` for the derivation, the assumptions and a worked example.
 """
@@ -38,7 +49,7 @@ from pydantic import Field, model_validator
 
 from kvbench.schema import StrictModel
 
-from .profiles import OffloadTier
+from .profiles import LoadOverlap, OffloadTier
 
 GB = 1e9
 """Bytes per GB; bandwidths here are in GB/s like the offload profiles'."""
@@ -215,6 +226,58 @@ def ttft_kv(n_tokens: float, a: float, t_s: float, r_s: float, w_s: float) -> fl
     _check_reuse(a)
     _positive(n_tokens=n_tokens, t_s=t_s, r_s=r_s, w_s=w_s)
     return max(a * n_tokens * r_s, (1.0 - a) * n_tokens * w_s, (1.0 - a) * n_tokens * t_s)
+
+
+def ttft_overlap(
+    n_tokens: float, a: float, t_s: float, r_s: float, w_s: float, overlap: LoadOverlap, layers: int = 32
+) -> float:
+    """Prefill time (s) with ``a·N`` tokens cached, under a load/compute overlap mode.
+
+    With ``C = a·N`` cached tokens loaded at R s/token and ``M = (1−a)·N`` new tokens computed at
+    T s/token (their KV stored at W s/token in the background):
+
+    * ``none``: ``max(C·R + M·T, M·W)`` -- the load finishes before the new tokens' prefill;
+    * ``layerwise``: ``max(C·R/L + (L−1)/L · max(C·R, M·T) + M·T/L, M·W)`` -- layer ``i+1``
+      loads while layer ``i`` computes, a pipeline of ``L = layers`` stages;
+    * ``bidirectional``: ``max(C·T·R/(T+R) + M·T, M·W)`` -- Cake: the prefix's head is computed
+      while its tail loads; ``max(h·T, (C−h)·R)`` is smallest at ``h = C·R/(T+R)``
+      (:func:`bidirectional_split`). Setting ``h = C`` or ``h = 0`` gives compute-only and
+      ``none``, so this is never slower than either.
+
+    T is the per-token average over the prompt (:func:`model_time_per_token`); for the head of a
+    long prefix, whose attention is cheaper than average, this is pessimistic, so the simulator's
+    chunk-by-chunk split finds somewhat larger gains at long contexts.
+    """
+    _check_reuse(a)
+    _positive(n_tokens=n_tokens, t_s=t_s, r_s=r_s, w_s=w_s, layers=layers)
+    cached, new = a * n_tokens, (1.0 - a) * n_tokens
+    load, compute, store = cached * r_s, new * t_s, new * w_s
+    if overlap == "none":
+        main = load + compute
+    elif overlap == "layerwise":
+        main = load / layers + (layers - 1) / layers * max(load, compute) + compute / layers
+    elif overlap == "bidirectional":
+        main = cached * t_s * r_s / (t_s + r_s) + compute
+    else:
+        raise ValueError(f"overlap must be one of 'none', 'layerwise', 'bidirectional', got {overlap!r}")
+    return max(main, store)
+
+
+def bidirectional_split(n_tokens: float, a: float, t_s: float, r_s: float) -> float:
+    """Cake's meeting point ``h* = a·N·R/(T+R)`` (tokens): recompute the first h*, load the rest."""
+    _check_reuse(a)
+    _positive(n_tokens=n_tokens, t_s=t_s, r_s=r_s)
+    return a * n_tokens * r_s / (t_s + r_s)
+
+
+def bidirectional_gain(t_s: float, r_s: float) -> float:
+    """Cached-prefix time of the better of compute-only and load-only over bidirectional's (1).
+
+    ``min(C·T, C·R) / (C·T·R/(T+R)) = (T+R)/max(T, R) = 1 + min(e, 1/e)`` with ``e = T/R``: at
+    most 2, reached where computing and loading a token take equally long (``e = 1``).
+    """
+    _positive(t_s=t_s, r_s=r_s)
+    return (t_s + r_s) / max(t_s, r_s)
 
 
 def speedup(a: float, t_s: float, r_s: float, w_s: float) -> float:

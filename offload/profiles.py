@@ -18,6 +18,18 @@ Default bandwidths are only used where an engine needs a number and the profile 
   500 us latency.
 
 Measure your own tier with ``kvbench offload probe PATH`` and put the numbers in the profile.
+
+``load_overlap`` says how loading cached KV from a tier overlaps with prefill compute (the
+simulator and the analytical model use it; engines that render profiles ignore it). With ``C``
+cached tokens to load and ``M`` new tokens to prefill, ``load(x)`` the seconds to load ``x``
+tokens' KV, ``compute(x)`` the seconds to prefill ``x`` tokens and ``L`` model layers:
+
+* ``none`` (default, as before): ``TTFT = load(C) + compute(M)`` -- the load finishes first;
+* ``layerwise``: layer ``i+1`` loads while layer ``i`` computes, a pipeline of ``L`` stages:
+  ``TTFT = load(C)/L + (L-1)/L x max(load(C), compute(M)) + compute(M)/L``;
+* ``bidirectional`` (Cake, Jin et al. 2024): the cached prefix is computed chunk by chunk from its
+  head while its tail is loaded chunk by chunk, until they meet:
+  ``TTFT = min over s of max(compute(s), load(C - s)) + compute(M)``.
 """
 
 from __future__ import annotations
@@ -67,6 +79,7 @@ class OffloadTier(StrictModel):
 
 
 OffloadBackend = Literal["auto", "lmcache", "lmcache-mp", "native"]
+LoadOverlap = Literal["none", "layerwise", "bidirectional"]
 
 
 class OffloadProfile(StrictModel):
@@ -80,6 +93,12 @@ class OffloadProfile(StrictModel):
         default="auto",
         description="How a real engine realises the tiers: 'lmcache' (in-process connector), "
         "'lmcache-mp' (LMCache server sidecar), 'native' (the engine's own offload); 'auto' picks.",
+    )
+    load_overlap: LoadOverlap = Field(
+        default="none",
+        description="How a tier load overlaps prefill compute: 'none' (load, then compute), 'layerwise' "
+        "(layer i+1 loads while layer i computes), 'bidirectional' (Cake: compute the cached prefix from "
+        "its head while loading it from its tail). Used by the simulator and the analytical model.",
     )
 
     @model_validator(mode="after")

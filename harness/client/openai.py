@@ -36,10 +36,10 @@ from typing import Literal
 
 import aiohttp
 
-from harness.client.endpoint import Endpoint
-from harness.client.errors import ErrorKind
 from kvbench.redact import redact_text
 
+from .endpoint import Endpoint
+from .errors import ErrorKind
 from .sse import Api, Frame, FrameKind, SSEParser, Usage, interpret_chunk
 
 CHAT_PATH = "/v1/chat/completions"

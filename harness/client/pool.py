@@ -29,9 +29,9 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any, Protocol
 
-from harness.client.endpoint import Endpoint
 from kvbench.errors import KvbenchError
 
+from .endpoint import Endpoint
 from .openai import OpenAIClient, RequestOutcome
 
 START_TIMEOUT_S = 60.0

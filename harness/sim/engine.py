@@ -21,10 +21,10 @@ from harness.client.endpoint import Endpoint
 from harness.engines.base import EngineConfigModel, EngineFacts, LaunchContext
 from harness.engines.common import RunningProcess
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
-from harness.sim.config import SimEngineConfig
 from kvbench.errors import EngineStartError
 from workloads.tokenizer import Tokenizer
 
+from .config import SimEngineConfig
 from .settings import SimSettings
 from .tokenizer import SimTokenizer
 

@@ -237,6 +237,18 @@ class TierHit:
     load_bytes: float
     by_tier: tuple[tuple[str, int], ...]
     """(tier kind, tokens loaded from it) for the tiers that served the hit."""
+    transfer_s: float = 0.0
+    """Seconds the tiers spend on this load (latency + bytes / bandwidth), without queueing."""
+
+
+@dataclass(frozen=True)
+class StoredPrefix:
+    """The longest run of stored chunks from the start of a prompt, and where each chunk lives."""
+
+    tokens: int
+    """Prompt tokens covered (a multiple of ``chunk_tokens``)."""
+    sources: tuple[int, ...]
+    """Index of the (first, fastest) tier holding each chunk."""
 
 
 class OffloadTiers:
@@ -279,38 +291,66 @@ class OffloadTiers:
     def holds(self, key: int) -> bool:
         return any(key in tier.chunks for tier in self.tiers)
 
-    def lookup(self, chunk_keys: Sequence[int], max_tokens: int, skip_tokens: int, now: float) -> TierHit:
-        """Find and schedule the load of the longest stored prefix.
+    def find(self, chunk_keys: Sequence[int], max_tokens: int, now: float) -> StoredPrefix:
+        """The longest prefix of ``chunk_keys`` whose chunks are stored (written by ``now``).
 
-        ``max_tokens`` caps the hit (a request must compute at least its last token);
-        ``skip_tokens`` are already in HBM and are not loaded again. Loads queue behind other
-        loads from the same tier; a hit spread over several tiers loads tier after tier.
+        ``max_tokens`` caps it (a request must compute at least its last token). Found chunks
+        become the most recently used in their tier.
         """
-        per_tier = [0] * len(self.tiers)
-        found = 0
+        sources: list[int] = []
         for index, key in enumerate(chunk_keys):
-            end = (index + 1) * self.chunk_tokens
-            if end > max_tokens:
+            if (index + 1) * self.chunk_tokens > max_tokens:
                 break
             source = next((i for i, tier in enumerate(self.tiers) if tier.ready(key, now)), None)
             if source is None:
                 break
             self.tiers[source].chunks.move_to_end(key)
-            per_tier[source] += end - max(index * self.chunk_tokens, skip_tokens) if end > skip_tokens else 0
-            found = end
-        if found <= skip_tokens:
-            return TierHit(0, now, 0.0, ())
+            sources.append(source)
+        return StoredPrefix(len(sources) * self.chunk_tokens, tuple(sources))
+
+    def _tokens_per_tier(self, prefix: StoredPrefix, begin: int, end: int) -> list[int]:
+        """Tokens of ``[begin, end)`` that each tier serves (chunks may be cut at the edges)."""
+        per_tier = [0] * len(self.tiers)
+        size = self.chunk_tokens
+        for index, source in enumerate(prefix.sources):
+            low, high = max(index * size, begin), min((index + 1) * size, end)
+            if high > low:
+                per_tier[source] += high - low
+        return per_tier
+
+    def load(self, prefix: StoredPrefix, begin: int, end: int, now: float, commit: bool = True) -> TierHit:
+        """Load tokens ``[begin, end)`` of a stored prefix into HBM, starting at ``now``.
+
+        Each tier used costs ``latency + bytes / read bandwidth`` (times its slow-fault factor),
+        queued behind earlier loads from the same tier; a load spread over several tiers loads tier
+        after tier. ``commit=False`` only estimates (the tiers' queues and counters stay as they
+        are), which is how the bidirectional split is chosen.
+        """
         ready = now
         total_bytes = 0.0
+        transfer = 0.0
         by_tier: list[tuple[str, int]] = []
-        for tier, tokens in zip(self.tiers, per_tier, strict=True):
+        for tier, tokens in zip(self.tiers, self._tokens_per_tier(prefix, begin, end), strict=True):
             if tokens == 0:
                 continue
             nbytes = tokens * self.kv_bytes_per_token
-            start = max(ready, tier.read_busy_until)
-            ready = start + (tier.latency_s + nbytes / tier.read_bytes_per_s) * tier.slow_factor
-            tier.read_busy_until = ready
-            tier.bytes_read += nbytes
+            seconds = (tier.latency_s + nbytes / tier.read_bytes_per_s) * tier.slow_factor
+            ready = max(ready, tier.read_busy_until) + seconds
+            transfer += seconds
             total_bytes += nbytes
             by_tier.append((tier.kind, tokens))
-        return TierHit(found - skip_tokens, ready, total_bytes, tuple(by_tier))
+            if commit:
+                tier.read_busy_until = ready
+                tier.bytes_read += nbytes
+        return TierHit(max(0, end - begin), ready, total_bytes, tuple(by_tier), transfer)
+
+    def lookup(self, chunk_keys: Sequence[int], max_tokens: int, skip_tokens: int, now: float) -> TierHit:
+        """Find and schedule the load of the longest stored prefix (:meth:`find`, then :meth:`load`).
+
+        ``max_tokens`` caps the hit (a request must compute at least its last token);
+        ``skip_tokens`` are already in HBM and are not loaded again.
+        """
+        prefix = self.find(chunk_keys, max_tokens, now)
+        if prefix.tokens <= skip_tokens:
+            return TierHit(0, now, 0.0, ())
+        return self.load(prefix, skip_tokens, prefix.tokens, now)

@@ -10,8 +10,13 @@
 2. admits waiting requests first come, first served, while budget, ``max_num_seqs`` and blocks
    allow. Admission looks the prompt up in the HBM prefix cache, then looks the rest up in the
    offload tiers; a tier hit puts the request into a *loading* state until its chunks are in HBM,
-   and only then does its prefill of the remaining tokens start. All blocks of the prompt are
-   allocated at admission (a request that does not fit waits: ``num_requests_waiting``).
+   and only then does its prefill of the remaining tokens start. The offload profile's
+   ``load_overlap`` changes that: ``layerwise`` lets the prefill start ``load/L + (L-1)/L x
+   max(load - compute, 0)`` seconds after the load starts (an ``L``-layer pipeline, ``compute``
+   the unloaded prefill of the remaining tokens); ``bidirectional`` (Cake) recomputes the head of
+   the cached prefix, up to the chunk boundary that minimises ``max(compute(head), load(tail))``,
+   while its tail loads. All blocks of the prompt are allocated at admission (a request that does
+   not fit waits: ``num_requests_waiting``).
 
 :meth:`EngineCore.plan` returns the step and its modelled duration; :meth:`EngineCore.complete`
 applies it at the step's end time: KV is now computed, full blocks enter the prefix cache, first
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 
 from offload.shapes import Deployment
 
-from .kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, chain_hashes
+from .kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, StoredPrefix, chain_hashes
 from .settings import SimSettings
 from .timemodel import StepWork, TimeModel
 from .tokenizer import GENERATED_FIRST_IDS, GENERATED_NEXT_IDS, token_text
@@ -94,7 +99,8 @@ class SimRequest:
 
     __slots__ = (
         "arrival", "blocks", "cached_tokens", "chunk_keys", "external_tokens", "first_token_at",
-        "hashes", "hbm_hit_tokens", "load_ready_at", "max_tokens", "num_computed", "outputs", "phase",
+        "hashes", "hbm_hit_tokens", "load_from", "load_ready_at", "load_to", "max_tokens", "num_computed", "outputs",
+        "phase",
         "prefill_target", "prompt_tokens", "registered", "request_id", "rng", "sink", "tokens",
     )  # fmt: skip
 
@@ -137,6 +143,24 @@ class SimRequest:
         self.external_tokens = 0
         self.cached_tokens: int | None = None
         self.load_ready_at = 0.0
+        """When the tokens ``[load_from, load_to)`` being loaded from a tier are in HBM."""
+        self.load_from = 0
+        self.load_to = 0
+
+    @property
+    def awaiting_load(self) -> bool:
+        """Part of the prompt is on its way from an offload tier."""
+        return self.load_to > self.load_from
+
+    @property
+    def compute_limit(self) -> int:
+        """Where prefill must pause: the start of a pending load, else the end of the prompt."""
+        return self.load_from if self.awaiting_load else self.prefill_target
+
+    def land_load(self) -> None:
+        """The pending load is in HBM: its tokens count as computed."""
+        self.num_computed = max(self.num_computed, self.load_to)
+        self.load_from = self.load_to = 0
 
     @property
     def prefilling(self) -> bool:
@@ -293,17 +317,14 @@ class EngineCore:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             index += 1
-            if request.phase is Phase.LOADING:
+            if request.phase is Phase.LOADING or (request.awaiting_load and request.num_computed >= request.load_from):
                 if request.load_ready_at > now:
+                    request.phase = Phase.LOADING  # (bidirectional: the head is computed, the tail not in yet)
                     continue
+                request.land_load()
                 request.phase = Phase.RUNNING
             if request.prefilling:
-                chunk = min(request.prefill_target - request.num_computed, budget)
-                work.add_prefill(
-                    chunk, request.num_computed, last=request.num_computed + chunk == request.prefill_target
-                )
-                prefills.append((request, chunk))
-                budget -= chunk
+                budget -= self._add_prefill_chunk(request, budget, work, prefills)
             else:
                 if not self._grow(request, request.num_computed + 1):
                     break  # the request preempted itself: nothing after it is running
@@ -318,10 +339,7 @@ class EngineCore:
             self.running.append(request)
             if request.phase is Phase.LOADING:
                 continue
-            chunk = min(request.prefill_target - request.num_computed, budget)
-            work.add_prefill(chunk, request.num_computed, last=request.num_computed + chunk == request.prefill_target)
-            prefills.append((request, chunk))
-            budget -= chunk
+            budget -= self._add_prefill_chunk(request, budget, work, prefills)
         if not prefills and not decodes:
             return None
         return Plan(prefills, decodes, work, self.time_model.step_seconds(work))
@@ -349,6 +367,78 @@ class EngineCore:
 
     # -- internals --------------------------------------------------------------------------
 
+    @staticmethod
+    def _add_prefill_chunk(
+        request: SimRequest, budget: int, work: StepWork, prefills: list[tuple[SimRequest, int]]
+    ) -> int:
+        """Put the request's next prefill chunk into the step; returns its tokens."""
+        chunk = min(request.compute_limit - request.num_computed, budget)
+        work.add_prefill(chunk, request.num_computed, last=request.num_computed + chunk == request.prefill_target)
+        prefills.append((request, chunk))
+        return chunk
+
+    def _schedule_load(self, request: SimRequest, prefix: StoredPrefix, hbm_tokens: int, now: float) -> int:
+        """Start loading the stored prefix beyond the HBM hit; returns the tokens that will be loaded.
+
+        ``none``: everything from the tier, prefill waits for all of it. ``layerwise``: the same
+        bytes, but the prefill of the remaining tokens runs layer by layer behind the load, so the
+        request may start computing ``load/L + (L-1)/L x max(load - compute, 0)`` after the load
+        starts (``compute``: the unloaded prefill of the remaining tokens). ``bidirectional``: the
+        head of the prefix up to the split from :meth:`_bidirectional_split` is recomputed while
+        the tail loads; prefill of the remaining tokens starts when both are done.
+        """
+        mode = self.settings.offload.load_overlap
+        end = prefix.tokens
+        begin = self._bidirectional_split(prefix, hbm_tokens, now) if mode == "bidirectional" else hbm_tokens
+        if begin >= end:
+            return 0
+        hit = self.tiers.load(prefix, begin, end, now)
+        ready = hit.ready_at
+        if mode == "layerwise":
+            layers = self.deployment.model.layers
+            compute = self.time_model.prefill_seconds(request.prefill_target, end, self.settings.max_batch_tokens)
+            queued = hit.ready_at - now - hit.transfer_s
+            load = hit.transfer_s
+            ready = now + queued + load / layers + (layers - 1) / layers * max(load - compute, 0.0)
+        request.load_from, request.load_to = begin, end
+        request.load_ready_at = ready
+        request.phase = Phase.LOADING if begin == request.num_computed else Phase.RUNNING
+        return end - begin
+
+    def _bidirectional_split(self, prefix: StoredPrefix, hbm_tokens: int, now: float) -> int:
+        """Cake's meeting point: the token ``s`` minimising ``max(compute(hbm..s), load(s..end))``.
+
+        Candidates are the chunk boundaries between the HBM hit and the end of the stored prefix,
+        both ends included (``s = hbm``: load everything; ``s = end``: recompute everything), so
+        the result is never worse than either. ``compute`` is the unloaded prefill of the head
+        (no LM head), ``load`` includes the wait behind earlier loads of the same tiers. Compute
+        rises and load falls with ``s``, so a binary search finds the crossing.
+        """
+        end = prefix.tokens
+        size = self.tiers.chunk_tokens
+        candidates: list[int] = [hbm_tokens, *range((hbm_tokens // size + 1) * size, end, size), end]
+        chunk = self.settings.max_batch_tokens
+
+        def compute(split: int) -> float:
+            return self.time_model.prefill_seconds(split, hbm_tokens, chunk, sample=False)
+
+        def load(split: int) -> float:
+            return self.tiers.load(prefix, split, end, now, commit=False).ready_at - now if split < end else 0.0
+
+        low, high = 0, len(candidates) - 1
+        while low < high:  # the first candidate whose compute is at least its load
+            middle = (low + high) // 2
+            if compute(candidates[middle]) >= load(candidates[middle]):
+                high = middle
+            else:
+                low = middle + 1
+        best = candidates[low]
+        if low > 0:
+            before = candidates[low - 1]
+            if max(compute(before), load(before)) < max(compute(best), load(best)):
+                best = before
+        return best
+
     def _admit(self, request: SimRequest, now: float) -> bool:
         block_tokens = self.block_tokens
         target = len(request.tokens)
@@ -364,15 +454,13 @@ class EngineCore:
         hbm_tokens = len(hits) * block_tokens
         request.num_computed = hbm_tokens
         request.phase = Phase.RUNNING
+        request.load_from = request.load_to = 0
         external = 0
         if self.tiers.enabled:
             keys = request.offload_keys(self.tiers, target)
-            hit = self.tiers.lookup(keys, target - 1, hbm_tokens, now)
-            if hit.tokens > 0:
-                external = hit.tokens
-                request.num_computed = hbm_tokens + external
-                request.load_ready_at = hit.ready_at
-                request.phase = Phase.LOADING
+            prefix = self.tiers.find(keys, target - 1, now)
+            if prefix.tokens > hbm_tokens:
+                external = self._schedule_load(request, prefix, hbm_tokens, now)
         if request.cached_tokens is None:  # first admission (not a re-admission after preemption)
             request.hbm_hit_tokens = hbm_tokens
             request.external_tokens = external
@@ -407,6 +495,7 @@ class EngineCore:
         request.blocks = []
         request.registered = 0
         request.num_computed = 0
+        request.load_from = request.load_to = 0
         request.phase = Phase.WAITING
         self.waiting.appendleft(request)
         self.stats.preemptions += 1

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -37,9 +37,9 @@ from .scheduler import (
     FinishEvent,
     SimRequest,
     TokenEvent,
-    Usage,
 )
 from .settings import SimSettings
+from .stream import DONE_FRAME, StreamEncoder, usage_json
 from .tokenizer import SimTokenizer, apply_chat_template
 
 logger = logging.getLogger(__name__)
@@ -277,48 +277,28 @@ class SimServer:
         include_usage: bool,
         drop_after: int | None = None,
     ) -> tuple[web.StreamResponse, bool]:
-        """Stream a request's events as SSE; returns the response and whether it completed."""
+        """Stream a request's events as SSE; returns the response and whether it completed.
+
+        Nothing is sent before the first token exists (vLLM sends its role chunk with the first
+        token, after prefill); see :mod:`.stream` for the chunks.
+        """
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        created = int(time.time())
-        kind = "chat.completion.chunk" if chat else "text_completion"
-
-        def frame(choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
-            payload: dict[str, Any] = {
-                "id": request_id, "object": kind, "created": created, "model": self.model_name, "choices": choices,
-            }  # fmt: skip
-            if usage is not None:
-                payload["usage"] = _usage_json(usage)
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-        def choice(text: str, finish_reason: str | None, role: bool = False) -> dict[str, Any]:
-            if chat:
-                delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
+        encoder = StreamEncoder(request_id, self.model_name, int(time.time()), chat=chat, include_usage=include_usage)
         try:
-            if chat:
-                await response.write(frame([choice("", None, role=True)]))
-            sent = 0
-            async for event in _events(queue):
-                if drop_after is not None and sent >= drop_after:
-                    # injected drop_stream fault: the connection closes without data: [DONE]
-                    if request.transport is not None:
-                        request.transport.abort()
-                    logger.info("%s: stream dropped (injected fault)", request_id)
-                    return response, False
-                if isinstance(event, TokenEvent):
-                    await response.write(frame([choice(event.text, None)]))
-                    sent += 1
-                elif isinstance(event, FinishEvent):
-                    await response.write(frame([choice("", event.reason)]))
-                    if include_usage:
-                        await response.write(frame([], event.usage))
-                else:
-                    error = {"error": {"message": event.message, "type": "InternalServerError", "code": 500}}
-                    await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
+            async for batch in _batches(queue):
+                if drop_after is not None:
+                    allowed = _until_drop(batch, drop_after - encoder.tokens_sent)
+                    if allowed < len(batch):
+                        # injected drop_stream fault: the connection closes without data: [DONE]
+                        if allowed:
+                            await response.write(encoder.frames(batch[:allowed]))
+                        if request.transport is not None:
+                            request.transport.abort()
+                        logger.info("%s: stream dropped (injected fault)", request_id)
+                        return response, False
+                await response.write(encoder.frames(batch))
+            await response.write(DONE_FRAME)
             await response.write_eof()
         except ConnectionResetError:
             # the client went away mid-stream; the caller stops generating
@@ -354,7 +334,7 @@ class SimServer:
                 "created": int(time.time()),
                 "model": self.model_name,
                 "choices": [choice],
-                "usage": _usage_json(finish.usage),
+                "usage": usage_json(finish.usage),
             }
         )
 
@@ -396,13 +376,33 @@ async def _events(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
             return
 
 
-def _usage_json(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
+async def _batches(queue: asyncio.Queue[Event]) -> AsyncIterator[list[Event]]:
+    """A request's events, grouped as the engine handed them over (everything already queued).
+
+    The engine loop queues a step's token and, on the last step, the finish in one go, so the
+    finish arrives in the same batch as the last token (and rides on its chunk, as in vLLM).
+    """
+    while True:
+        batch = [await queue.get()]
+        while not queue.empty():
+            batch.append(queue.get_nowait())
+        yield batch
+        if any(isinstance(event, FinishEvent | ErrorEvent) for event in batch):
+            return
+
+
+def _until_drop(batch: Sequence[Event], tokens_left: int) -> int:
+    """How many leading events of ``batch`` go out before an injected stream drop.
+
+    The drop comes at the first event after ``tokens_left`` more tokens (the original rule: after
+    ``drop_after_tokens`` tokens, the next event is not sent). Returns ``len(batch)`` if no drop.
+    """
+    for index, event in enumerate(batch):
+        if tokens_left <= 0:
+            return index
+        if isinstance(event, TokenEvent):
+            tokens_left -= 1
+    return len(batch)
 
 
 def create_app(settings: SimSettings) -> web.Application:

@@ -17,11 +17,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from harness.sim.config import SimEngineConfig
 from kvbench.schema import StrictModel
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile
 from offload.shapes import Deployment
 
+from .config import SimEngineConfig
 from .faults import Fault
 
 

@@ -120,14 +120,20 @@ class TimeModel:
     def step_seconds(self, work: StepWork) -> float:
         return self.cost(work).total_s
 
-    def prefill_seconds(self, prompt_tokens: int, cached_tokens: int = 0, chunk_tokens: int = 8192) -> float:
-        """An unloaded prefill of ``prompt_tokens`` with ``cached_tokens`` already cached, chunked."""
+    def prefill_seconds(
+        self, prompt_tokens: int, cached_tokens: int = 0, chunk_tokens: int = 8192, sample: bool = True
+    ) -> float:
+        """An unloaded prefill of ``prompt_tokens`` with ``cached_tokens`` already cached, chunked.
+
+        ``sample=False``: the last chunk does not end the prompt (no LM head), as when only the
+        head of a cached prefix is recomputed.
+        """
         done = cached_tokens
         total = 0.0
         while done < prompt_tokens:
             work = StepWork()
             n = min(chunk_tokens, prompt_tokens - done)
-            work.add_prefill(n, done, last=done + n == prompt_tokens)
+            work.add_prefill(n, done, last=sample and done + n == prompt_tokens)
             total += self.step_seconds(work)
             done += n
         return total

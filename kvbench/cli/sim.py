@@ -1,4 +1,6 @@
-"""``kvbench sim``: run the engine simulator, or list its model and hardware profiles.
+"""``kvbench sim``: run the engine simulator, list its model and hardware profiles, or run the
+compute-vs-load what-if (``whatif``: turn-2 TTFT against tier read bandwidth, see
+:mod:`harness.sim.whatif`).
 
 Only typer is imported at module level; the server and its dependencies load inside the commands,
 so mounting this sub-app keeps ``kvbench --help`` fast.
@@ -134,3 +136,45 @@ def profiles() -> None:
             ttft(8192), ttft(32768), ttft(131072), f"{timing.decode_step_seconds(1, 8192) * 1e3:.1f} ms",
         )  # fmt: skip
     console.print(shipped)
+
+
+@sim_app.command()
+def whatif(
+    model: Annotated[str, typer.Option(help="Model profile.")] = "llama-3.1-8b",
+    hardware: Annotated[str, typer.Option(help="Hardware profile.")] = "h100-sxm",
+    tokens: Annotated[
+        list[int] | None, typer.Option("--tokens", help="Context lengths (repeat the option); default 32768, 131072.")
+    ] = None,
+    read_gbps: Annotated[
+        list[float] | None,
+        typer.Option("--read-gbps", help="Tier read bandwidths in GB/s (repeat); default 1 2 5 10 20 25 50."),
+    ] = None,
+    new_tokens: Annotated[int, typer.Option(help="Turn-2 tokens beyond the cached turn 1.")] = 128,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for whatif.csv and whatif.png.")] = Path("whatif"),
+) -> None:
+    """Compute, load or both: simulated turn-2 TTFT against tier read bandwidth (compute-only, load-only,
+    layerwise, bidirectional), as a table, a CSV and a PNG plot."""
+    from harness.sim import whatif as what
+
+    try:
+        points = what.run_whatif(
+            model,
+            hardware,
+            tokens or list(what.DEFAULT_TOKENS),
+            read_gbps or list(what.DEFAULT_READ_GBPS),
+            new_tokens,
+        )
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    table = what.rows(points)
+    summary = what.gains(table)
+    what.write_csv(points, out / "whatif.csv")
+    what.plot(points, out / "whatif.png", f"Simulated turn-2 TTFT, {model} on 1x {hardware} (kvbench sim)")
+    typer.echo(f"Simulated ({model} on {hardware}; modelled times, not measurements). TTFT of turn 2:\n")
+    typer.echo(what.markdown_table(table))
+    typer.echo(
+        f"Mean gain of bidirectional over the grid: {summary.vs_compute:.2f}x vs compute-only, "
+        f"{summary.vs_load:.2f}x vs load-only, {summary.vs_mean_of_both:.2f}x vs both (mean of the two), "
+        f"{summary.vs_better:.2f}x vs the better of the two (at most {summary.max_vs_better:.2f}x)."
+    )
+    typer.echo(f"Wrote {out / 'whatif.csv'} and {out / 'whatif.png'}")

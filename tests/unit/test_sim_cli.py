@@ -33,3 +33,15 @@ def test_serve_rejects_bad_settings(tmp_path: Path) -> None:
     bad.write_text('{"model": "tiny", "hardware": "h100-sxm", "tp": 0}')
     invalid = runner.invoke(sim_app, ["serve", "--config", str(bad)])
     assert invalid.exit_code == 2 and "tp" in invalid.output
+
+
+def test_whatif_prints_the_table_and_writes_csv_and_plot(tmp_path: Path) -> None:
+    args = ["whatif", "--tokens", "8192", "--read-gbps", "2", "--read-gbps", "20", "-o", str(tmp_path)]
+    result = runner.invoke(sim_app, args)
+    assert result.exit_code == 0, result.output
+    assert "Simulated (llama-3.1-8b on h100-sxm" in result.output and "Mean gain of bidirectional" in result.output
+    lines = (tmp_path / "whatif.csv").read_text().splitlines()
+    assert lines[0] == "tokens,read_gbps,mode,ttft_ms,cached_tokens,new_tokens" and len(lines) == 1 + 2 * 4
+    assert (tmp_path / "whatif.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = runner.invoke(sim_app, ["whatif", "--tokens", "100", "--new-tokens", "200", "-o", str(tmp_path)])
+    assert bad.exit_code == 2 and "new_tokens" in bad.output

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from harness.engines.base import Tokenizer
 from harness.sim.tokenizer import (
     CHAR_BASE,
     SUBWORD_BASE,
@@ -23,6 +22,7 @@ from harness.sim.tokenizer import (
     encode_by_pieces,
     token_text,
 )
+from workloads.tokenizer import Tokenizer
 
 SAMPLES = [
     "",
