@@ -101,8 +101,9 @@ def make_soak_dir(parent: Path, *, name: str = "soak", error_burst: bool = False
     scenario = parse_scenario(data, "test")
     run_dir = RunDir.create(parent, scenario)
     run_dir.manifest_file.write_text(
-        json.dumps({"scenario_name": name, "engines": {"AMG-ON": {"kind": "openai", "version": "test"}},
-                    "attempts": [{"attempt": 0}], "host": {}})
+        json.dumps({"scenario_name": name, "scenario": scenario.model_dump(mode="json"),
+                    "engines": {"AMG-ON": {"kind": "openai", "version": "test"}}, "attempts": [{"attempt": 0}],
+                    "host": {}})
     )  # fmt: skip
     rng = random.Random(1)
     for index in range(intervals):

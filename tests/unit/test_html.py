@@ -101,3 +101,15 @@ def test_report_requires_inputs(tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
     result = CliRunner().invoke(app, ["report", "--html", str(tmp_path / "x")])
     assert result.exit_code == 2
+
+
+def test_simulated_cards_say_so_and_different_setups_warn(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    probe = make_probe_run(runs, speedup=4.0)  # the simulator
+    soak = make_soak_dir(runs)  # an attached endpoint: a measurement
+    html = render_html(collect_sources([probe, soak]), tmp_path)
+    text = " ".join(parse(html).text)
+    assert "SIMULATED" in text and "not a measurement" in text
+    assert 'id="different-setups"' in html and "Different setups" in text
+    alone = render_html(collect_sources([probe]), tmp_path)
+    assert 'id="different-setups"' not in alone
