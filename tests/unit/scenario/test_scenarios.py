@@ -8,8 +8,8 @@ import pytest
 
 from harness.scenario.spec import bundled_scenarios, load_scenario
 from kvbench.errors import ScenarioError
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIO_FILES = sorted((REPO / "scenarios").rglob("*.yaml"))
 
 GOOD = """

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from harness.client.scrape import (
@@ -21,17 +19,18 @@ from harness.client.scrape import (
     sum_metric,
     summarize,
 )
+from tests.support import GOLDEN
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "metrics"
+GOLDEN_METRICS = GOLDEN / "metrics"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def load(name: str) -> MetricsSnapshot:
-    return parse_metrics((GOLDEN / name).read_text(encoding="utf-8"))
+    return parse_metrics((GOLDEN_METRICS / name).read_text(encoding="utf-8"))
 
 
 def raw(name: str) -> str:
-    return (GOLDEN / name).read_text(encoding="utf-8")
+    return (GOLDEN_METRICS / name).read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
