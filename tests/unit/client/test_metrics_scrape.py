@@ -59,9 +59,9 @@ def test_snapshot_keys_and_values(after: MetricsSnapshot) -> None:
 def test_snapshot_is_immutable(after: MetricsSnapshot) -> None:
     key = next(iter(after))
     with pytest.raises(TypeError):
-        after[key] = 1.0  # type: ignore[index]
+        after[key] = 1.0  # type: ignore[index]  # read-only on purpose: the runtime refusal
     with pytest.raises(TypeError):
-        after.types["x"] = "counter"  # type: ignore[index]
+        after.types["x"] = "counter"  # type: ignore[index]  # read-only on purpose: the runtime refusal
     assert len(after) == len(list(after))
 
 
