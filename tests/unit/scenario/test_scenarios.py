@@ -8,8 +8,8 @@ import pytest
 
 from harness.scenario.spec import bundled_scenarios, load_scenario
 from kvbench.errors import ScenarioError
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIO_FILES = sorted((REPO / "scenarios").rglob("*.yaml"))
 
 GOOD = """
@@ -100,4 +100,4 @@ def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
 def test_scenario_is_immutable(tmp_path: Path) -> None:
     scenario, _ = load_scenario(_write(tmp_path, GOOD))
     with pytest.raises(ValueError, match="frozen"):
-        scenario.seed = 3  # type: ignore[misc]
+        scenario.seed = 3  # type: ignore[misc]  # frozen on purpose: the runtime refusal

@@ -61,6 +61,6 @@ def test_the_gain_peaks_at_two_where_compute_equals_load() -> None:
 
 def test_bad_mode_and_reuse_are_errors() -> None:
     with pytest.raises(ValueError, match="overlap must be one of"):
-        ttft_overlap(N, 0.5, T, T, W, "both")  # type: ignore[arg-type]
+        ttft_overlap(N, 0.5, T, T, W, "both")  # type: ignore[arg-type]  # not a mode on purpose: the runtime check
     with pytest.raises(ValueError, match="reuse ratio"):
         ttft_overlap(N, 1.5, T, T, W, "none")

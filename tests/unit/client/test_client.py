@@ -14,7 +14,6 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
@@ -23,8 +22,8 @@ from aiohttp import web
 
 from harness.client.endpoint import Endpoint
 from harness.client.openai import SNIPPET_CHARS, OpenAIClient, RequestOutcome
+from tests.support import GOLDEN
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 SSE = GOLDEN / "sse"
 EXPECTED: dict[str, dict[str, Any]] = {
     name: spec

@@ -526,7 +526,7 @@ async def test_engine_that_dies_reports_its_log(fake_site: Path, tmp_path: Path)
 async def test_python_without_vllm_fails_before_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # no vllm there (nor, presumably, in kvbench's env)
     try:
-        import vllm  # type: ignore[import-not-found]  # noqa: F401
+        import vllm  # type: ignore[import-not-found]  # noqa: F401  # vllm is optional, absent from the dev env
     except ImportError:
         pass
     else:  # pragma: no cover

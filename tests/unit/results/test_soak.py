@@ -11,8 +11,10 @@ import pytest
 
 from harness.client.scrape import parse_metrics
 from harness.results.soak_result import (
+    CriterionName,
     IntervalAccumulator,
     MetricsReading,
+    SoakVerdict,
     evaluate,
     planned_intervals,
     trend,
@@ -49,6 +51,13 @@ def interval(index: int, *, p99: float = 200.0, requests: int = 100, errors: int
         tpot_p50_ms=10.0, tpot_p99_ms=20.0, slo_met=requests - errors if slo_met is None else slo_met, hit_rate=hit,
         hit_rate_source="metrics", restarts=restarts, counters=counters or {"prompt_tokens": float(index)},
     )  # fmt: skip
+
+
+def status(verdict: SoakVerdict, name: CriterionName) -> str:
+    """The named criterion's status; fails the test when the verdict lacks that criterion."""
+    criterion = verdict.criterion(name)
+    assert criterion is not None, name
+    return criterion.status
 
 
 def spec(**criteria: object) -> SoakSpec:
@@ -162,7 +171,7 @@ def test_each_criterion_fails_with_its_intervals() -> None:
     assert drift.intervals and drift.intervals[-1] == 19 and 0 not in drift.intervals
 
     small = [interval(i, p99=200 + 0.5 * i) for i in range(20)]  # significant, but +5% over the window
-    assert evaluate(small, spec(), SLO_TARGETS, planned=20).criterion("drift").status == "pass"  # type: ignore[union-attr]
+    assert status(evaluate(small, spec(), SLO_TARGETS, planned=20), "drift") == "pass"
 
     cold = [interval(i, hit=0.1 if i >= 15 else 0.8) for i in range(20)]
     hit = evaluate(cold, spec(hit_rate_floor=0.5), SLO_TARGETS, planned=20).criterion("hit_rate_floor")
@@ -181,9 +190,9 @@ def test_warmup_incomplete_and_unset_criteria() -> None:
     partial = evaluate(intervals[1:5], warm, SLO_TARGETS, planned=10)
     assert partial.verdict == "INCOMPLETE" and "--resume" in partial.reasons[0]
     no_slo = evaluate([interval(i) for i in range(10)], spec(), SLO(), planned=10)
-    assert no_slo.criterion("slo_compliance").status == "not_evaluated"  # type: ignore[union-attr]
+    assert status(no_slo, "slo_compliance") == "not_evaluated"
     unmeasured = evaluate([interval(i, hit=None) for i in range(10)], spec(hit_rate_floor=0.5), SLO(), planned=10)
-    assert unmeasured.criterion("hit_rate_floor").status == "fail"  # type: ignore[union-attr]
+    assert status(unmeasured, "hit_rate_floor") == "fail"
 
 
 def test_intervals_file_survives_a_torn_line_and_resumes(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,14 +16,15 @@ from harness.client.sse import (
     interpret_chunk,
     parse_sse,
 )
+from tests.support import GOLDEN
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "sse"
+GOLDEN_SSE = GOLDEN / "sse"
 EXPECTED: dict[str, dict[str, Any]] = {
     name: spec
-    for name, spec in json.loads((GOLDEN / "expected.json").read_text(encoding="utf-8")).items()
+    for name, spec in json.loads((GOLDEN_SSE / "expected.json").read_text(encoding="utf-8")).items()
     if not name.startswith("_")
 }
-ALL_STREAMS = sorted(path.name for path in GOLDEN.glob("*.sse"))
+ALL_STREAMS = sorted(path.name for path in GOLDEN_SSE.glob("*.sse"))
 
 
 def _feed_in_pieces(payload: bytes, cuts: list[int]) -> tuple[list[SSEEvent], SSEParser]:
@@ -50,7 +50,7 @@ def test_every_golden_stream_has_an_expectation() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_golden_stream_frame_kinds(name: str) -> None:
     spec = EXPECTED[name]
-    payload = (GOLDEN / name).read_bytes()
+    payload = (GOLDEN_SSE / name).read_bytes()
     parser = SSEParser()
     events = parser.feed(payload) + parser.finish()
     frames = [interpret_chunk(event.data, spec["api"]) for event in events]
@@ -69,7 +69,7 @@ def test_golden_stream_frame_kinds(name: str) -> None:
 
 @pytest.mark.parametrize("name", ALL_STREAMS)
 def test_byte_by_byte_feeding_gives_the_same_events(name: str) -> None:
-    payload = (GOLDEN / name).read_bytes()
+    payload = (GOLDEN_SSE / name).read_bytes()
     whole = parse_sse(payload)
     assert whole, name
     split, _ = _one_byte_at_a_time(payload)
@@ -78,7 +78,7 @@ def test_byte_by_byte_feeding_gives_the_same_events(name: str) -> None:
 
 @pytest.mark.parametrize("name", ALL_STREAMS)
 def test_random_splits_give_the_same_events(name: str) -> None:
-    payload = (GOLDEN / name).read_bytes()
+    payload = (GOLDEN_SSE / name).read_bytes()
     whole = parse_sse(payload)
     rng = random.Random(name)
     for _ in range(25):
@@ -88,13 +88,13 @@ def test_random_splits_give_the_same_events(name: str) -> None:
 
 
 def test_line_ending_variants_parse_identically() -> None:
-    lf = parse_sse((GOLDEN / "vllm_chat.sse").read_bytes())
-    assert parse_sse((GOLDEN / "vllm_chat_crlf.sse").read_bytes()) == lf
-    assert parse_sse((GOLDEN / "vllm_completions_cr.sse").read_bytes()) == parse_sse(
-        (GOLDEN / "vllm_completions.sse").read_bytes()
+    lf = parse_sse((GOLDEN_SSE / "vllm_chat.sse").read_bytes())
+    assert parse_sse((GOLDEN_SSE / "vllm_chat_crlf.sse").read_bytes()) == lf
+    assert parse_sse((GOLDEN_SSE / "vllm_completions_cr.sse").read_bytes()) == parse_sse(
+        (GOLDEN_SSE / "vllm_completions.sse").read_bytes()
     )
-    assert parse_sse((GOLDEN / "sglang_chat_mixed_eol.sse").read_bytes()) == parse_sse(
-        (GOLDEN / "sglang_chat.sse").read_bytes()
+    assert parse_sse((GOLDEN_SSE / "sglang_chat_mixed_eol.sse").read_bytes()) == parse_sse(
+        (GOLDEN_SSE / "sglang_chat.sse").read_bytes()
     )
 
 
@@ -115,7 +115,7 @@ def test_cut_inside_a_multibyte_character() -> None:
 
 
 def test_spec_features() -> None:
-    events, parser = _one_byte_at_a_time((GOLDEN / "spec_features.sse").read_bytes())
+    events, parser = _one_byte_at_a_time((GOLDEN_SSE / "spec_features.sse").read_bytes())
     assert events == [
         SSEEvent(data='{"first":\n"multi-line"}', event="chunk", id="1", retry_ms=3000),
         SSEEvent(data="", event="message", id="1"),  # a bare "data" line is an empty data field

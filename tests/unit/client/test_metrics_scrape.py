@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from harness.client.scrape import (
@@ -21,17 +19,27 @@ from harness.client.scrape import (
     sum_metric,
     summarize,
 )
+from tests.support import GOLDEN
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "metrics"
+GOLDEN_METRICS = GOLDEN / "metrics"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+VLLM_COUNTER_DELTAS = {
+    "gpu_prefix_queries": 8192.0,
+    "gpu_prefix_hits": 6144.0,
+    "external_prefix_queries": 2048.0,
+    "external_prefix_hits": 1024.0,
+    "prompt_tokens": 8192.0,
+    "generation_tokens": 128.0,
+}
+"""The tagged counter deltas between vllm_before.prom and vllm_after.prom, read off the two pages by hand."""
 
 
 def load(name: str) -> MetricsSnapshot:
-    return parse_metrics((GOLDEN / name).read_text(encoding="utf-8"))
+    return parse_metrics((GOLDEN_METRICS / name).read_text(encoding="utf-8"))
 
 
 def raw(name: str) -> str:
-    return (GOLDEN / name).read_text(encoding="utf-8")
+    return (GOLDEN_METRICS / name).read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +68,9 @@ def test_snapshot_keys_and_values(after: MetricsSnapshot) -> None:
 def test_snapshot_is_immutable(after: MetricsSnapshot) -> None:
     key = next(iter(after))
     with pytest.raises(TypeError):
-        after[key] = 1.0  # type: ignore[index]
+        after[key] = 1.0  # type: ignore[index]  # read-only on purpose: the runtime refusal
     with pytest.raises(TypeError):
-        after.types["x"] = "counter"  # type: ignore[index]
+        after.types["x"] = "counter"  # type: ignore[index]  # read-only on purpose: the runtime refusal
     assert len(after) == len(list(after))
 
 
@@ -127,12 +135,7 @@ def test_hit_rates_none_without_queries(after: MetricsSnapshot) -> None:
 def test_tagged_values(before: MetricsSnapshot, after: MetricsSnapshot) -> None:
     d = delta(before, after)
     assert summarize(d) == {
-        "gpu_prefix_queries": 8192.0,
-        "gpu_prefix_hits": 6144.0,
-        "external_prefix_queries": 2048.0,
-        "external_prefix_hits": 1024.0,
-        "prompt_tokens": 8192.0,
-        "generation_tokens": 128.0,
+        **VLLM_COUNTER_DELTAS,
         "kv_usage": None,  # gauges are not in a delta
         "requests_running": None,
         "requests_waiting": None,
@@ -166,14 +169,7 @@ def test_legacy_vllm_names_are_found() -> None:
 
 def test_cache_counter_deltas_from_raw_pages() -> None:
     values = cache_counter_deltas(raw("vllm_before.prom"), raw("vllm_after.prom"))
-    assert values == {
-        "gpu_prefix_queries": 8192.0,
-        "gpu_prefix_hits": 6144.0,
-        "external_prefix_queries": 2048.0,
-        "external_prefix_hits": 1024.0,
-        "prompt_tokens": 8192.0,
-        "generation_tokens": 128.0,
-    }
+    assert values == VLLM_COUNTER_DELTAS
     legacy = raw("vllm_legacy_names.prom")
     assert "external_prefix_queries" not in cache_counter_deltas(legacy, legacy)
 

@@ -10,12 +10,12 @@ from harness.sim.config import SimEngineConfig
 from harness.sim.settings import SimSettings
 from harness.sim.timemodel import StepWork, TimeModel
 from offload.profiles import BUILTIN_PROFILES
-from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
+from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment, Dtype
 
 
-def timing(model: str, hardware: str = "h100-sxm", tp: int = 1, dtype: str | None = None) -> TimeModel:
+def timing(model: str, hardware: str = "h100-sxm", tp: int = 1, dtype: Dtype | None = None) -> TimeModel:
     m = MODELS[model]
-    return TimeModel(Deployment(m, HARDWARE[hardware], tp, dtype or m.dtype))  # type: ignore[arg-type]
+    return TimeModel(Deployment(m, HARDWARE[hardware], tp, dtype or m.dtype))
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -34,8 +34,8 @@ def test_kv_sizes_of_llama_8b() -> None:
 
 
 @pytest.mark.parametrize(("model", "hardware", "tp", "dtype"), SHIPPED_DEPLOYMENTS)
-def test_shipped_deployments_fit_their_context(model: str, hardware: str, tp: int, dtype: str) -> None:
-    deployment = Deployment.resolve(model, hardware, tp, dtype)  # type: ignore[arg-type]
+def test_shipped_deployments_fit_their_context(model: str, hardware: str, tp: int, dtype: Dtype) -> None:
+    deployment = Deployment.resolve(model, hardware, tp, dtype)
     assert deployment.kv_cache_tokens(0.9, 8192) >= deployment.model.max_position_embeddings
 
 

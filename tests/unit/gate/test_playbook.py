@@ -67,7 +67,7 @@ def test_walk_through_every_stage(tmp_path: Path) -> None:
     attach_run(path, "staging", make_soak_dir(runs, name="soak-good"))
     assert playbook_status(path).stage("staging").state == "done"
 
-    only_on = [{"name": "prod", "offload": "cpu"}]
+    only_on: list[dict[str, object]] = [{"name": "prod", "offload": "cpu"}]
     attach_run(path, "production", make_probe_run(runs, name="prod", speedup=4.0, arms=only_on))
     status = playbook_status(path)
     production = status.stage("production")

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Mapping
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_ids_are_identical_in_another_process() -> None:
 
 
 def test_chat_template() -> None:
-    messages = [
+    messages: list[Mapping[str, object]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
     ]

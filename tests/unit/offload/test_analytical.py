@@ -219,7 +219,7 @@ def test_prediction_round_trips_and_is_frozen() -> None:
     p = am.predict(N, 1.0, t_s=T, r_s=R, w_s=W)
     assert am.Prediction.model_validate_json(p.model_dump_json()) == p
     with pytest.raises(ValidationError):
-        p.speedup = 100.0  # type: ignore[misc]
+        p.speedup = 100.0  # type: ignore[misc]  # frozen on purpose: the runtime refusal
 
 
 def test_prediction_rejects_outputs_that_do_not_follow() -> None:

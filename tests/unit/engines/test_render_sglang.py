@@ -157,7 +157,7 @@ def test_engine_checks_the_profile_when_created(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="vLLM's"):
         SglangEngine(sglang_config(), context)
     with pytest.raises(TypeError, match="SglangEngineConfig"):
-        SglangEngine(BUILTIN_PROFILES["cpu"], context)  # type: ignore[arg-type]
+        SglangEngine(BUILTIN_PROFILES["cpu"], context)  # type: ignore[arg-type]  # wrong on purpose: the runtime check
 
 
 # ------------------------------------------------------------------------------------- config + argv

@@ -40,8 +40,8 @@ from harness.engines.sglang import (
 from harness.engines.trtllm import SERVE_ENV_VAR, ModelDirTokenizer, TrtllmEngine
 from kvbench.errors import EngineStartError
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
+from tests.support import FAKE_ENGINE
 
-FAKE_ENGINE = Path(__file__).resolve().parent.parent / "fakes" / "fake_engine.py"
 EXTRA_ARGS_ENV = "KVBENCH_FAKE_ENGINE_ARGS"
 RECORD_ENV = "KVBENCH_FAKE_ENGINE_RECORD"
 

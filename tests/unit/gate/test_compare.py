@@ -7,6 +7,7 @@ import random
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -24,14 +25,14 @@ from harness.store.events import GroupDone
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.cli import app
+from tests.resultfiles import probe_scenario
+from workloads.config import MultiRoundQAProbe
 
-BASE = {
-    "name": "gate",
-    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-    "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-    "compare": {"baseline": "AMG-OFF"},
-    "workload": {"kind": "multi_round_qa", "context_tokens": [1000, 8000], "conversations": 8, "turns": 2},
-}
+
+def gate_scenario() -> dict[str, Any]:
+    return probe_scenario("gate", conversations=8)
+
+
 # median TTFT (ms) of each (arm, context, turn) cell
 LEVELS = {
     ("AMG-OFF", 1000, 1): 60.0, ("AMG-OFF", 1000, 2): 62.0, ("AMG-OFF", 8000, 1): 480.0, ("AMG-OFF", 8000, 2): 482.0,
@@ -50,23 +51,25 @@ def make_run(
     *,
     seed: int,
     shift: Shift = no_shift,
-    scenario: dict[str, object] | None = None,
+    scenario: dict[str, Any] | None = None,
     error_share: float = 0.0,
     gpus: list[str] | None = None,
     conversations: int | None = None,
 ) -> Path:
     """A run directory written the way the runner writes one: scenario, manifest, records, progress."""
-    data = json.loads(json.dumps(scenario or BASE))
+    data = json.loads(json.dumps(scenario)) if scenario else gate_scenario()  # the caller's dict stays as it was
     if conversations is not None:
         data["workload"]["conversations"] = conversations
     parsed = parse_scenario(data, "test")
+    workload = parsed.workload
+    assert isinstance(workload, MultiRoundQAProbe)
     run_dir = RunDir.create(parent, parsed)
     rng = random.Random(seed)
     manifest = {"scenario_name": parsed.name, "host": {"gpus": [{"name": g} for g in gpus or []]}, "engines": {}}
     run_dir.manifest_file.write_text(json.dumps(manifest))
     with RecordWriter(run_dir.records_file) as writer:
         for arm in ("AMG-OFF", "AMG-ON"):
-            for ctx in parsed.workload.context_tokens:  # type: ignore[union-attr]
+            for ctx in workload.context_tokens:
                 for conv in range(data["workload"]["conversations"]):
                     for turn in (1, 2):
                         level = LEVELS[(arm, ctx, turn)] * shift(arm, ctx, turn)
@@ -82,7 +85,7 @@ def make_run(
                                 prompt_tokens=ctx, cached_tokens=cached,
                             )
                         )  # fmt: skip
-            for ctx in parsed.workload.context_tokens:  # type: ignore[union-attr]
+            for ctx in workload.context_tokens:
                 run_dir.mark_group_done(GroupDone(arm=arm, repetition=0, context_tokens=ctx, attempt=0))
     return run_dir.path
 
@@ -138,7 +141,7 @@ def test_threshold_flag_changes_the_decision(tmp_path: Path) -> None:
 
 
 def test_scenario_gate_section_sets_the_rules(tmp_path: Path) -> None:
-    lenient = {**BASE, "gate": {"ttft_max_increase_pct": 50}}
+    lenient = {**gate_scenario(), "gate": {"ttft_max_increase_pct": 50}}
     base = make_run(tmp_path / "a", seed=1, scenario=lenient)
     current = make_run(tmp_path / "b", seed=2, scenario=lenient, shift=lambda a, c, t: 1.3)
     result = compare_paths(base, current)
@@ -185,13 +188,13 @@ def test_hit_rate_regression(tmp_path: Path) -> None:
 
 def test_different_scenario_or_hardware_cannot_compare(tmp_path: Path) -> None:
     base = make_run(tmp_path / "a", seed=1)
-    other_workload = json.loads(json.dumps(BASE))
+    other_workload = gate_scenario()
     other_workload["workload"]["context_tokens"] = [1000]
     result = compare_paths(base, make_run(tmp_path / "b", seed=2, scenario=other_workload))
     assert result.verdict == "incomparable" and result.exit_code == 2
     assert any("different scenario: workload.context_tokens" in r for r in result.reasons)
 
-    other_hw = json.loads(json.dumps(BASE))
+    other_hw = gate_scenario()
     other_hw["engine"]["hardware"] = "h200-sxm"
     result = compare_paths(base, make_run(tmp_path / "c", seed=2, scenario=other_hw))
     assert result.exit_code == 2

@@ -93,7 +93,9 @@ def test_capacity_figure_shades_the_tpot_region_only_when_there_is_a_limit() -> 
     ax = capacity_figure(result()).axes[0]
     (region,) = _shaded(ax)
     assert region.get_x() == pytest.approx(1000 / 40)  # TPS/user ≥ 25 is within TPOT ≤ 40 ms
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    legend = ax.get_legend()
+    assert legend is not None
+    labels = [t.get_text() for t in legend.get_texts()]
     assert "AMG-ON Pareto frontier" in labels and "AMG-OFF" in labels
     assert not _shaded(capacity_figure(result(tpot_ms=None)).axes[0])
     ttft_ax = ttft_figure(result()).axes[0]

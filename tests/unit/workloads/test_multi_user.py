@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 
 from harness.scenario.spec import load_scenario, parse_scenario
 from harness.sim.tokenizer import SimTokenizer
 from kvbench.errors import ScenarioError
+from tests.support import REPO
 from workloads.config import MultiUserQA
 from workloads.multi_user import (
     MultiUserWorkload,
@@ -18,8 +18,6 @@ from workloads.multi_user import (
     expected_mean_rounds,
     sample,
 )
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def config(**overrides: object) -> MultiUserQA:

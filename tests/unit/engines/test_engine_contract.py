@@ -16,7 +16,7 @@ prompt/completion/cached tokens, the finish reason, HTTP errors mapped to ``http
 engine's message, and a metric family that yields prompt tokens and prefix-cache hit counters.
 The fakes also check mid-stream error frames (``server_error``), dropped streams
 (``stream_dropped``) and HTTP 500; the simulator injects those only through its fault file
-(tests/unit/test_soak_sim_faults.py), so it skips them.
+(tests/unit/sim/test_soak_sim_faults.py), so it skips them.
 """
 
 from __future__ import annotations
@@ -61,10 +61,8 @@ from harness.engines.trtllm_offload import render_trtllm_options
 from harness.sim.config import SimEngineConfig
 from harness.sim.engine import SimEngine
 from offload.profiles import BUILTIN_PROFILES
+from tests.support import FAKE_ENGINE, GOLDEN
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKE_ENGINE = ROOT / "fakes" / "fake_engine.py"
-GOLDEN = ROOT / "golden"
 CONTRACT: dict[str, Any] = json.loads((GOLDEN / "sse" / "contract.json").read_text(encoding="utf-8"))
 FAMILIES = ("vllm", "sglang", "trtllm", "sim", "openai")
 FIRST_TOKEN_DELAY_MS = 40.0
@@ -154,8 +152,8 @@ def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     elif family == "sglang":
         args += ["--model-path", "/models/Qwen2.5-7B-Instruct", "--served-model-name", "qwen", "--enable-metrics"]
     else:  # trtllm: the LLM-API YAML kvbench renders decides whether Prometheus text is served
-        config = TrtllmEngineConfig(kind="trtllm", model="/models/Llama-3.1-8B-Instruct")
-        plan = render_trtllm_options(BUILTIN_PROFILES["cpu"], config, prefix_caching=True)
+        trtllm = TrtllmEngineConfig(kind="trtllm", model="/models/Llama-3.1-8B-Instruct")
+        plan = render_trtllm_options(BUILTIN_PROFILES["cpu"], trtllm, prefix_caching=True)
         options = tmp / "llm_api_options.yaml"
         options.write_text(plan.yaml_text(), encoding="utf-8")
         args = ["/models/Llama-3.1-8B-Instruct", "--backend", "pytorch", "--extra_llm_api_options", str(options), *args]

