@@ -53,6 +53,7 @@ def _sweep_console(result: VersionedFile, manifest: dict[str, Any], out: Path, c
     assert isinstance(result, SweepResult)
     if console is not None:
         curves.print_sweep(result, console)
+        renderers.print_validity(result.validity, console)
     return []
 
 

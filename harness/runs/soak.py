@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from harness.client.openai import OpenAIClient
-from harness.client.scrape import METRICS, MetricsSnapshot, delta, metric_value, parse_metrics
+from harness.client.scrape import MetricsSnapshot, counter_totals, delta, metric_value, parse_metrics, restarted
 from harness.results.soak import build_result, summarize_soak
 from harness.results.soak_result import IntervalAccumulator, MetricsReading, SoakResult, planned_intervals
 from harness.scenario.soak import describe_load, soak_arm, soak_scenario
@@ -44,36 +44,6 @@ from .spine import ArmSession, Runner
 NS = 1_000_000_000
 SESSIONS_PER_ATTEMPT = 1_000_000_000
 """Attempt ``a`` numbers its sessions from ``a ×`` this, so a resumed window starts new conversations."""
-RESTART_TOLERANCE = 1e-6
-START_TIME_METRIC = "process_start_time_seconds"
-
-
-def counter_totals(snapshot: MetricsSnapshot) -> dict[str, float]:
-    """Running totals of the counters kvbench reads (and the process start time, when exposed)."""
-    out: dict[str, float] = {}
-    for spec in METRICS:
-        if spec.kind == "counter":
-            value = metric_value(snapshot, spec.tag)
-            if value is not None:
-                out[spec.tag] = value
-    start = [v for (name, _), v in snapshot.items() if name == START_TIME_METRIC]
-    if start:
-        out[START_TIME_METRIC] = max(start)
-    return out
-
-
-def restarted(previous: Mapping[str, float], current: Mapping[str, float]) -> bool:
-    """Whether the engine restarted between two scrapes: a counter went down, or the start time moved."""
-    for name, value in current.items():
-        before = previous.get(name)
-        if before is None:
-            continue
-        if name == START_TIME_METRIC:
-            if abs(value - before) > RESTART_TOLERANCE:
-                return True
-        elif value < before - RESTART_TOLERANCE:
-            return True
-    return False
 
 
 def interval_hit_rate(before: MetricsSnapshot, after: MetricsSnapshot) -> float | None:

@@ -30,8 +30,10 @@ from typing import ClassVar, Generic, TypeVar
 import aiohttp
 
 from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
 from harness.engines.kinds import create_engine
+from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
@@ -89,12 +91,17 @@ class ArmSession:
         engine: RunningEngine,
         client: OpenAIClient,
         writer: RecordWriter,
+        block: int | None = None,
     ) -> None:
         self.runner = runner
+        self.block = block
+        """Which block of :meth:`Runner.blocks` this engine start serves (None: all the arm's work)."""
         self.arm = arm
         self.engine = engine
         self.client = client
         self.writer = writer
+        self._counters: dict[str, float] = {}
+        self._restarts = 0
 
     @property
     def attempt(self) -> int:
@@ -163,12 +170,30 @@ class ArmSession:
         return True
 
     async def scrape(self) -> str | None:
-        """The engine's /metrics page, or None when it has none (the run goes on without cache stats)."""
+        """The engine's /metrics page, or None when it has none (the run goes on without cache stats).
+
+        Every page is also compared with the arm's previous one: a cumulative counter that went down
+        or a process start time that moved is an engine restart (:meth:`take_restarts`).
+        """
         try:
-            return await self.client.metrics_text()
+            text = await self.client.metrics_text()
         except (aiohttp.ClientError, TimeoutError) as error:
             log.warning("arm %s: /metrics unavailable (%s); no cache statistics", self.arm.name, error)
             return None
+        try:
+            counters = counter_totals(parse_metrics(text))
+        except ValueError:
+            return text  # the caller reports the unparseable page
+        if self._counters and restarted(self._counters, counters):
+            log.warning("arm %s: the engine restarted (its /metrics counters went back)", self.arm.name)
+            self._restarts += 1
+        self._counters = counters
+        return text
+
+    def take_restarts(self) -> int:
+        """Engine restarts seen by :meth:`scrape` since the last call."""
+        seen, self._restarts = self._restarts, 0
+        return seen
 
 
 class Runner(ABC, Generic[ResultT]):
@@ -197,6 +222,14 @@ class Runner(ABC, Generic[ResultT]):
     @abstractmethod
     def arms_with_work(self) -> list[Arm]:
         """The arms that still have work, in the order they run."""
+
+    def blocks(self) -> list[tuple[int | None, list[Arm]]]:
+        """(block, arms in order) for every block of work: one engine start per arm and block.
+
+        Default: one block (``None``: all of each arm's work) of :meth:`arms_with_work`. A probe with
+        ``arm_order: interleaved`` returns one block per repetition, arms in ABBA order.
+        """
+        return [(None, self.arms_with_work())]
 
     @abstractmethod
     def work(self) -> tuple[int, int]:
@@ -228,7 +261,9 @@ class Runner(ABC, Generic[ResultT]):
 
     # -- the spine ------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def arm_session(self, arm: Arm, writer: RecordWriter, manifest: Manifest) -> AsyncIterator[ArmSession]:
+    async def arm_session(
+        self, arm: Arm, writer: RecordWriter, manifest: Manifest, block: int | None = None
+    ) -> AsyncIterator[ArmSession]:
         context = LaunchContext(
             arm=arm.name,
             profile=arm.profile,
@@ -241,7 +276,7 @@ class Runner(ABC, Generic[ResultT]):
             async with OpenAIClient(
                 engine.endpoint, timeout_s=self.request_timeout_s(), max_connections=self.connections()
             ) as client:
-                yield ArmSession(self, arm, engine, client, writer)  # type: ignore[arg-type]
+                yield ArmSession(self, arm, engine, client, writer, block)  # type: ignore[arg-type]
 
 
 async def execute(runner: Runner[ResultT]) -> ResultT:
@@ -249,19 +284,23 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
     total, done = runner.work()
     runner.progress.start(total, done, runner.unit)
     manifest = Manifest.start(runner.run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
-    status = "interrupted"
+    status, reason = "interrupted", ""
     try:
         with RecordWriter(runner.run_dir.records_file) as writer:
-            for arm in runner.arms_with_work():
-                async with runner.arm_session(arm, writer, manifest) as session:
-                    await runner.run_arm(session)
-        status = "completed"
-    except KvbenchError:
-        status = "failed"
+            for block, arms in runner.blocks():
+                for arm in arms:
+                    async with runner.arm_session(arm, writer, manifest, block) as session:
+                        await runner.run_arm(session)
+        result = runner.summarize()
+        # a run that ran to the end but measured nothing trustworthy says so here, for every kind
+        outcome = outcome_of_result(result)
+        status, reason = outcome.status, outcome.reason
+    except KvbenchError as error:
+        status, reason = "failed", str(error).splitlines()[0] if str(error) else ""
         raise
     finally:
-        manifest.finish(status)
-    return runner.summarize()
+        manifest.finish(status, reason)
+    return result
 
 
 def run_sync(runner: Runner[ResultT]) -> ResultT:

@@ -233,6 +233,25 @@ class CostSpec(StrictModel):
     hours_per_year: float = Field(default=8760.0, gt=0, le=8784)
 
 
+class ValiditySpec(StrictModel):
+    """When a run cannot claim what it measured (``kvbench run`` and ``kvbench sweep``).
+
+    Above ``max_error_rate`` the run is FAILED (exit 1); the cache gates make a probe INCONCLUSIVE
+    (exit 3): see :mod:`harness.results.validity` for every gate and its formula.
+    """
+
+    max_error_rate: float = Field(
+        default=0.05, ge=0, le=1,
+        description="Most failed measured requests / measured requests before the run is FAILED (exit 1).",
+    )  # fmt: skip
+    max_reset_hit_rate: float = Field(
+        default=0.5, ge=0, le=1,
+        description="Most share of a later turn's prompt tokens served from the GPU prefix cache when "
+        "between_turns drops it (or from any cache in an arm without offload tiers) before the run is "
+        "INCONCLUSIVE (exit 3).",
+    )  # fmt: skip
+
+
 class OutputSpec(StrictModel):
     dir: str = Field(default="runs", description="Parent directory of run directories.")
 
@@ -253,11 +272,18 @@ class Scenario(StrictModel):
     arms: list[Arm] = Field(min_length=1)
     workload: WorkloadConfig
     repetitions: int = Field(default=1, ge=1, description="Times the workload is repeated per arm.")
+    arm_order: Literal["sequential", "interleaved"] = Field(
+        default="sequential",
+        description="kvbench run: 'sequential' runs every repetition of an arm, then the next arm; 'interleaved' "
+        "runs repetitions in ABBA blocks (A B, then B A, ...), one engine start per arm and block, so slow drift "
+        "of the machine cannot pass for an offload effect.",
+    )  # fmt: skip
     seed: int = 0
     slo: SLO = SLO()
     output: OutputSpec = OutputSpec()
     compare: Compare = Compare()
     gate: GateSpec = GateSpec()
+    validity: ValiditySpec = ValiditySpec()
     soak: SoakSpec | None = Field(default=None, description="Stability-window settings (kvbench soak).")
     sweep: SweepSpec | None = Field(default=None, description="Load grid (kvbench sweep; multi_user_qa only).")
     cost: CostSpec | None = Field(default=None, description="Target load and GPU price (kvbench sweep).")

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 GroupKey = tuple[str, int, int]
 """(arm, repetition, context_tokens)"""
 NS_PER_S = 1_000_000_000
+ENGINE_RESTARTS = "engine_restarts"
+"""The :class:`MetricsDelta` value counting engine restarts seen since the previous scrape of the arm."""
 
 
 class Frozen(BaseModel):
