@@ -66,6 +66,8 @@ def _soak_console(result: VersionedFile, manifest: dict[str, Any], out: Path, co
         for criterion in verdict.criteria:
             line = f"  {criterion.status:>13}  {criterion.name}: {criterion.reason}"
             console.print(escape(line), highlight=False)
+        for fault in result.faults:
+            console.print(escape(f"  {'fault':>13}  {fault.describe()}"), highlight=False)
     return []
 
 

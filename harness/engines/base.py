@@ -79,6 +79,10 @@ class FaultTarget(Protocol):
         """Restart the offload-tier server sidecar: seconds until healthy; FaultUnsupported without one."""
         ...
 
+    def has_tier_server(self) -> bool:
+        """Whether an offload-tier server runs beside the engine (what ``restart_tier`` restarts)."""
+        ...
+
 
 class EngineConfigModel(Protocol):
     """What every engine config model has (the union's members are pydantic models with these)."""

@@ -279,6 +279,9 @@ class RunningProcess(RunningServer):
         """The offload-tier servers kvbench runs beside the engine (none unless a kind says so)."""
         return ()
 
+    def has_tier_server(self) -> bool:
+        return bool(self.tier_processes())
+
     async def kill_engine(self) -> float:
         return await self._process.kill_and_restart()
 

@@ -19,6 +19,7 @@ its result is built. ``probe.py``, ``sweep.py`` and ``soak.py`` hold those diffe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -52,6 +53,9 @@ ResultT = TypeVar("ResultT", bound=VersionedFile)
 
 WARMUP_PROMPT_TOKENS = 128
 WARMUP_ANSWER_TOKENS = 8
+WARMUP_ATTEMPTS = 3
+"""Tries per warm-up request; each failed try is kept as a ``warmup`` record (``turn`` = the try)."""
+WARMUP_RETRY_S = 1.0
 DEFAULT_CONNECTIONS = 100
 """aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
 
@@ -132,26 +136,37 @@ class ArmSession:
     async def warm_up(self, count: int, *, api: str, ignore_eos: bool, tag: str) -> None:
         """``count`` unmeasured short requests (kernels, allocators, connections), recorded as ``warmup``.
 
-        A failed one stops the arm with the engine's log tail: an engine that cannot answer a
-        128-token prompt would only produce error records.
+        A failed one is recorded and retried, up to :data:`WARMUP_ATTEMPTS` times with a pause of
+        :data:`WARMUP_RETRY_S` (one blip of a staging engine must not abort a soak); when every try
+        fails the arm stops with the engine's log tail: an engine that cannot answer a 128-token
+        prompt would only produce error records.
         """
         scenario = self.runner.scenario
         for index in range(count):
             prompt = await build_filler(
                 self.tokenizer, seed=scenario.seed, tag=f"{tag}-{index}", tokens=WARMUP_PROMPT_TOKENS
             )
-            outcome = await self.send(prompt, WARMUP_ANSWER_TOKENS, api=api, ignore_eos=ignore_eos)
-            self.append(
-                record_from(
-                    outcome, arm=self.arm.name, attempt=self.attempt, phase="warmup", api=api, repetition=-1,
-                    context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=1,
-                )
-            )  # fmt: skip
-            if not outcome.ok:
-                raise KvbenchError(
-                    f"arm {self.arm.name}: warm-up request failed ({outcome.error_kind}: {outcome.error}); "
-                    "engine log tail:\n" + "\n".join(self.engine.log_tail(20))
-                )
+            for attempt in range(1, WARMUP_ATTEMPTS + 1):
+                outcome = await self.send(prompt, WARMUP_ANSWER_TOKENS, api=api, ignore_eos=ignore_eos)
+                self.append(
+                    record_from(
+                        outcome, arm=self.arm.name, attempt=self.attempt, phase="warmup", api=api, repetition=-1,
+                        context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=attempt,
+                    )
+                )  # fmt: skip
+                if outcome.ok:
+                    break
+                log.warning(
+                    "arm %s: warm-up request %d failed (try %d of %d): %s: %s",
+                    self.arm.name, index, attempt, WARMUP_ATTEMPTS, outcome.error_kind, outcome.error,
+                )  # fmt: skip
+                if attempt == WARMUP_ATTEMPTS:
+                    raise KvbenchError(
+                        f"arm {self.arm.name}: warm-up request failed {WARMUP_ATTEMPTS} times (last: "
+                        f"{outcome.error_kind}: {outcome.error}); engine log tail:\n"
+                        + "\n".join(self.engine.log_tail(20))
+                    )
+                await asyncio.sleep(WARMUP_RETRY_S)
 
     async def reset_prefix_cache(self, *, required: bool) -> bool:
         """Drop the engine's GPU prefix cache (offload tiers stay). False when the engine cannot.

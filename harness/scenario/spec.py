@@ -153,6 +153,29 @@ class SoakCriteria(StrictModel):
     max_restarts: int = Field(default=0, ge=0, description="Engine restarts tolerated (counter resets in /metrics).")
 
 
+class SoakFault(StrictModel):
+    """A failure rehearsed during a stability window, on an engine kvbench starts (``soak.faults``).
+
+    * ``kill_engine``: SIGKILL the engine's process group at ``at``; kvbench starts it again on the
+      same port and records the restart and the seconds until it is healthy;
+    * ``pause_engine``: SIGSTOP the group at ``at`` for ``duration``, then SIGCONT;
+    * ``restart_tier``: SIGKILL and restart the offload-tier server sidecar (LMCache server).
+    """
+
+    kind: Literal["kill_engine", "pause_engine", "restart_tier"]
+    at: Duration = Field(description="When, counted from the start of the window (e.g. 30m).")
+    duration: Duration | None = Field(default=None, description="pause_engine: how long the engine stays stopped.")
+
+    @model_validator(mode="after")
+    def _duration_for_pause_only(self) -> SoakFault:
+        if (self.kind == "pause_engine") != (self.duration is not None):
+            raise ValueError(
+                "pause_engine needs duration (e.g. 30s)" if self.kind == "pause_engine"
+                else f"{self.kind} takes no duration (only pause_engine does)"
+            )  # fmt: skip
+        return self
+
+
 class SoakSpec(StrictModel):
     """A stability window: the workload at its target load for ``window``, measured per ``interval``."""
 
@@ -169,11 +192,20 @@ class SoakSpec(StrictModel):
         default=1, ge=1, description="Intervals with fewer completed requests are not judged on their own."
     )
     criteria: SoakCriteria = SoakCriteria()
+    faults: list[SoakFault] = Field(
+        default_factory=list,
+        description="Failures to rehearse (engines kvbench starts): kill_engine, pause_engine, restart_tier.",
+    )
 
     @model_validator(mode="after")
     def _interval_fits(self) -> SoakSpec:
         if self.interval > self.window:
             raise ValueError(f"interval ({self.interval:g} s) is longer than the window ({self.window:g} s)")
+        for index, fault in enumerate(self.faults):
+            if fault.at >= self.window:
+                raise ValueError(
+                    f"faults[{index}].at ({fault.at:g} s) is not inside the window ({self.window:g} s)"
+                )
         return self
 
 
