@@ -85,3 +85,21 @@ def test_kill_and_pause_are_rehearsed_recorded_and_named(tmp_path: Path) -> None
     assert restarts["status"] == "pass", "the restart kvbench caused is not an engine failure"
     assert sum(i["restarts"] for i in map(json.loads, (run_dir / "intervals.jsonl").read_text().splitlines())) >= 1
     assert "kill_engine at 2.5 s, back after" in done.stdout and "pause_engine at 5.5 s" in done.stdout
+
+
+def test_faults_on_an_engine_kvbench_does_not_start_are_refused_before_any_load(tmp_path: Path) -> None:
+    from .test_soak_faults import soak_scenario, staging
+
+    with staging(tmp_path, []) as port:
+        data = soak_scenario(port)
+        data["soak"]["faults"] = [{"kind": "kill_engine", "at": "1s"}]
+        path = tmp_path / "soak.yaml"
+        path.write_text(yaml.safe_dump(data))
+        done = subprocess.run(
+            [sys.executable, "-m", "kvbench", "soak", str(path), "-o", str(tmp_path / "runs")],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "soak.faults: engine kind 'openai' is not started by kvbench" in done.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
