@@ -6,12 +6,18 @@
 * turn 2 is not a returning user (``filler`` traffic far too small to evict the GPU prefix cache):
   the arm without tiers hits its GPU cache and the offload arm never loads from its tier, so the
   run is INCONCLUSIVE (exit 3) and the Markdown report says why;
-* ``arm_order: interleaved``: repetitions run in ABBA blocks, each arm's engine started per block.
+* ``arm_order: interleaved``: repetitions run in ABBA blocks, each arm's engine started per block,
+  and a run SIGKILLed mid-way resumes what is left in the same order.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,4 +94,37 @@ def test_interleaved_arm_order_runs_abba_blocks_with_an_engine_start_each(tmp_pa
                   if line.startswith("$ ")]  # fmt: skip
         assert len(starts) == 3, f"{arm}: one engine start per block"
     result = RunResult.read_file(run_dir)
+    assert result.complete and result.validity is not None and result.validity.verdict == "valid"
+
+
+def test_interleaved_run_killed_mid_way_resumes_in_abba_order(tmp_path: Path) -> None:
+    workload = {**SMALL, "conversations": 1}
+    scenario = write_scenario(tmp_path, workload=workload, repetitions=3, arm_order="interleaved")
+    runs = tmp_path / "runs"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench", "run", str(scenario), "-o", str(runs)],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    progress: Path | None = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        found = list(runs.glob("*/progress.jsonl")) if runs.exists() else []
+        if found and len(found[0].read_text().splitlines()) >= 3:
+            progress = found[0]
+            break
+        time.sleep(0.05)
+    assert progress is not None, "the run never finished three groups"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    finished = {(e["repetition"], e["arm"]) for e in map(json.loads, progress.read_text().splitlines())}
+
+    resumed = kvbench("run", "--resume", str(progress.parent), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    abba = [(0, "AMG-OFF"), (0, "AMG-ON"), (1, "AMG-ON"), (1, "AMG-OFF"), (2, "AMG-OFF"), (2, "AMG-ON")]
+    second: list[tuple[int, str]] = []
+    for rec in read_records(progress.parent / "records.jsonl"):
+        if rec.phase == "measure" and rec.attempt == 1 and (rec.repetition, rec.arm) not in second:
+            second.append((rec.repetition, rec.arm))
+    assert second == [key for key in abba if key not in finished], "the resume runs what is left, in ABBA order"
+    result = RunResult.read_file(progress.parent)
     assert result.complete and result.validity is not None and result.validity.verdict == "valid"
