@@ -4,10 +4,14 @@
 with a started engine; everything else happens here, once:
 
 1. the attempt number comes from the run directory (:meth:`RunDir.next_attempt`), the manifest
-   records the attempt's start, and its end as ``completed``, ``failed`` or ``interrupted``;
-2. for each arm with work left, an :class:`ArmSession` starts the engine (one process per arm, so
+   records the attempt's start, and its end as ``completed``, ``failed`` or ``interrupted`` --
+   or, when the result file's verdict (:mod:`harness.results.verdict`) says the run measured
+   nothing trustworthy, ``failed`` / ``inconclusive`` with the reasons;
+2. for each block of work (:meth:`Runner.blocks`: one, or ABBA blocks of repetitions) and each arm
+   with work in it, an :class:`ArmSession` starts the engine (one process per arm and block, so
    caches never leak between arms), records its facts in the manifest, opens the client, and
-   offers warm-up, prefix-cache reset, ``/metrics`` scraping and record appending;
+   offers warm-up (failed tries retried), prefix-cache reset, ``/metrics`` scraping (with restart
+   detection) and record appending;
 3. the records file is one append-only :class:`RecordWriter` for the whole attempt;
 4. Ctrl-C and SIGTERM cancel the job, so every ``async with`` stops its engine, the records stay,
    and :class:`RunInterrupted` says how to resume (:func:`run_sync`);
