@@ -7,7 +7,9 @@ simulator run never import vLLM's renderers):
 * ``factory``: the :class:`~harness.engines.base.Engine` that starts (or attaches to) it;
 * ``check_supported``: ``f(profile, config, between_turns)`` raising ``ValueError`` when the
   kind cannot realise an arm's offload profile (None: every profile is accepted);
-* ``metrics``: the family of ``/metrics`` names it exposes (:mod:`harness.client.scrape`).
+* ``metrics``: the family of ``/metrics`` names it exposes (:mod:`harness.client.scrape`);
+* ``starts_process``: kvbench starts (and can kill, pause, restart) the engine; False for kinds it
+  only attaches to, which ``soak.faults`` cannot act on.
 
 Adding an engine is adding a row here and the modules it names; no other stage branches on kind.
 """
@@ -40,6 +42,7 @@ class EngineKind:
     factory: str
     check_supported: str | None
     metrics: EngineFamily
+    starts_process: bool = True
 
 
 KINDS: Mapping[str, EngineKind] = MappingProxyType(
@@ -48,7 +51,7 @@ KINDS: Mapping[str, EngineKind] = MappingProxyType(
         for row in (
             EngineKind("sim", "harness.sim.config:SimEngineConfig", "harness.sim.engine:SimEngine", None, VLLM),
             EngineKind("openai", "harness.engines.configs:OpenAIEngineConfig", "harness.engines.openai:OpenAIEngine",
-                       None, AUTO),
+                       None, AUTO, starts_process=False),
             EngineKind("vllm", "harness.engines.configs:VllmEngineConfig", "harness.engines.vllm:VllmEngine",
                        "harness.engines.vllm_offload:check_supported", VLLM),
             EngineKind("sglang", "harness.engines.configs:SglangEngineConfig", "harness.engines.sglang:SglangEngine",

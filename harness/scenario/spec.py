@@ -336,6 +336,16 @@ class Scenario(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _faults_need_a_started_engine(self) -> Scenario:
+        if self.soak is not None and self.soak.faults and not kinds.engine_kind(self.engine.kind).starts_process:
+            started = ", ".join(k for k in kinds.engine_kinds() if kinds.engine_kind(k).starts_process)
+            raise ValueError(
+                f"soak.faults: engine kind {self.engine.kind!r} is not started by kvbench, so it cannot be killed, "
+                f"paused or restarted; faults need one of: {started}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sweep_matches_workload(self) -> Scenario:
         if isinstance(self.workload, MultiUserQA) and self.sweep is None:
             raise ValueError("workload kind 'multi_user_qa' needs a 'sweep' section (mode, values, duration)")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.engines.process import free_port
 from harness.store.records import read_records
 
 pytestmark = pytest.mark.integration
@@ -87,19 +88,17 @@ def test_kill_and_pause_are_rehearsed_recorded_and_named(tmp_path: Path) -> None
     assert "kill_engine at 2.5 s, back after" in done.stdout and "pause_engine at 5.5 s" in done.stdout
 
 
-def test_faults_on_an_engine_kvbench_does_not_start_are_refused_before_any_load(tmp_path: Path) -> None:
-    from .test_soak_faults import soak_scenario, staging
+def test_faults_on_an_engine_kvbench_does_not_start_are_refused_at_validation(tmp_path: Path) -> None:
+    from .test_soak_faults import soak_scenario
 
-    with staging(tmp_path, []) as port:
-        data = soak_scenario(port)
-        data["soak"]["faults"] = [{"kind": "kill_engine", "at": "1s"}]
-        path = tmp_path / "soak.yaml"
-        path.write_text(yaml.safe_dump(data))
+    data = soak_scenario(free_port())  # nothing listens there: validation must refuse before any connection
+    data["soak"]["faults"] = [{"kind": "kill_engine", "at": "1s"}]
+    path = tmp_path / "soak.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for argv in (["validate", str(path)], ["soak", str(path), "-o", str(tmp_path / "runs")]):
         done = subprocess.run(
-            [sys.executable, "-m", "kvbench", "soak", str(path), "-o", str(tmp_path / "runs")],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "soak.faults: engine kind 'openai' is not started by kvbench" in done.stderr
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert not [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
+            [sys.executable, "-m", "kvbench", *argv], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "soak.faults: engine kind 'openai' is not started by kvbench" in done.stderr
+    assert not (tmp_path / "runs").exists()
