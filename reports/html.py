@@ -427,10 +427,14 @@ def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
 
 
 def poc_table(probe: ProbeSource) -> TableView:
+    from .renderers import validity_lines
     from .ttft_table import rows as ttft_rows
 
     cols, body = ttft_rows(probe.result)
-    return TableView([c.title for c in cols], body, [True for _ in cols], caption=f"median TTFT in ms; {probe.origin}")
+    # a FAILED or INCONCLUSIVE run says so under its table, with every reason (escaped by the template)
+    verdict = validity_lines(probe.result.validity)
+    caption = f"median TTFT in ms; {probe.origin}" + (". " + " ".join(verdict) if verdict else "")
+    return TableView([c.title for c in cols], body, [True for _ in cols], caption=caption)
 
 
 def spread_table(probe: ProbeSource) -> TableView:

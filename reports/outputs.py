@@ -54,6 +54,7 @@ def _sweep_console(result: VersionedFile, manifest: dict[str, Any], out: Path, c
     assert isinstance(result, SweepResult)
     if console is not None:
         curves.print_sweep(result, console, str(provenance(manifest)))
+        renderers.print_validity(result.validity, console)
     return []
 
 
@@ -67,6 +68,8 @@ def _soak_console(result: VersionedFile, manifest: dict[str, Any], out: Path, co
         for criterion in verdict.criteria:
             line = f"  {criterion.status:>13}  {criterion.name}: {criterion.reason}"
             console.print(escape(line), highlight=False)
+        for fault in result.faults:
+            console.print(escape(f"  {'fault':>13}  {fault.describe()}"), highlight=False)
     return []
 
 

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.results.provenance import provenance
 from harness.results.run_result import RunResult
+from harness.results.verdict import Validity
 
 from .ttft_table import rows
 
@@ -58,13 +60,38 @@ def console_table(result: RunResult, manifest: dict[str, Any]) -> Table:
     return table
 
 
+VERDICT_TITLES = {"valid": "VALID", "failed": "FAILED", "inconclusive": "INCONCLUSIVE"}
+
+
+def validity_lines(validity: Validity | None) -> list[str]:
+    """The verdict and why, as plain text lines (empty for a valid run or one judged before the gates)."""
+    if validity is None or validity.verdict == "valid":
+        return []
+    what = {
+        "failed": "the run did not measure: too many requests failed",
+        "inconclusive": "the engine's counters show turn 2 did not measure what the scenario claims",
+    }[validity.verdict]
+    lines = [f"Verdict: {VERDICT_TITLES[validity.verdict]} (exit {validity.exit_code}) -- {what}"]
+    return lines + [f"- {finding.message}" for finding in validity.findings]
+
+
+def print_validity(validity: Validity | None, out: Console) -> None:
+    lines = validity_lines(validity)
+    if lines:
+        color = "red" if validity is not None and validity.verdict == "failed" else "yellow"
+        out.print(f"[bold {color}]{escape(lines[0])}[/]", highlight=False)
+        for line in lines[1:]:
+            out.print(f"  {escape(line)}", highlight=False)
+
+
 def print_console(result: RunResult, manifest: dict[str, Any], console: Console | None = None) -> None:
     out = console or Console()
     out.print(console_table(result, manifest))
     counts = result.requests
     if counts.errors:
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts.errors_by_kind.items()))
-        out.print(f"[yellow]{counts.errors} of {counts.measured} measured requests failed ({kinds})[/]")
+        out.print(escape(f"{counts.errors} of {counts.measured} measured requests failed ({kinds})"), style="yellow")
+    print_validity(result.validity, out)
     if not result.complete:
         out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")
 
@@ -90,6 +117,9 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         "",
         markdown_table(result),
     ]
+    verdict = validity_lines(result.validity)
+    if verdict:
+        text += [f"**{verdict[0]}**", "", *verdict[1:], ""]
     path.write_text("\n".join(text), encoding="utf-8")
     return path
 

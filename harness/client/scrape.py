@@ -567,3 +567,35 @@ def cache_counter_deltas(before_text: str, after_text: str, family: EngineFamily
     """
     after = parse_metrics(after_text)
     return counter_values(delta(parse_metrics(before_text), after), _resolve_family(after, family))
+
+
+RESTART_TOLERANCE = 1e-6
+START_TIME_METRIC = "process_start_time_seconds"
+
+
+def counter_totals(snapshot: MetricsSnapshot) -> dict[str, float]:
+    """Running totals of the counters kvbench reads (and the process start time, when exposed)."""
+    out: dict[str, float] = {}
+    for spec in METRICS:
+        if spec.kind == "counter":
+            value = metric_value(snapshot, spec.tag)
+            if value is not None:
+                out[spec.tag] = value
+    start = [v for (name, _), v in snapshot.items() if name == START_TIME_METRIC]
+    if start:
+        out[START_TIME_METRIC] = max(start)
+    return out
+
+
+def restarted(previous: Mapping[str, float], current: Mapping[str, float]) -> bool:
+    """Whether the engine restarted between two scrapes: a counter went down, or the start time moved."""
+    for name, value in current.items():
+        before = previous.get(name)
+        if before is None:
+            continue
+        if name == START_TIME_METRIC:
+            if abs(value - before) > RESTART_TOLERANCE:
+                return True
+        elif value < before - RESTART_TOLERANCE:
+            return True
+    return False

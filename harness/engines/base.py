@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from harness.client.endpoint import Endpoint
 from offload.profiles import OffloadProfile
@@ -57,6 +57,31 @@ class RunningEngine(Protocol):
         ...
 
     def log_tail(self, lines: int = 50) -> list[str]: ...
+
+
+class FaultUnsupported(Exception):
+    """The running engine cannot take this fault drill (e.g. ``restart_tier`` without a tier server)."""
+
+
+@runtime_checkable
+class FaultTarget(Protocol):
+    """A running engine kvbench started, so a soak can rehearse its failures (``soak.faults``)."""
+
+    async def kill_engine(self) -> float:
+        """SIGKILL the engine, start it again on the same port: seconds until it is healthy again."""
+        ...
+
+    async def pause_engine(self, seconds: float) -> None:
+        """SIGSTOP the engine for ``seconds``, then SIGCONT."""
+        ...
+
+    async def restart_tier(self) -> float:
+        """Restart the offload-tier server sidecar: seconds until healthy; FaultUnsupported without one."""
+        ...
+
+    def has_tier_server(self) -> bool:
+        """Whether an offload-tier server runs beside the engine (what ``restart_tier`` restarts)."""
+        ...
 
 
 class EngineConfigModel(Protocol):

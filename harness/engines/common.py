@@ -39,7 +39,7 @@ from kvbench.errors import EngineStartError, KvbenchError
 from kvbench.redact import redact_text
 from workloads.tokenizer import Tokenizer
 
-from .base import EngineFacts, LaunchContext, PrefixCacheResetUnsupported
+from .base import EngineFacts, FaultUnsupported, LaunchContext, PrefixCacheResetUnsupported
 from .configs import SglangEngineConfig, VllmEngineConfig
 from .modeldir import SYNTH_PREFIX, resolve_model_ref
 from .process import ManagedProcess, ProcessSpec
@@ -261,7 +261,11 @@ class RunningServer:
 
 
 class RunningProcess(RunningServer):
-    """A :class:`RunningServer` that kvbench started: its pid and log tail come from the process."""
+    """A :class:`RunningServer` that kvbench started: its pid and log tail come from the process.
+
+    It is a :class:`~harness.engines.base.FaultTarget` (soak fault drills), for every kind at once:
+    the engine process, and the tier-server sidecars a kind names in :meth:`tier_processes`.
+    """
 
     def __init__(self, endpoint: Endpoint, facts: EngineFacts, process: ManagedProcess) -> None:
         super().__init__(endpoint, facts)
@@ -270,6 +274,32 @@ class RunningProcess(RunningServer):
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    def tier_processes(self) -> tuple[ManagedProcess, ...]:
+        """The offload-tier servers kvbench runs beside the engine (none unless a kind says so)."""
+        return ()
+
+    def has_tier_server(self) -> bool:
+        return bool(self.tier_processes())
+
+    async def kill_engine(self) -> float:
+        return await self._process.kill_and_restart()
+
+    async def pause_engine(self, seconds: float) -> None:
+        self._process.pause()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._process.resume()
+
+    async def restart_tier(self) -> float:
+        tiers = self.tier_processes()
+        if not tiers:
+            raise FaultUnsupported(
+                f"{self._facts.kind} engine has no offload-tier server beside it (restart_tier needs one, "
+                "e.g. vLLM with offload backend lmcache-mp)"
+            )
+        return sum([await tier.kill_and_restart() for tier in tiers])
 
     def log_tail(self, lines: int = 50) -> list[str]:
         return self._process.log_tail(lines)

@@ -9,6 +9,8 @@ simulator run never import vLLM's renderers):
   kind cannot realise an arm's offload profile (None: every profile is accepted);
 * ``metrics``: the family of ``/metrics`` names it exposes (:mod:`harness.client.scrape`);
 * ``label`` and ``simulated``: how reports name it, and whether its figures are modelled.
+* ``starts_process``: kvbench starts (and can kill, pause, restart) the engine; False for kinds it
+  only attaches to, which ``soak.faults`` cannot act on.
 
 Adding an engine is adding a row here and the modules it names; no other stage branches on kind.
 """
@@ -45,9 +47,7 @@ class EngineKind:
     """The engine's name in reports (``vLLM``, ``SGLang``...)."""
     simulated: bool = False
     """Its figures are modelled, not measured (reports say so beside every figure)."""
-    attached: bool = False
-    """kvbench does not start it, so its hardware is what the scenario declares."""
-    """Its figures are modelled, not measured (reports say so beside every figure)."""
+    starts_process: bool = True
 
 
 KINDS: Mapping[str, EngineKind] = MappingProxyType(
@@ -57,7 +57,7 @@ KINDS: Mapping[str, EngineKind] = MappingProxyType(
             EngineKind("sim", "harness.sim.config:SimEngineConfig", "harness.sim.engine:SimEngine", None, VLLM,
                        "kvbench simulator", simulated=True),
             EngineKind("openai", "harness.engines.configs:OpenAIEngineConfig", "harness.engines.openai:OpenAIEngine",
-                       None, AUTO, "OpenAI-compatible endpoint", attached=True),
+                       None, AUTO, "OpenAI-compatible endpoint", starts_process=False),
             EngineKind("vllm", "harness.engines.configs:VllmEngineConfig", "harness.engines.vllm:VllmEngine",
                        "harness.engines.vllm_offload:check_supported", VLLM, "vLLM"),
             EngineKind("sglang", "harness.engines.configs:SglangEngineConfig", "harness.engines.sglang:SglangEngine",

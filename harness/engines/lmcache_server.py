@@ -3,8 +3,9 @@
 Started as ``<venv python> -m lmcache.cli.main server ...`` (the same entry point as the
 ``lmcache`` console script, which is missing where the venv's ``bin/`` is not on hand, e.g. a
 ``--target`` install), in its own process group through :class:`ManagedProcess`, healthy when its
-HTTP API answers ``GET /healthcheck`` with 200. Its log goes to ``lmcache-server.log`` beside the
-engine log.
+HTTP API answers ``GET /healthcheck`` with 200 and the listening socket is its own; its three
+ports (ZMQ, HTTP, Prometheus) must be free before it starts (:mod:`.process`). Its log goes to
+``lmcache-server.log`` beside the engine log.
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ class LmcacheServer:
                 startup_timeout_s=startup_timeout_s,
                 stop_grace_s=stop_grace_s,
                 cleanup_globs=CLEANUP_GLOBS,
+                ports=(spec.port, spec.http_port, spec.prometheus_port),
             )
         )
+
+    @property
+    def process(self) -> ManagedProcess:
+        return self._process
 
     @property
     def redacted_argv(self) -> list[str]:

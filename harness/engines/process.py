@@ -3,6 +3,23 @@
 A :class:`ManagedProcess` runs in its own process group with stdout/stderr in a log file. Stopping
 sends SIGTERM to the whole group, waits a grace period, then SIGKILLs the group, and removes the
 leftover paths the engine is known to create.
+
+kvbench measures only a server it started (issue 11: a decoy answering ``/health`` on the port
+must never be measured), so starting one checks, for every kind and sidecar alike:
+
+1. before the start, every port the process will listen on (:attr:`ProcessSpec.ports`, default
+   the health URL's port) is free: binding it on the wildcard address fails with EADDRINUSE when
+   any other socket listens on it, and kvbench refuses with a one-line error;
+2. once ``/health`` answers 200, the socket listening on the health URL's port belongs to the
+   started process's session (Linux: ``/proc/net/tcp{,6}`` LISTEN inode -> ``/proc/PID/fd`` of
+   the processes whose session id is the leader's pid); elsewhere this check is skipped;
+3. with :attr:`ProcessSpec.launch_token` (servers kvbench owns: the simulator), a fresh random
+   token goes to the process in ``$KVBENCH_LAUNCH_TOKEN`` and the health answer must echo it in
+   the ``X-Kvbench-Launch-Token`` header.
+
+For soak fault drills the process can be SIGKILLed and restarted on the same argv and ports
+(:meth:`ManagedProcess.kill_and_restart`, returning the seconds until healthy again) and paused
+(:meth:`ManagedProcess.pause` / :meth:`ManagedProcess.resume`: SIGSTOP/SIGCONT to the group).
 """
 
 from __future__ import annotations
@@ -10,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import glob
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -22,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -37,6 +57,11 @@ def _die_with_parent() -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+LAUNCH_TOKEN_ENV = "KVBENCH_LAUNCH_TOKEN"
+LAUNCH_TOKEN_HEADER = "X-Kvbench-Launch-Token"
+PORT_RELEASE_S = 10.0
+"""How long a restart waits for the killed process's ports to be released before refusing."""
+_TCP_LISTEN = "0A"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -45,6 +70,82 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def port_busy(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether another socket listens on ``port`` (bound on the wildcard address, as servers do).
+
+    SO_REUSEADDR is set so that connections of a stopped server in TIME_WAIT do not count; a
+    listening socket on any address of the family still makes the bind fail with EADDRINUSE.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((wildcard, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
+
+
+def listening_inodes(port: int) -> set[str] | None:
+    """Socket inodes listening on TCP ``port`` (IPv4 and IPv6); None where /proc/net cannot be read."""
+    found: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text(encoding="ascii").splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(fields) > 9 and fields[3] == _TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found if readable else None
+
+
+def _session_id(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    # pid (comm) state ppid pgrp session ...; comm may hold spaces and parentheses
+    fields = stat.rsplit(")", 1)[-1].split()
+    return int(fields[3]) if len(fields) > 3 else None
+
+
+def socket_holders(inodes: set[str]) -> dict[int, int | None]:
+    """pid -> session id of every readable process holding one of the socket ``inodes``."""
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    holders: dict[int, int | None] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:  # another user's process, or gone meanwhile
+            continue
+        links = set()
+        for fd in fds:
+            with contextlib.suppress(OSError):  # closed meanwhile (the listing's own descriptor, for one)
+                links.add(os.readlink(fd))
+        if links & wanted:
+            pid = int(entry.name)
+            holders[pid] = _session_id(pid)
+    return holders
+
+
+def _command_line(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return redact_text(" ".join(part.decode("utf-8", errors="replace") for part in raw.split(b"\0") if part))[:200]
 
 
 def tail_lines(path: Path, lines: int = 50) -> list[str]:
@@ -71,6 +172,24 @@ class ProcessSpec:
     stop_grace_s: float = 20.0
     cleanup_globs: tuple[str, ...] = ()
     cwd: Path | None = None
+    ports: tuple[int, ...] = ()
+    """TCP ports the process listens on, all checked free before it starts (default: the health URL's)."""
+    launch_token: bool = False
+    """The process echoes ``$KVBENCH_LAUNCH_TOKEN`` in the ``X-Kvbench-Launch-Token`` header of /health."""
+
+    @property
+    def health_port(self) -> int | None:
+        return urlsplit(self.health_url).port
+
+    @property
+    def bind_host(self) -> str:
+        return urlsplit(self.health_url).hostname or "127.0.0.1"
+
+    @property
+    def listen_ports(self) -> tuple[int, ...]:
+        if self.ports:
+            return self.ports
+        return (self.health_port,) if self.health_port is not None else ()
 
 
 class ManagedProcess:
@@ -80,6 +199,8 @@ class ManagedProcess:
         self.spec = spec
         self._process: subprocess.Popen[bytes] | None = None
         self._preexisting: set[str] = set()
+        self._token: str | None = None
+        self.restarts = 0
 
     @property
     def pid(self) -> int | None:
@@ -96,13 +217,34 @@ class ManagedProcess:
         return self._process.poll() if self._process else None
 
     async def __aenter__(self) -> ManagedProcess:
+        await self.start()
+        return self
+
+    async def start(self) -> None:
+        """Check the ports, spawn the process and wait until it (and no other server) is healthy."""
         self._preexisting = {p for pattern in self.spec.cleanup_globs for p in glob.glob(pattern)}
+        await self._refuse_busy_ports(wait_s=0.0)
+        await self._spawn_healthy()
+
+    async def _spawn_healthy(self) -> None:
+        self._spawn()
+        try:
+            await self._wait_healthy()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _spawn(self) -> None:
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._token = secrets.token_hex(16) if self.spec.launch_token else None
         env = {**os.environ, **self.spec.env}
+        if self._token is not None:
+            env[LAUNCH_TOKEN_ENV] = self._token
         with self.spec.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.redacted_argv)}\n".encode())
             try:
-                self._process = subprocess.Popen(  # noqa: ASYNC220 - argv list, never a shell; spawning is instant
+                # argv list, never a shell; spawning is instant
+                self._process = subprocess.Popen(
                     list(self.spec.argv),
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -116,12 +258,37 @@ class ManagedProcess:
                 raise EngineStartError(
                     f"{self.spec.name}: cannot start {self.spec.argv[0]!r}: {error}"
                 ) from None
-        try:
-            await self._wait_healthy()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
+
+    async def _refuse_busy_ports(self, *, wait_s: float) -> None:
+        """EngineStartError if a port the process will listen on is taken (after waiting up to ``wait_s``)."""
+        deadline = time.monotonic() + wait_s
+        for port in self.spec.listen_ports:
+            while port_busy(port, self.spec.bind_host):
+                if time.monotonic() >= deadline:
+                    raise EngineStartError(
+                        f"{self.spec.name}: port {port} is already in use by another process; kvbench measures "
+                        "only a server it starts itself: free the port, or leave the port unset so kvbench "
+                        "picks a free one"
+                    )
+                await asyncio.sleep(0.1)  # only after a SIGKILL: the kernel releases the dead server's socket
+
+    def _check_owner(self) -> None:
+        """EngineStartError if the socket answering on the health port is not held by this process's session."""
+        port, process = self.spec.health_port, self._process
+        if port is None or process is None:
+            return
+        inodes = listening_inodes(port)
+        if inodes is None:
+            return  # no /proc/net (not Linux): the port check before the start is all there is
+        holders = socket_holders(inodes) if inodes else {}
+        if any(session == process.pid for session in holders.values()):
+            return
+        others = ", ".join(f"pid {pid} ({_command_line(pid)})" for pid in sorted(holders))
+        others = others or "a process kvbench cannot see"
+        raise EngineStartError(
+            f"{self.spec.name}: {self.spec.health_url} answered, but port {port} is held by {others}, not by the "
+            f"process kvbench started (pid {process.pid}); refusing to measure another server"
+        )
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -140,6 +307,8 @@ class ManagedProcess:
                 try:
                     async with session.get(self.spec.health_url) as response:
                         if response.status == 200:
+                            self._check_identity(response.headers.get(LAUNCH_TOKEN_HEADER))
+                            self._check_owner()
                             return
                         last_problem = f"HTTP {response.status}"
                 except (aiohttp.ClientError, TimeoutError) as error:
@@ -153,6 +322,40 @@ class ManagedProcess:
                     )
                 await asyncio.sleep(0.25)
 
+    def _check_identity(self, echoed: str | None) -> None:
+        if self._token is None or (echoed is not None and secrets.compare_digest(echoed, self._token)):
+            return
+        said = "no launch token" if echoed is None else "another launch token"
+        raise EngineStartError(
+            f"{self.spec.name}: {self.spec.health_url} answered with {said} ({LAUNCH_TOKEN_HEADER}): another server "
+            "holds the port; refusing to measure it"
+        )
+
+    # -- fault drills (kvbench soak) ----------------------------------------------------------------
+
+    async def kill_and_restart(self) -> float:
+        """SIGKILL the whole group, start the same argv again, wait until healthy: seconds from kill to healthy."""
+        process = self._process
+        if process is None:
+            raise RuntimeError(f"{self.spec.name} is not running")
+        killed = time.monotonic()
+        self._signal_group(process.pid, signal.SIGKILL)
+        await asyncio.to_thread(process.wait)
+        await self._refuse_busy_ports(wait_s=PORT_RELEASE_S)
+        await self._spawn_healthy()
+        self.restarts += 1
+        return time.monotonic() - killed
+
+    def pause(self) -> None:
+        """SIGSTOP the group (the engine stops answering but keeps its sockets and memory)."""
+        if self._process is not None:
+            self._signal_group(self._process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the group."""
+        if self._process is not None:
+            self._signal_group(self._process.pid, signal.SIGCONT)
+
     def _failure(self, what: str) -> str:
         tail = "\n".join(f"    {line}" for line in self.log_tail(50))
         return f"{self.spec.name} {what}.\n  log: {self.spec.log_path}\n  last lines:\n{tail}"
@@ -162,6 +365,7 @@ class ManagedProcess:
         if process is None:
             return
         if process.poll() is None:
+            self._signal_group(process.pid, signal.SIGCONT)  # a paused group would hold SIGTERM pending
             self._signal_group(process.pid, signal.SIGTERM)
             deadline = time.monotonic() + self.spec.stop_grace_s
             while process.poll() is None and time.monotonic() < deadline:

@@ -197,6 +197,9 @@ class RunningVllm(RunningProcess):
     def sidecars(self) -> tuple[LmcacheServer, ...]:
         return self._sidecars
 
+    def tier_processes(self) -> tuple[ManagedProcess, ...]:
+        return tuple(sidecar.process for sidecar in self._sidecars)
+
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
 

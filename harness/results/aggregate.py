@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from harness.scenario.spec import Scenario
-from harness.store.events import GroupDone, GroupKey, MetricsDelta
+from harness.store.events import ENGINE_RESTARTS, GroupDone, GroupKey, MetricsDelta
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench import __version__
@@ -27,6 +27,7 @@ from .run_result import (
     TtftCell,
     pct_diff,
 )
+from .validity import judge_probe
 
 NS_PER_MS = 1_000_000
 
@@ -149,6 +150,7 @@ def aggregate(
                     PctDiff(arm=arm, baseline=baseline, context_tokens=context, turn=turn, value=value)
                 )
 
+    metrics = list(metrics)
     cache = _cache_stats(metrics, chosen, arms, contexts, turns)
     planned = {(arm, rep, ctx) for arm in arms for rep in range(scenario.repetitions) for ctx in contexts}
     completed = {event.key for event in done}
@@ -167,7 +169,17 @@ def aggregate(
         pct_diff=diffs,
         cache=cache,
         requests=counts,
+        validity=judge_probe(scenario, counts, cells, cache, _restarts(metrics, chosen)),
     )
+
+
+def _restarts(metrics: Iterable[MetricsDelta], chosen: Mapping[GroupKey, int]) -> dict[str, int]:
+    """Engine restarts seen per arm, in the attempt chosen for each group."""
+    out: dict[str, int] = {}
+    for delta in metrics:
+        if chosen.get(delta.key) == delta.attempt:
+            out[delta.arm] = out.get(delta.arm, 0) + int(delta.values.get(ENGINE_RESTARTS, 0.0))
+    return out
 
 
 _CACHE_TAGS = {

@@ -75,7 +75,7 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
         )
         return Provenance("simulated", label, f"sim {model} {dtype or ''} {count}x {hardware}".strip())
     gpus = (manifest.get("host") or {}).get("gpus") or []
-    if row.attached:
+    if not row.starts_process:
         hardware = f"hardware declared as {engine.get('hardware') or 'unknown'}"
     elif engine.get("device") == "cpu":
         hardware = f"CPU ({(manifest.get('host') or {}).get('cpu_count', '?')} cores)"

@@ -2,7 +2,8 @@
 
 Reports never look at engines or raw sockets: they read this file (and the manifest), so
 ``kvbench report RUN_DIR`` can rebuild every output offline. Bump its ``schema_version`` on any
-incompatible change; readers refuse versions they do not know.
+incompatible change; readers refuse versions they do not know. Fields added since are optional
+(``validity``), so run directories written before them still load.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvbench.schema import VersionedFile
+
+from .verdict import Outcome, Validity, outcome_of
 
 
 class Frozen(BaseModel):
@@ -121,6 +124,12 @@ class RunResult(VersionedFile):
     pct_diff: list[PctDiff]
     cache: list[CacheStats]
     requests: RequestCounts
+    validity: Validity | None = Field(
+        default=None, description="The verdict of the validity gates; None in files written before they existed."
+    )
+
+    def outcome(self) -> Outcome:
+        return outcome_of(self.validity)
 
     def cell(self, arm: str, context_tokens: int, turn: int) -> TtftCell | None:
         for cell in self.cells:

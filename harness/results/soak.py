@@ -6,17 +6,30 @@ import math
 
 from harness.scenario.soak import describe_load, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario, SoakSpec
-from harness.store.events import IntervalStats
+from harness.store.events import FaultEvent, IntervalStats
 from harness.store.manifest import read_manifest
+from harness.store.records import read_records
 from harness.store.rundir import RunDir
 from kvbench import __version__
 
-from .soak_result import SoakResult, evaluate, planned_intervals, totals
+from .soak_result import FaultOutcome, SoakResult, evaluate, fault_outcomes, planned_intervals, totals
 
 
 def build_result(
-    run_dir: RunDir, scenario: Scenario, arm: str, intervals: list[IntervalStats], *, attempts: int
+    run_dir: RunDir,
+    scenario: Scenario,
+    arm: str,
+    intervals: list[IntervalStats],
+    *,
+    attempts: int,
+    events: list[FaultEvent] | None = None,
+    faults: list[FaultOutcome] | None = None,
 ) -> SoakResult:
+    """The verdict over ``intervals``. The restarts that ``events`` (kill_engine drills) caused are
+    not held against the engine; ``faults`` (the final summary computes them from the records, the
+    per-interval rewrite during the window leaves them out) are named in the result."""
+    faults = faults or []
+    drilled = sum(1 for event in events or [] if event.kind == "kill_engine" and event.error is None)
     spec = scenario.soak or SoakSpec()
     sweep = scenario.sweep
     planned = planned_intervals(spec.window, spec.interval)
@@ -38,7 +51,11 @@ def build_result(
         criteria_spec=spec.criteria,
         warmup_intervals=spec.warmup_intervals,
         totals=totals(intervals),
-        verdict=evaluate(intervals, spec, scenario.slo, planned=planned),
+        verdict=evaluate(
+            intervals, spec, scenario.slo, planned=planned,
+            drilled_restarts=drilled,
+        ),
+        faults=faults,
     )
 
 
@@ -49,6 +66,9 @@ def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
     manifest = read_manifest(run_dir.manifest_file)
     attempts = max(len(manifest.get("attempts", [])), max((i.attempt + 1 for i in intervals), default=0))
     arm_name = arm or next(iter(manifest.get("engines", {})), None) or soak_arm(scenario, None).name
-    result = build_result(run_dir, scenario, arm_name, intervals, attempts=attempts)
+    events = run_dir.faults()
+    records_file = run_dir.records_file
+    faults = fault_outcomes(events, lambda: read_records(records_file), scenario.slo) if events else []
+    result = build_result(run_dir, scenario, arm_name, intervals, attempts=attempts, events=events, faults=faults)
     result.write_file(run_dir.soak_file)
     return result

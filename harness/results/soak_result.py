@@ -32,7 +32,7 @@ Each failed criterion names the intervals that broke it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -42,7 +42,7 @@ from pydantic import Field
 from scipy import stats
 
 from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
-from harness.store.events import IntervalStats
+from harness.store.events import FaultEvent, IntervalStats
 from harness.store.records import RequestRecord
 from kvbench.schema import VersionedFile
 
@@ -86,6 +86,35 @@ class SoakTotals(Frozen):
     http_statuses: dict[str, int] = Field(default_factory=dict)
 
 
+class FaultOutcome(Frozen):
+    """What one rehearsed failure (``soak.faults``) did to the window.
+
+    ``slo_broken_s`` = start of the first measured request sent after the fault that succeeded
+    within the SLO − the moment the fault began (monotonic clock of the records); requests sent in
+    between all missed it (``missed``). None when no request after the fault met the SLO.
+    """
+
+    kind: str
+    at_s: float
+    attempt: int
+    start_unix_ns: int
+    recovery_s: float | None = Field(description="kill_engine / restart_tier: SIGKILL until healthy again.")
+    held_s: float = Field(description="From the signal until the engine answered again (or got SIGCONT).")
+    slo_broken_s: float | None
+    missed: int = Field(description="Measured requests sent after the fault, before the first within the SLO.")
+    error: str | None = None
+
+    def describe(self) -> str:
+        recovery = f", back after {self.recovery_s:.1f} s" if self.recovery_s is not None else ""
+        held = f", stopped {self.held_s:.1f} s" if self.kind == "pause_engine" else ""
+        broken = (
+            "the SLO never recovered" if self.slo_broken_s is None
+            else f"SLO broken for {self.slo_broken_s:.1f} s ({self.missed} requests missed it)"
+        )  # fmt: skip
+        failed = f"; the drill failed: {self.error}" if self.error else ""
+        return f"{self.kind} at {self.at_s:g} s{recovery}{held}: {broken}{failed}"
+
+
 class SoakResult(VersionedFile):
     """``soak.json``: what a stability window showed and its verdict (intervals live in intervals.jsonl)."""
 
@@ -109,6 +138,9 @@ class SoakResult(VersionedFile):
     warmup_intervals: int
     totals: SoakTotals
     verdict: SoakVerdict
+    faults: list[FaultOutcome] = Field(
+        default_factory=list, description="Each rehearsed failure (soak.faults) and how long the SLO was broken."
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,9 +533,10 @@ def check_hit_rate(judged: Sequence[IntervalStats], spec: SoakSpec) -> Criterion
     )  # fmt: skip
 
 
-def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
+def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec, drilled: int = 0) -> CriterionResult:
+    """Unplanned restarts: those /metrics showed, less the ``drilled`` ones kvbench caused (kill_engine)."""
     limit = spec.criteria.max_restarts
-    total = sum(i.restarts for i in intervals)
+    total = max(sum(i.restarts for i in intervals) - drilled, 0)
     broken = [i.index for i in intervals if i.restarts]
     scraped = sum(1 for i in intervals if i.metrics_error is None and i.counters)
     if total > limit:
@@ -518,11 +551,14 @@ def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec) -> Criter
         )  # fmt: skip
     return CriterionResult(
         name="restarts", status="pass", observed=float(total), limit=float(limit),
-        reason=f"{total} engine restart(s) (≤ {limit}) over {scraped} scraped interval(s)",
+        reason=f"{total} engine restart(s) (≤ {limit}) over {scraped} scraped interval(s)"
+        + (f", besides {drilled} caused by kill_engine drills" if drilled else ""),
     )  # fmt: skip
 
 
-def evaluate(intervals: Sequence[IntervalStats], spec: SoakSpec, slo: SLO, *, planned: int) -> SoakVerdict:
+def evaluate(
+    intervals: Sequence[IntervalStats], spec: SoakSpec, slo: SLO, *, planned: int, drilled_restarts: int = 0
+) -> SoakVerdict:
     """Judge a window's intervals against the criteria: PASS, FAIL, or INCOMPLETE (not all measured)."""
     judged = [i for i in intervals if i.index >= spec.warmup_intervals]
     criteria = [
@@ -530,7 +566,7 @@ def evaluate(intervals: Sequence[IntervalStats], spec: SoakSpec, slo: SLO, *, pl
         check_errors(judged, spec),
         check_drift(judged, spec),
         check_hit_rate(judged, spec),
-        check_restarts(intervals, spec),
+        check_restarts(intervals, spec, drilled_restarts),
     ]
     reasons = [c.reason for c in criteria if c.status == "fail"]
     if reasons:
@@ -558,3 +594,41 @@ def totals(intervals: Iterable[IntervalStats]) -> SoakTotals:
 
 def planned_intervals(window_s: float, interval_s: float) -> int:
     return max(1, math.ceil(window_s / interval_s - 1e-9))
+
+
+def fault_outcomes(
+    events: Sequence[FaultEvent], read_records: Callable[[], Iterable[RequestRecord]], slo: SLO
+) -> list[FaultOutcome]:
+    """How long each fault broke the SLO, from the measured records of its attempt.
+
+    ``read_records`` is called twice (two streaming passes, so a long window's records are never
+    all in memory): first for each fault's first request within the SLO, then to count the misses
+    before it.
+    """
+
+    def after(record: RequestRecord, event: FaultEvent) -> bool:
+        return record.phase == "measure" and record.attempt == event.attempt and record.started_ns >= event.started_ns
+
+    recovered: dict[int, int] = {}
+    for record in read_records():
+        if not (record.ok and record.ttft_ns is not None and within_slo(record, slo)):
+            continue
+        for event in events:
+            if after(record, event) and record.started_ns < recovered.get(event.index, record.started_ns + 1):
+                recovered[event.index] = record.started_ns
+    missed = dict.fromkeys((event.index for event in events), 0)
+    for record in read_records():
+        for event in events:
+            end = recovered.get(event.index)
+            if after(record, event) and (end is None or record.started_ns < end):
+                missed[event.index] += 1
+    return [_fault_outcome(event, recovered.get(event.index), missed[event.index]) for event in events]
+
+
+def _fault_outcome(event: FaultEvent, recovered_ns: int | None, missed: int) -> FaultOutcome:
+    return FaultOutcome(
+        kind=event.kind, at_s=event.at_s, attempt=event.attempt, start_unix_ns=event.start_unix_ns,
+        recovery_s=event.recovery_s, held_s=(event.ended_ns - event.started_ns) / NS_PER_S,
+        slo_broken_s=None if recovered_ns is None else (recovered_ns - event.started_ns) / NS_PER_S,
+        missed=missed, error=event.error,
+    )  # fmt: skip

@@ -26,6 +26,7 @@ from workloads.multi_user import MultiUserWorkload
 from .capacity import analytical_comparisons, arm_capacity, engine_shapes, savings
 from .sweep_metrics import point_data, point_result
 from .sweep_result import PointResult, SloLimits, SweepCounts, SweepResult
+from .validity import judge_errors
 
 
 def _chosen(points: Iterable[PointDone]) -> dict[tuple[str, int], PointDone]:
@@ -138,7 +139,16 @@ def aggregate_sweep(
             warmup=int((df["phase"] == "warmup").sum()) if not df.empty else 0,
             discarded=discarded,
         ),
+        validity=judge_errors(measured, ok, _errors_by_kind(results), scenario.validity.max_error_rate),
     )
+
+
+def _errors_by_kind(points: list[PointResult]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for point in points:
+        for kind, count in point.errors_by_kind.items():
+            total[kind] = total.get(kind, 0) + count
+    return total
 
 
 def summarize_sweep(run_dir: RunDir) -> SweepResult:

@@ -16,6 +16,7 @@ from kvbench.schema import VersionedFile
 from offload.analytical import Prediction, Regime
 
 from .run_result import Frozen
+from .verdict import Outcome, Validity, outcome_of
 
 
 class Quantiles(Frozen):
@@ -193,6 +194,12 @@ class SweepResult(VersionedFile):
     analytical: list[AnalyticalComparison]
     analytical_notes: list[str] = Field(default_factory=list)
     requests: SweepCounts
+    validity: Validity | None = Field(
+        default=None, description="The error gates' verdict; None in files written before they existed."
+    )
+
+    def outcome(self) -> Outcome:
+        return outcome_of(self.validity)
 
     def point(self, arm: str, load: float) -> PointResult | None:
         for item in self.points:

@@ -6,6 +6,10 @@ turn 1 cold (GPU prefix cache reset when the scenario says so), makes turn 2 a *
 (reset, filler traffic, or a disabled GPU prefix cache), scrapes ``/metrics`` around every turn
 (``engine_metrics.jsonl``) and, once finished, appends a :class:`GroupDone` to ``progress.jsonl``.
 Resume skips every finished group, so a killed run loses at most the group in flight.
+
+``arm_order: interleaved`` (:meth:`ProbeRunner.blocks`) runs one repetition per block with the
+arms in ABBA order and an engine start per arm and block; each turn's ``/metrics`` delta records
+the engine restarts the spine saw (``engine_restarts``), which make the run INCONCLUSIVE.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from harness.client.scrape import cache_counter_deltas
 from harness.results.aggregate import summarize_run_dir
 from harness.results.run_result import RunResult
 from harness.scenario.spec import Arm
-from harness.store.events import GroupDone, MetricsDelta
+from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from workloads.config import MultiRoundQAProbe
 from workloads.multi_round_qa import ConversationState, build_conversations, build_filler
 
@@ -35,17 +39,34 @@ class ProbeRunner(Runner[RunResult]):
     def workload(self) -> MultiRoundQAProbe:
         return self.scenario.probe_workload
 
-    def _groups(self, arm: Arm) -> list[tuple[int, int]]:
+    def _groups(self, arm: Arm, block: int | None = None) -> list[tuple[int, int]]:
+        """The arm's unfinished (repetition, context) groups; of one repetition when ``block`` names it."""
         done = {event.key for event in self.run_dir.groups_done()}
+        repetitions = range(self.scenario.repetitions) if block is None else (block,)
         return [
             (repetition, context)
-            for repetition in range(self.scenario.repetitions)
+            for repetition in repetitions
             for context in self.workload.context_tokens
             if (arm.name, repetition, context) not in done
         ]
 
     def arms_with_work(self) -> list[Arm]:
         return [arm for arm in self.scenario.arms if self._groups(arm)]
+
+    def blocks(self) -> list[tuple[int | None, list[Arm]]]:
+        """``arm_order: interleaved``: block r is repetition r, arms in order for even r and reversed for
+        odd r (A B, B A, A B, ...: ABBA), so a drift of the machine over time weighs on every arm alike.
+        Resume keeps the same blocks and skips the finished groups in them."""
+        if self.scenario.arm_order == "sequential":
+            return super().blocks()
+        arms = list(self.scenario.arms)
+        out: list[tuple[int | None, list[Arm]]] = []
+        for repetition in range(self.scenario.repetitions):
+            ordered = arms if repetition % 2 == 0 else arms[::-1]
+            with_work = [arm for arm in ordered if self._groups(arm, repetition)]
+            if with_work:
+                out.append((repetition, with_work))
+        return out
 
     def work(self) -> tuple[int, int]:
         per_group = self.workload.conversations * self.workload.turns
@@ -65,7 +86,7 @@ class ProbeRunner(Runner[RunResult]):
         if w.between_turns.mode == "reset_prefix_cache":
             await session.reset_prefix_cache(required=True)
         self.progress.describe(f"{session.arm.name}: measuring")
-        for repetition, context_tokens in self._groups(session.arm):
+        for repetition, context_tokens in self._groups(session.arm, session.block):
             await self._run_group(session, repetition, context_tokens)
             self.run_dir.mark_group_done(
                 GroupDone(
@@ -137,6 +158,7 @@ class ProbeRunner(Runner[RunResult]):
             alive = survivors
             values = _counter_deltas(before, after)
             if values is not None:
+                values[ENGINE_RESTARTS] = float(session.take_restarts())
                 self.run_dir.append_metrics(
                     MetricsDelta(
                         arm=arm, attempt=self.attempt, repetition=repetition, context_tokens=context_tokens,

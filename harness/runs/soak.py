@@ -19,21 +19,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from harness.client.openai import OpenAIClient
-from harness.client.scrape import METRICS, MetricsSnapshot, delta, metric_value, parse_metrics
+from harness.client.scrape import MetricsSnapshot, counter_totals, delta, metric_value, parse_metrics, restarted
+from harness.engines.base import FaultTarget, FaultUnsupported
 from harness.results.soak import build_result, summarize_soak
 from harness.results.soak_result import IntervalAccumulator, MetricsReading, SoakResult, planned_intervals
-from harness.scenario.soak import describe_load, soak_arm, soak_scenario
-from harness.scenario.spec import Arm, Scenario, SoakSpec, SweepSpec
-from harness.store.events import IntervalStats
+from harness.scenario.soak import SoakError, describe_load, soak_arm, soak_scenario
+from harness.scenario.spec import Arm, Scenario, SoakFault, SoakSpec, SweepSpec
+from harness.store.events import FaultEvent, IntervalStats
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
+from kvbench.errors import EngineStartError
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
@@ -44,36 +46,6 @@ from .spine import ArmSession, Runner
 NS = 1_000_000_000
 SESSIONS_PER_ATTEMPT = 1_000_000_000
 """Attempt ``a`` numbers its sessions from ``a ×`` this, so a resumed window starts new conversations."""
-RESTART_TOLERANCE = 1e-6
-START_TIME_METRIC = "process_start_time_seconds"
-
-
-def counter_totals(snapshot: MetricsSnapshot) -> dict[str, float]:
-    """Running totals of the counters kvbench reads (and the process start time, when exposed)."""
-    out: dict[str, float] = {}
-    for spec in METRICS:
-        if spec.kind == "counter":
-            value = metric_value(snapshot, spec.tag)
-            if value is not None:
-                out[spec.tag] = value
-    start = [v for (name, _), v in snapshot.items() if name == START_TIME_METRIC]
-    if start:
-        out[START_TIME_METRIC] = max(start)
-    return out
-
-
-def restarted(previous: Mapping[str, float], current: Mapping[str, float]) -> bool:
-    """Whether the engine restarted between two scrapes: a counter went down, or the start time moved."""
-    for name, value in current.items():
-        before = previous.get(name)
-        if before is None:
-            continue
-        if name == START_TIME_METRIC:
-            if abs(value - before) > RESTART_TOLERANCE:
-                return True
-        elif value < before - RESTART_TOLERANCE:
-            return True
-    return False
 
 
 def interval_hit_rate(before: MetricsSnapshot, after: MetricsSnapshot) -> float | None:
@@ -186,8 +158,26 @@ class SoakRunner(Runner[SoakResult]):
     def summarize(self) -> SoakResult:
         return summarize_soak(self.run_dir)
 
+    def _fault_target(self, session: ArmSession) -> FaultTarget | None:
+        """The engine the soak's faults act on; SoakError when it cannot take them (before any load)."""
+        if not self.spec.faults:
+            return None
+        engine = session.engine
+        if not isinstance(engine, FaultTarget):
+            raise SoakError(
+                f"soak.faults: engine kind {self.scenario.engine.kind!r} is not started by kvbench, so kvbench "
+                "cannot kill, pause or restart it; faults need an engine kvbench starts (e.g. sim, vllm)"
+            )
+        if any(fault.kind == "restart_tier" for fault in self.spec.faults) and not engine.has_tier_server():
+            raise SoakError(
+                f"soak.faults: restart_tier needs an offload-tier server beside the engine (vLLM with offload "
+                f"backend lmcache-mp); arm {session.arm.name!r} has none"
+            )
+        return engine
+
     async def run_arm(self, session: ArmSession) -> None:
         config, arm = self.config, session.arm
+        self._fault_target(session)  # refuse impossible drills before the warm-up
         self.progress.describe(f"{arm.name}: warming up")
         await session.warm_up(
             config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag=f"soak-warmup-{self.attempt}"
@@ -232,9 +222,14 @@ class SoakRunner(Runner[SoakResult]):
         load_task = asyncio.ensure_future(
             run_load(session.client, workload, plan, identity, on_record=on_record, stop=stop)
         )
+        start_ns, wall_ns = time.monotonic_ns(), time.time_ns()
+        target = self._fault_target(session)
+        drills = (
+            asyncio.ensure_future(self._drills(target, start_ns, remaining[0] * spec.interval))
+            if target is not None and remaining
+            else None
+        )
         try:
-            start_ns = time.monotonic_ns()
-            wall_ns = time.time_ns()
             for position, index in enumerate(remaining):
                 boundary = start_ns + (position + 1) * interval_ns
                 wall_start = wall_ns + position * interval_ns
@@ -255,15 +250,72 @@ class SoakRunner(Runner[SoakResult]):
                 self.progress.advance(_interval_detail(stats))
             stop.set()
             await load_task
+            if drills is not None and drills.done():
+                drills.result()  # a drill that broke (not an engine that stayed down) is an error
         finally:
             stop.set()
-            if not load_task.done():
-                load_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await load_task
+            for task in (drills, load_task):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    async def _drills(self, target: FaultTarget, start_ns: int, offset_s: float) -> None:
+        """Run each fault of ``soak.faults`` at its time (window time ``offset_s`` is ``start_ns``).
+
+        Faults recorded by an earlier attempt, or due before this attempt's part of the window, are
+        skipped; each one run is appended to ``faults.jsonl`` as it ends.
+        """
+        recorded = {event.index for event in self.run_dir.faults()}
+        for index, fault in sorted(enumerate(self.spec.faults), key=lambda item: item[1].at):
+            if index in recorded or fault.at < offset_s:
+                continue
+            delay_s = (start_ns + int((fault.at - offset_s) * NS) - time.monotonic_ns()) / NS
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            event = await self._drill(index, fault, target)
+            self.run_dir.append_fault(event)
+
+    async def _drill(self, index: int, fault: SoakFault, target: FaultTarget) -> FaultEvent:
+        started_ns, wall_ns = time.monotonic_ns(), time.time_ns()
+        recovery: float | None = None
+        error: str | None = None
+        try:
+            recovery = await DRILLS[fault.kind](target, fault)
+        except (EngineStartError, FaultUnsupported) as problem:
+            # the engine stayed down: the load records the errors and the verdict says so
+            error = str(problem).splitlines()[0]
+        return FaultEvent(
+            index=index, kind=fault.kind, attempt=self.attempt, at_s=fault.at, start_unix_ns=wall_ns,
+            started_ns=started_ns, ended_ns=time.monotonic_ns(), recovery_s=recovery, error=error,
+        )  # fmt: skip
 
     def _result(self) -> SoakResult:
-        return build_result(self.run_dir, self.scenario, self.arm.name, self.done, attempts=self.attempt + 1)
+        return build_result(
+            self.run_dir, self.scenario, self.arm.name, self.done, attempts=self.attempt + 1,
+            events=self.run_dir.faults(),
+        )  # fmt: skip
+
+
+async def _kill(target: FaultTarget, fault: SoakFault) -> float | None:
+    return await target.kill_engine()
+
+
+async def _pause(target: FaultTarget, fault: SoakFault) -> float | None:
+    await target.pause_engine(fault.duration or 0.0)
+    return None
+
+
+async def _restart_tier(target: FaultTarget, fault: SoakFault) -> float | None:
+    return await target.restart_tier()
+
+
+DRILLS: dict[str, Callable[[FaultTarget, SoakFault], Awaitable[float | None]]] = {
+    "kill_engine": _kill,
+    "pause_engine": _pause,
+    "restart_tier": _restart_tier,
+}
+"""What each ``soak.faults`` kind does to the running engine; returns the recovery time, if any."""
 
 
 async def _sleep_until(deadline_ns: int, load_task: asyncio.Future[Any]) -> bool:

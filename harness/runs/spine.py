@@ -4,10 +4,14 @@
 with a started engine; everything else happens here, once:
 
 1. the attempt number comes from the run directory (:meth:`RunDir.next_attempt`), the manifest
-   records the attempt's start, and its end as ``completed``, ``failed`` or ``interrupted``;
-2. for each arm with work left, an :class:`ArmSession` starts the engine (one process per arm, so
+   records the attempt's start, and its end as ``completed``, ``failed`` or ``interrupted`` --
+   or, when the result file's verdict (:mod:`harness.results.verdict`) says the run measured
+   nothing trustworthy, ``failed`` / ``inconclusive`` with the reasons;
+2. for each block of work (:meth:`Runner.blocks`: one, or ABBA blocks of repetitions) and each arm
+   with work in it, an :class:`ArmSession` starts the engine (one process per arm and block, so
    caches never leak between arms), records its facts in the manifest, opens the client, and
-   offers warm-up, prefix-cache reset, ``/metrics`` scraping and record appending;
+   offers warm-up (failed tries retried), prefix-cache reset, ``/metrics`` scraping (with restart
+   detection) and record appending;
 3. the records file is one append-only :class:`RecordWriter` for the whole attempt;
 4. Ctrl-C and SIGTERM cancel the job, so every ``async with`` stops its engine, the records stay,
    and :class:`RunInterrupted` says how to resume (:func:`run_sync`);
@@ -19,6 +23,7 @@ its result is built. ``probe.py``, ``sweep.py`` and ``soak.py`` hold those diffe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -30,8 +35,10 @@ from typing import ClassVar, Generic, TypeVar
 import aiohttp
 
 from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
 from harness.engines.kinds import create_engine
+from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
@@ -50,6 +57,9 @@ ResultT = TypeVar("ResultT", bound=VersionedFile)
 
 WARMUP_PROMPT_TOKENS = 128
 WARMUP_ANSWER_TOKENS = 8
+WARMUP_ATTEMPTS = 3
+"""Tries per warm-up request; each failed try is kept as a ``warmup`` record (``turn`` = the try)."""
+WARMUP_RETRY_S = 1.0
 DEFAULT_CONNECTIONS = 100
 """aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
 
@@ -89,12 +99,17 @@ class ArmSession:
         engine: RunningEngine,
         client: OpenAIClient,
         writer: RecordWriter,
+        block: int | None = None,
     ) -> None:
         self.runner = runner
+        self.block = block
+        """Which block of :meth:`Runner.blocks` this engine start serves (None: all the arm's work)."""
         self.arm = arm
         self.engine = engine
         self.client = client
         self.writer = writer
+        self._counters: dict[str, float] = {}
+        self._restarts = 0
 
     @property
     def attempt(self) -> int:
@@ -125,26 +140,37 @@ class ArmSession:
     async def warm_up(self, count: int, *, api: str, ignore_eos: bool, tag: str) -> None:
         """``count`` unmeasured short requests (kernels, allocators, connections), recorded as ``warmup``.
 
-        A failed one stops the arm with the engine's log tail: an engine that cannot answer a
-        128-token prompt would only produce error records.
+        A failed one is recorded and retried, up to :data:`WARMUP_ATTEMPTS` times with a pause of
+        :data:`WARMUP_RETRY_S` (one blip of a staging engine must not abort a soak); when every try
+        fails the arm stops with the engine's log tail: an engine that cannot answer a 128-token
+        prompt would only produce error records.
         """
         scenario = self.runner.scenario
         for index in range(count):
             prompt = await build_filler(
                 self.tokenizer, seed=scenario.seed, tag=f"{tag}-{index}", tokens=WARMUP_PROMPT_TOKENS
             )
-            outcome = await self.send(prompt, WARMUP_ANSWER_TOKENS, api=api, ignore_eos=ignore_eos)
-            self.append(
-                record_from(
-                    outcome, arm=self.arm.name, attempt=self.attempt, phase="warmup", api=api, repetition=-1,
-                    context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=1,
-                )
-            )  # fmt: skip
-            if not outcome.ok:
-                raise KvbenchError(
-                    f"arm {self.arm.name}: warm-up request failed ({outcome.error_kind}: {outcome.error}); "
-                    "engine log tail:\n" + "\n".join(self.engine.log_tail(20))
-                )
+            for attempt in range(1, WARMUP_ATTEMPTS + 1):
+                outcome = await self.send(prompt, WARMUP_ANSWER_TOKENS, api=api, ignore_eos=ignore_eos)
+                self.append(
+                    record_from(
+                        outcome, arm=self.arm.name, attempt=self.attempt, phase="warmup", api=api, repetition=-1,
+                        context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=attempt,
+                    )
+                )  # fmt: skip
+                if outcome.ok:
+                    break
+                log.warning(
+                    "arm %s: warm-up request %d failed (try %d of %d): %s: %s",
+                    self.arm.name, index, attempt, WARMUP_ATTEMPTS, outcome.error_kind, outcome.error,
+                )  # fmt: skip
+                if attempt == WARMUP_ATTEMPTS:
+                    raise KvbenchError(
+                        f"arm {self.arm.name}: warm-up request failed {WARMUP_ATTEMPTS} times (last: "
+                        f"{outcome.error_kind}: {outcome.error}); engine log tail:\n"
+                        + "\n".join(self.engine.log_tail(20))
+                    )
+                await asyncio.sleep(WARMUP_RETRY_S)
 
     async def reset_prefix_cache(self, *, required: bool) -> bool:
         """Drop the engine's GPU prefix cache (offload tiers stay). False when the engine cannot.
@@ -163,12 +189,30 @@ class ArmSession:
         return True
 
     async def scrape(self) -> str | None:
-        """The engine's /metrics page, or None when it has none (the run goes on without cache stats)."""
+        """The engine's /metrics page, or None when it has none (the run goes on without cache stats).
+
+        Every page is also compared with the arm's previous one: a cumulative counter that went down
+        or a process start time that moved is an engine restart (:meth:`take_restarts`).
+        """
         try:
-            return await self.client.metrics_text()
+            text = await self.client.metrics_text()
         except (aiohttp.ClientError, TimeoutError) as error:
             log.warning("arm %s: /metrics unavailable (%s); no cache statistics", self.arm.name, error)
             return None
+        try:
+            counters = counter_totals(parse_metrics(text))
+        except ValueError:
+            return text  # the caller reports the unparseable page
+        if self._counters and restarted(self._counters, counters):
+            log.warning("arm %s: the engine restarted (its /metrics counters went back)", self.arm.name)
+            self._restarts += 1
+        self._counters = counters
+        return text
+
+    def take_restarts(self) -> int:
+        """Engine restarts seen by :meth:`scrape` since the last call."""
+        seen, self._restarts = self._restarts, 0
+        return seen
 
 
 class Runner(ABC, Generic[ResultT]):
@@ -197,6 +241,14 @@ class Runner(ABC, Generic[ResultT]):
     @abstractmethod
     def arms_with_work(self) -> list[Arm]:
         """The arms that still have work, in the order they run."""
+
+    def blocks(self) -> list[tuple[int | None, list[Arm]]]:
+        """(block, arms in order) for every block of work: one engine start per arm and block.
+
+        Default: one block (``None``: all of each arm's work) of :meth:`arms_with_work`. A probe with
+        ``arm_order: interleaved`` returns one block per repetition, arms in ABBA order.
+        """
+        return [(None, self.arms_with_work())]
 
     @abstractmethod
     def work(self) -> tuple[int, int]:
@@ -228,7 +280,9 @@ class Runner(ABC, Generic[ResultT]):
 
     # -- the spine ------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def arm_session(self, arm: Arm, writer: RecordWriter, manifest: Manifest) -> AsyncIterator[ArmSession]:
+    async def arm_session(
+        self, arm: Arm, writer: RecordWriter, manifest: Manifest, block: int | None = None
+    ) -> AsyncIterator[ArmSession]:
         context = LaunchContext(
             arm=arm.name,
             profile=arm.profile,
@@ -241,7 +295,7 @@ class Runner(ABC, Generic[ResultT]):
             async with OpenAIClient(
                 engine.endpoint, timeout_s=self.request_timeout_s(), max_connections=self.connections()
             ) as client:
-                yield ArmSession(self, arm, engine, client, writer)  # type: ignore[arg-type]
+                yield ArmSession(self, arm, engine, client, writer, block)  # type: ignore[arg-type]
 
 
 async def execute(runner: Runner[ResultT]) -> ResultT:
@@ -249,19 +303,23 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
     total, done = runner.work()
     runner.progress.start(total, done, runner.unit)
     manifest = Manifest.start(runner.run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
-    status = "interrupted"
+    status, reason = "interrupted", ""
     try:
         with RecordWriter(runner.run_dir.records_file) as writer:
-            for arm in runner.arms_with_work():
-                async with runner.arm_session(arm, writer, manifest) as session:
-                    await runner.run_arm(session)
-        status = "completed"
-    except KvbenchError:
-        status = "failed"
+            for block, arms in runner.blocks():
+                for arm in arms:
+                    async with runner.arm_session(arm, writer, manifest, block) as session:
+                        await runner.run_arm(session)
+        result = runner.summarize()
+        # a run that ran to the end but measured nothing trustworthy says so here, for every kind
+        outcome = outcome_of_result(result)
+        status, reason = outcome.status, outcome.reason
+    except KvbenchError as error:
+        status, reason = "failed", str(error).splitlines()[0] if str(error) else ""
         raise
     finally:
-        manifest.finish(status)
-    return runner.summarize()
+        manifest.finish(status, reason)
+    return result
 
 
 def run_sync(runner: Runner[ResultT]) -> ResultT:

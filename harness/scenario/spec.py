@@ -153,6 +153,29 @@ class SoakCriteria(StrictModel):
     max_restarts: int = Field(default=0, ge=0, description="Engine restarts tolerated (counter resets in /metrics).")
 
 
+class SoakFault(StrictModel):
+    """A failure rehearsed during a stability window, on an engine kvbench starts (``soak.faults``).
+
+    * ``kill_engine``: SIGKILL the engine's process group at ``at``; kvbench starts it again on the
+      same port and records the restart and the seconds until it is healthy;
+    * ``pause_engine``: SIGSTOP the group at ``at`` for ``duration``, then SIGCONT;
+    * ``restart_tier``: SIGKILL and restart the offload-tier server sidecar (LMCache server).
+    """
+
+    kind: Literal["kill_engine", "pause_engine", "restart_tier"]
+    at: Duration = Field(description="When, counted from the start of the window (e.g. 30m).")
+    duration: Duration | None = Field(default=None, description="pause_engine: how long the engine stays stopped.")
+
+    @model_validator(mode="after")
+    def _duration_for_pause_only(self) -> SoakFault:
+        if (self.kind == "pause_engine") != (self.duration is not None):
+            raise ValueError(
+                "pause_engine needs duration (e.g. 30s)" if self.kind == "pause_engine"
+                else f"{self.kind} takes no duration (only pause_engine does)"
+            )  # fmt: skip
+        return self
+
+
 class SoakSpec(StrictModel):
     """A stability window: the workload at its target load for ``window``, measured per ``interval``."""
 
@@ -169,11 +192,20 @@ class SoakSpec(StrictModel):
         default=1, ge=1, description="Intervals with fewer completed requests are not judged on their own."
     )
     criteria: SoakCriteria = SoakCriteria()
+    faults: list[SoakFault] = Field(
+        default_factory=list,
+        description="Failures to rehearse (engines kvbench starts): kill_engine, pause_engine, restart_tier.",
+    )
 
     @model_validator(mode="after")
     def _interval_fits(self) -> SoakSpec:
         if self.interval > self.window:
             raise ValueError(f"interval ({self.interval:g} s) is longer than the window ({self.window:g} s)")
+        for index, fault in enumerate(self.faults):
+            if fault.at >= self.window:
+                raise ValueError(
+                    f"faults[{index}].at ({fault.at:g} s) is not inside the window ({self.window:g} s)"
+                )
         return self
 
 
@@ -233,6 +265,25 @@ class CostSpec(StrictModel):
     hours_per_year: float = Field(default=8760.0, gt=0, le=8784)
 
 
+class ValiditySpec(StrictModel):
+    """When a run cannot claim what it measured (``kvbench run`` and ``kvbench sweep``).
+
+    Above ``max_error_rate`` the run is FAILED (exit 1); the cache gates make a probe INCONCLUSIVE
+    (exit 3): see :mod:`harness.results.validity` for every gate and its formula.
+    """
+
+    max_error_rate: float = Field(
+        default=0.05, ge=0, le=1,
+        description="Most failed measured requests / measured requests before the run is FAILED (exit 1).",
+    )  # fmt: skip
+    max_reset_hit_rate: float = Field(
+        default=0.5, ge=0, le=1,
+        description="Most share of a later turn's prompt tokens served from the GPU prefix cache when "
+        "between_turns drops it (or from any cache in an arm without offload tiers) before the run is "
+        "INCONCLUSIVE (exit 3).",
+    )  # fmt: skip
+
+
 class OutputSpec(StrictModel):
     dir: str = Field(default="runs", description="Parent directory of run directories.")
 
@@ -253,11 +304,18 @@ class Scenario(StrictModel):
     arms: list[Arm] = Field(min_length=1)
     workload: WorkloadConfig
     repetitions: int = Field(default=1, ge=1, description="Times the workload is repeated per arm.")
+    arm_order: Literal["sequential", "interleaved"] = Field(
+        default="sequential",
+        description="kvbench run: 'sequential' runs every repetition of an arm, then the next arm; 'interleaved' "
+        "runs repetitions in ABBA blocks (A B, then B A, ...), one engine start per arm and block, so slow drift "
+        "of the machine cannot pass for an offload effect.",
+    )  # fmt: skip
     seed: int = 0
     slo: SLO = SLO()
     output: OutputSpec = OutputSpec()
     compare: Compare = Compare()
     gate: GateSpec = GateSpec()
+    validity: ValiditySpec = ValiditySpec()
     soak: SoakSpec | None = Field(default=None, description="Stability-window settings (kvbench soak).")
     sweep: SweepSpec | None = Field(default=None, description="Load grid (kvbench sweep; multi_user_qa only).")
     cost: CostSpec | None = Field(default=None, description="Target load and GPU price (kvbench sweep).")
@@ -275,6 +333,16 @@ class Scenario(StrictModel):
                 kinds.check_supported(self.engine, arm.profile, between)
             except ValueError as error:
                 raise ValueError(f"arm {arm.name!r}: {error}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _faults_need_a_started_engine(self) -> Scenario:
+        if self.soak is not None and self.soak.faults and not kinds.engine_kind(self.engine.kind).starts_process:
+            started = ", ".join(k for k in kinds.engine_kinds() if kinds.engine_kind(k).starts_process)
+            raise ValueError(
+                f"soak.faults: engine kind {self.engine.kind!r} is not started by kvbench, so it cannot be killed, "
+                f"paused or restarted; faults need one of: {started}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,8 @@
 arm's offload profile and the runner's prefix-caching decision) to ``sim-settings.json`` in the
 arm's log directory, runs ``python -m kvbench sim serve --config ...`` as a
 :class:`~harness.engines.process.ManagedProcess` (log: ``engine.log``), and waits for
-``/health``. The simulator goes through the same process, HTTP and streaming paths as a real
+``/health`` (answered with this launch's token: :mod:`harness.engines.process`). The simulator
+goes through the same process, HTTP and streaming paths as a real
 engine, so a scenario can be tried on a laptop before it goes to a GPU machine.
 """
 
@@ -112,6 +113,7 @@ class SimEngine:
                 health_url=base_url + "/health",
                 startup_timeout_s=config.startup_timeout_s,
                 stop_grace_s=STOP_GRACE_S,
+                launch_token=True,
             )
         )
         await process.__aenter__()  # stops the process itself if it never becomes healthy

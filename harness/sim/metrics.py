@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from .faults import FaultInjector
@@ -116,6 +117,8 @@ class SimCollector(Collector):
 def metrics_registry(core: EngineCore, model_name: str, faults: FaultInjector | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SimCollector(core, model_name, faults))
+    # process_start_time_seconds & co., as vLLM exposes them: kvbench sees a restart by the start time
+    ProcessCollector(registry=registry)
     return registry
 
 

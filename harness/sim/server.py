@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 import kvbench
+from harness.engines.process import LAUNCH_TOKEN_ENV, LAUNCH_TOKEN_HEADER
 
 from .engine import url_host
 from .faults import FaultInjector
@@ -110,6 +112,9 @@ class SimServer:
         self.faults = FaultInjector(settings.faults, seed=settings.fault_seed)
         self.registry = metrics_registry(self.core, self.model_name, self.faults)
         self.started = int(time.time())
+        # the per-launch token kvbench gave this process: echoed on every answer so that kvbench can
+        # tell its own simulator from another server on the same port (harness.engines.process)
+        self.launch_token = os.environ.get(LAUNCH_TOKEN_ENV)
 
     # -- application ------------------------------------------------------------------------
 
@@ -125,8 +130,13 @@ class SimServer:
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/metrics", self.metrics)
         app.on_startup.append(self._on_startup)
+        app.on_response_prepare.append(self._identify)
         app.on_cleanup.append(self._on_cleanup)
         return app
+
+    async def _identify(self, request: web.Request, response: web.StreamResponse) -> None:
+        if self.launch_token is not None:
+            response.headers[LAUNCH_TOKEN_HEADER] = self.launch_token
 
     async def _on_startup(self, app: web.Application) -> None:
         self.loop.start()

@@ -8,6 +8,8 @@
   (monotonic ns) and counters.
 * :class:`IntervalStats` (``intervals.jsonl``): a soak interval's aggregates (a soak keeps raw
   records on disk and aggregates per interval as it goes, so memory stays flat over hours).
+* :class:`FaultEvent` (``faults.jsonl``): a failure a soak rehearsed (``soak.faults``), when it
+  began and when the engine was back, on the records' monotonic clock.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 GroupKey = tuple[str, int, int]
 """(arm, repetition, context_tokens)"""
 NS_PER_S = 1_000_000_000
+ENGINE_RESTARTS = "engine_restarts"
+"""The :class:`MetricsDelta` value counting engine restarts seen since the previous scrape of the arm."""
 
 
 class Frozen(BaseModel):
@@ -129,3 +133,19 @@ class IntervalStats(Frozen):
     def metric(self, name: str) -> float | None:
         value = getattr(self, f"{name}_ms", None)
         return None if value is None else float(value)
+
+
+class FaultEvent(Frozen):
+    """One rehearsed failure of a soak (``kill_engine``, ``pause_engine``, ``restart_tier``)."""
+
+    index: int = Field(description="Position of the fault in soak.faults (resume skips those recorded).")
+    kind: Literal["kill_engine", "pause_engine", "restart_tier"]
+    attempt: int
+    at_s: float = Field(description="When it was planned, seconds into the window.")
+    start_unix_ns: int = Field(description="Wall clock when the signal was sent (time.time_ns()).")
+    started_ns: int = Field(description="time.monotonic_ns() when the signal was sent (the records' clock).")
+    ended_ns: int = Field(description="time.monotonic_ns() when the engine (or tier) answered again / got SIGCONT.")
+    recovery_s: float | None = Field(
+        default=None, description="kill_engine / restart_tier: seconds from SIGKILL until healthy again."
+    )
+    error: str | None = Field(default=None, description="Why the drill itself failed (e.g. no restart).")

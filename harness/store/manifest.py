@@ -115,8 +115,12 @@ class Manifest:
         }
         self.save()
 
-    def finish(self, status: str) -> None:
-        self.data["attempts"][-1].update({"ended_at": now_iso(), "status": status})
+    def finish(self, status: str, reason: str | None = None) -> None:
+        """End the attempt: ``completed``, ``failed``, ``inconclusive`` or ``interrupted``, and why."""
+        update: dict[str, Any] = {"ended_at": now_iso(), "status": status}
+        if reason:
+            update["reason"] = reason
+        self.data["attempts"][-1].update(update)
         self.save()
 
     def save(self) -> None:

@@ -11,6 +11,7 @@ RUN_DIR/
   sweep.json           sweep: the versioned SweepResult
   intervals.jsonl      soak: one IntervalStats per finished interval
   soak.json            soak: the versioned SoakResult (verdict)
+  faults.jsonl         soak: one FaultEvent per rehearsed failure (soak.faults)
   logs/<arm>/          engine logs
   report/              tables and plots rendered from the result file
 
@@ -30,7 +31,7 @@ import yaml
 from harness.scenario.spec import Scenario, parse_scenario
 from kvbench.errors import RunDirError
 
-from .events import GroupDone, IntervalStats, MetricsDelta, PointDone
+from .events import FaultEvent, GroupDone, IntervalStats, MetricsDelta, PointDone
 from .jsonl import append_jsonl, read_jsonl
 from .manifest import read_manifest
 from .records import RequestRecord, read_records
@@ -82,6 +83,10 @@ class RunDir:
     @property
     def soak_file(self) -> Path:
         return self.path / "soak.json"
+
+    @property
+    def faults_file(self) -> Path:
+        return self.path / "faults.jsonl"
 
     @property
     def report_dir(self) -> Path:
@@ -150,6 +155,9 @@ class RunDir:
         by_index = {item.index: item for item in read_jsonl(self.intervals_file, IntervalStats)}
         return [by_index[index] for index in sorted(by_index)]
 
+    def faults(self) -> list[FaultEvent]:
+        return read_jsonl(self.faults_file, FaultEvent)
+
     def attempts_started(self) -> int:
         """Attempts the manifest recorded (0 before the first run starts)."""
         if not self.manifest_file.exists():
@@ -177,3 +185,6 @@ class RunDir:
 
     def append_interval(self, stats: IntervalStats) -> None:
         append_jsonl(self.intervals_file, stats)
+
+    def append_fault(self, event: FaultEvent) -> None:
+        append_jsonl(self.faults_file, event)

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kvbench import __version__
 
 if TYPE_CHECKING:
+    from harness.results.verdict import Outcome
     from harness.runs.kinds import SoakOverrides
     from harness.store.rundir import RunDir, RunKind
 
@@ -62,6 +64,7 @@ def _launch(
     overrides: SoakOverrides | None = None,
 ) -> RunDir:
     """Start (or resume) a run of ``kind`` through the one spine, then write every report of it."""
+    from harness.results.verdict import outcome_of_result
     from harness.runs.kinds import launch
     from harness.runs.progress import RichProgress
     from harness.scenario.spec import load_scenario
@@ -74,7 +77,7 @@ def _launch(
     try:
         loaded, source = load_scenario(scenario) if scenario is not None else (None, None)
         with RichProgress(console) as progress:
-            run_dir, _ = launch(
+            run_dir, result = launch(
                 kind, loaded, source=source, output_dir=output_dir, resume=resume, progress=progress,
                 overrides=overrides,
             )
@@ -82,7 +85,21 @@ def _launch(
     except KvbenchError as error:
         raise _fail(str(error)) from None
     assert isinstance(run_dir, RunDir)
+    _verdict_exit([outcome_of_result(result)], f" (run directory: {run_dir.path})")
     return run_dir
+
+
+def _verdict_exit(outcomes: list[Outcome], where: str = "") -> None:
+    """Exit 1 (FAILED) or 3 (INCONCLUSIVE) when a run measured nothing trustworthy; the reports say why."""
+    from harness.results.verdict import worst
+
+    outcome = worst(outcomes)
+    if outcome.exit_code:
+        err_console.print(
+            f"[bold red]{outcome.status.upper()}:[/] {escape(outcome.reason)}{escape(where)}",
+            highlight=False,
+        )
+        raise typer.Exit(outcome.exit_code)
 
 
 @app.callback(invoke_without_command=True)
@@ -153,6 +170,7 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
+    from harness.results.verdict import outcome_of_result
     from harness.runs.kinds import summarize
     from harness.store.rundir import RunDir
     from kvbench.errors import KvbenchError
@@ -163,10 +181,11 @@ def report(
         raise _fail("give a run directory (or --html --playbook FILE)")
     if (playbook is not None or out is not None) and not html:
         raise _fail("--playbook and --out go with --html")
+    outcomes: list[Outcome] = []
     try:
         for path in dirs:
             run_dir = RunDir.open(path)
-            summarize(run_dir)
+            outcomes.append(outcome_of_result(summarize(run_dir)))
             console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False)
             for written in write_outputs(run_dir, console):
                 console.print(f"wrote {written}")
@@ -176,6 +195,7 @@ def report(
             console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}")
     except KvbenchError as error:
         raise _fail(str(error)) from None
+    _verdict_exit(outcomes)
 
 
 @app.command()

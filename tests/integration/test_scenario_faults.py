@@ -37,7 +37,9 @@ def test_http_error_burst_from_scenario_becomes_error_records(tmp_path: Path) ->
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario))
     done = kvbench("run", str(path), "-o", "runs", cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # 2 of 4 measured requests failed: above validity.max_error_rate (5 %), so the run is FAILED (exit 1)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED: 2 of 4 measured requests failed (50.0% > validity.max_error_rate 5.0%)" in done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     measured = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
     failed = [r for r in measured if not r.ok]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.client.scrape import parse_metrics
+from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.results.soak_result import (
     CriterionName,
     IntervalAccumulator,
@@ -19,7 +19,7 @@ from harness.results.soak_result import (
     planned_intervals,
     trend,
 )
-from harness.runs.soak import counter_totals, interval_hit_rate, restarted
+from harness.runs.soak import interval_hit_rate
 from harness.scenario.soak import soak_arm, soak_scenario
 from harness.scenario.spec import SLO, SoakSpec, parse_duration, parse_scenario
 from harness.store.events import IntervalStats

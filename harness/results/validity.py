@@ -1,0 +1,151 @@
+"""The validity gates: a pure function of a run's stored files -> :class:`~.verdict.Validity`.
+
+A run that measured nothing, or measured something other than a returning user served by the
+offload tier, must say so instead of printing a table (issue 11). Gates, over the records and
+``/metrics`` deltas the aggregation already chose (the completing attempt of each group):
+
+* ``no_success`` (FAILED): a (arm, context, turn) cell has no successful request, or nothing was
+  measured at all;
+* ``error_rate`` (FAILED): failed measured requests / measured requests > ``validity.max_error_rate``;
+* ``reset_missed`` (INCONCLUSIVE): in turn ≥ 2 of a cell, ``gpu_prefix_hits / prompt_tokens >
+  validity.max_reset_hit_rate`` although ``between_turns`` drops the GPU prefix cache
+  (``reset_prefix_cache`` / ``disable_prefix_cache``): the reset did not happen;
+* ``off_arm_hits`` (INCONCLUSIVE): an arm without offload tiers has turn ≥ 2 ``(gpu + external
+  hits) / prompt_tokens`` above the same limit with ``between_turns`` other than ``none``;
+* ``no_offload_hits`` (INCONCLUSIVE): an arm with offload tiers has zero offload-tier (external)
+  hit tokens in turn ≥ 2 of a context of at least its ``chunk_tokens`` (shorter contexts have
+  nothing to load) while the engine reports that counter, and ``between_turns`` is not ``none``;
+* ``engine_restarted`` (INCONCLUSIVE): an engine's cumulative counters went down or its process
+  start time moved during an arm (``engine_restarts`` in ``engine_metrics.jsonl``).
+
+Cells without ``/metrics`` counters are not judged by the cache gates (no evidence either way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from harness.scenario.spec import Scenario
+
+from .run_result import CacheStats, RequestCounts, TtftCell
+from .verdict import Finding, Validity, verdict_of
+
+RESETTING_MODES = frozenset({"reset_prefix_cache", "disable_prefix_cache"})
+
+
+def error_findings(measured: int, ok: int, errors_by_kind: Mapping[str, int], max_error_rate: float) -> list[Finding]:
+    """``no_success`` when nothing succeeded, ``error_rate`` when too much failed (both name the error kinds)."""
+    ranked = sorted(errors_by_kind.items(), key=lambda kv: (-kv[1], kv[0]))
+    kinds = ", ".join(f"{kind} {count}" for kind, count in ranked)
+    by_kind = f" (by kind: {kinds})" if kinds else ""
+    if measured == 0:
+        return [Finding(gate="no_success", message="no measured request was recorded")]
+    if ok == 0:
+        return [Finding(gate="no_success", message=f"all {measured} measured requests failed{by_kind}")]
+    rate = (measured - ok) / measured
+    if rate > max_error_rate:
+        return [
+            Finding(
+                gate="error_rate",
+                message=f"{measured - ok} of {measured} measured requests failed ({rate:.1%} > "
+                f"validity.max_error_rate {max_error_rate:.1%}){by_kind}",
+            )
+        ]
+    return []
+
+
+def _cell_findings(cells: Sequence[TtftCell]) -> list[Finding]:
+    return [
+        Finding(
+            gate="no_success",
+            arm=cell.arm,
+            context_tokens=cell.context_tokens,
+            turn=cell.turn,
+            message=f"{cell.arm} {cell.context_tokens} tokens turn {cell.turn}: no successful request "
+            f"({cell.errors} failed)",
+        )
+        for cell in cells
+        if cell.ttft is None
+    ]
+
+
+def _cache_finding(scenario: Scenario, stats: CacheStats) -> Finding | None:
+    arm = next(a for a in scenario.arms if a.name == stats.arm)
+    profile = arm.profile
+    mode = scenario.probe_workload.between_turns.mode
+    limit = scenario.validity.max_reset_hit_rate
+    prompt = stats.prompt_tokens or stats.gpu_queries
+    if stats.turn < 2 or not prompt or mode == "none":
+        return None
+    where = f"{stats.arm} {stats.context_tokens} tokens turn {stats.turn}"
+    located = {"arm": stats.arm, "context_tokens": stats.context_tokens, "turn": stats.turn}
+    gpu_share = (stats.gpu_hits or 0.0) / prompt
+    if mode in RESETTING_MODES and gpu_share > limit:
+        what = "the reset did not happen" if not profile.offload_enabled else "not from the offload tier"
+        return Finding(
+            gate="reset_missed", **located,
+            message=f"{where}: {gpu_share:.0%} of prompt tokens were GPU prefix-cache hits although "
+            f"between_turns {mode} drops that cache ({what}; limit {limit:.0%})",
+        )  # fmt: skip
+    any_share = ((stats.gpu_hits or 0.0) + (stats.external_hits or 0.0)) / prompt
+    if not profile.offload_enabled and any_share > limit:
+        return Finding(
+            gate="off_arm_hits", **located,
+            message=f"{where}: an arm without offload tiers served {any_share:.0%} of prompt tokens from a cache "
+            f"(between_turns {mode} did not make turn 2 a returning user; limit {limit:.0%})",
+        )  # fmt: skip
+    if (
+        profile.offload_enabled
+        and stats.context_tokens >= profile.chunk_tokens
+        and stats.external_hits is not None
+        and stats.external_hits <= 0
+    ):
+        return Finding(
+            gate="no_offload_hits", **located,
+            message=f"{where}: no prompt token came from the offload tier (external prefix hits 0), so this "
+            "arm did not measure offloading",
+        )  # fmt: skip
+    return None
+
+
+def judge_probe(
+    scenario: Scenario,
+    counts: RequestCounts,
+    cells: Sequence[TtftCell],
+    cache: Sequence[CacheStats],
+    restarts: Mapping[str, int],
+) -> Validity:
+    """Every gate of a probe run (``restarts``: engine restarts seen per arm in the chosen attempts)."""
+    spec = scenario.validity
+    findings = error_findings(counts.measured, counts.ok, counts.errors_by_kind, spec.max_error_rate)
+    findings += _cell_findings(cells)
+    findings += [f for f in (_cache_finding(scenario, stats) for stats in cache) if f is not None]
+    findings += [
+        Finding(
+            gate="engine_restarted",
+            arm=arm,
+            message=f"{arm}: the engine restarted {count} time(s) mid-arm (its counters went down or its start "
+            "time moved); the arm's caches were lost",
+        )
+        for arm, count in sorted(restarts.items())
+        if count > 0
+    ]
+    return Validity(
+        verdict=verdict_of(findings),
+        error_rate=(counts.errors / counts.measured) if counts.measured else None,
+        max_error_rate=spec.max_error_rate,
+        errors_by_kind=dict(counts.errors_by_kind),
+        findings=findings,
+    )
+
+
+def judge_errors(measured: int, ok: int, errors_by_kind: Mapping[str, int], max_error_rate: float) -> Validity:
+    """The error gates alone (load runs: ``kvbench sweep``)."""
+    findings = error_findings(measured, ok, errors_by_kind, max_error_rate)
+    return Validity(
+        verdict=verdict_of(findings),
+        error_rate=((measured - ok) / measured) if measured else None,
+        max_error_rate=max_error_rate,
+        errors_by_kind=dict(errors_by_kind),
+        findings=findings,
+    )
