@@ -217,6 +217,10 @@ class Runner(ABC, Generic[ResultT]):
     def request_timeout_s(self) -> float:
         return self.scenario.workload.request_timeout_s
 
+    def stall_timeout_s(self) -> float | None:
+        """Longest silence between two reads of a response (``workload.stall_timeout_s``), if limited."""
+        return self.scenario.workload.stall_timeout_s
+
     def connections(self) -> int:
         return DEFAULT_CONNECTIONS
 
@@ -239,7 +243,8 @@ class Runner(ABC, Generic[ResultT]):
         async with create_engine(self.scenario.engine, context) as engine:
             manifest.record_engine(arm.name, engine.facts)
             async with OpenAIClient(
-                engine.endpoint, timeout_s=self.request_timeout_s(), max_connections=self.connections()
+                engine.endpoint, timeout_s=self.request_timeout_s(), read_timeout_s=self.stall_timeout_s(),
+                max_connections=self.connections(),
             ) as client:
                 yield ArmSession(self, arm, engine, client, writer)  # type: ignore[arg-type]
 
