@@ -14,9 +14,15 @@ from .errors import RunDirError
 
 
 class StrictModel(BaseModel):
-    """Frozen, ``extra="forbid"`` base model."""
+    """Frozen, ``extra="forbid"``, strict-number base model.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    One number policy for every configuration file: ``strict`` refuses a boolean or a string where a
+    number belongs (``repetitions: true``, ``conversations: "3"``; an integer still fills a float
+    field) and ``allow_inf_nan=False`` refuses ``.inf`` and ``.nan``, each with the field named.
+    A field that takes a YAML list as a tuple says ``Field(strict=False)``: sequences are not numbers.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class VersionedFile(BaseModel):
