@@ -55,6 +55,20 @@ def redact_argv(argv: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:
     return out
 
 
+def secret_values(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The literal secrets a process is given: values after secret flags and of secret-named variables,
+    so whatever the process echoes them with (its log, an error page) can be scrubbed."""
+    found = [value for name, value in env.items() if is_secret_name(name) and value]
+    for index, arg in enumerate(argv):
+        flag, sep, value = arg.partition("=")
+        if flag in _SECRET_FLAGS:
+            if sep:
+                found.append(value)
+            elif index + 1 < len(argv):
+                found.append(argv[index + 1])
+    return found
+
+
 def is_secret_name(name: str) -> bool:
     """True for an environment variable (or mapping key) whose name says it holds a secret."""
     return bool(_SECRET_NAME.search(name))
@@ -101,7 +115,3 @@ def redact_data(data: JsonData) -> JsonData:
         return redact_text(data)
     return data
 
-
-def contains_redacted(data: JsonData) -> bool:
-    """True when :func:`redact_data` hid something in ``data`` (its output differs from its input)."""
-    return redact_data(data) != data

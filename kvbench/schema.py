@@ -53,6 +53,8 @@ class VersionedFile(BaseModel):
         try:
             tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
             tmp.replace(target)
+        except OSError as error:  # a full or read-only disk: one line, and the previous file stays
+            raise RunDirError(f"{target}: cannot write: {error.strerror or error}") from None
         finally:
             tmp.unlink(missing_ok=True)
         return target
@@ -63,7 +65,12 @@ class VersionedFile(BaseModel):
         target = path / cls.FILE_NAME if path.is_dir() else path
         if not target.exists():
             raise RunDirError(f"{target}: missing ({cls.REBUILD_HINT.replace('RUN_DIR', str(target.parent))})")
-        raw = target.read_text(encoding="utf-8")
+        try:
+            raw = target.read_bytes().decode("utf-8")
+        except OSError as error:
+            raise RunDirError(f"{target}: cannot read: {error.strerror or error}") from None
+        except UnicodeDecodeError as error:
+            raise RunDirError(f"{target}: not UTF-8 text: {error}") from None
         try:
             version = json.loads(raw).get("schema_version")
         except (ValueError, AttributeError) as error:

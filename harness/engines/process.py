@@ -26,7 +26,8 @@ from types import TracebackType
 import aiohttp
 
 from kvbench.errors import EngineStartError
-from kvbench.redact import redact_argv, redact_text
+from kvbench.private import open_private
+from kvbench.redact import redact_argv, redact_text, secret_values
 
 
 def _die_with_parent() -> None:
@@ -47,7 +48,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def tail_lines(path: Path, lines: int = 50) -> list[str]:
+def tail_lines(path: Path, lines: int = 50, secrets: Sequence[str] = ()) -> list[str]:
+    """The last ``lines`` lines of a log, redacted (``secrets``: literals the process was given)."""
     if not path.exists():
         return []
     with path.open("rb") as handle:
@@ -55,7 +57,7 @@ def tail_lines(path: Path, lines: int = 50) -> list[str]:
         size = handle.tell()
         handle.seek(max(0, size - 256 * 1024))
         data = handle.read().decode("utf-8", errors="replace")
-    return [redact_text(line) for line in data.splitlines()[-lines:]]
+    return [redact_text(line, secrets) for line in data.splitlines()[-lines:]]
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class ManagedProcess:
         return redact_argv(self.spec.argv)
 
     def log_tail(self, lines: int = 50) -> list[str]:
-        return tail_lines(self.spec.log_path, lines)
+        return tail_lines(self.spec.log_path, lines, secret_values(self.spec.argv, self.spec.env))
 
     def returncode(self) -> int | None:
         return self._process.poll() if self._process else None
@@ -99,7 +101,8 @@ class ManagedProcess:
         self._preexisting = {p for pattern in self.spec.cleanup_globs for p in glob.glob(pattern)}
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env}
-        with self.spec.log_path.open("ab") as log:
+        # 0600: engines may print their own arguments (tokens included) into their log
+        with os.fdopen(open_private(self.spec.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
             log.write(f"$ {' '.join(self.redacted_argv)}\n".encode())
             try:
                 self._process = subprocess.Popen(  # noqa: ASYNC220 - argv list, never a shell; spawning is instant

@@ -36,7 +36,7 @@ from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import KvbenchError, RunInterrupted
+from kvbench.errors import KvbenchError, RunDirError, RunInterrupted
 from kvbench.schema import VersionedFile
 from workloads.multi_round_qa import build_filler
 from workloads.tokenizer import Tokenizer
@@ -253,19 +253,36 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
     """Run every arm with work left through an :class:`ArmSession`; return the kind's result."""
     total, done = runner.work()
     runner.progress.start(total, done, runner.unit)
-    manifest = Manifest.start(runner.run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
-    status = "interrupted"
+    run_dir = runner.run_dir
     try:
-        with RecordWriter(runner.run_dir.records_file) as writer:
+        manifest = Manifest.start(run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
+    except OSError as error:
+        raise RunDirError(f"{run_dir.manifest_file}: cannot write: {error.strerror or error}") from None
+    status, reason = "interrupted", None
+    try:
+        with RecordWriter(run_dir.records_file) as writer:
+            if writer.repaired_bytes:
+                runner.progress.describe(
+                    f"records.jsonl: cut a torn last line of {writer.repaired_bytes} bytes (kept in records.jsonl.torn)"
+                )
             for arm in runner.arms_with_work():
                 async with runner.arm_session(arm, writer, manifest) as session:
                     await runner.run_arm(session)
         status = "completed"
-    except KvbenchError:
-        status = "failed"
+    except KvbenchError as error:
+        status, reason = "failed", str(error).splitlines()[0] if str(error) else type(error).__name__
         raise
+    except OSError as error:  # the run directory became unwritable: full disk, read-only, removed
+        status, reason = "failed", f"cannot write to {error.filename or run_dir.path}: {error.strerror or error}"
+        raise RunDirError(
+            f"{reason}; the records measured before stay readable in {run_dir.path} "
+            f"(free space, then: kvbench {runner.verb} --resume {run_dir.path})"
+        ) from None
     finally:
-        manifest.finish(status)
+        try:
+            manifest.finish(status, reason)
+        except OSError as error:  # not even in place: say so, but keep the first error
+            log.error("%s: could not record status %s: %s", manifest.path, status, error)
     return runner.summarize()
 
 
