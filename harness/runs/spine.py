@@ -275,8 +275,8 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
     except OSError as error:  # the run directory became unwritable: full disk, read-only, removed
         status, reason = "failed", f"cannot write to {error.filename or run_dir.path}: {error.strerror or error}"
         raise RunDirError(
-            f"{reason}; the records measured before stay readable in {run_dir.path} "
-            f"(free space, then: kvbench {runner.verb} --resume {run_dir.path})"
+            f"{reason}; the records measured so far are kept (free space, then: "
+            f"kvbench {runner.verb} --resume {run_dir.path})"
         ) from None
     finally:
         try:

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.client.errors import ErrorKind
+from kvbench.private import open_private
 
 from .jsonl import iter_jsonl, repair_torn_tail
 
@@ -73,7 +74,8 @@ class RecordWriter:
         self._fsync_every = fsync_every
         self._pending = 0
         self.repaired_bytes = repair_torn_tail(path)
-        self._file = path.open("a", encoding="utf-8")
+        # 0600: error records carry server text (scrubbed of known secrets, but still the server's words)
+        self._file = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
 
     def append(self, record: RequestRecord) -> None:
         self._file.write(record.model_dump_json() + "\n")

@@ -54,7 +54,8 @@ def _mount_subcommands() -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {console_text(message)}", highlight=False, markup=True)
+    # soft_wrap: a one-line error stays one line however long its paths are
+    err_console.print(f"[bold red]error:[/] {console_text(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(code)
 
 
