@@ -6,8 +6,10 @@ The one place for redaction rules. What counts as a secret:
 * the value of an environment variable whose *name* says key, token, secret, password or credential;
 * in free text: ``Bearer X``, ``api_key=X``/``token: X``, OpenAI (``sk-``) and Hugging Face (``hf_``)
   tokens, and the password in a URL (``http://user:PASSWORD@host``);
-* any literal string the caller knows to be secret (the API key kvbench itself sends), wherever
-  it appears and whatever prefix a server echoes it with;
+* any literal string known to be secret, wherever it appears and whatever prefix a server echoes it
+  with: the ones a caller passes, and the ones this process registered with :func:`remember_secret`
+  (the API key kvbench sends, the tokens an engine it starts is given), so every redacted line --
+  stored error text, log tails, console errors -- scrubs them without knowing where they came from;
 * in a scenario (:func:`redact_data`): all of the above, applied to every string, list of
   arguments and mapping of environment variables in it.
 """
@@ -31,6 +33,15 @@ _SECRET_TEXT: list[tuple[re.Pattern[str], bool]] = [
     # userinfo of a URL: keep the user name, hide the password (RFC 3986: no '/', '@' or space in it)
     (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s/@:]*:)[^\s/@]+(?=@)"), True),
 ]
+
+
+_REMEMBERED: set[str] = set()
+
+
+def remember_secret(value: str | None) -> None:
+    """Scrub ``value`` from every later :func:`redact_text` in this process (ignored when too short)."""
+    if value and len(value) >= MIN_LITERAL_CHARS:
+        _REMEMBERED.add(value)
 
 
 def redact_argv(argv: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:
@@ -80,7 +91,8 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with every known secret form, and each literal in ``secrets``, replaced by ``***``."""
-    for literal in sorted((s for s in secrets if len(s) >= MIN_LITERAL_CHARS), key=len, reverse=True):
+    literals = _REMEMBERED.union(s for s in secrets if len(s) >= MIN_LITERAL_CHARS)
+    for literal in sorted(literals, key=len, reverse=True):
         text = text.replace(literal, REDACTED)
     for pattern, keep_prefix in _SECRET_TEXT:
         replacement = r"\g<1>" + REDACTED if keep_prefix else REDACTED

@@ -27,7 +27,7 @@ import aiohttp
 
 from kvbench.errors import EngineStartError
 from kvbench.private import open_private
-from kvbench.redact import redact_argv, redact_text, secret_values
+from kvbench.redact import redact_argv, redact_text, remember_secret, secret_values
 
 
 def _die_with_parent() -> None:
@@ -48,8 +48,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def tail_lines(path: Path, lines: int = 50, secrets: Sequence[str] = ()) -> list[str]:
-    """The last ``lines`` lines of a log, redacted (``secrets``: literals the process was given)."""
+def tail_lines(path: Path, lines: int = 50) -> list[str]:
+    """The last ``lines`` lines of a log, redacted."""
     if not path.exists():
         return []
     with path.open("rb") as handle:
@@ -57,7 +57,7 @@ def tail_lines(path: Path, lines: int = 50, secrets: Sequence[str] = ()) -> list
         size = handle.tell()
         handle.seek(max(0, size - 256 * 1024))
         data = handle.read().decode("utf-8", errors="replace")
-    return [redact_text(line, secrets) for line in data.splitlines()[-lines:]]
+    return [redact_text(line) for line in data.splitlines()[-lines:]]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ class ManagedProcess:
 
     def __init__(self, spec: ProcessSpec) -> None:
         self.spec = spec
+        for secret in secret_values(spec.argv, spec.env):
+            remember_secret(secret)  # whatever the engine echoes them with, its log tails never show them
         self._process: subprocess.Popen[bytes] | None = None
         self._preexisting: set[str] = set()
 
@@ -92,7 +94,7 @@ class ManagedProcess:
         return redact_argv(self.spec.argv)
 
     def log_tail(self, lines: int = 50) -> list[str]:
-        return tail_lines(self.spec.log_path, lines, secret_values(self.spec.argv, self.spec.env))
+        return tail_lines(self.spec.log_path, lines)
 
     def returncode(self) -> int | None:
         return self._process.poll() if self._process else None

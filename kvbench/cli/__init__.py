@@ -14,6 +14,7 @@ from rich.console import Console
 
 from kvbench import __version__
 from kvbench.markup import console_text
+from kvbench.redact import redact_text
 
 if TYPE_CHECKING:
     from harness.runs.kinds import SoakOverrides
@@ -54,6 +55,7 @@ def _mount_subcommands() -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
+    message = redact_text(message)  # the last net: URL passwords, tokens, the API key kvbench sent
     # soft_wrap: a one-line error stays one line however long its paths are
     err_console.print(f"[bold red]error:[/] {console_text(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(code)
