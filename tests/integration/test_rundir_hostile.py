@@ -181,3 +181,21 @@ def test_secrets_in_the_scenario_never_reach_the_run_directory(tmp_path: Path) -
         assert refused.returncode != 0
         assert "has changed since the run started" in one_error_line(refused.stderr)
     assert os.path.exists(run_dir / "summary.json")
+
+
+def test_manifest_records_failure_on_a_full_disk(tmp_path: Path, tmpfs: Path) -> None:
+    from harness.scenario.spec import parse_scenario
+    from harness.store.manifest import Manifest
+
+    scenario = parse_scenario(probe_scenario(), "test")
+    manifest = Manifest.start(tmpfs / "manifest.json", scenario, None, 0)
+    fill(tmpfs)
+    with pytest.raises(OSError):  # the disk really is full: not even a small new file fits
+        (tmpfs / "probe.tmp").write_bytes(b"x" * 8192)
+    (tmpfs / "probe.tmp").unlink(missing_ok=True)
+    manifest.finish("failed", "cannot write to RUN_DIR: No space left on device " + "x" * 400)
+    stored = json.loads((tmpfs / "manifest.json").read_text(encoding="utf-8"))
+    assert stored["attempts"][-1]["status"] == "failed"
+    assert stored["attempts"][-1]["reason"].startswith("cannot write to RUN_DIR: No space left on device")
+    assert len(stored["attempts"][-1]["reason"]) <= 300
+    assert not list(tmpfs.glob("*.tmp"))
