@@ -14,9 +14,15 @@ from .errors import RunDirError
 
 
 class StrictModel(BaseModel):
-    """Frozen, ``extra="forbid"`` base model."""
+    """Frozen, ``extra="forbid"``, strict-number base model.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    One number policy for every configuration file: ``strict`` refuses a boolean or a string where a
+    number belongs (``repetitions: true``, ``conversations: "3"``; an integer still fills a float
+    field) and ``allow_inf_nan=False`` refuses ``.inf`` and ``.nan``, each with the field named.
+    A field that takes a YAML list as a tuple says ``Field(strict=False)``: sequences are not numbers.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class VersionedFile(BaseModel):
@@ -47,6 +53,8 @@ class VersionedFile(BaseModel):
         try:
             tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
             tmp.replace(target)
+        except OSError as error:  # a full or read-only disk: one line, and the previous file stays
+            raise RunDirError(f"{target}: cannot write: {error.strerror or error}") from None
         finally:
             tmp.unlink(missing_ok=True)
         return target
@@ -57,7 +65,12 @@ class VersionedFile(BaseModel):
         target = path / cls.FILE_NAME if path.is_dir() else path
         if not target.exists():
             raise RunDirError(f"{target}: missing ({cls.REBUILD_HINT.replace('RUN_DIR', str(target.parent))})")
-        raw = target.read_text(encoding="utf-8")
+        try:
+            raw = target.read_bytes().decode("utf-8")
+        except OSError as error:
+            raise RunDirError(f"{target}: cannot read: {error.strerror or error}") from None
+        except UnicodeDecodeError as error:
+            raise RunDirError(f"{target}: not UTF-8 text: {error}") from None
         try:
             version = json.loads(raw).get("schema_version")
         except (ValueError, AttributeError) as error:

@@ -114,8 +114,9 @@ class ProbeResult(StrictModel):
     passes: int = Field(ge=1)
     write_gbps: float = Field(gt=0, description="Median write bandwidth over the passes, fsync included.")
     read_gbps: float = Field(gt=0, description="Median read bandwidth over the passes.")
-    write_samples_gbps: tuple[float, ...] = Field(description="Write bandwidth of each pass.")
-    read_samples_gbps: tuple[float, ...] = Field(description="Read bandwidth of each pass.")
+    # strict=False: a stored list is a tuple here (StrictModel is strict about numbers, not sequences)
+    write_samples_gbps: tuple[float, ...] = Field(strict=False, description="Write bandwidth of each pass.")
+    read_samples_gbps: tuple[float, ...] = Field(strict=False, description="Read bandwidth of each pass.")
 
     def to_tier(
         self,

@@ -87,7 +87,7 @@ class OffloadProfile(StrictModel):
 
     name: str = Field(min_length=1)
     prefix_caching: bool = Field(default=True, description="The engine's own GPU (HBM) prefix cache.")
-    tiers: tuple[OffloadTier, ...] = ()
+    tiers: tuple[OffloadTier, ...] = Field(default=(), strict=False)  # a YAML list is a tuple here
     chunk_tokens: int = Field(default=256, ge=16, description="Offload granularity in tokens.")
     backend: OffloadBackend = Field(
         default="auto",

@@ -22,10 +22,10 @@ from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
+from kvbench.markup import console_text, md_text
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 
@@ -351,7 +351,7 @@ def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
     if not body:
         return ["(none)"]
     return [
-        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(md_text(title) for title in header) + " |",
         "|" + "|".join("---:" for _ in header) + "|",
         *("| " + " | ".join(row) + " |" for row in body),
     ]
@@ -360,10 +360,10 @@ def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
 def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Path:
     header, body = points_rows(result)
     text = [
-        f"# {result.scenario_name}",
+        f"# {md_text(result.scenario_name)}",
         "",
-        *([f"**{provenance}**", ""] if provenance else []),
-        f"{_title(result)}; {_slo_text(result)}; baseline `{result.baseline_arm}`. Latencies in ms; RPS/GPU = "
+        *([f"**{md_text(provenance)}**", ""] if provenance else []),
+        f"{_title(result)}; {_slo_text(result)}; baseline {md_text(result.baseline_arm)}. Latencies in ms; RPS/GPU = "
         f"completed requests/s in the window / {result.gpus} GPU(s); TPS/user = mean decode tokens/s per request.",
         "",
         *_markdown_table(header, body),
@@ -399,15 +399,15 @@ def write_sweep_reports(result: SweepResult, out_dir: Path, provenance: str = ""
 
 def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> None:
     header, body = points_rows(result)
-    caption = f"{_slo_text(result)}; {escape(provenance)}" if provenance else _slo_text(result)
-    table = Table(title=f"{escape(result.scenario_name)} — per load point", caption=caption)
+    caption = console_text(f"{_slo_text(result)}; {provenance}" if provenance else _slo_text(result))
+    table = Table(title=f"{console_text(result.scenario_name)} — per load point", caption=caption)
     for index, column in enumerate(header):
-        table.add_column(column, justify="left" if index == 0 else "right")
+        table.add_column(console_text(column), justify="left" if index == 0 else "right")
     for row in body:
-        table.add_row(*row)
+        table.add_row(*(console_text(cell) for cell in row))
     console.print(table)
     for line in capacity_lines(result):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
     a_header, a_body = analytical_rows(result)
     if a_body:
         a_table = Table(title="Analytical prefill model vs measurement (rounds ≥ 2, TTFT ms)")
@@ -417,7 +417,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
             a_table.add_row(*row)
         console.print(a_table)
     for line in analytical_lines(result):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)
     if not result.complete:
         console.print("[yellow]The sweep is incomplete: resume it with `kvbench sweep --resume RUN_DIR`.[/]")
     if result.requests.errors:

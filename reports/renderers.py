@@ -18,6 +18,7 @@ from rich.table import Table
 from harness.results.provenance import provenance
 from harness.results.run_result import RunResult
 from harness.results.verdict import Validity
+from kvbench.markup import console_text, md_text
 
 from .ttft_table import rows
 
@@ -49,12 +50,13 @@ def _setup_line(result: RunResult, manifest: dict[str, Any]) -> str:
 def console_table(result: RunResult, manifest: dict[str, Any]) -> Table:
     cols, body = rows(result)
     table = Table(
-        title=f"{result.scenario_name} — median TTFT (ms)",
-        caption=f"{_setup_line(result, manifest)}; % diff = (baseline / arm − 1) × 100, "
-        f"baseline = {result.baseline_arm}",
+        title=f"{console_text(result.scenario_name)} — median TTFT (ms)",
+        caption=console_text(
+            f"{_setup_line(result, manifest)}; % diff = (baseline / arm − 1) × 100, baseline = {result.baseline_arm}"
+        ),
     )
     for index, column in enumerate(cols):
-        table.add_column(column.title, justify="right", style="bold" if index == 0 else None)
+        table.add_column(console_text(column.title), justify="right", style="bold" if index == 0 else None)
     for line in body:
         table.add_row(*line)
     return table
@@ -98,7 +100,7 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
 
 def markdown_table(result: RunResult) -> str:
     cols, body = rows(result)
-    header = "| " + " | ".join(c.title for c in cols) + " |"
+    header = "| " + " | ".join(md_text(c.title) for c in cols) + " |"
     rule = "|" + "|".join("---:" for _ in cols) + "|"
     lines = [header, rule] + ["| " + " | ".join(line) + " |" for line in body]
     return "\n".join(lines) + "\n"
@@ -108,11 +110,11 @@ def markdown_table(result: RunResult) -> str:
 def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path:
     path = out_dir / "ttft_table.md"
     text = [
-        f"# {result.scenario_name}",
+        f"# {md_text(result.scenario_name)}",
         "",
         f"Median TTFT in ms over {result.repetitions} repetition(s) × the conversations per length; "
-        f"{_setup_line(result, manifest)}.",
-        f"`% diff` = (baseline / arm − 1) × 100 with baseline `{result.baseline_arm}`; "
+        f"{md_text(_setup_line(result, manifest))}.",
+        f"`% diff` = (baseline / arm − 1) × 100 with baseline {md_text(result.baseline_arm)}; "
         "hit % = share of turn-2 prompt tokens served from a cache (engine /metrics).",
         "",
         markdown_table(result),

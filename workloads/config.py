@@ -14,6 +14,23 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from kvbench.schema import StrictModel
 
+MAX_COUNT = 1_000_000
+"""Upper bound of any count of requests, users or conversations: a typo (a billion conversations)
+is refused at validation instead of running for years or exhausting memory building prompts."""
+MAX_TOKENS = 2_000_000
+"""Upper bound of any token count (the longest context any engine serves today)."""
+MAX_TIMEOUT_S = 7 * 86400.0
+
+RequestTimeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds one request may take in all.")]
+StallTimeout = Annotated[
+    float | None,
+    Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S,
+        description="Seconds the connection may stay silent between two reads before the request fails as a "
+        "timeout (default: only request_timeout_s applies).",
+    ),
+]  # fmt: skip
+
 
 class BetweenTurns(StrictModel):
     """How turn 2 is made to measure a *returning* user, whose KV has left GPU memory.
@@ -28,9 +45,12 @@ class BetweenTurns(StrictModel):
 
     mode: Literal["reset_prefix_cache", "disable_prefix_cache", "filler", "none"] = "reset_prefix_cache"
     filler_tokens: int = Field(
-        default=0, ge=0, description="With mode=filler: total prompt tokens of filler traffic per gap."
+        default=0, ge=0, le=MAX_COUNT * 1000,
+        description="With mode=filler: total prompt tokens of filler traffic per gap.",
     )
-    filler_request_tokens: int = Field(default=4000, ge=16, description="Prompt tokens per filler request.")
+    filler_request_tokens: int = Field(
+        default=4000, ge=16, le=MAX_TOKENS, description="Prompt tokens per filler request."
+    )
 
     @model_validator(mode="after")
     def _filler_needs_tokens(self) -> BetweenTurns:
@@ -43,18 +63,19 @@ class MultiRoundQAProbe(StrictModel):
     """Unloaded multi-round QA probe: per context length, N conversations with T turns each."""
 
     kind: Literal["multi_round_qa"]
-    context_tokens: list[Annotated[int, Field(ge=16, le=2_000_000)]] = Field(min_length=1)
-    conversations: int = Field(default=2, ge=1, description="Independent conversations per length.")
+    context_tokens: list[Annotated[int, Field(ge=16, le=MAX_TOKENS)]] = Field(min_length=1, max_length=1000)
+    conversations: int = Field(default=2, ge=1, le=MAX_COUNT, description="Independent conversations per length.")
     turns: int = Field(default=2, ge=2, le=64)
-    question_tokens: int = Field(default=32, ge=4)
-    answer_tokens: int = Field(default=16, ge=1, description="max_tokens of every answer.")
+    question_tokens: int = Field(default=32, ge=4, le=MAX_TOKENS)
+    answer_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS, description="max_tokens of every answer.")
     ignore_eos: bool = Field(
         default=True, description="Ask the engine to ignore EOS so every answer has answer_tokens tokens."
     )
     api: Literal["chat", "completions"] = "chat"
     between_turns: BetweenTurns = BetweenTurns()
-    warmup_requests: int = Field(default=2, ge=0, description="Unmeasured requests after start-up.")
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    warmup_requests: int = Field(default=2, ge=0, le=MAX_COUNT, description="Unmeasured requests after start-up.")
+    request_timeout_s: RequestTimeout = 600.0
+    stall_timeout_s: StallTimeout
 
     @field_validator("context_tokens")
     @classmethod
@@ -163,10 +184,13 @@ class MultiUserQA(StrictModel):
 
     kind: Literal["multi_user_qa"]
     users: int = Field(
-        default=10_000, ge=1, description="Distinct users; sessions cycle through them (user = session % users)."
+        default=10_000, ge=1, le=MAX_COUNT,
+        description="Distinct users; sessions cycle through them (user = session % users).",
     )
     rounds: Distribution = Field(description="Rounds per session (integer), e.g. {dist: uniform, low: 2, high: 11}.")
-    system_prompt_tokens: int = Field(default=0, ge=0, description="Shared system prompt S (same for all users).")
+    system_prompt_tokens: int = Field(
+        default=0, ge=0, le=MAX_TOKENS, description="Shared system prompt S (same for all users)."
+    )
     context_tokens: Distribution = Field(description="Per-user context tokens (sent in round 1, kept in history).")
     question_tokens: Distribution = Field(default=FixedDist(dist="fixed", value=32))
     answer_tokens: Distribution = Field(
@@ -180,8 +204,11 @@ class MultiUserQA(StrictModel):
     )
     ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have max_tokens.")
     api: Literal["chat", "completions"] = "chat"
-    warmup_requests: int = Field(default=2, ge=0, description="Unmeasured requests after each engine start.")
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    warmup_requests: int = Field(
+        default=2, ge=0, le=MAX_COUNT, description="Unmeasured requests after each engine start."
+    )
+    request_timeout_s: RequestTimeout = 600.0
+    stall_timeout_s: StallTimeout
 
 
 WorkloadConfig = Annotated[MultiRoundQAProbe | MultiUserQA, Field(discriminator="kind")]

@@ -7,6 +7,7 @@ the target engine's tokenizer (see :func:`fit_to_tokens`), never from word count
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Sequence
 
@@ -99,6 +100,13 @@ class TokenFitError(RuntimeError):
     """The tokenizer never produced the requested count (a tokenizer that is not prefix-stable)."""
 
 
+async def _yield() -> None:
+    """A cancellation point. A local tokenizer's ``async`` methods never suspend, so without these a
+    run building many long prompts would not see Ctrl-C (a cancellation of its task) until all were
+    built; with them it stops within one step (about a second for a 2M-token prompt)."""
+    await asyncio.sleep(0)
+
+
 async def fit_to_tokens(tokenizer: Tokenizer, header: str, rng: random.Random, tokens: int) -> str:
     """Text of exactly ``tokens`` tokens for ``tokenizer``: ``header`` followed by seeded prose.
 
@@ -107,14 +115,18 @@ async def fit_to_tokens(tokenizer: Tokenizer, header: str, rng: random.Random, t
     few tokens are trimmed or added until the count is exact.
     """
     text = header + paragraph_text(rng, max(8, int(tokens * 1.2) + 16))
+    await _yield()
     ids = await tokenizer.encode(text)
+    await _yield()
     while len(ids) < tokens:
         text += " " + paragraph_text(rng, tokens - len(ids) + 16)
         ids = await tokenizer.encode(text)
+        await _yield()
     target = tokens
     for _ in range(8):
         candidate = await tokenizer.decode(ids[:target])
         count = len(await tokenizer.encode(candidate))
+        await _yield()
         if count == tokens:
             return candidate
         target += tokens - count

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvbench.redact import remember_secret
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -14,6 +16,9 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)
     metrics_path: str = "/metrics"
     """Where the engine serves Prometheus text (TensorRT-LLM: /prometheus/metrics)."""
+
+    def __post_init__(self) -> None:
+        remember_secret(self.api_key)  # never printed or stored, whatever a server echoes it with
 
     @property
     def headers(self) -> dict[str, str]:

@@ -18,6 +18,12 @@ Timing rules (all from :func:`time.monotonic_ns`):
 * ITLs are the gaps between successive token-carrying arrivals. When one network read carries
   several token-carrying frames, the later ones get a gap of 0 (their true spacing was lost in the
   socket buffer).
+* Only events of the default SSE type are chunks: ``event: ping`` (with its own JSON), comments,
+  ``id:`` and ``retry:`` lines neither fail a request nor count as tokens. A line that is not valid
+  UTF-8 fails the request as ``malformed_frame``: its text would not be what the server generated.
+* Two time limits, both named in a ``timeout`` error: ``timeout_s`` bounds the whole request and
+  ``read_timeout_s`` (the scenario's ``workload.stall_timeout_s``) bounds the silence between two
+  reads, so a connection that goes quiet fails after the stall limit, not after the total one.
 * E2E is the arrival of the last byte of the event stream: the read that completed
   ``data: [DONE]`` (what follows it, the end of the chunked body, is read so the connection can be
   reused, but not timed). On failures it is the last byte received, or the moment the failure was
@@ -40,7 +46,7 @@ from kvbench.redact import redact_text
 
 from .endpoint import Endpoint
 from .errors import ErrorKind
-from .sse import Api, Frame, FrameKind, SSEParser, Usage, interpret_chunk
+from .sse import Api, Frame, FrameKind, SSEParser, Usage, interpret_chunk, is_chunk_event
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -79,8 +85,9 @@ class RequestOutcome:
         return self.error_kind is None
 
 
-def _snippet(text: str) -> str:
-    text = redact_text(" ".join(text.split()))
+def _snippet(text: str, secrets: tuple[str, ...] = ()) -> str:
+    # the key is scrubbed as a literal too: a server may echo it after any prefix ("key sk-...", "X-Key: ...")
+    text = redact_text(" ".join(text.split()), secrets)
     return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 3] + "..."
 
 
@@ -92,9 +99,10 @@ def _describe(exc: BaseException) -> str:
 class _Stream:
     """Accumulates one streaming response: timings, text, usage, and the first failure."""
 
-    def __init__(self, api: Api, started_ns: int) -> None:
+    def __init__(self, api: Api, started_ns: int, secrets: tuple[str, ...] = ()) -> None:
         self.api: Api = api
         self.started_ns = started_ns
+        self.secrets = secrets
         self.http_status: int | None = None
         self.first_token_ns: int | None = None
         self.last_token_ns: int | None = None
@@ -147,7 +155,7 @@ class _Stream:
             cached_tokens=usage.cached_tokens,
             http_status=self.http_status,
             error_kind=error_kind,
-            error=None if error is None else _snippet(error),
+            error=None if error is None else _snippet(error, self.secrets),
             finish_reason=self.finish_reason,
         )
 
@@ -184,6 +192,11 @@ class OpenAIClient:
     @property
     def endpoint(self) -> Endpoint:
         return self._endpoint
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What this client sends that must never be stored: its API key."""
+        return (self._endpoint.api_key,) if self._endpoint.api_key else ()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -278,7 +291,7 @@ class OpenAIClient:
         session = self.session
         body = self.build_payload(base, max_tokens, ignore_eos, extra_body)
         headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
-        state = _Stream(api, time.monotonic_ns())
+        state = _Stream(api, time.monotonic_ns(), self.secrets)
         phase: Literal["connect", "stream"] = "connect"
         try:
             async with session.post(self.url(path), json=body, headers=headers) as response:
@@ -297,11 +310,7 @@ class OpenAIClient:
         except aiohttp.ConnectionTimeoutError as exc:
             return state.outcome("connection", _describe(exc), failed_ns=time.monotonic_ns())
         except TimeoutError as exc:  # total timeout, or silence longer than read_timeout_s
-            if isinstance(exc, aiohttp.ServerTimeoutError):
-                message = _describe(exc)
-            else:
-                message = f"no complete response within timeout_s={self._timeout.total:g}"
-            return state.outcome("timeout", message, failed_ns=time.monotonic_ns())
+            return state.outcome("timeout", self._timeout_message(exc), failed_ns=time.monotonic_ns())
         except aiohttp.ClientPayloadError as exc:
             return state.outcome("stream_dropped", _describe(exc), failed_ns=time.monotonic_ns())
         except aiohttp.ClientError as exc:
@@ -310,6 +319,15 @@ class OpenAIClient:
         except OSError as exc:  # a socket error aiohttp did not wrap
             kind = "connection" if phase == "connect" else "stream_dropped"
             return state.outcome(kind, _describe(exc), failed_ns=time.monotonic_ns())
+
+    def _timeout_message(self, exc: TimeoutError) -> str:
+        """Which limit fired, with both limits, so a stall is never mistaken for a slow answer."""
+        total = f"timeout_s={self._timeout.total:g}"
+        stall = self._timeout.sock_read
+        limits = f"{total}, stall_timeout_s={stall:g}" if stall is not None else f"{total}, no stall limit"
+        if stall is not None and isinstance(exc, aiohttp.ServerTimeoutError):  # sock_read: nothing arrived
+            return f"connection silent for longer than stall_timeout_s={stall:g} ({limits})"
+        return f"no complete response within {total} ({limits})"
 
     # ------------------------------------------------------------------ plain helpers
 
@@ -362,6 +380,10 @@ async def _drain(response: aiohttp.ClientResponse) -> None:
         pass
 
 
+def _invalid_utf8_message(parser: SSEParser) -> str:
+    return f"invalid UTF-8 in the event stream ({parser.invalid_utf8[0]})"
+
+
 async def _consume(response: aiohttp.ClientResponse, state: _Stream) -> RequestOutcome:
     """Read the event stream to its end, timestamping each read on arrival."""
     parser = SSEParser()
@@ -369,7 +391,12 @@ async def _consume(response: aiohttp.ClientResponse, state: _Stream) -> RequestO
     async for chunk in response.content.iter_any():
         arrived_ns = time.monotonic_ns()
         state.last_byte_ns = arrived_ns
-        for event in parser.feed(chunk):
+        events = parser.feed(chunk)
+        if parser.invalid_utf8:
+            return state.outcome("malformed_frame", _invalid_utf8_message(parser))
+        for event in events:
+            if not is_chunk_event(event):
+                continue  # event: ping and friends carry no chunk
             failure = state.on_frame(interpret_chunk(event.data, api), arrived_ns)
             if failure is not None:
                 return state.outcome(*failure)
@@ -379,7 +406,12 @@ async def _consume(response: aiohttp.ClientResponse, state: _Stream) -> RequestO
             await _drain(response)
             break
     if not state.done:
-        for event in parser.finish():
+        events = parser.finish()
+        if parser.invalid_utf8:
+            return state.outcome("malformed_frame", _invalid_utf8_message(parser))
+        for event in events:
+            if not is_chunk_event(event):
+                continue
             frame = interpret_chunk(event.data, api)
             if frame.kind is FrameKind.MALFORMED:
                 break  # a frame cut off by the end of the stream: the stream dropped

@@ -82,6 +82,7 @@ class ProcessClientPool:
         workers: int,
         timeout_s: float,
         max_connections: int,
+        stall_timeout_s: float | None = None,
         use_uvloop: bool = True,
     ) -> None:
         if workers < 1:
@@ -89,6 +90,7 @@ class ProcessClientPool:
         self._endpoint = endpoint
         self._workers_wanted = workers
         self._timeout_s = timeout_s
+        self._stall_timeout_s = stall_timeout_s
         self._per_worker_connections = math.ceil(max_connections / workers) + 8
         self._use_uvloop = use_uvloop
         self._workers: list[_Worker] = []
@@ -106,7 +108,10 @@ class ProcessClientPool:
                 parent, child = context.Pipe(duplex=True)
                 process = context.Process(
                     target=_worker_main,
-                    args=(child, self._endpoint, self._timeout_s, self._per_worker_connections, self._use_uvloop),
+                    args=(
+                        child, self._endpoint, self._timeout_s, self._stall_timeout_s,
+                        self._per_worker_connections, self._use_uvloop,
+                    ),
                     daemon=True,
                 )
                 process.start()
@@ -217,7 +222,8 @@ class ProcessClientPool:
 
 
 def _worker_main(
-    conn: Connection, endpoint: Endpoint, timeout_s: float, max_connections: int, use_uvloop: bool
+    conn: Connection, endpoint: Endpoint, timeout_s: float, stall_timeout_s: float | None, max_connections: int,
+    use_uvloop: bool,
 ) -> None:
     if use_uvloop:
         try:
@@ -226,15 +232,19 @@ def _worker_main(
             pass
         else:
             uvloop.install()
-    asyncio.run(_serve(conn, endpoint, timeout_s, max_connections))
+    asyncio.run(_serve(conn, endpoint, timeout_s, stall_timeout_s, max_connections))
 
 
-async def _serve(conn: Connection, endpoint: Endpoint, timeout_s: float, max_connections: int) -> None:
+async def _serve(
+    conn: Connection, endpoint: Endpoint, timeout_s: float, stall_timeout_s: float | None, max_connections: int
+) -> None:
     loop = asyncio.get_running_loop()
     tasks: dict[int, asyncio.Task[Any]] = {}
     stopped = asyncio.Event()
 
-    async with OpenAIClient(endpoint, timeout_s=timeout_s, max_connections=max_connections) as client:
+    async with OpenAIClient(
+        endpoint, timeout_s=timeout_s, read_timeout_s=stall_timeout_s, max_connections=max_connections
+    ) as client:
 
         async def run(request_id: int, kind: str, body: Any, max_tokens: int, ignore_eos: bool, extra: Any) -> None:
             if kind == "chat":

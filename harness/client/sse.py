@@ -9,7 +9,12 @@ Two layers, both free of I/O so they can be tested byte by byte:
   after the colon, ``event:``/``id:``/``retry:`` fields and a leading byte-order mark. Lines are
   split on bytes and decoded only once complete, so a read that ends inside a multi-byte UTF-8
   character is harmless. Feeding a stream one byte at a time gives the same events as feeding it
-  whole.
+  whole. A line that is not valid UTF-8 is decoded with U+FFFD replacements (as the standard
+  says) *and* recorded in :attr:`SSEParser.invalid_utf8`, so a client can refuse the response
+  instead of measuring text the server never sent.
+* Only events of the default type (``message``: no ``event:`` field) carry OpenAI chunks;
+  :func:`is_chunk_event` says so, and events of any other type (``event: ping`` with its own
+  JSON) are counted in :attr:`SSEParser.other_events` and otherwise ignored.
 * :func:`interpret_chunk` classifies the ``data`` of one event of an OpenAI-compatible stream
   (chat: ``choices[0].delta.content``; completions: ``choices[0].text``) as a :class:`Frame` of a
   :class:`FrameKind`: content, reasoning, role-only, empty, usage-only, error, malformed or the
@@ -29,6 +34,8 @@ Api = Literal["chat", "completions"]
 _EOL = re.compile(rb"\r\n|[\r\n]")
 _BOM = b"\xef\xbb\xbf"
 DONE_SENTINEL = "[DONE]"
+DEFAULT_EVENT = "message"
+"""The type of an event without an ``event:`` field; the only type whose data is an OpenAI chunk."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +43,7 @@ class SSEEvent:
     """One dispatched event. ``data`` has its lines joined with ``\\n`` (no trailing newline)."""
 
     data: str
-    event: str = "message"
+    event: str = DEFAULT_EVENT
     id: str | None = None
     """The last event id seen on the stream so far (``id:`` fields persist across events)."""
     retry_ms: int | None = None
@@ -61,6 +68,8 @@ class SSEParser:
         "_retry",
         "_skip_lf",
         "comments",
+        "invalid_utf8",
+        "other_events",
         "truncated",
     )
 
@@ -75,6 +84,10 @@ class SSEParser:
         self._has_fields = False  # any field line since the last dispatch (for `truncated`)
         self.comments = 0
         """Comment lines seen so far (``: keep-alive`` and friends)."""
+        self.invalid_utf8: list[str] = []
+        """One entry per line that was not valid UTF-8: where the bad bytes were, for the error record."""
+        self.other_events = 0
+        """Dispatched events of a type other than the default ``message`` (not chunks)."""
         self.truncated = False
         """Set by :meth:`finish` when the stream ended inside a line or before an event's blank line."""
 
@@ -127,7 +140,11 @@ class SSEParser:
         if raw[:1] == b":":
             self.comments += 1
             return
-        line = raw.decode("utf-8", errors="replace")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            self.invalid_utf8.append(f"byte {error.start} of a {len(raw)}-byte line: {error.reason}")
+            line = raw.decode("utf-8", errors="replace")
         name, colon, value = line.partition(":")
         if colon and value.startswith(" "):
             value = value[1:]
@@ -145,10 +162,12 @@ class SSEParser:
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
         if self._data:
+            if self._event not in ("", DEFAULT_EVENT):
+                self.other_events += 1
             events.append(
                 SSEEvent(
                     data="\n".join(self._data),
-                    event=self._event or "message",
+                    event=self._event or DEFAULT_EVENT,
                     id=self._last_id,
                     retry_ms=self._retry,
                 )
@@ -157,6 +176,11 @@ class SSEParser:
         self._event = ""
         self._retry = None
         self._has_fields = False
+
+
+def is_chunk_event(event: SSEEvent) -> bool:
+    """True for events of the default type: OpenAI-compatible servers send their chunks only as those."""
+    return event.event == DEFAULT_EVENT
 
 
 def parse_sse(payload: bytes) -> list[SSEEvent]:

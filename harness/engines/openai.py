@@ -128,8 +128,8 @@ class OpenAIEngine:
                     last = f"GET {path}: {type(error).__name__}: {error}"
             if time.monotonic() >= deadline:
                 raise EngineStartError(
-                    f"engine kind openai: {base_url} did not answer within {self.config.startup_timeout_s:g} s "
-                    f"({redact_text(last)})"
+                    f"engine kind openai: {redact_text(base_url)} did not answer within "
+                    f"{self.config.startup_timeout_s:g} s ({redact_text(last)})"
                 )
             await asyncio.sleep(POLL_S)
 

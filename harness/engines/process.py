@@ -46,7 +46,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from kvbench.errors import EngineStartError
-from kvbench.redact import redact_argv, redact_text
+from kvbench.private import open_private
+from kvbench.redact import redact_argv, redact_text, remember_secret, secret_values
 
 
 def _die_with_parent() -> None:
@@ -149,6 +150,7 @@ def _command_line(pid: int) -> str:
 
 
 def tail_lines(path: Path, lines: int = 50) -> list[str]:
+    """The last ``lines`` lines of a log, redacted."""
     if not path.exists():
         return []
     with path.open("rb") as handle:
@@ -197,6 +199,8 @@ class ManagedProcess:
 
     def __init__(self, spec: ProcessSpec) -> None:
         self.spec = spec
+        for secret in secret_values(spec.argv, spec.env):
+            remember_secret(secret)  # whatever the engine echoes them with, its log tails never show them
         self._process: subprocess.Popen[bytes] | None = None
         self._preexisting: set[str] = set()
         self._token: str | None = None
@@ -240,7 +244,8 @@ class ManagedProcess:
         env = {**os.environ, **self.spec.env}
         if self._token is not None:
             env[LAUNCH_TOKEN_ENV] = self._token
-        with self.spec.log_path.open("ab") as log:
+        # 0600: engines may print their own arguments (tokens included) into their log
+        with os.fdopen(open_private(self.spec.log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
             log.write(f"$ {' '.join(self.redacted_argv)}\n".encode())
             try:
                 # argv list, never a shell; spawning is instant

@@ -42,6 +42,7 @@ from harness.store.records import read_records
 from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import KvbenchError
+from kvbench.markup import md_text
 from workloads.config import MultiRoundQAProbe
 
 COMPARE_SCHEMA_VERSION = 1
@@ -513,10 +514,6 @@ _STATUS_MARK = {"pass": "✅ pass", "regression": "❌ REGRESSION", "improvement
                 "inconclusive": "⚪ inconclusive"}  # fmt: skip
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def _value(c: MetricComparison, value: float | None) -> str:
     if value is None:
         return "—"
@@ -553,16 +550,16 @@ def render_markdown(result: CompareResult) -> str:
     lines = [
         f"## kvbench compare — {title}",
         "",
-        f"* scenario: `{_md_cell(result.scenario_name)}`",
-        f"* baseline: `{_md_cell(result.baseline)}`",
-        f"* current: `{_md_cell(result.current)}`",
+        f"* scenario: {md_text(result.scenario_name)}",
+        f"* baseline: {md_text(result.baseline)}",
+        f"* current: {md_text(result.current)}",
         f"* rules: {describe_rules(result.rules)}",
         "",
     ]
     if result.verdict == "incomparable":
         lines.append("The result sets are not comparable:")
         lines.append("")
-        lines.extend(f"* {_md_cell(reason)}" for reason in result.reasons)
+        lines.extend(f"* {md_text(reason)}" for reason in result.reasons)
         return "\n".join(lines) + "\n"
     counts = {status: sum(c.status == status for c in result.comparisons) for status in _STATUS_MARK}
     lines.append(", ".join(f"{n} {status}" for status, n in counts.items()))
@@ -573,7 +570,7 @@ def render_markdown(result: CompareResult) -> str:
     for c in sorted(result.comparisons, key=lambda c: order[c.status]):
         lines.append(
             "| " + " | ".join([
-                c.metric, _md_cell(c.arm), str(c.context_tokens or "—"), str(c.turn or "—"),
+                c.metric, md_text(c.arm), str(c.context_tokens or "—"), str(c.turn or "—"),
                 f"{_value(c, c.baseline_value)} (n={c.baseline_n})", f"{_value(c, c.current_value)} (n={c.current_n})",
                 _change(c), _fmt(c.p_value, 4) if c.p_value is not None else "—", _threshold(c),
                 _STATUS_MARK[c.status],
@@ -582,7 +579,7 @@ def render_markdown(result: CompareResult) -> str:
     regressions = result.regressions
     if regressions:
         lines += ["", "Regressions:", ""]
-        lines += [f"* **{_md_cell(c.name)}**: {_md_cell(c.detail)}" for c in regressions]
+        lines += [f"* **{md_text(c.name)}**: {md_text(c.detail)}" for c in regressions]
     return "\n".join(lines) + "\n"
 
 

@@ -108,7 +108,7 @@ def launch(
             raise SoakError("--resume continues the stored window: --window, --interval and --load cannot change it")
         run_dir = RunDir.open(resume)
         source = run_dir.scenario_file
-        effective = spec.check(run_dir.scenario(), str(source), overrides)
+        effective = spec.check(run_dir.resume_scenario(), str(source), overrides)
     else:
         if scenario is None:
             raise KvbenchError("missing scenario (a YAML file or a bundled name such as 'quickstart')")

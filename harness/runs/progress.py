@@ -14,6 +14,8 @@ from typing import Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from kvbench.markup import console_text
+
 
 class RunProgress(Protocol):
     """Where a runner reports progress (the CLI draws rich bars from it; tests pass :class:`NoProgress`)."""
@@ -94,19 +96,19 @@ class RichProgress:
 
     def describe(self, text: str) -> None:
         if self._overall is not None:
-            self._progress.update(self._overall, description=text)
+            self._progress.update(self._overall, description=console_text(text))
 
     def advance(self, detail: str = "") -> None:
         if self._overall is not None:
-            self._progress.update(self._overall, advance=1, detail=detail)
+            self._progress.update(self._overall, advance=1, detail=console_text(detail))
 
     def begin_step(self, label: str, seconds: float) -> None:
         self.end_step()
-        self._step = self._progress.add_task(label, total=max(seconds, 1e-9), unit="s", detail="")
+        self._step = self._progress.add_task(console_text(label), total=max(seconds, 1e-9), unit="s", detail="")
 
     def tick(self, elapsed_s: float, detail: str) -> None:
         if self._step is not None:
-            self._progress.update(self._step, completed=elapsed_s, detail=detail)
+            self._progress.update(self._step, completed=elapsed_s, detail=console_text(detail))
 
     def end_step(self) -> None:
         if self._step is not None:

@@ -43,7 +43,7 @@ from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import KvbenchError, RunInterrupted
+from kvbench.errors import KvbenchError, RunDirError, RunInterrupted
 from kvbench.schema import VersionedFile
 from workloads.multi_round_qa import build_filler
 from workloads.tokenizer import Tokenizer
@@ -269,6 +269,10 @@ class Runner(ABC, Generic[ResultT]):
     def request_timeout_s(self) -> float:
         return self.scenario.workload.request_timeout_s
 
+    def stall_timeout_s(self) -> float | None:
+        """Longest silence between two reads of a response (``workload.stall_timeout_s``), if limited."""
+        return self.scenario.workload.stall_timeout_s
+
     def connections(self) -> int:
         return DEFAULT_CONNECTIONS
 
@@ -293,7 +297,8 @@ class Runner(ABC, Generic[ResultT]):
         async with create_engine(self.scenario.engine, context) as engine:
             manifest.record_engine(arm.name, engine.facts)
             async with OpenAIClient(
-                engine.endpoint, timeout_s=self.request_timeout_s(), max_connections=self.connections()
+                engine.endpoint, timeout_s=self.request_timeout_s(), read_timeout_s=self.stall_timeout_s(),
+                max_connections=self.connections(),
             ) as client:
                 yield ArmSession(self, arm, engine, client, writer, block)  # type: ignore[arg-type]
 
@@ -302,10 +307,18 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
     """Run every arm with work left through an :class:`ArmSession`; return the kind's result."""
     total, done = runner.work()
     runner.progress.start(total, done, runner.unit)
-    manifest = Manifest.start(runner.run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
+    run_dir = runner.run_dir
+    try:
+        manifest = Manifest.start(run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
+    except OSError as error:
+        raise RunDirError(f"{run_dir.manifest_file}: cannot write: {error.strerror or error}") from None
     status, reason = "interrupted", ""
     try:
-        with RecordWriter(runner.run_dir.records_file) as writer:
+        with RecordWriter(run_dir.records_file) as writer:
+            if writer.repaired_bytes:
+                runner.progress.describe(
+                    f"records.jsonl: cut a torn last line of {writer.repaired_bytes} bytes (kept in records.jsonl.torn)"
+                )
             for block, arms in runner.blocks():
                 for arm in arms:
                     async with runner.arm_session(arm, writer, manifest, block) as session:
@@ -315,10 +328,19 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
         outcome = outcome_of_result(result)
         status, reason = outcome.status, outcome.reason
     except KvbenchError as error:
-        status, reason = "failed", str(error).splitlines()[0] if str(error) else ""
+        status, reason = "failed", str(error).splitlines()[0] if str(error) else type(error).__name__
         raise
+    except OSError as error:  # the run directory became unwritable: full disk, read-only, removed
+        status, reason = "failed", f"cannot write to {error.filename or run_dir.path}: {error.strerror or error}"
+        raise RunDirError(
+            f"{reason}; the records measured so far are kept (free space, then: "
+            f"kvbench {runner.verb} --resume {run_dir.path})"
+        ) from None
     finally:
-        manifest.finish(status, reason)
+        try:
+            manifest.finish(status, reason)
+        except OSError as error:  # not even in place: say so, but keep the first error
+            log.error("%s: could not record status %s: %s", manifest.path, status, error)
     return result
 
 

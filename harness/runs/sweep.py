@@ -102,6 +102,7 @@ class SweepRunner(Runner[SweepResult]):
                         session.engine.endpoint,
                         workers=spec.client_workers,
                         timeout_s=config.request_timeout_s,
+                        stall_timeout_s=config.stall_timeout_s,
                         max_connections=self.connections(),
                     )
                 )

@@ -6,6 +6,7 @@ message names the file, the field path and the allowed values.
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from importlib import resources
@@ -78,6 +79,8 @@ class SLO(StrictModel):
     )  # fmt: skip
 
 
+MAX_DURATION_S = 366 * 86400.0
+"""Longest duration accepted anywhere (a year): a larger one is a typo (``--window 1e400``)."""
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -86,17 +89,21 @@ def parse_duration(value: object) -> float:
     """Seconds from a number of seconds or a string such as ``4h``, ``90s``, ``500ms``, ``1h30m``."""
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 60s, 4h or 1h30m, got {value!r}")
+    seconds: float | None = None
     if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
+        seconds = float(value)
+    elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         try:
-            return float(text)
+            seconds = float(text)
         except ValueError:
-            pass
-        parts = _DURATION_PART.findall(text)
-        if parts and "".join(number + unit for number, unit in parts) == text:
-            return sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+            parts = _DURATION_PART.findall(text)
+            if parts and "".join(number + unit for number, unit in parts) == text:
+                seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    if seconds is not None:
+        if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
+            raise ValueError(f"a duration must be finite and at most {MAX_DURATION_S / 86400:g} days, got {value!r}")
+        return seconds
     raise ValueError(f"expected a duration such as 60s, 4h or 1h30m (units: ms, s, m, h, d), got {value!r}")
 
 
@@ -218,7 +225,9 @@ class SweepSpec(StrictModel):
     """
 
     mode: Literal["concurrency", "qps"]
-    values: list[Annotated[float, Field(gt=0)]] = Field(min_length=1, description="Concurrencies or request rates.")
+    values: list[Annotated[float, Field(gt=0, le=1_000_000)]] = Field(
+        min_length=1, max_length=1000, description="Concurrencies or request rates."
+    )
     arrival: Literal["poisson", "constant"] = Field(default="poisson", description="Gaps between arrivals (qps).")
     warmup: Duration = Field(default=10.0, description="Per point: load applied but not measured.")
     duration: Duration = Field(default=60.0, description="Per point: the steady-state window measured.")
@@ -303,7 +312,7 @@ class Scenario(StrictModel):
     engine: EngineConfig
     arms: list[Arm] = Field(min_length=1)
     workload: WorkloadConfig
-    repetitions: int = Field(default=1, ge=1, description="Times the workload is repeated per arm.")
+    repetitions: int = Field(default=1, ge=1, le=10_000, description="Times the workload is repeated per arm.")
     arm_order: Literal["sequential", "interleaved"] = Field(
         default="sequential",
         description="kvbench run: 'sequential' runs every repetition of an arm, then the next arm; 'interleaved' "
@@ -504,6 +513,10 @@ def load_scenario(ref: str | Path) -> tuple[Scenario, Path]:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ScenarioError(f"{path}: cannot read: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ScenarioError(
+            f"{path}: not UTF-8 text (byte {error.start}: {error.reason}); save the scenario file as UTF-8"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from harness.engines.configs import Parallelism
 from kvbench.schema import StrictModel
+from offload.shapes import get_hardware, get_model
 
 from .faults import Fault
 
@@ -34,3 +35,23 @@ class SimEngineConfig(StrictModel):
         "slow_tier, full_tier (see docs/playbook.md).",
     )
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
+
+    # Checked here, not when the simulator starts: `kvbench validate` must catch a misspelt profile.
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        get_model(value)
+        return value
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, value: str) -> str:
+        get_hardware(value)
+        return value
+
+    @model_validator(mode="after")
+    def _tensor_parallel_only(self) -> SimEngineConfig:
+        parallel = self.parallelism
+        if parallel.pp != 1 or parallel.dp != 1 or parallel.replicas != 1:
+            raise ValueError("the simulator models tensor parallelism only: parallelism.pp, dp and replicas must be 1")
+        return self

@@ -78,9 +78,7 @@ class SimSettings(StrictModel):
 
     @classmethod
     def from_engine_config(cls, config: SimEngineConfig, profile: OffloadProfile, prefix_caching: bool) -> SimSettings:
-        parallel = config.parallelism
-        if parallel.pp != 1 or parallel.dp != 1 or parallel.replicas != 1:
-            raise ValueError("the simulator models tensor parallelism only: parallelism.pp, dp and replicas must be 1")
+        # SimEngineConfig already refused pp, dp and replicas other than 1 at validation
         return cls(
             model=config.model,
             hardware=config.hardware,

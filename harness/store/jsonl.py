@@ -1,13 +1,19 @@
-"""Append-only JSON Lines: the one reader and the one appender every stored event file uses.
+"""Append-only JSON Lines: the one reader, the one repair and the one appender every stored event file uses.
 
 A writer killed mid-line (Ctrl-C, SIGKILL, a full disk) leaves a *torn* last line: no trailing
 newline and not valid JSON. Readers skip exactly that line -- everything before it is intact --
 and refuse any other bad line with its file and line number, so damage is never silently dropped.
+
+Before anything is appended to such a file, :func:`repair_torn_tail` cuts the torn bytes off (so
+a new record never glues onto them and turns two lines into one bad line) and keeps them in a side
+file ``<name>.torn`` beside it, saying so in the log. :func:`append_jsonl` and
+:class:`harness.store.records.RecordWriter` both go through it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +25,61 @@ from kvbench.errors import RunDirError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
+log = logging.getLogger(__name__)
+
+_TAIL_BLOCK = 64 * 1024
+
+
+def torn_file(path: Path) -> Path:
+    """Where :func:`repair_torn_tail` keeps the bytes it cut from ``path``."""
+    return path.with_name(path.name + ".torn")
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Cut an unterminated last line off ``path``; return how many bytes were cut (0: nothing to do).
+
+    The cut bytes are appended (with a newline) to :func:`torn_file` and fsynced *before* the
+    truncation, so a crash in between loses nothing.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with path.open("rb+") as handle:
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return 0
+        end = size
+        keep = 0
+        while end > 0:  # find the last newline, reading backwards block by block
+            start = max(0, end - _TAIL_BLOCK)
+            handle.seek(start)
+            block = handle.read(end - start)
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        handle.seek(keep)
+        torn = handle.read()
+        side = torn_file(path)
+        with side.open("ab") as out:
+            out.write(torn + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        handle.truncate(keep)
+        handle.flush()
+        os.fsync(handle.fileno())
+    log.warning("%s: cut a torn last line of %d bytes (kept in %s) before appending", path, len(torn), side)
+    return len(torn)
+
 
 def append_jsonl(path: Path, payload: dict[str, object] | BaseModel) -> None:
     """Append one JSON object as a line and fsync (for small, rare events: a group, a point, an interval)."""
     line = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload, sort_keys=True)
+    repair_torn_tail(path)
     with path.open("a", encoding="utf-8") as handle:
         handle.write(line + "\n")
         handle.flush()
@@ -30,18 +87,24 @@ def append_jsonl(path: Path, payload: dict[str, object] | BaseModel) -> None:
 
 
 def iter_jsonl(path: Path, model: type[ModelT]) -> Iterator[ModelT]:
-    """Yield each line of ``path`` as ``model``; a torn last line is skipped, any other bad line is an error."""
-    if not path.exists():
+    """Yield each line of ``path`` as ``model``; a torn last line is skipped, any other bad line is an error.
+
+    Lines are split as bytes and decoded one by one, so a line torn inside a multi-byte character
+    is still just a torn line.
+    """
+    try:
+        lines = path.read_bytes().splitlines(keepends=True)
+    except FileNotFoundError:
         return
-    with path.open(encoding="utf-8") as handle:
-        lines = handle.readlines()
+    except OSError as error:
+        raise RunDirError(f"{path}: cannot read: {error.strerror}") from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             yield model.model_validate_json(line)
         except ValueError as error:
-            if number == len(lines) and not line.endswith("\n"):
+            if number == len(lines) and not line.endswith(b"\n"):
                 return  # the writer died mid-line; everything before it is intact
             raise RunDirError(f"{path}:{number}: not a valid {model.__name__}: {error}") from None
 

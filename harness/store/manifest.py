@@ -1,7 +1,13 @@
 """manifest.json: what ran, where, with which versions — enough to reproduce or to refuse a comparison.
 
 Written when a run starts and rewritten (atomically) as engines start and attempts end. Command
-lines and environment values are redacted before they get here.
+lines, environment values and the scenario copy are redacted (:mod:`kvbench.redact`) before they
+get here, and the file is created 0600.
+
+An attempt ends ``completed``, ``interrupted`` or ``failed`` with a one-line ``reason``. That last
+write must succeed on a full disk too: the file carries :data:`SLACK_BYTES` of trailing blanks
+(JSON allows them), and when the atomic replace cannot get space the manifest is rewritten in
+place, into blocks it already owns; a failed temporary file is always removed.
 """
 
 from __future__ import annotations
@@ -20,9 +26,14 @@ from typing import Any
 from harness.engines.base import EngineFacts
 from harness.scenario.spec import Scenario
 from kvbench import __version__
-from kvbench.redact import redact_argv
+from kvbench.errors import RunDirError
+from kvbench.private import FILE_MODE, open_private
+from kvbench.redact import redact_argv, redact_data
 
 MANIFEST_VERSION = 1
+SLACK_BYTES = 1024
+"""Trailing blanks kept in the file so the final status and reason fit in place on a full disk."""
+REASON_CHARS = 300
 
 
 def now_iso() -> str:
@@ -84,14 +95,14 @@ class Manifest:
     @classmethod
     def start(cls, path: Path, scenario: Scenario, source: Path | None, attempt: int) -> Manifest:
         if path.exists():
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_manifest(path)
         else:
             data = {
                 "manifest_version": MANIFEST_VERSION,
                 "run_id": path.parent.name,
                 "scenario_name": scenario.name,
                 "scenario_source": str(source) if source else None,
-                "scenario": scenario.model_dump(mode="json"),
+                "scenario": redact_data(scenario.model_dump(mode="json")),
                 "kvbench_version": __version__,
                 "kvbench_git_sha": git_sha(Path(__file__).resolve().parent),
                 "command": redact_argv(sys.argv),
@@ -107,30 +118,60 @@ class Manifest:
         return manifest
 
     def record_engine(self, arm: str, facts: EngineFacts) -> None:
-        self.data["engines"][arm] = {
+        entry = {
             "kind": facts.kind,
             "version": facts.version,
             "command": list(facts.command),
             "details": dict(facts.details),
         }
+        # engines redact their own command lines; this catches what they could not know (a URL password)
+        self.data["engines"][arm] = redact_data(json.loads(json.dumps(entry, default=str)))
         self.save()
 
     def finish(self, status: str, reason: str | None = None) -> None:
         """End the attempt: ``completed``, ``failed``, ``inconclusive`` or ``interrupted``, and why."""
         update: dict[str, Any] = {"ended_at": now_iso(), "status": status}
         if reason:
-            update["reason"] = reason
+            one_line = " ".join(reason.split())
+            update["reason"] = one_line if len(one_line) <= REASON_CHARS else one_line[: REASON_CHARS - 3] + "..."
         self.data["attempts"][-1].update(update)
         self.save()
 
     def save(self) -> None:
+        text = json.dumps(self.data, indent=2, sort_keys=False) + "\n"
+        payload = (text + " " * SLACK_BYTES).encode("utf-8")
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        tmp.replace(self.path)
+        try:
+            fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+            tmp.replace(self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            if not self.path.exists():
+                raise
+            self._rewrite_in_place(payload)
+
+    def _rewrite_in_place(self, payload: bytes) -> None:
+        """The full-disk path: overwrite the existing file's blocks, then cut it to length."""
+        payload = payload.rstrip(b" ")
+        fd = os.open(self.path, os.O_WRONLY, FILE_MODE)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload + b" " * max(0, self.path.stat().st_size - len(payload)))
+            handle.flush()
+            os.fsync(handle.fileno())
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    if not path.exists():
+    """The manifest as a mapping (empty when the file is missing); an unreadable one is a RunDirError."""
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
         return {}
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise RunDirError(f"{path}: cannot read: {error.strerror}") from None
+    except ValueError as error:  # JSON or UTF-8
+        raise RunDirError(f"{path}: not a JSON manifest: {error}") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path}: not a JSON manifest: expected an object, got {type(data).__name__}")
     return data

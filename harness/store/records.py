@@ -8,6 +8,7 @@ reports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.client.errors import ErrorKind
+from kvbench.private import open_private
 
-from .jsonl import iter_jsonl
+from .jsonl import iter_jsonl, repair_torn_tail
 
 Phase = Literal["warmup", "measure", "filler"]
 
@@ -60,13 +62,20 @@ class RequestRecord(BaseModel):
 
 
 class RecordWriter:
-    """Appends records to a JSONL file: flush on every record, fsync every ``fsync_every``."""
+    """Appends records to a JSONL file: flush on every record, fsync every ``fsync_every``.
+
+    Opening repairs a torn last line first (:func:`repair_torn_tail`); ``repaired_bytes`` says how
+    many bytes were moved aside. When a write fails (a full disk), closing still closes the file
+    and the write's error is the one that propagates.
+    """
 
     def __init__(self, path: Path, fsync_every: int = 16) -> None:
         self._path = path
         self._fsync_every = fsync_every
         self._pending = 0
-        self._file = path.open("a", encoding="utf-8")
+        self.repaired_bytes = repair_torn_tail(path)
+        # 0600: error records carry server text (scrubbed of known secrets, but still the server's words)
+        self._file = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
 
     def append(self, record: RequestRecord) -> None:
         self._file.write(record.model_dump_json() + "\n")
@@ -81,9 +90,14 @@ class RecordWriter:
         self._pending = 0
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file.closed:
+            return
+        try:
             self.sync()
-            self._file.close()
+        finally:
+            # the buffered bytes that sync() could not write fail again here; sync's error is the one to see
+            with contextlib.suppress(OSError):
+                self._file.close()
 
     def __enter__(self) -> RecordWriter:
         return self
@@ -91,7 +105,11 @@ class RecordWriter:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        with contextlib.suppress(OSError):  # e.g. the disk is still full: the error already propagating says why
+            self.close()
 
 
 def read_records(path: Path) -> Iterator[RequestRecord]:

@@ -16,6 +16,11 @@ RUN_DIR/
   report/              tables and plots rendered from the result file
 
 Every event file is append-only JSON Lines (:mod:`.jsonl`); result files are rewritten atomically.
+
+The directory is created 0700 and scenario.yaml 0600 (:mod:`kvbench.private`). scenario.yaml and
+manifest.json hold the scenario with its secrets removed (:func:`kvbench.redact.redact_data`);
+resuming such a run reads the secrets back from the original scenario file, which must still
+say the same thing (:meth:`RunDir.resume_scenario`).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from typing import Literal
 
 import yaml
 
-from harness.scenario.spec import Scenario, parse_scenario
-from kvbench.errors import RunDirError
+from harness.scenario.spec import Scenario, load_scenario, parse_scenario
+from kvbench.errors import KvbenchError, RunDirError
+from kvbench.private import make_private_dir, write_private_text
+from kvbench.redact import REDACTED, redact_data
 
 from .events import FaultEvent, GroupDone, IntervalStats, MetricsDelta, PointDone
 from .jsonl import append_jsonl, read_jsonl
@@ -104,15 +111,20 @@ class RunDir:
     def create(cls, parent: Path, scenario: Scenario) -> RunDir:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", scenario.name).strip("-")[:60] or "run"
+        if parent.exists() and not parent.is_dir():
+            raise RunDirError(f"{parent}: the output directory is a file, not a directory")
         path = parent / f"{slug}-{stamp}"
         suffix = 1
         while path.exists():
             suffix += 1
             path = parent / f"{slug}-{stamp}-{suffix}"
-        path.mkdir(parents=True)
         run_dir = cls(path)
-        data = scenario.model_dump(mode="json")
-        run_dir.scenario_file.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        data = redact_data(scenario.model_dump(mode="json"))
+        try:
+            make_private_dir(path)
+            write_private_text(run_dir.scenario_file, yaml.safe_dump(data, sort_keys=False))
+        except OSError as error:
+            raise RunDirError(f"{path}: cannot create the run directory: {error.strerror or error}") from None
         return run_dir
 
     @classmethod
@@ -135,8 +147,39 @@ class RunDir:
 
     # -- reading --------------------------------------------------------------------------
     def scenario(self) -> Scenario:
-        data = yaml.safe_load(self.scenario_file.read_text(encoding="utf-8"))
-        return parse_scenario(data, str(self.scenario_file))
+        """The stored scenario (secrets shown as ``***``); an unreadable file is a RunDirError."""
+        try:
+            data = yaml.safe_load(self.scenario_file.read_bytes().decode("utf-8"))
+        except OSError as error:
+            raise RunDirError(f"{self.scenario_file}: cannot read: {error.strerror}") from None
+        except (UnicodeDecodeError, yaml.YAMLError) as error:
+            raise RunDirError(f"{self.scenario_file}: not a readable scenario: {error}") from None
+        try:
+            return parse_scenario(data, str(self.scenario_file))
+        except KvbenchError as error:
+            raise RunDirError(str(error)) from None
+
+    def resume_scenario(self) -> Scenario:
+        """The scenario to continue with: the stored one, or, when secrets were removed from it, the
+        original file (``scenario_source`` in the manifest) if it still says the same thing."""
+        stored = self.scenario()
+        text = self.scenario_file.read_text(encoding="utf-8")
+        if REDACTED not in text:
+            return stored
+        source = read_manifest(self.manifest_file).get("scenario_source")
+        hint = (
+            f"{self.scenario_file} had its secrets removed; resuming needs the original scenario file "
+            f"{source or '(unknown)'}"
+        )
+        if not isinstance(source, str):
+            raise RunDirError(hint)
+        try:
+            original, _ = load_scenario(source)
+        except KvbenchError as error:
+            raise RunDirError(f"{hint}, which cannot be read: {error}") from None
+        if redact_data(original.model_dump(mode="json")) != stored.model_dump(mode="json"):
+            raise RunDirError(f"{hint}, which has changed since the run started")
+        return original
 
     def records(self) -> list[RequestRecord]:
         return list(read_records(self.records_file))

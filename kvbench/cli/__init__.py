@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvbench import __version__
+from kvbench.markup import console_text
+from kvbench.redact import redact_text
 
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
@@ -55,8 +57,15 @@ def _mount_subcommands() -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    message = redact_text(message)  # the last net: URL passwords, tokens, the API key kvbench sent
+    # soft_wrap: a one-line error stays one line however long its paths are
+    err_console.print(f"[bold red]error:[/] {console_text(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(code)
+
+
+def _os_error(error: OSError) -> str:
+    where = error.filename if error.filename is not None else "output"
+    return f"{where}: {error.strerror or error}"
 
 
 def _launch(
@@ -84,6 +93,8 @@ def _launch(
         write_outputs(run_dir, console)
     except KvbenchError as error:
         raise _fail(str(error)) from None
+    except OSError as error:  # an output path that cannot be written: one line, not a traceback
+        raise _fail(_os_error(error)) from None
     assert isinstance(run_dir, RunDir)
     _verdict_exit([outcome_of_result(result)], f" (run directory: {run_dir.path})")
     return run_dir
@@ -126,7 +137,8 @@ def run(
 ) -> None:
     """Run a scenario: every arm, the workload, then the t1/t2 TTFT table."""
     run_dir = _launch("probe", scenario, output_dir=output_dir, resume=resume)
-    console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")
+    path = console_text(run_dir.path)
+    console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
 
 
 @app.command()
@@ -142,10 +154,11 @@ def validate(
         try:
             scenario, path = load_scenario(ref)
         except ScenarioError as error:
-            err_console.print(f"[red]✗[/] {error}", highlight=False)
+            err_console.print(f"[red]✗[/] {console_text(error)}", highlight=False)
             failed += 1
         else:
-            console.print(f"[green]✓[/] {path}: {scenario.name} ({len(scenario.arms)} arms)", highlight=False)
+            shown = console_text(f"{path}: {scenario.name} ({len(scenario.arms)} arms)")
+            console.print(f"[green]✓[/] {shown}", highlight=False)
     if failed:
         raise typer.Exit(2)
 
@@ -186,15 +199,17 @@ def report(
         for path in dirs:
             run_dir = RunDir.open(path)
             outcomes.append(outcome_of_result(summarize(run_dir)))
-            console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False)
+            console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
             for written in write_outputs(run_dir, console):
-                console.print(f"wrote {written}")
+                console.print(f"wrote {written}", highlight=False, markup=False)
         if html:
             from reports.html import report_html
 
-            console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}")
+            console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}", highlight=False, markup=False)
     except KvbenchError as error:
         raise _fail(str(error)) from None
+    except OSError as error:
+        raise _fail(_os_error(error)) from None
     _verdict_exit(outcomes)
 
 
@@ -225,7 +240,8 @@ def soak(
         raise _fail(f"--window/--interval: {error}") from None
     overrides = SoakOverrides(window_s=window_s, interval_s=interval_s, load=load, arm=arm)
     run_dir = _launch("soak", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
-    console.print(f"Soak directory: [bold]{run_dir.path}[/]  (HTML: kvbench report --html {run_dir.path})")
+    path = console_text(run_dir.path)
+    console.print(f"Soak directory: [bold]{path}[/]  (HTML: kvbench report --html {path})", highlight=False)
     from harness.results.soak_result import SoakResult
 
     if SoakResult.read_file(run_dir.soak_file).verdict.verdict == "FAIL":
@@ -254,8 +270,10 @@ def compare(
     try:
         result = compare_paths(baseline, current, threshold or [])
         write_outputs(result, markdown=markdown, junit=junit, json_path=json_out)
-    except KvbenchError as error:
+    except KvbenchError as error:  # exit 2: cannot compare, whatever could not be read
         raise _fail(str(error)) from None
+    except OSError as error:
+        raise _fail(_os_error(error)) from None
     typer.echo(render_markdown(result), nl=False)
     raise typer.Exit(result.exit_code)
 
@@ -283,7 +301,7 @@ def playbook_init(
     if file.exists() and not force:
         raise _fail(f"{file} exists (use --force to overwrite)")
     save_playbook(starter_playbook(name, simulator=simulator), file)
-    console.print(f"wrote {file}; next: kvbench playbook status {file}")
+    console.print(f"wrote {file}; next: kvbench playbook status {file}", highlight=False, markup=False)
 
 
 @playbook_app.command("attach")
@@ -300,7 +318,7 @@ def playbook_attach(
         attach_run(file, stage, run_dir)
     except KvbenchError as error:
         raise _fail(str(error)) from None
-    console.print(f"attached {run_dir} to {stage}; see kvbench playbook status {file}", highlight=False)
+    console.print(f"attached {run_dir} to {stage}; see kvbench playbook status {file}", highlight=False, markup=False)
 
 
 @playbook_app.command("status")
@@ -317,13 +335,13 @@ def playbook_status_cmd(
         status = playbook_status(file)
     except KvbenchError as error:
         raise _fail(str(error)) from None
-    table = Table(title=f"Playbook: {status.name}", show_lines=True)
+    table = Table(title=f"Playbook: {console_text(status.name)}", show_lines=True)
     for column in ("Stage", "State", "Gate", "Evidence"):
         table.add_column(column)
     colors = {"done": "green", "failed": "red", "pending": "yellow"}
     for stage in status.stages:
         state = f"[{colors[stage.state]}]{stage.state.upper()}[/]"
-        table.add_row(stage.title, state, stage.gate, stage.evidence)
+        table.add_row(console_text(stage.title), state, console_text(stage.gate), console_text(stage.evidence))
     console.print(table, markup=True, highlight=False)
     console.print(f"Next: {status.next_step}", highlight=False, markup=False)
 
@@ -351,7 +369,8 @@ def sweep(
         report(run_dirs=[report_only])
         return
     run_dir = _launch("sweep", scenario, output_dir=output_dir, resume=resume)
-    console.print(f"Run directory: [bold]{run_dir.path}[/]  (redraw: kvbench report {run_dir.path})")
+    path = console_text(run_dir.path)
+    console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
 
 
 @app.command()
@@ -360,7 +379,7 @@ def scenarios() -> None:
     from harness.scenario.spec import bundled_scenarios
 
     for name, path in sorted(bundled_scenarios().items()):
-        console.print(f"{name:32s} {path}")
+        console.print(f"{name:32s} {path}", highlight=False, markup=False)
 
 
 _mount_subcommands()

@@ -25,7 +25,9 @@ sim_app = typer.Typer(
 def _fail(message: str) -> typer.Exit:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    from kvbench.markup import console_text
+
+    Console(stderr=True).print(f"[bold red]error:[/] {console_text(message)}", highlight=False)
     return typer.Exit(2)
 
 

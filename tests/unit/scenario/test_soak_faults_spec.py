@@ -13,17 +13,17 @@ from harness.store.records import RequestRecord
 
 def test_pause_needs_a_duration_and_only_pause_takes_one() -> None:
     with pytest.raises(ValidationError, match="pause_engine needs duration"):
-        SoakSpec(window=60, interval=10, faults=[{"kind": "pause_engine", "at": 5}])
+        SoakSpec(window=60, interval=10, faults=[{"kind": "pause_engine", "at": 5}])  # type: ignore[list-item]
     with pytest.raises(ValidationError, match="kill_engine takes no duration"):
-        SoakSpec(window=60, interval=10, faults=[{"kind": "kill_engine", "at": 5, "duration": 3}])
+        SoakSpec(window=60, interval=10, faults=[{"kind": "kill_engine", "at": 5, "duration": 3}])  # type: ignore[list-item]
     with pytest.raises(ValidationError, match="Input should be 'kill_engine', 'pause_engine' or 'restart_tier'"):
-        SoakSpec(window=60, interval=10, faults=[{"kind": "unplug", "at": 5}])
+        SoakSpec(window=60, interval=10, faults=[{"kind": "unplug", "at": 5}])  # type: ignore[list-item]
 
 
 def test_a_fault_must_fall_inside_the_window() -> None:
     with pytest.raises(ValidationError, match=r"faults\[0\].at \(90 s\) is not inside the window \(60 s\)"):
-        SoakSpec(window=60, interval=10, faults=[{"kind": "kill_engine", "at": "90s"}])
-    spec = SoakSpec(window=60, interval=10, faults=[{"kind": "pause_engine", "at": "30s", "duration": "5s"}])
+        SoakSpec(window=60, interval=10, faults=[{"kind": "kill_engine", "at": "90s"}])  # type: ignore[list-item]
+    spec = SoakSpec(window=60, interval=10, faults=[{"kind": "pause_engine", "at": "30s", "duration": "5s"}])  # type: ignore[list-item]
     assert spec.faults[0].duration == 5.0
 
 

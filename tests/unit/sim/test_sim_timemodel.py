@@ -98,7 +98,6 @@ def test_settings_from_engine_config() -> None:
     assert settings.tp == 8 and settings.dtype == "fp8" and settings.offload.name == "cpu"
     assert not settings.hbm_prefix_caching
     assert SimSettings.model_validate_json(settings.model_dump_json()) == settings
+    # refused when the scenario is validated (kvbench validate), not when the simulator starts
     with pytest.raises(ValueError, match="tensor parallelism only"):
-        SimSettings.from_engine_config(
-            config.model_copy(update={"parallelism": Parallelism(tp=8, dp=2)}), BUILTIN_PROFILES["off"], True
-        )
+        SimEngineConfig.model_validate({**config.model_dump(), "parallelism": Parallelism(tp=8, dp=2)})
