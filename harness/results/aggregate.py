@@ -45,7 +45,7 @@ def latency_stats(values_ns: Sequence[int] | pd.Series) -> LatencyStats | None:
     )
 
 
-def _chosen_attempts(records_df: pd.DataFrame, done: Iterable[GroupDone]) -> dict[GroupKey, int]:
+def chosen_attempts(records_df: pd.DataFrame, done: Iterable[GroupDone]) -> dict[GroupKey, int]:
     chosen: dict[GroupKey, int] = {}
     for event in done:
         # a later completion of the same group (a forced re-run) wins
@@ -84,7 +84,7 @@ def aggregate(
         chosen: dict[GroupKey, int] = {}
     else:
         measure_all = df[df["phase"] == "measure"]
-        chosen = _chosen_attempts(measure_all, done)
+        chosen = chosen_attempts(measure_all, done)
         group_keys = zip(
             measure_all["arm"], measure_all["repetition"], measure_all["context_tokens"], strict=True
         )

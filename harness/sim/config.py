@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -34,3 +35,8 @@ class SimEngineConfig(StrictModel):
         "slow_tier, full_tier (see docs/playbook.md).",
     )
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
+    calibration: Path | None = Field(
+        default=None,
+        description="Calibration file (kvbench sim calibrate) for this deployment: fitted overheads, "
+        "efficiencies and offload-backend costs replace the datasheet figures.",
+    )
