@@ -146,8 +146,7 @@ def validate(
         calibration = Calibration.load(calibration_file)
     if calibration.deployment != facts.deployment:
         raise CalibrationError(
-            f"calibration {calibration_file} is for {calibration.deployment.label}; "
-            f"{run} is {facts.deployment.label}"
+            f"calibration {calibration_file} is for {calibration.deployment.label}; {run} is {facts.deployment.label}"
         )
     lengths = sorted(holdout) if holdout else lengths_all
     backends = {name: arm.backend for name, arm in facts.arms.items()}

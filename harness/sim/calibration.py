@@ -163,8 +163,7 @@ class Calibration(StrictModel):
         if not self.deployment.matches(deployment):
             runs = ", ".join(source.path for source in self.sources) or "no runs"
             raise CalibrationError(
-                f"{where} is for {self.deployment.label} (from {runs}); "
-                f"it cannot be used for {deployment.label}"
+                f"{where} is for {self.deployment.label} (from {runs}); it cannot be used for {deployment.label}"
             )
 
     def backend_for(self, profile: OffloadProfile, where: str = "calibration") -> BackendCalibration | None:

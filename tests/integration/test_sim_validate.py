@@ -23,6 +23,7 @@ from tests.unit.results.test_calibrate import chosen
 pytestmark = pytest.mark.integration
 
 runner = CliRunner()
+LMC = {"name": "lmc", "tiers": [{"kind": "cpu", "capacity_gb": 8}], "backend": "lmcache"}
 
 
 def sim_calibration(hardware: str = "h100-sxm") -> Calibration:
@@ -40,13 +41,14 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         {
             "name": "measured-on-sim",
             "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "calibration": str(calibration)},
-            "arms": [
-                {"name": "OFF", "offload": "off"},
-                {"name": "LMC", "offload": {"name": "lmc", "tiers": [{"kind": "cpu", "capacity_gb": 8}],
-                                            "backend": "lmcache"}},
-            ],  # fmt: skip
-            "workload": {"kind": "multi_round_qa", "context_tokens": [4000, 8000], "conversations": 1, "turns": 2,
-                         "warmup_requests": 1},  # fmt: skip
+            "arms": [{"name": "OFF", "offload": "off"}, {"name": "LMC", "offload": LMC}],
+            "workload": {
+                "kind": "multi_round_qa",
+                "context_tokens": [4000, 8000],
+                "conversations": 1,
+                "turns": 2,
+                "warmup_requests": 1,
+            },
             "seed": 3,
         },
         "test",

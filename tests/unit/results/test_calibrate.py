@@ -36,8 +36,9 @@ def _p(value: float, unit: str = "") -> FitParam:
 
 def chosen(hardware: str = "h100-sxm") -> Calibration:
     return Calibration(
-        deployment=CalibratedDeployment(model="llama-3.1-8b", hardware=hardware, tp=1, dtype="bf16",
-                                        engine="vllm", engine_version="9.9.9"),  # fmt: skip
+        deployment=CalibratedDeployment(
+            model="llama-3.1-8b", hardware=hardware, tp=1, dtype="bf16", engine="vllm", engine_version="9.9.9"
+        ),
         sources=[],
         fit_context_tokens=list(LENGTHS),
         holdout_context_tokens=[],
