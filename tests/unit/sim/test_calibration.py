@@ -70,3 +70,20 @@ def test_a_backend_the_calibration_lacks_is_refused() -> None:
     native = CPU.model_copy(update={"backend": "native"})
     with pytest.raises(ValidationError, match="backends: lmcache"):
         SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=native, calibration=chosen())
+
+
+def test_an_overdue_request_is_backdated_only_when_calibrated() -> None:
+    prompt = list(range(100, 1100))
+    calibrated = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=CPU, calibration=chosen()))
+    request = SimRequest("r", prompt, 2, _ignore)
+    request.received_at = 10.0
+    calibrated.add_request(request, 10.5)  # the server's own Python took 0.5 s before submitting
+    due = 10.0 + chosen().request_overhead(len(prompt))
+    assert request.schedulable_at == pytest.approx(due)
+    assert calibrated.overdue_since(10.5) == pytest.approx(due)
+    assert calibrated.overdue_since(due - 0.001) is None  # not yet due: nothing to backdate
+    plain = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=CPU))
+    other = SimRequest("r", prompt, 2, _ignore)
+    other.received_at = 10.0
+    plain.add_request(other, 10.5)
+    assert plain.overdue_since(10.5) is None
