@@ -36,7 +36,6 @@ Some parameters are not determined by some runs; they keep their default and say
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +44,6 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from harness.engines.modeldir import SHAPES, SYNTH_PREFIX, shape_config
 from harness.scenario.spec import Scenario
 from harness.sim.calibration import (
     BackendCalibration,
@@ -60,11 +58,12 @@ from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, TimeModel
 from harness.store.manifest import read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import CalibrationError
+from kvbench.errors import CalibrationError, RunDirError
 from offload.profiles import TierKind, resolve_profile
 from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, known_model, model_from_hf_config
 
 from .aggregate import chosen_attempts
+from .modelshape import hf_config
 
 DEFAULT_MAX_BATCH_TOKENS = 8192
 """vLLM V1's default --max-num-batched-tokens for the API server (and the simulator's)."""
@@ -151,24 +150,17 @@ def _model_name(scenario: Scenario, where: str, override: str | None) -> str:
 
 
 def run_model_shape(scenario: Scenario) -> ModelProfile | None:
-    """The model shape a run used: a simulator profile, a ``synth:`` shape or the directory's config.json."""
+    """The model shape a run used: a simulator profile, or its model directory's config.json."""
     ref = scenario.engine.model
     if ref in MODELS:
         return MODELS[ref]
-    if ref.startswith(SYNTH_PREFIX) and ref.removeprefix(SYNTH_PREFIX) in SHAPES:
-        return model_from_hf_config(shape_config(ref.removeprefix(SYNTH_PREFIX)), ref)
-    config = Path(ref) / "config.json"
-    if config.is_file():
-        try:
-            data = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if isinstance(data, dict):
-            try:
-                return model_from_hf_config(data, Path(ref).name, str(config))
-            except ValueError:
-                return None
-    return None
+    config, where = hf_config(ref)
+    if config is None:
+        return None
+    try:
+        return model_from_hf_config(config, ref, where)
+    except ValueError:
+        return None
 
 
 def _gpu_names(manifest: dict[str, object]) -> list[str]:
@@ -635,3 +627,38 @@ def params_of(calibration: Calibration) -> Params:
         load_latency_s={b: c.load_latency_s.value for b, c in calibration.backends.items()},
         store_s_per_gb={b: c.store_s_per_gb.value for b, c in calibration.backends.items()},
     )
+
+
+CALIBRATION_IN_RUN = "calibration.yaml"
+"""A calibration stored in a run directory: reports show its predictions beside the measurements."""
+
+
+def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str, int, int], float], str]:
+    """Median TTFT (ms) the calibrated simulator predicts per (arm, context, turn) of a probe run.
+
+    Returns ``({}, why)`` when the calibration cannot be used for the run (another deployment, an
+    unreadable file); arms whose offload backend the calibration lacks are left out.
+    """
+    try:
+        calibration = Calibration.load(calibration_file)
+        facts = run_facts(run)
+    except (CalibrationError, RunDirError) as error:
+        return {}, str(error)
+    if calibration.deployment != facts.deployment:
+        return {}, (
+            f"calibration {calibration_file} is for {calibration.deployment.label}; the run is {facts.deployment.label}"
+        )
+    dep = calibration.deployment
+    deployment = Deployment.resolve(dep.model, dep.hardware, dep.tp, dep.dtype)
+    samples, _ = collect(run, facts, ())
+    usable = [s for s in samples.ttft if s.backend is None or s.backend in calibration.backends]
+    cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
+    for s in usable:
+        cells[(s.arm, s.context_tokens, s.turn)].append(s)
+    params = params_of(calibration)
+    out = {
+        key: float(np.median(predict_ttft(deployment, params, calibration.max_batch_tokens, cell))) * 1e3
+        for key, cell in cells.items()
+    }
+    fitted = ", ".join(f"{n:,}" for n in calibration.fit_context_tokens)
+    return out, f"calibration {calibration_file.name} ({dep.label}, fitted on {fitted} tokens)"

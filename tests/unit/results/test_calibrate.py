@@ -97,8 +97,11 @@ def write_run(path: Path, truth: Calibration, gpu: str = "NVIDIA H100 80GB HBM3"
                     prompt_tokens=len(tokens), completion_tokens=OUTPUT_TOKENS, ok=True,
                 )  # fmt: skip
                 append_jsonl(run_dir.records_file, record)
-                values = {"gpu_prefix_hits": float(request.hbm_hit_tokens),
-                          "external_prefix_hits": float(request.external_tokens)}  # fmt: skip
+                values = {
+                    "gpu_prefix_hits": float(request.hbm_hit_tokens),
+                    "external_prefix_hits": float(request.external_tokens),
+                    "prompt_tokens": float(len(tokens)),
+                }
                 delta = MetricsDelta(arm=arm, attempt=0, repetition=0, context_tokens=length, turn=turn, values=values)
                 append_jsonl(run_dir.metrics_file, delta)
                 now = end + 1.0  # tier writes are ready at once under a calibration
