@@ -133,6 +133,10 @@ def validate(
     """
     facts = run_facts(run)
     run_dir = RunDir.open(run)
+    if run_dir.kind != "probe":
+        raise CalibrationError(
+            f"{run}: a {run_dir.kind} run; kvbench sim validate compares probe runs (t1/t2 TTFT per arm and length)"
+        )
     scenario = run_dir.scenario()
     lengths_all = list(scenario.probe_workload.context_tokens)
     unknown = sorted(set(holdout) - set(lengths_all))
