@@ -269,7 +269,7 @@ def _decode_step(record: RequestRecord) -> float | None:
     return float(sum(record.itl_ns)) / 1e9 / (tokens - 1)
 
 
-def _batches(records: Sequence[RequestRecord]) -> list[float]:
+def decode_batches(records: Sequence[RequestRecord]) -> list[float]:
     """Time-averaged number of requests decoding at once during each request's decode window."""
     starts = np.array([r.started_ns + (r.ttft_ns or 0) for r in records], dtype=float)
     ends = np.array([r.started_ns + (r.e2e_ns or r.ttft_ns or 0) for r in records], dtype=float)
@@ -303,7 +303,7 @@ def collect(path: Path, facts: RunFacts, holdout: Sequence[int]) -> tuple[FitDat
     for r in records:
         by_run[(r.arm, r.attempt, r.point)].append(r)
     for group in by_run.values():
-        for record, batch in zip(group, _batches(group), strict=True):
+        for record, batch in zip(group, decode_batches(group), strict=True):
             step = _decode_step(record)
             if step is not None:
                 target = held if record.context_tokens in holdout else fit

@@ -157,3 +157,19 @@ def test_calibration_file_round_trips(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("schema_version: 1", "schema_version: 7"))
     with pytest.raises(CalibrationError, match="schema_version 7"):
         Calibration.load(path)
+
+
+def _decoding(start_ms: int, end_ms: int) -> RequestRecord:
+    return RequestRecord(
+        arm="A", attempt=0, phase="measure", repetition=0, context_tokens=1000, conversation=0, turn=1,
+        request_id=f"r{start_ms}", api="chat", started_ns=start_ms * 1_000_000, ttft_ns=0,
+        e2e_ns=(end_ms - start_ms) * 1_000_000, ok=True,
+    )  # fmt: skip
+
+
+def test_decode_batch_is_the_time_averaged_number_of_requests_decoding_together() -> None:
+    from harness.results.calibrate import decode_batches
+
+    # A decodes 0-100 ms; B 50-150 ms overlaps half of A's window; C 200-300 ms is alone
+    batches = decode_batches([_decoding(0, 100), _decoding(50, 150), _decoding(200, 300)])
+    assert batches == pytest.approx([1.5, 1.5, 1.0])
