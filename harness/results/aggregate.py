@@ -85,9 +85,7 @@ def aggregate(
     else:
         measure_all = df[df["phase"] == "measure"]
         chosen = chosen_attempts(measure_all, done)
-        group_keys = zip(
-            measure_all["arm"], measure_all["repetition"], measure_all["context_tokens"], strict=True
-        )
+        group_keys = zip(measure_all["arm"], measure_all["repetition"], measure_all["context_tokens"], strict=True)
         chosen_attempt = [chosen.get((str(a), int(r), int(c)), -1) for a, r, c in group_keys]
         keep = measure_all["attempt"] == pd.Series(chosen_attempt, index=measure_all.index)
         measured = measure_all[keep]
@@ -110,9 +108,7 @@ def aggregate(
                     subset = measured
                 else:
                     subset = measured[
-                        (measured["arm"] == arm)
-                        & (measured["context_tokens"] == context)
-                        & (measured["turn"] == turn)
+                        (measured["arm"] == arm) & (measured["context_tokens"] == context) & (measured["turn"] == turn)
                     ]
                 if subset.empty:
                     continue
@@ -145,9 +141,7 @@ def aggregate(
                     base_cell.ttft.median_ms if base_cell.ttft else None,
                     arm_cell.ttft.median_ms if arm_cell.ttft else None,
                 )
-                diffs.append(
-                    PctDiff(arm=arm, baseline=baseline, context_tokens=context, turn=turn, value=value)
-                )
+                diffs.append(PctDiff(arm=arm, baseline=baseline, context_tokens=context, turn=turn, value=value))
 
     cache = _cache_stats(metrics, chosen, arms, contexts, turns)
     planned = {(arm, rep, ctx) for arm in arms for rep in range(scenario.repetitions) for ctx in contexts}
