@@ -22,6 +22,7 @@ from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
@@ -78,7 +79,7 @@ def _slo_text(result: SweepResult) -> str:
     return f"SLO p{s.percentile:g}: " + ", ".join(parts) if parts else "no SLO"
 
 
-def capacity_figure(result: SweepResult) -> Figure:
+def capacity_figure(result: SweepResult, provenance: str = "") -> Figure:
     """RPS/GPU vs TPS/user per arm, frontier marked, SLO-allowed region shaded."""
     fig = Figure(figsize=(8.0, 5.5), dpi=120)
     ax = fig.add_subplot()
@@ -119,15 +120,24 @@ def capacity_figure(result: SweepResult) -> Figure:
     ax.set_title(_title(result), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", title=f"{_slo_text(result)}; filled = meets SLO", title_fontsize=7)
-    fig.tight_layout()
+    _caption(fig, provenance)
     return fig
+
+
+def _caption(fig: Figure, provenance: str) -> None:
+    """Lay the figure out, with the provenance line under the axes (measured on what, or simulated)."""
+    if provenance:
+        fig.text(0.01, 0.01, provenance, fontsize=7, color="#444444", ha="left", va="bottom")
+        fig.tight_layout(rect=(0.0, 0.04, 1.0, 1.0))
+    else:
+        fig.tight_layout()
 
 
 def _p99(q: Quantiles | None) -> float | None:
     return None if q is None else q.p99_ms
 
 
-def ttft_figure(result: SweepResult) -> Figure:
+def ttft_figure(result: SweepResult, provenance: str = "") -> Figure:
     """TTFT p99 (all rounds, and later rounds dashed) vs load per arm, the TTFT limit shaded."""
     fig = Figure(figsize=(8.0, 5.0), dpi=120)
     ax = fig.add_subplot()
@@ -154,7 +164,7 @@ def ttft_figure(result: SweepResult) -> Figure:
     ax.set_title(_title(result), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
+    _caption(fig, provenance)
     return fig
 
 
@@ -193,10 +203,10 @@ def _b(value: float | bool | None) -> float | bool | str:
     return "" if value is None else value
 
 
-def write_csv(result: SweepResult, path: Path) -> Path:
+def write_csv(result: SweepResult, path: Path, provenance: str = "") -> Path:
     flags = frontier_flags(result)
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "provenance"])
         writer.writeheader()
         for p in sorted(result.points, key=lambda p: (result.arms.index(p.arm), p.load)):
             writer.writerow(
@@ -219,6 +229,7 @@ def write_csv(result: SweepResult, path: Path) -> Path:
                     "external_hit_rate": _b(p.external_hit_rate), "hit_rate": _b(p.hit_rate),
                     "cached_share": _b(p.cached_share), "cached_share_later": _b(p.cached_share_later),
                     "prompt_tokens_mean": _b(p.prompt_tokens_mean), "lag_p99_ms": _b(p.lag_p99_ms),
+                    "provenance": provenance,
                 }
             )  # fmt: skip
     return path
@@ -346,11 +357,12 @@ def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
     ]
 
 
-def write_markdown(result: SweepResult, path: Path) -> Path:
+def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Path:
     header, body = points_rows(result)
     text = [
         f"# {result.scenario_name}",
         "",
+        *([f"**{provenance}**", ""] if provenance else []),
         f"{_title(result)}; {_slo_text(result)}; baseline `{result.baseline_arm}`. Latencies in ms; RPS/GPU = "
         f"completed requests/s in the window / {result.gpus} GPU(s); TPS/user = mean decode tokens/s per request.",
         "",
@@ -375,19 +387,20 @@ def write_markdown(result: SweepResult, path: Path) -> Path:
     return path
 
 
-def write_sweep_reports(result: SweepResult, out_dir: Path) -> list[Path]:
-    """Every sweep output, from the result alone."""
+def write_sweep_reports(result: SweepResult, out_dir: Path, provenance: str = "") -> list[Path]:
+    """Every sweep output, from the result (and the provenance line of its manifest) alone."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = _save(capacity_figure(result), out_dir / "capacity")
-    paths += _save(ttft_figure(result), out_dir / "ttft_p99")
-    paths.append(write_csv(result, out_dir / "sweep.csv"))
-    paths.append(write_markdown(result, out_dir / "capacity.md"))
+    paths = _save(capacity_figure(result, provenance), out_dir / "capacity")
+    paths += _save(ttft_figure(result, provenance), out_dir / "ttft_p99")
+    paths.append(write_csv(result, out_dir / "sweep.csv", provenance))
+    paths.append(write_markdown(result, out_dir / "capacity.md", provenance))
     return paths
 
 
-def print_sweep(result: SweepResult, console: Console) -> None:
+def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> None:
     header, body = points_rows(result)
-    table = Table(title=f"{result.scenario_name} — per load point", caption=_slo_text(result))
+    caption = f"{_slo_text(result)}; {escape(provenance)}" if provenance else _slo_text(result)
+    table = Table(title=f"{escape(result.scenario_name)} — per load point", caption=caption)
     for index, column in enumerate(header):
         table.add_column(column, justify="left" if index == 0 else "right")
     for row in body:

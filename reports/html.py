@@ -26,6 +26,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
 from harness.results.calibrate import CALIBRATION_IN_RUN, calibrated_cells
+from harness.results.provenance import Provenance, provenance
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
 from harness.scenario.spec import Scenario
@@ -65,6 +66,14 @@ class ProbeSource:
     manifest: dict[str, Any]
     scenario: Scenario | None
 
+    @property
+    def provenance(self) -> Provenance:
+        return provenance(self.manifest)
+
+    @property
+    def origin(self) -> str:
+        return self.provenance.label
+
 
 @dataclass(frozen=True)
 class SoakSource:
@@ -73,6 +82,14 @@ class SoakSource:
     intervals: list[IntervalStats]
     manifest: dict[str, Any]
     scenario: Scenario | None
+
+    @property
+    def provenance(self) -> Provenance:
+        return provenance(self.manifest)
+
+    @property
+    def origin(self) -> str:
+        return self.provenance.label
 
 
 @dataclass
@@ -230,6 +247,9 @@ class Headline:
     value: str
     detail: str
     tone: str = "neutral"  # good | bad | neutral
+    origin: str = ""
+    """Provenance of the figure: measured on what, or simulated (shown on the card)."""
+    simulated: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +285,23 @@ def _target_context(sources: ReportSources, result: RunResult) -> int:
     return max(result.context_tokens)
 
 
+def setup_differences(sources: ReportSources) -> list[str]:
+    """One line per source when the combined runs differ in model, dtype, hardware or engine; else none."""
+    origins: list[tuple[str, Provenance]] = []
+    for label, source in (("baseline", sources.baseline), ("POC", sources.poc), ("production", sources.production)):
+        if source is not None:
+            origins.append((label, source.provenance))
+    if sources.soak is not None:
+        origins.append(("stability window", sources.soak.provenance))
+    for path in sources.sweeps:
+        manifest = path / "manifest.json"
+        if manifest.exists():
+            origins.append((f"sweep {path.name}", provenance(read_manifest(manifest))))
+    if len({origin.setup for _, origin in origins}) <= 1:
+        return []
+    return [f"{label}: {origin.label}" for label, origin in origins]
+
+
 def executive_summary(sources: ReportSources) -> list[Headline]:
     cards: list[Headline] = []
     poc = sources.poc
@@ -284,6 +321,8 @@ def executive_summary(sources: ReportSources) -> list[Headline]:
                     f"{result.baseline_arm} {fmt_ms(base)} → {arm} {fmt_ms(treated)} "
                     f"(% diff {(speedup - 1) * 100:+.1f}%)",
                     "good" if speedup > 1 else "bad",
+                    poc.origin,
+                    poc.provenance.origin == "simulated",
                 )
             )
     if sources.production is not None and sources.baseline is not None:
@@ -301,6 +340,8 @@ def executive_summary(sources: ReportSources) -> list[Headline]:
                     f"{gain:+.1f}%",
                     f"TTFT {fmt_ms(base)} → {fmt_ms(measured)} at {context:,} tokens, turn {turn}",
                     "good" if gain > 0 else "bad",
+                    f"production: {sources.production.origin}; baseline: {sources.baseline.origin}",
+                    "simulated" in (sources.production.provenance.origin, sources.baseline.provenance.origin),
                 )
             )
     if sources.soak is not None:
@@ -313,6 +354,8 @@ def executive_summary(sources: ReportSources) -> list[Headline]:
                 f"{soak.completed_intervals} × {soak.interval_s:g} s intervals, {soak.totals.requests:,} requests"
                 + (f"; {soak.verdict.reasons[0]}" if soak.verdict.reasons else ""),
                 {"PASS": "good", "FAIL": "bad"}.get(verdict, "neutral"),
+                sources.soak.origin,
+                sources.soak.provenance.origin == "simulated",
             )
         )
     if sources.playbook is not None:
@@ -389,7 +432,7 @@ def poc_table(probe: ProbeSource) -> TableView:
     from .ttft_table import rows as ttft_rows
 
     cols, body = ttft_rows(probe.result)
-    return TableView([c.title for c in cols], body, [True for _ in cols], caption="median TTFT in ms")
+    return TableView([c.title for c in cols], body, [True for _ in cols], caption=f"median TTFT in ms; {probe.origin}")
 
 
 def spread_table(probe: ProbeSource) -> TableView:
@@ -425,7 +468,7 @@ def poc_chart(probe: ProbeSource) -> Chart:
             color += 1
     return bar_chart(
         "chart-poc", "Median TTFT by context length, turn 1 and turn 2",
-        f"Grouped bars of median TTFT per arm and turn for {len(groups)} context lengths.",
+        f"Grouped bars of median TTFT per arm and turn for {len(groups)} context lengths; {probe.origin}.",
         groups, series, x_label="context length (tokens)", y_label="median TTFT (ms)", log=True,
     )  # fmt: skip
 
@@ -727,6 +770,7 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
     cards: list[Headline] = []
     for path in paths:
         result = SweepResult.read_file(path / "sweep.json")
+        origin = provenance(read_manifest(path / "manifest.json"))
         unit = "users" if result.mode == "concurrency" else "req/s"
         series = []
         for index, arm in enumerate(result.arms):
@@ -738,18 +782,18 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
         slo = result.slo.ttft_ms
         chart = line_chart(
             f"chart-capacity-{len(charts)}", f"TTFT p99 against load ({result.scenario_name})",
-            "TTFT p99 of each arm at each load point of the sweep.", series,
+            f"TTFT p99 of each arm at each load point of the sweep; {origin}.", series,
             x_label=f"load ({unit})", y_label="TTFT p99 (ms)", log=True,
             hlines=[(slo, f"SLO TTFT {slo:g} ms")] if slo is not None else [],
         )  # fmt: skip
         charts.append(chart)
         images.append(
             ImageView(f"Capacity: RPS/GPU against TPS/user ({result.scenario_name})",
-                      "Capacity curves of each arm: requests per second per GPU against tokens per second per user.",
-                      _png_uri(curves.capacity_figure(result)))
+                      "Capacity curves of each arm: requests per second per GPU against tokens per second per user; "
+                      f"{origin}.", _png_uri(curves.capacity_figure(result, str(origin))))
         )  # fmt: skip
         header, body = curves.points_rows(result)
-        tables.append(TableView(header, body, [False] + [True] * (len(header) - 1), caption=str(path)))
+        tables.append(TableView(header, body, [False] + [True] * (len(header) - 1), caption=f"{path}; {origin}"))
         notes.extend(curves.capacity_lines(result))
         for saving in result.savings:
             if saving.gpus_saved is None:
@@ -762,6 +806,8 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
                     f"{saving.baseline} {saving.gpus_baseline} → {saving.arm} {saving.gpus_arm} GPUs{dollars} "
                     f"at ${saving.usd_per_gpu_hour:g}/GPU-hour",
                     "good" if saving.gpus_saved > 0 else "bad",
+                    origin.label,
+                    origin.origin == "simulated",
                 )
             )
     if not (charts or tables):
@@ -802,6 +848,7 @@ def build_context(sources: ReportSources, out_dir: Path) -> dict[str, Any]:
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "kvbench_version": __version__,
         "headlines": executive_summary(sources) + capacity_cards,
+        "setup_differences": setup_differences(sources),
         "playbook": playbook_table(sources.playbook) if sources.playbook else None,
         "setup": setup_tables(sources),
         "poc": poc,

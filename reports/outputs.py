@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from harness.results.provenance import provenance
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
 from harness.results.sweep_result import SweepResult
@@ -46,13 +47,13 @@ def _probe_console(result: VersionedFile, manifest: dict[str, Any], out: Path, c
 
 def _sweep_files(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
     assert isinstance(result, SweepResult)
-    return curves.write_sweep_reports(result, out)
+    return curves.write_sweep_reports(result, out, str(provenance(manifest)))
 
 
 def _sweep_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
     assert isinstance(result, SweepResult)
     if console is not None:
-        curves.print_sweep(result, console)
+        curves.print_sweep(result, console, str(provenance(manifest)))
     return []
 
 
@@ -62,6 +63,7 @@ def _soak_console(result: VersionedFile, manifest: dict[str, Any], out: Path, co
         verdict = result.verdict
         color = {"PASS": "green", "FAIL": "red"}.get(verdict.verdict, "yellow")
         console.print(f"Soak verdict: [bold {color}]{verdict.verdict}[/] ({result.completed_intervals} intervals)")
+        console.print(escape(str(provenance(manifest))), highlight=False)
         for criterion in verdict.criteria:
             line = f"  {criterion.status:>13}  {criterion.name}: {criterion.reason}"
             console.print(escape(line), highlight=False)

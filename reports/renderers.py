@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.results.provenance import provenance
 from harness.results.run_result import RunResult
 
 from .ttft_table import rows
@@ -32,7 +33,7 @@ def renderer(name: str) -> Callable[[Renderer], Renderer]:
 
 def _setup_line(result: RunResult, manifest: dict[str, Any]) -> str:
     engine = manifest.get("scenario", {}).get("engine", {})
-    bits = [f"engine={engine.get('kind', '?')}"]
+    bits = [str(provenance(manifest)), f"engine={engine.get('kind', '?')}"]
     for key in ("model", "hardware"):
         if engine.get(key):
             bits.append(f"{key}={engine[key]}")
@@ -100,8 +101,9 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
     fields = [
         "arm", "context_tokens", "turn", "n", "errors", "ttft_median_ms", "ttft_p90_ms", "ttft_mean_ms",
         "ttft_min_ms", "ttft_max_ms", "prompt_tokens_median", "cached_tokens_median",
-        "pct_diff_vs_baseline", "baseline", "gpu_hit_rate", "external_hit_rate", "hit_rate",
+        "pct_diff_vs_baseline", "baseline", "gpu_hit_rate", "external_hit_rate", "hit_rate", "provenance",
     ]  # fmt: skip
+    origin = str(provenance(manifest))
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
@@ -127,6 +129,7 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
                     "gpu_hit_rate": _blank(stats.gpu_hit_rate if stats else None),
                     "external_hit_rate": _blank(stats.external_hit_rate if stats else None),
                     "hit_rate": _blank(stats.hit_rate if stats else None),
+                    "provenance": origin,
                 }
             )
     return path

@@ -18,5 +18,7 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 echo "== ruff"; python3 -m ruff check .
+# the pinned ruff's formatter decides the layout; run `python3 -m ruff format .` before committing
+echo "== ruff format"; python3 -m ruff format --check .
 echo "== mypy"; python3 -m mypy
 echo "== pytest"; python3 -m pytest "$@"

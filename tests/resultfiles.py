@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from harness.results.aggregate import summarize_run_dir
 from harness.results.soak import summarize_soak
@@ -19,13 +20,18 @@ from harness.store.events import GroupDone, IntervalStats, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 
-PROBE = {
-    "name": "probe",
-    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-    "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-    "compare": {"baseline": "AMG-OFF"},
-    "workload": {"kind": "multi_round_qa", "context_tokens": [1000, 8000], "conversations": 4, "turns": 2},
-}
+
+def probe_scenario(name: str = "probe", conversations: int = 4) -> dict[str, Any]:
+    """A fresh two-arm (AMG-OFF baseline, AMG-ON on the CPU tier) probe scenario on the simulator,
+    contexts 1,000 and 8,000 tokens, two turns; a new dict every call, so a test may change it."""
+    return {
+        "name": name,
+        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
+        "compare": {"baseline": "AMG-OFF"},
+        "workload": {"kind": "multi_round_qa", "context_tokens": [1000, 8000], "conversations": conversations,
+                     "turns": 2},
+    }  # fmt: skip
 
 
 def probe_ttft_ms(arm: str, ctx: int, turn: int, speedup: float) -> float:
@@ -38,8 +44,7 @@ def make_probe_run(
     parent: Path, *, name: str = "probe", speedup: float = 4.0, arms: list[dict[str, object]] | None = None,
     seed: int = 0, error_share: float = 0.0,
 ) -> Path:  # fmt: skip
-    data = json.loads(json.dumps(PROBE))
-    data["name"] = name
+    data = probe_scenario(name)
     if arms is not None:
         data["arms"] = arms
         data["compare"] = {"baseline": arms[0]["name"]}
@@ -101,8 +106,9 @@ def make_soak_dir(parent: Path, *, name: str = "soak", error_burst: bool = False
     scenario = parse_scenario(data, "test")
     run_dir = RunDir.create(parent, scenario)
     run_dir.manifest_file.write_text(
-        json.dumps({"scenario_name": name, "engines": {"AMG-ON": {"kind": "openai", "version": "test"}},
-                    "attempts": [{"attempt": 0}], "host": {}})
+        json.dumps({"scenario_name": name, "scenario": scenario.model_dump(mode="json"),
+                    "engines": {"AMG-ON": {"kind": "openai", "version": "test"}}, "attempts": [{"attempt": 0}],
+                    "host": {}})
     )  # fmt: skip
     rng = random.Random(1)
     for index in range(intervals):

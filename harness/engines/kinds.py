@@ -7,7 +7,8 @@ simulator run never import vLLM's renderers):
 * ``factory``: the :class:`~harness.engines.base.Engine` that starts (or attaches to) it;
 * ``check_supported``: ``f(profile, config, between_turns)`` raising ``ValueError`` when the
   kind cannot realise an arm's offload profile (None: every profile is accepted);
-* ``metrics``: the family of ``/metrics`` names it exposes (:mod:`harness.client.scrape`).
+* ``metrics``: the family of ``/metrics`` names it exposes (:mod:`harness.client.scrape`);
+* ``label`` and ``simulated``: how reports name it, and whether its figures are modelled.
 
 Adding an engine is adding a row here and the modules it names; no other stage branches on kind.
 """
@@ -40,21 +41,29 @@ class EngineKind:
     factory: str
     check_supported: str | None
     metrics: EngineFamily
+    label: str
+    """The engine's name in reports (``vLLM``, ``SGLang``...)."""
+    simulated: bool = False
+    """Its figures are modelled, not measured (reports say so beside every figure)."""
+    attached: bool = False
+    """kvbench does not start it, so its hardware is what the scenario declares."""
+    """Its figures are modelled, not measured (reports say so beside every figure)."""
 
 
 KINDS: Mapping[str, EngineKind] = MappingProxyType(
     {
         row.kind: row
         for row in (
-            EngineKind("sim", "harness.sim.config:SimEngineConfig", "harness.sim.engine:SimEngine", None, VLLM),
+            EngineKind("sim", "harness.sim.config:SimEngineConfig", "harness.sim.engine:SimEngine", None, VLLM,
+                       "kvbench simulator", simulated=True),
             EngineKind("openai", "harness.engines.configs:OpenAIEngineConfig", "harness.engines.openai:OpenAIEngine",
-                       None, AUTO),
+                       None, AUTO, "OpenAI-compatible endpoint", attached=True),
             EngineKind("vllm", "harness.engines.configs:VllmEngineConfig", "harness.engines.vllm:VllmEngine",
-                       "harness.engines.vllm_offload:check_supported", VLLM),
+                       "harness.engines.vllm_offload:check_supported", VLLM, "vLLM"),
             EngineKind("sglang", "harness.engines.configs:SglangEngineConfig", "harness.engines.sglang:SglangEngine",
-                       "harness.engines.sglang_offload:check_supported", SGLANG),
+                       "harness.engines.sglang_offload:check_supported", SGLANG, "SGLang"),
             EngineKind("trtllm", "harness.engines.configs:TrtllmEngineConfig", "harness.engines.trtllm:TrtllmEngine",
-                       "harness.engines.trtllm_offload:check_supported", TRTLLM),
+                       "harness.engines.trtllm_offload:check_supported", TRTLLM, "TensorRT-LLM"),
         )
     }
 )  # fmt: skip

@@ -64,6 +64,7 @@ class ProbeRunner(Runner[RunResult]):
         await session.warm_up(w.warmup_requests, api=w.api, ignore_eos=w.ignore_eos, tag="warmup")
         if w.between_turns.mode == "reset_prefix_cache":
             await session.reset_prefix_cache(required=True)
+        self.progress.describe(f"{session.arm.name}: measuring")
         for repetition, context_tokens in self._groups(session.arm):
             await self._run_group(session, repetition, context_tokens)
             self.run_dir.mark_group_done(

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
-import sys
-import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.support import SimulatorLauncher, kvbench
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +28,10 @@ TIER = {"kind": "cpu", "capacity_gb": 64}
 SLOW_TIER = {"kind": "cpu", "capacity_gb": 64, "read_gbps": 1.0}
 
 
-def scenario(port: int, hardware: str = "h100-sxm") -> dict[str, object]:
+def scenario(base_url: str, hardware: str = "h100-sxm") -> dict[str, object]:
     return {
         "name": "nightly-gate",
-        "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": f"http://127.0.0.1:{port}",
-                   "hardware": hardware},
+        "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": base_url, "hardware": hardware},
         "arms": [{"name": "AMG-ON", "offload": "cpu"}],
         "workload": {
             "kind": "multi_round_qa", "context_tokens": [2000, 8000], "conversations": 6, "turns": 2,
@@ -47,64 +42,31 @@ def scenario(port: int, hardware: str = "h100-sxm") -> dict[str, object]:
     }  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def sim_config(tmp: Path, label: str, tier: dict[str, object]) -> Path:
+    """The simulator's settings file: Llama-3.1-8B on one H100 with one CPU tier."""
+    settings = {"model": "llama-3.1-8b", "hardware": "h100-sxm", "offload": {"name": "cpu", "tiers": [tier]}}
+    path = tmp / f"sim-{label}.json"
+    path.write_text(json.dumps(settings))
+    return path
 
 
-@contextmanager
-def simulator(tmp: Path, tier: dict[str, object]) -> Iterator[int]:
-    """A fresh `kvbench sim serve` with one CPU tier; yields its port once /health answers."""
-    port = free_port()
-    settings = {"model": "llama-3.1-8b", "hardware": "h100-sxm",
-                "offload": {"name": "cpu", "tiers": [tier]}}  # fmt: skip
-    config = tmp / f"sim-{port}.json"
-    config.write_text(json.dumps(settings))
-    log = (tmp / f"sim-{port}.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kvbench", "sim", "serve", "--config", str(config), "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if process.poll() is not None:
-                    raise RuntimeError((tmp / f"sim-{port}.log").read_text()) from None
-                time.sleep(0.1)
-        yield port
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        log.close()
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
-    )
-
-
-def night(tmp: Path, label: str, tier: dict[str, object]) -> Path:
+def night(simulator: SimulatorLauncher, tmp: Path, label: str, tier: dict[str, object]) -> Path:
     """One nightly run against a fresh simulator; returns its run directory."""
-    with simulator(tmp, tier) as port:
+    with simulator("--config", str(sim_config(tmp, label, tier))) as base_url:
         path = tmp / f"{label}.yaml"
-        path.write_text(yaml.safe_dump(scenario(port)))
+        path.write_text(yaml.safe_dump(scenario(base_url)))
         done = kvbench("run", str(path), "-o", str(tmp / label), cwd=tmp)
         assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp / label).iterdir()
     return run_dir
 
 
-def test_gate_passes_unchanged_rerun_and_catches_planted_regression(tmp_path: Path) -> None:
-    baseline = night(tmp_path, "baseline", TIER)
-    rerun = night(tmp_path, "rerun", TIER)
-    regressed = night(tmp_path, "regressed", SLOW_TIER)
+def test_gate_passes_unchanged_rerun_and_catches_planted_regression(
+    simulator: SimulatorLauncher, tmp_path: Path
+) -> None:
+    baseline = night(simulator, tmp_path, "baseline", TIER)
+    rerun = night(simulator, tmp_path, "rerun", TIER)
+    regressed = night(simulator, tmp_path, "regressed", SLOW_TIER)
 
     same = kvbench("compare", str(baseline), str(rerun), "--junit", str(tmp_path / "same.xml"), cwd=tmp_path)
     assert same.returncode == 0, same.stdout + same.stderr

@@ -61,7 +61,12 @@ def open_page(browser: Any, html: Path) -> tuple[Any, list[str], list[str], list
     page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     page.on("request", lambda r: requests.append(r.url))
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def dismiss(dialog: Any) -> None:  # an alert() would block the page; record it and close it
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", dismiss)
     page.goto(html.resolve().as_uri(), wait_until="load")
     return page, errors, requests, dialogs
 

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import yaml
 
 from harness.results.run_result import RunResult
 from harness.store.records import read_records
+from tests.support import kvbench, kvbench_argv, kvbench_env
 
 pytestmark = pytest.mark.integration
 
@@ -38,17 +38,6 @@ SCENARIO = {
     },
     "seed": 3,
 }
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def write_scenario(tmp_path: Path, **overrides: object) -> Path:
@@ -110,8 +99,9 @@ def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path)
     runs = tmp_path / "runs"
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvbench", "run", str(scenario), "-o", str(runs)],
+        kvbench_argv("run", str(scenario), "-o", str(runs)),
         cwd=tmp_path,
+        env=kvbench_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,7 @@ import yaml
 
 from harness.results.run_result import RunResult
 from harness.store.records import read_records
+from tests.support import kvbench
 
 pytestmark = pytest.mark.integration
 
@@ -37,10 +36,7 @@ def test_http_error_burst_from_scenario_becomes_error_records(tmp_path: Path) ->
     }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario))
-    done = subprocess.run(
-        [sys.executable, "-m", "kvbench", "run", str(path), "-o", "runs"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    done = kvbench("run", str(path), "-o", "runs", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     measured = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]

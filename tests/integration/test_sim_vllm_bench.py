@@ -29,13 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import socket
 import statistics
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,9 +43,8 @@ from harness.engines.modeldir import synthesize_model_dir
 from harness.sim.timemodel import TimeModel
 from harness.sim.tokenizer import WORDS
 from offload.shapes import Deployment
+from tests.support import simulator
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")
 MODEL = "llama-3.1-8b"
 INPUT_TOKENS = 8000
 OUTPUT_TOKENS = 32
@@ -65,62 +60,21 @@ main(parser.parse_args(sys.argv[1:]))
 """
 
 
-def _has_vllm(python: str | None) -> bool:
-    if not python:
-        return False
-    probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=120, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.integration,
-    pytest.mark.skipif(not _has_vllm(VLLM_PYTHON), reason="KVBENCH_VLLM_PYTHON does not point at a python with vllm"),
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
 def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``kvbench sim serve`` as its own process (no tiers, no prefix cache: every request is cold)."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("sim") / "sim.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "kvbench", "sim", "serve", "--model", MODEL, "--hardware", "h100-sxm",
-               "--offload", "off", "--port", str(port)]  # fmt: skip
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("the simulator did not start:\n" + log.read_text()) from None
-                time.sleep(0.2)
+    serve = ("--model", MODEL, "--hardware", "h100-sxm", "--offload", "off")
+    with simulator(tmp_path_factory.mktemp("sim"), *serve) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
-def _vllm_bench(url: str, tmp: Path, backend: str, endpoint: str) -> dict[str, float]:
+def _vllm_bench(python: str, url: str, tmp: Path, backend: str, endpoint: str) -> dict[str, float]:
     tokenizer = synthesize_model_dir(MODEL, tmp / "model")
-    assert VLLM_PYTHON is not None
     command = [
-        VLLM_PYTHON, "-c", BENCH, "--backend", backend, "--endpoint", endpoint, "--base-url", url,
+        python, "-c", BENCH, "--backend", backend, "--endpoint", endpoint, "--base-url", url,
         "--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random",
         "--random-input-len", str(INPUT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS),
         "--num-prompts", str(PROMPTS), "--max-concurrency", "1", "--seed", "7", "--disable-tqdm",
@@ -163,8 +117,10 @@ def _modelled(prompt_tokens: int) -> tuple[float, float]:
 
 @pytest.mark.parametrize(("backend", "endpoint"), [("openai-chat", "/v1/chat/completions"),
                                                     ("openai", "/v1/completions")])  # fmt: skip
-def test_vllm_bench_serve_reads_the_time_model(sim_url: str, tmp_path: Path, backend: str, endpoint: str) -> None:
-    bench = _vllm_bench(sim_url, tmp_path, backend, endpoint)
+def test_vllm_bench_serve_reads_the_time_model(
+    vllm_python: str, sim_url: str, tmp_path: Path, backend: str, endpoint: str
+) -> None:
+    bench = _vllm_bench(vllm_python, sim_url, tmp_path, backend, endpoint)
     chat = backend == "openai-chat"
     own_ttft, own_tpot, own_prompt = asyncio.run(_kvbench_client(sim_url, chat))
     bench_prompt = round(bench["total_input_tokens"] / PROMPTS)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,54 +22,29 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import SimulatorLauncher, kvbench, kvbench_argv, kvbench_env
+
 pytestmark = pytest.mark.integration
 
 PROFILE = {"name": "cpu-only", "prefix_caching": False, "tiers": [{"kind": "cpu", "capacity_gb": 64}]}
 WINDOW = {"from_request": 70, "requests": 40}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
-def staging(tmp: Path, faults: list[dict[str, Any]]) -> Iterator[int]:
-    port = free_port()
+def staging(simulator: SimulatorLauncher, tmp: Path, faults: list[dict[str, Any]]) -> Iterator[str]:
+    """The staging cluster: a simulator with the CPU-only profile and ``faults``; yields its base URL."""
     config = tmp / "sim.json"
     config.write_text(json.dumps({"model": "llama-3.1-8b", "hardware": "h100-sxm", "offload": PROFILE}))
     fault_file = tmp / "faults.yaml"
     fault_file.write_text(yaml.safe_dump({"faults": faults}))
-    log = (tmp / "sim.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kvbench", "sim", "serve", "--config", str(config), "--faults", str(fault_file),
-         "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((tmp / "sim.log").read_text()) from None
-                time.sleep(0.1)
-        yield port
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=10)
-        log.close()
+    with simulator("--config", str(config), "--faults", str(fault_file)) as base_url:
+        yield base_url
 
 
-def soak_scenario(port: int) -> dict[str, Any]:
+def soak_scenario(base_url: str) -> dict[str, Any]:
     return {
         "name": "staging-soak",
-        "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": f"http://127.0.0.1:{port}",
-                   "hardware": "h100-sxm"},
+        "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": base_url, "hardware": "h100-sxm"},
         "arms": [{"name": "AMG-ON", "offload": PROFILE}],
         "workload": {
             "kind": "multi_user_qa", "users": 24, "rounds": {"dist": "uniform", "low": 3, "high": 6},
@@ -89,14 +62,13 @@ def soak_scenario(port: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def soak(tmp: Path, faults: list[dict[str, Any]]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    with staging(tmp, faults) as port:
+def soak(
+    simulator: SimulatorLauncher, tmp: Path, faults: list[dict[str, Any]]
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    with staging(simulator, tmp, faults) as base_url:
         scenario = tmp / "soak.yaml"
-        scenario.write_text(yaml.safe_dump(soak_scenario(port)))
-        done = subprocess.run(
-            [sys.executable, "-m", "kvbench", "soak", str(scenario), "-o", str(tmp / "runs")],
-            capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
+        scenario.write_text(yaml.safe_dump(soak_scenario(base_url)))
+        done = kvbench("soak", str(scenario), "-o", str(tmp / "runs"), cwd=tmp, timeout=180)
     (run_dir,) = (tmp / "runs").iterdir()
     result = json.loads((run_dir / "soak.json").read_text())
     return done, result
@@ -106,8 +78,8 @@ def criteria(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in result["verdict"]["criteria"]}
 
 
-def test_clean_window_passes(tmp_path: Path) -> None:
-    done, result = soak(tmp_path, [])
+def test_clean_window_passes(simulator: SimulatorLauncher, tmp_path: Path) -> None:
+    done, result = soak(simulator, tmp_path, [])
     assert done.returncode == 0, done.stdout + done.stderr
     assert result["verdict"]["verdict"] == "PASS", result["verdict"]["reasons"]
     assert result["complete"] and result["completed_intervals"] == 10
@@ -124,9 +96,9 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("name", list(FAULTS))
-def test_fault_is_detected_and_named(tmp_path: Path, name: str) -> None:
+def test_fault_is_detected_and_named(simulator: SimulatorLauncher, tmp_path: Path, name: str) -> None:
     fault, criterion, words = FAULTS[name]
-    done, result = soak(tmp_path, [fault])
+    done, result = soak(simulator, tmp_path, [fault])
     assert done.returncode == 1, done.stdout + done.stderr  # kvbench soak exits 1 on FAIL
     verdict = result["verdict"]
     assert verdict["verdict"] == "FAIL"
@@ -138,16 +110,16 @@ def test_fault_is_detected_and_named(tmp_path: Path, name: str) -> None:
     assert any(words in reason for reason in verdict["reasons"])
 
 
-def test_resume_continues_an_interrupted_window(tmp_path: Path) -> None:
+def test_resume_continues_an_interrupted_window(simulator: SimulatorLauncher, tmp_path: Path) -> None:
     """SIGTERM mid-window keeps the finished intervals; --resume measures only the ones left."""
-    with staging(tmp_path, []) as port:
+    with staging(simulator, tmp_path, []) as base_url:
         scenario = tmp_path / "soak.yaml"
-        data = soak_scenario(port)
+        data = soak_scenario(base_url)
         data["soak"]["window"] = "4s"
         scenario.write_text(yaml.safe_dump(data))
         first = subprocess.Popen(
-            [sys.executable, "-m", "kvbench", "soak", str(scenario), "-o", str(tmp_path / "runs")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            kvbench_argv("soak", str(scenario), "-o", str(tmp_path / "runs")),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kvbench_env(),
         )  # fmt: skip
         deadline = time.monotonic() + 60
         intervals: list[Path] = []
@@ -166,10 +138,7 @@ def test_resume_continues_an_interrupted_window(tmp_path: Path) -> None:
         interrupted = json.loads((run_dir / "soak.json").read_text())
         assert interrupted["verdict"]["verdict"] in ("INCOMPLETE", "FAIL") and not interrupted["complete"]
 
-        resumed = subprocess.run(
-            [sys.executable, "-m", "kvbench", "soak", "--resume", str(run_dir)],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        resumed = kvbench("soak", "--resume", str(run_dir), cwd=tmp_path, timeout=120)
     assert resumed.returncode in (0, 1), resumed.stderr
     lines = [json.loads(line) for line in (run_dir / "intervals.jsonl").read_text().splitlines()]
     assert sorted(item["index"] for item in lines) == list(range(8))

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import yaml
 
 from harness.results.sweep_result import SweepResult
 from harness.store.records import read_records
+from tests.support import kvbench
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +47,6 @@ SCENARIO = {
     "cost": {"target_rps": 50, "usd_per_gpu_hour": 2.0},
     "seed": 4,
 }
-
-
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
-    )
 
 
 def test_sweep_on_the_simulator_draws_both_arms_with_slo_and_gpus_saved(tmp_path: Path) -> None:

@@ -7,9 +7,6 @@ most of it vLLM start-up.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +15,9 @@ import yaml
 from harness.engines.modeldir import synthesize_model_dir
 from harness.results.sweep_result import SweepResult
 from harness.store.records import read_records
+from tests.support import REPO, kvbench
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.integration,
-    pytest.mark.skipif(not PYTHON or not Path(PYTHON).exists(), reason="KVBENCH_VLLM_PYTHON is not set"),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 
 def test_bundled_vllm_cpu_sweep_runs_end_to_end(tmp_path: Path) -> None:
@@ -36,10 +27,7 @@ def test_bundled_vllm_cpu_sweep_runs_end_to_end(tmp_path: Path) -> None:
     data["sweep"].update(warmup=3, duration=6)
     scenario = tmp_path / "sweep.yaml"
     scenario.write_text(yaml.safe_dump(data))
-    done = subprocess.run(
-        [sys.executable, "-m", "kvbench", "sweep", str(scenario), "-o", str(tmp_path / "runs")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+    done = kvbench("sweep", str(scenario), "-o", str(tmp_path / "runs"), cwd=tmp_path, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     result = SweepResult.read_file(run_dir / "sweep.json")

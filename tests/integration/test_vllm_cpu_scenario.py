@@ -11,47 +11,21 @@ its python; skipped otherwise. About 4 minutes on 2 cores, most of it engine sta
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.results.run_result import RunResult
+from tests.support import REPO, kvbench, kvbench_env
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = os.environ.get("KVBENCH_VLLM_PYTHON")
-
-
-def _has_vllm(python: str | None) -> bool:
-    if not python:
-        return False
-    probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=120, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.integration,
-    pytest.mark.skipif(not _has_vllm(VLLM_PYTHON), reason="KVBENCH_VLLM_PYTHON does not point at a python with vllm"),
-]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 
 def test_lmcache_serves_turn2_on_vllm_cpu(tmp_path: Path) -> None:
-    env = {**os.environ, "KVBENCH_MODEL_CACHE": str(tmp_path / "models")}
-    done = subprocess.run(
-        [sys.executable, "-m", "kvbench", "run", str(REPO / "scenarios" / "vllm-cpu-lmcache.yaml"), "-o", "runs"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    # the scenario finds the engine's python through $KVBENCH_VLLM_PYTHON (the vllm marker checked it)
+    env = kvbench_env(KVBENCH_MODEL_CACHE=str(tmp_path / "models"))
+    scenario = REPO / "scenarios" / "vllm-cpu-lmcache.yaml"
+    done = kvbench("run", str(scenario), "-o", "runs", cwd=tmp_path, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     result = RunResult.read_file(run_dir / "summary.json")

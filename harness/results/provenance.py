@@ -1,0 +1,88 @@
+"""Where a figure came from: measured on a named engine and hardware, or simulated from a profile.
+
+A pure function of a run directory's manifest (the scenario as run, the engines' own facts and the
+host's GPUs). Every report prints it beside its figures, so a simulated capacity curve can never
+pass for a measurement:
+
+* measured: ``measured: vLLM 0.26.0 + LMCache 0.5.3, 1× NVIDIA H200`` (GPU model from the host's
+  ``nvidia-smi``, count = TP × PP × DP × replicas of the engine; ``CPU`` for CPU engines; for an
+  attached endpoint, the hardware the scenario declares);
+* simulated: ``simulated: kvbench simulator, llama-3.1-8b on 1× h100-sxm (bf16), not a measurement``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harness.engines.kinds import KINDS
+
+Origin = Literal["measured", "simulated", "unknown"]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    origin: Origin
+    label: str
+    """One line for captions and table footers."""
+    setup: str
+    """What must match for two results to be compared: model, dtype, hardware, engine."""
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def _gpu_count(engine: Mapping[str, Any]) -> int:
+    parallelism = engine.get("parallelism") or {}
+    count = 1
+    for key in ("tp", "pp", "dp", "replicas"):
+        value = parallelism.get(key, 1)
+        count *= int(value) if isinstance(value, int | float) else 1
+    return count
+
+
+def _versions(engines: Mapping[str, Any]) -> str:
+    """``0.26.0`` or ``0.26.0 + LMCache 0.5.3`` (the versions the engines reported at start-up)."""
+    versions = sorted({str(facts.get("version")) for facts in engines.values() if facts.get("version")})
+    lmcache = sorted(
+        {str(facts.get("details", {}).get("lmcache_version")) for facts in engines.values()}
+        - {"None"}
+    )
+    text = "/".join(versions) or "version unknown"
+    if lmcache:
+        text += " + LMCache " + "/".join(lmcache)
+    return text
+
+
+def provenance(manifest: Mapping[str, Any]) -> Provenance:
+    """The provenance of every figure of the run whose manifest this is."""
+    engine: Mapping[str, Any] = (manifest.get("scenario") or {}).get("engine") or {}
+    kind = str(engine.get("kind", ""))
+    row = KINDS.get(kind)
+    if row is None:
+        return Provenance("unknown", "provenance unknown (no engine in the manifest)", "unknown")
+    count = _gpu_count(engine)
+    model = str(engine.get("model", "?"))
+    dtype = engine.get("dtype")
+    if row.simulated:
+        hardware = str(engine.get("hardware", "?"))
+        calibration = engine.get("calibration")
+        source = f", calibrated from {calibration}" if calibration else ""
+        label = (
+            f"simulated: kvbench simulator, {model} on {count}× {hardware}"
+            f"{f' ({dtype})' if dtype else ''}{source}; not a measurement"
+        )
+        return Provenance("simulated", label, f"sim {model} {dtype or ''} {count}x {hardware}".strip())
+    gpus = (manifest.get("host") or {}).get("gpus") or []
+    if row.attached:
+        hardware = f"hardware declared as {engine.get('hardware') or 'unknown'}"
+    elif engine.get("device") == "cpu":
+        hardware = f"CPU ({(manifest.get('host') or {}).get('cpu_count', '?')} cores)"
+    elif gpus:
+        hardware = f"{count}× {gpus[0].get('name', 'GPU')}"
+    else:
+        hardware = f"{count}× GPU (model not recorded)"
+    versions = _versions(manifest.get("engines") or {})
+    label = f"measured: {row.label} {versions}, {hardware}"
+    return Provenance("measured", label, f"{kind} {model} {dtype or ''} {hardware}".replace("  ", " "))

