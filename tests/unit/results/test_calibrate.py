@@ -63,20 +63,27 @@ ARMS = {
 }
 
 
-def write_run(path: Path, truth: Calibration, gpu: str = "NVIDIA H100 80GB HBM3") -> Path:
+def write_run(
+    path: Path,
+    truth: Calibration,
+    gpu: str = "NVIDIA H100 80GB HBM3",
+    arms: dict[str, OffloadProfile] | None = None,
+    keep_hbm: frozenset[str] = frozenset(),
+) -> Path:
     """A probe run directory whose records the simulator's engine core produced under ``truth``."""
+    arms = arms if arms is not None else ARMS
     scenario = parse_scenario(
         {
             "name": "calib-truth",
             "engine": {"kind": "vllm", "model": "synth:llama-3.1-8b"},
-            "arms": [{"name": name, "offload": profile.model_dump(mode="json")} for name, profile in ARMS.items()],
+            "arms": [{"name": name, "offload": profile.model_dump(mode="json")} for name, profile in arms.items()],
             "workload": {"kind": "multi_round_qa", "context_tokens": list(LENGTHS), "conversations": 1, "turns": 2},
         },
         "test",
     )
     run_dir = RunDir.create(path, scenario)
     engines = {}
-    for arm, profile in ARMS.items():
+    for arm, profile in arms.items():
         details = {"offload_backend": profile.backend if profile.tiers else "none", "lmcache_version": "0.0.1"}
         engines[arm] = {"kind": "vllm", "version": "9.9.9", "details": details}
         core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=profile, calibration=truth))
@@ -105,7 +112,8 @@ def write_run(path: Path, truth: Calibration, gpu: str = "NVIDIA H100 80GB HBM3"
                 delta = MetricsDelta(arm=arm, attempt=0, repetition=0, context_tokens=length, turn=turn, values=values)
                 append_jsonl(run_dir.metrics_file, delta)
                 now = end + 1.0  # tier writes are ready at once under a calibration
-                core.reset_prefix_cache()
+                if arm not in keep_hbm:  # an arm in keep_hbm serves turn 2 from the HBM prefix cache
+                    core.reset_prefix_cache()
     manifest = {"run_id": run_dir.run_id, "engines": engines, "host": {"gpus": [{"name": gpu}]}}
     run_dir.manifest_file.write_text(json.dumps(manifest), encoding="utf-8")
     return run_dir.path
@@ -131,6 +139,16 @@ def test_fit_recovers_the_parameters_the_simulator_ran_with(tmp_path: Path) -> N
     assert {(r.arm, r.context_tokens, r.turn) for r in fitted.residuals} == {
         (arm, n, t) for arm in ARMS for n in LENGTHS for t in (1, 2)
     }
+
+
+def test_overhead_growth_is_fitted_from_requests_served_from_the_hbm_prefix_cache(tmp_path: Path) -> None:
+    grows = chosen().model_copy(update={"request_overhead_s_per_ktoken": _p(0.004)})
+    arms = {**ARMS, "GPU": OffloadProfile(name="gpu", prefix_caching=True)}
+    fitted = calibrate([write_run(tmp_path, grows, arms=arms, keep_hbm=frozenset({"GPU"}))])
+    assert fitted.request_overhead_s_per_ktoken.fitted
+    assert fitted.request_overhead_s_per_ktoken.value == pytest.approx(0.004, rel=0.05)
+    assert fitted.request_overhead_s.value == pytest.approx(0.030, rel=0.05)
+    assert fitted.linear_efficiency.value == pytest.approx(0.50, rel=0.03)
 
 
 def test_holdout_lengths_stay_out_of_the_fit(tmp_path: Path) -> None:
