@@ -19,3 +19,10 @@ class RunDirError(KvbenchError):
 
 class RunInterrupted(KvbenchError):
     """The run was stopped (Ctrl-C, SIGTERM); its records are kept and it can be resumed."""
+
+
+class CalibrationError(KvbenchError, ValueError):
+    """A simulator calibration cannot be fitted, read or used (e.g. it is for another deployment).
+
+    A ValueError too, so a pydantic validator that raises it reports it as a validation error.
+    """

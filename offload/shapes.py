@@ -28,7 +28,9 @@ The efficiency factors are what makes these peak numbers into achieved ones; see
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -336,3 +338,57 @@ class Deployment:
                 f"per GPU, gpu_memory_utilization leaves {have:.1f} GB); raise tp or use fp8"
             )
         return int(free // self.kv_bytes_per_token_per_gpu)
+
+
+def _int_field(config: Mapping[str, object], key: str, where: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+HF_DTYPES: dict[str, Dtype] = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
+
+
+def model_from_hf_config(config: Mapping[str, object], name: str, where: str = "config.json") -> ModelProfile:
+    """A model profile from a Hugging Face ``config.json`` (Llama/Qwen style decoder).
+
+    ``head_dim`` defaults to ``hidden_size / num_attention_heads``, ``num_key_value_heads`` to
+    the number of heads (no GQA); the parameter count is counted from the shape.
+    """
+    hidden = _int_field(config, "hidden_size", where)
+    heads = _int_field(config, "num_attention_heads", where)
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or hidden // heads
+    if not isinstance(kv_heads, int) or not isinstance(head_dim, int):
+        raise ValueError(f"{where}: num_key_value_heads and head_dim must be integers")
+    dtype = HF_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
+    tied = bool(config.get("tie_word_embeddings", False))
+    profile = ModelProfile(
+        name=name,
+        hf_id=name,
+        layers=_int_field(config, "num_hidden_layers", where),
+        hidden_size=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=_int_field(config, "intermediate_size", where),
+        vocab_size=_int_field(config, "vocab_size", where),
+        params=0.0,
+        max_position_embeddings=_int_field(config, "max_position_embeddings", where),
+        tied_embeddings=tied,
+        dtype=dtype,
+    )
+    return dataclasses.replace(profile, params=profile.counted_params())
+
+
+def known_model(profile: ModelProfile) -> str | None:
+    """The simulator profile with the same shape (layers, widths, heads, vocabulary), if any."""
+
+    def shape(m: ModelProfile) -> tuple[int, ...]:
+        return (m.layers, m.hidden_size, m.heads, m.kv_heads, m.head_dim, m.intermediate_size, m.vocab_size)
+
+    for name, known in MODELS.items():
+        if shape(known) == shape(profile):
+            return name
+    return None

@@ -25,6 +25,7 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
+from harness.results.calibrate import CALIBRATION_IN_RUN, calibrated_cells
 from harness.results.provenance import Provenance, provenance
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
@@ -35,6 +36,7 @@ from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import KvbenchError, RunDirError
 from kvbench.redact import redact_text
+from offload import analytical
 from offload.profiles import OffloadProfile
 from workloads.config import MultiRoundQAProbe
 
@@ -563,27 +565,30 @@ class PredictionView:
 
 
 def _kv_bytes_per_token(probe: ProbeSource) -> tuple[float | None, str]:
+    """KV bytes per token per GPU: the simulator's profile, or the model directory's config.json."""
+    from harness.results.capacity import engine_shapes
+
     scenario = probe.scenario
     if scenario is None:
         return None, "the run's scenario.yaml could not be read"
-    engine = scenario.engine
-    if engine.kind != "sim":
-        return None, (
-            f"KV bytes per token are known for the simulator's model profiles only (engine kind {engine.kind})"
-        )
-    from offload.shapes import Deployment
-
+    shapes = engine_shapes(scenario.engine)
+    if shapes.model is None:
+        return None, "; ".join(shapes.notes) or "the model shape is unknown"
+    m = shapes.model
     try:
-        deployment = Deployment.resolve(engine.model, engine.hardware, engine.parallelism.tp, engine.dtype)
+        kv = analytical.model_kv_bytes_per_token(m, shapes.tp)
     except ValueError as error:
         return None, str(error)
-    return float(deployment.kv_bytes_per_token_per_gpu), deployment.label
+    where = next((note for note in shapes.notes if note.startswith("model shape from")), "simulator profile")
+    label = (
+        f"{m.name}: {m.layers} layers, {m.kv_heads} KV heads × {m.head_dim}, {m.dtype_bytes:g} B per value, "
+        f"TP {shapes.tp} ({where})"
+    )
+    return kv, label
 
 
 def predictions(probe: ProbeSource, turn: int) -> PredictionView:
     """The analytical model (offload/analytical.py) against the POC's measured turn-``turn`` speedups."""
-    from offload import analytical
-
     result = probe.result
     arm = _treatment(result)
     if arm is None or probe.scenario is None:
@@ -595,6 +600,11 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
     if kv_bytes is None:
         return PredictionView(None, None, f"not available: {label}")
     tier = profile.tiers[0]
+    calibrated: dict[tuple[str, int, int], float] = {}
+    calibration_note = ""
+    calibration_file = probe.path / CALIBRATION_IN_RUN
+    if calibration_file.exists():
+        calibrated, calibration_note = calibrated_cells(probe.path, calibration_file)
     rows = []
     contexts: list[str] = []
     predicted: list[float | None] = []
@@ -607,9 +617,14 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
             continue
         prompt = cell.prompt_tokens_median or float(context)
         cached = cell.cached_tokens_median
-        if cached is None or prompt <= 0:
+        stats = result.cache_stats(arm, context, turn)
+        if cached is not None and prompt > 0:
+            reuse = min(max(cached / prompt, 0.0), 1.0)
+        elif stats is not None and stats.hit_rate is not None:
+            # engines whose usage block has no cached_tokens (vLLM): the /metrics hit share
+            reuse = min(max(stats.hit_rate, 0.0), 1.0)
+        else:
             continue
-        reuse = min(max(cached / prompt, 0.0), 1.0)
         t_s = analytical.time_per_token_from_ttft(base / 1000.0, int(prompt))
         r_s = analytical.read_time_per_token(kv_bytes, tier.effective_read_gbps)
         w_s = analytical.write_time_per_token(kv_bytes, tier.effective_write_gbps)
@@ -622,18 +637,28 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
                 f"{(got / prediction.speedup - 1) * 100:+.0f}%",
             ]
         )  # fmt: skip
+        if calibrated:
+            simulated = calibrated.get((arm, context, turn))
+            rows[-1].append(fmt_ms(simulated) if simulated is not None else "—")
+            rows[-1].append(f"{(simulated / treated - 1) * 100:+.0f}%" if simulated is not None else "—")
         contexts.append(f"{context:,}")
         predicted.append(prediction.speedup)
         measured.append(got)
     if not rows:
-        return PredictionView(None, None, "no context length has both arms measured with cached-token counts")
-    table = TableView(
-        ["Tokens", "reuse a", "T (µs/tok)", "R (µs/tok)", "regime", "predicted TTFT", "measured TTFT",
-         "predicted speedup", "measured speedup", "measured vs predicted"],
-        rows, [True, True, True, True, False, True, True, True, True, True],
-        caption=f"{label}; tier {tier.kind} read {tier.effective_read_gbps:g} GB/s, "
-        f"{kv_bytes / 1024:.0f} KiB of KV per token per GPU",
-    )  # fmt: skip
+        return PredictionView(
+            None, None, "no context length has both arms measured with cached-token counts or /metrics hit counters"
+        )
+    headers = ["Tokens", "reuse a", "T (µs/tok)", "R (µs/tok)", "regime", "predicted TTFT", "measured TTFT",
+               "predicted speedup", "measured speedup", "measured vs predicted"]  # fmt: skip
+    if calibrated:
+        headers += ["calibrated sim TTFT", "sim vs measured"]
+    caption = (
+        f"{label}; tier {tier.kind} read {tier.effective_read_gbps:g} GB/s, "
+        f"{kv_bytes / 1024:.0f} KiB of KV per token per GPU"
+    )
+    if calibration_note:
+        caption += f"; {calibration_note}" if calibrated else f"; no calibrated prediction: {calibration_note}"
+    table = TableView(headers, rows, [header != "regime" for header in headers], caption=caption)
     chart = bar_chart(
         "chart-predicted", f"Predicted vs measured turn-{turn} speedup",
         "Bars of the analytical model's predicted speedup next to the measured speedup per context length.",
@@ -682,7 +707,10 @@ def methodology(sources: ReportSources) -> list[str]:
         "Predicted vs measured: T = baseline TTFT / prompt tokens (measured), R and W = KV bytes per token / tier "
         "read and write bandwidth, a = cached / prompt tokens (measured); "
         "TTFT_KV = max(a·N·R, (1−a)·N·W, (1−a)·N·T). The model leaves out fixed per-request costs (scheduling, "
-        "the first decode step, HTTP), so short prompts measure below the predicted speedup."
+        "the first decode step, HTTP), so short prompts measure below the predicted speedup. KV bytes per token "
+        "come from the simulator's model profile or, for real engines, the model directory's config.json (layers, "
+        "KV heads, head size, dtype); a calibration.yaml in the run directory (kvbench sim calibrate) adds the "
+        "calibrated simulator's TTFT, which does include those fixed costs."
     )
     return notes
 

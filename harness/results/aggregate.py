@@ -46,7 +46,7 @@ def latency_stats(values_ns: Sequence[int] | pd.Series) -> LatencyStats | None:
     )
 
 
-def _chosen_attempts(records_df: pd.DataFrame, done: Iterable[GroupDone]) -> dict[GroupKey, int]:
+def chosen_attempts(records_df: pd.DataFrame, done: Iterable[GroupDone]) -> dict[GroupKey, int]:
     chosen: dict[GroupKey, int] = {}
     for event in done:
         # a later completion of the same group (a forced re-run) wins
@@ -85,10 +85,8 @@ def aggregate(
         chosen: dict[GroupKey, int] = {}
     else:
         measure_all = df[df["phase"] == "measure"]
-        chosen = _chosen_attempts(measure_all, done)
-        group_keys = zip(
-            measure_all["arm"], measure_all["repetition"], measure_all["context_tokens"], strict=True
-        )
+        chosen = chosen_attempts(measure_all, done)
+        group_keys = zip(measure_all["arm"], measure_all["repetition"], measure_all["context_tokens"], strict=True)
         chosen_attempt = [chosen.get((str(a), int(r), int(c)), -1) for a, r, c in group_keys]
         keep = measure_all["attempt"] == pd.Series(chosen_attempt, index=measure_all.index)
         measured = measure_all[keep]
@@ -111,9 +109,7 @@ def aggregate(
                     subset = measured
                 else:
                     subset = measured[
-                        (measured["arm"] == arm)
-                        & (measured["context_tokens"] == context)
-                        & (measured["turn"] == turn)
+                        (measured["arm"] == arm) & (measured["context_tokens"] == context) & (measured["turn"] == turn)
                     ]
                 if subset.empty:
                     continue
@@ -146,9 +142,7 @@ def aggregate(
                     base_cell.ttft.median_ms if base_cell.ttft else None,
                     arm_cell.ttft.median_ms if arm_cell.ttft else None,
                 )
-                diffs.append(
-                    PctDiff(arm=arm, baseline=baseline, context_tokens=context, turn=turn, value=value)
-                )
+                diffs.append(PctDiff(arm=arm, baseline=baseline, context_tokens=context, turn=turn, value=value))
 
     metrics = list(metrics)
     cache = _cache_stats(metrics, chosen, arms, contexts, turns)

@@ -19,17 +19,16 @@ arm's first tier (its bandwidths: a profile's figures or a tier probe's pasted i
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engines.configs import VllmEngineConfig
 from harness.scenario.spec import Arm, CostSpec, EngineConfig
 from harness.sim.config import SimEngineConfig
 from offload import analytical
 from offload.profiles import OffloadProfile
 
+from .modelshape import hf_config
 from .sweep_result import (
     AnalyticalComparison,
     AnalyticalInputs,
@@ -128,9 +127,9 @@ def engine_shapes(engine: EngineConfig) -> Shapes:
     """Model and hardware of a scenario's engine: simulator profiles, or a vLLM model directory."""
     if isinstance(engine, SimEngineConfig):
         return _sim_shapes(engine)
-    if isinstance(engine, VllmEngineConfig):
-        return _vllm_shapes(engine)
-    return Shapes(None, None, engine.parallelism.tp, ("engine kind 'openai': model shape unknown",))
+    # every other kind names a model directory (or synth:SHAPE); an 'openai' endpoint's model is a
+    # served name, whose config.json is not here
+    return _model_dir_shapes(engine)
 
 
 def _sim_shapes(engine: SimEngineConfig) -> Shapes:
@@ -167,23 +166,23 @@ def _sim_shapes(engine: SimEngineConfig) -> Shapes:
 _TORCH_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
-def _vllm_shapes(engine: VllmEngineConfig) -> Shapes:
+def _model_dir_shapes(engine: EngineConfig) -> Shapes:
+    """A real engine's model shape from its model directory's config.json (synth: shapes included)."""
     tp = engine.parallelism.tp
-    path = Path(engine.model) / "config.json"
+    config, where = hf_config(engine.model)
+    if config is None:
+        return Shapes(None, None, tp, (f"model shape unknown: {where}",))
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        return Shapes(None, None, tp, (f"{path}: cannot read the model shape ({error})",))
-    try:
-        layers = int(config["num_hidden_layers"])
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads", heads))
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        intermediate = int(config["intermediate_size"])
+        layers = _positive_int(config, "num_hidden_layers")
+        hidden = _positive_int(config, "hidden_size")
+        heads = _positive_int(config, "num_attention_heads")
+        kv_heads = _positive_int(config, "num_key_value_heads", heads)
+        head_dim = _positive_int(config, "head_dim", hidden // heads)
+        intermediate = _positive_int(config, "intermediate_size")
     except (KeyError, TypeError, ValueError) as error:
-        return Shapes(None, None, tp, (f"{path}: missing architecture field {error}",))
-    dtype = engine.dtype if engine.dtype not in (None, "auto") else str(config.get("torch_dtype", "bfloat16"))
+        return Shapes(None, None, tp, (f"{where}: missing architecture field {error}",))
+    configured = getattr(engine, "dtype", None)  # engine kinds that take --dtype
+    dtype = configured if configured not in (None, "auto") else str(config.get("torch_dtype", "bfloat16"))
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     model = analytical.ModelShape(
         name=str(config.get("_name_or_path") or Path(engine.model).name),
@@ -192,11 +191,23 @@ def _vllm_shapes(engine: VllmEngineConfig) -> Shapes:
         hidden=hidden,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        dtype_bytes=_TORCH_DTYPE_BYTES.get(dtype or "bfloat16", 2),
+        dtype_bytes=_TORCH_DTYPE_BYTES.get(str(dtype), 2),
         attention_dim=heads * head_dim,
     )
-    note = f"vLLM on {engine.device}: no hardware profile, T is measured and the E2E bound needs an HBM bandwidth"
-    return Shapes(model, None, tp, (note,))
+    note = f"{engine.kind}: no hardware profile, T is measured and the E2E bound needs an HBM bandwidth"
+    return Shapes(model, None, tp, (f"model shape from {where}", note))
+
+
+def _positive_int(config: dict[str, object], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise KeyError(key)
+    if not isinstance(value, int | str | float):
+        raise TypeError(f"{key}: {value!r}")
+    number = int(value)
+    if number <= 0:
+        raise ValueError(f"{key}: {value!r}")
+    return number
 
 
 # ---------------------------------------------------------------------------------------------

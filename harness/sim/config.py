@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -35,6 +36,11 @@ class SimEngineConfig(StrictModel):
         "slow_tier, full_tier (see docs/playbook.md).",
     )
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
+    calibration: Path | None = Field(
+        default=None,
+        description="Calibration file (kvbench sim calibrate) for this deployment: fitted overheads, "
+        "efficiencies and offload-backend costs replace the datasheet figures.",
+    )
 
     # Checked here, not when the simulator starts: `kvbench validate` must catch a misspelt profile.
     @field_validator("model")

@@ -192,6 +192,9 @@ class TierState:
     slow_factor: float = 1.0
     refuse_writes: bool = False
     refused_writes: int = 0
+    instant_writes: bool = False
+    """Calibrated backends: a chunk is ready when its request finishes (its cost is the blocking
+    store in the prefill steps, see :class:`harness.sim.timemodel.Efficiencies`)."""
 
     @property
     def kind(self) -> str:
@@ -216,16 +219,22 @@ class TierState:
         if self.refuse_writes:
             self.refused_writes += 1
             return False
+        if self.instant_writes:
+            self._insert(key, now, nbytes)
+            return True
         start = max(now, self.write_busy_until)
         if start == now:
             start += self.latency_s * self.slow_factor  # an idle tier pays its latency before the first byte
         self.write_busy_until = start + nbytes / self.write_bytes_per_s * self.slow_factor
-        self.chunks[key] = self.write_busy_until
+        self._insert(key, self.write_busy_until, nbytes)
+        return True
+
+    def _insert(self, key: int, ready_at: float, nbytes: float) -> None:
+        self.chunks[key] = ready_at
         self.bytes_written += nbytes
         while len(self.chunks) > self.capacity_chunks:
             self.chunks.popitem(last=False)
             self.evictions += 1
-        return True
 
 
 @dataclass(frozen=True)
@@ -254,7 +263,13 @@ class StoredPrefix:
 class OffloadTiers:
     """The offload tiers of one profile, fastest (first in the profile) first."""
 
-    def __init__(self, profile: OffloadProfile, kv_bytes_per_token: int, host_link_bytes_per_s: float) -> None:
+    def __init__(
+        self,
+        profile: OffloadProfile,
+        kv_bytes_per_token: int,
+        host_link_bytes_per_s: float,
+        instant_writes: bool = False,
+    ) -> None:
         self.chunk_tokens = profile.chunk_tokens
         self.kv_bytes_per_token = kv_bytes_per_token
         self.chunk_bytes = float(profile.chunk_tokens * kv_bytes_per_token)
@@ -270,6 +285,7 @@ class OffloadTiers:
                     read_bytes_per_s=min(tier.effective_read_gbps * 1e9, link),
                     write_bytes_per_s=min(tier.effective_write_gbps * 1e9, link),
                     latency_s=tier.effective_latency_us * 1e-6,
+                    instant_writes=instant_writes,
                 )
             )
 

@@ -101,7 +101,8 @@ class SimRequest:
         "arrival", "blocks", "cached_tokens", "chunk_keys", "external_tokens", "first_token_at",
         "hashes", "hbm_hit_tokens", "load_from", "load_ready_at", "load_to", "max_tokens", "num_computed", "outputs",
         "phase",
-        "prefill_target", "prompt_tokens", "registered", "request_id", "rng", "sink", "tokens",
+        "prefill_target", "prompt_tokens", "received_at", "registered", "request_id", "rng", "schedulable_at", "sink",
+        "tokens",
     )  # fmt: skip
 
     def __init__(
@@ -128,6 +129,10 @@ class SimRequest:
             self.rng = random.Random(seed)
         self.phase = Phase.WAITING
         self.arrival = 0.0
+        self.received_at: float | None = None
+        """When the server received the request (monotonic s); None: when it was submitted."""
+        self.schedulable_at = 0.0
+        """Arrival plus the calibrated per-request overhead: not admitted before."""
         self.first_token_at: float | None = None
         self.num_computed = 0
         """Tokens whose KV is in HBM."""
@@ -230,7 +235,7 @@ class EngineCore:
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
         self.deployment: Deployment = settings.deployment()
-        self.time_model = TimeModel(self.deployment)
+        self.time_model = TimeModel(self.deployment, settings.efficiencies())
         kv_tokens = self.deployment.kv_cache_tokens(settings.gpu_memory_utilization, settings.max_batch_tokens)
         self.block_tokens = settings.block_tokens
         num_blocks = settings.num_gpu_blocks_override or kv_tokens // settings.block_tokens
@@ -239,10 +244,13 @@ class EngineCore:
         self.kv_cache_tokens = self.pool.num_blocks * settings.block_tokens
         limit = min(self.deployment.model.max_position_embeddings, self.kv_cache_tokens)
         self.max_model_len = min(settings.max_model_len, limit) if settings.max_model_len else limit
+        # a calibrated load rate is the effective end-to-end one, host link included: no second cap
+        link = self.deployment.hardware.host_link_bytes_per_s * self.deployment.tp
         self.tiers = OffloadTiers(
-            settings.offload,
+            settings.tier_profile(),
             self.deployment.kv_bytes_per_token,
-            self.deployment.hardware.host_link_bytes_per_s * self.deployment.tp,
+            link if settings.calibration is None else float("inf"),
+            instant_writes=settings.calibration is not None,
         )
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -262,6 +270,10 @@ class EngineCore:
                 f"has {request.prompt_tokens} prompt tokens and asks for {request.max_tokens} output tokens"
             )
         request.arrival = now
+        # a calibrated engine spends this long on a request before scheduling it (HTTP, tokenising);
+        # counted from when the server received it, so the simulator's own Python time is part of it
+        received = request.received_at if request.received_at is not None else now
+        request.schedulable_at = received + self.settings.request_overhead_s(request.prompt_tokens)
         self.waiting.append(request)
 
     def abort(self, request: SimRequest) -> None:
@@ -299,9 +311,24 @@ class EngineCore:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    def overdue_since(self, now: float) -> float | None:
+        """Calibrated engines only: when the first waiting request became schedulable, if that is past.
+
+        The calibrated per-request overhead already stands for the server's HTTP and tokenising
+        time; when the simulator's own Python took longer than that, the engine loop starts the
+        request's first step at this moment instead of now, so that time is not counted twice.
+        """
+        if self.settings.calibration is None or not self.waiting:
+            return None
+        due = self.waiting[0].schedulable_at
+        return due if due < now else None
+
     def next_wakeup(self) -> float | None:
-        """When the earliest loading request has its KV in HBM (None if none is loading)."""
+        """When the earliest loading request has its KV in HBM, or the first waiting request becomes
+        schedulable after its calibrated overhead (None if neither)."""
         times = [r.load_ready_at for r in self.running if r.phase is Phase.LOADING]
+        if self.waiting and self.waiting[0].schedulable_at > self._now:
+            times.append(self.waiting[0].schedulable_at)
         return min(times) if times else None
 
     # -- one step ---------------------------------------------------------------------------
@@ -440,6 +467,8 @@ class EngineCore:
         return best
 
     def _admit(self, request: SimRequest, now: float) -> bool:
+        if request.schedulable_at > now:
+            return False  # still in the calibrated per-request overhead (first come, first served)
         block_tokens = self.block_tokens
         target = len(request.tokens)
         hashes = request.block_hashes(block_tokens, target)
@@ -603,11 +632,15 @@ class EngineLoop:
     async def _run(self) -> None:
         core = self.core
         busy_until: float | None = None
+        last_end = 0.0
         while True:
             self._wake.clear()
             now = time.monotonic()
             # chain steps back to back; after idle time (or a long stall) start again from now
             start = busy_until if busy_until is not None and now - busy_until < MAX_LAG_S else now
+            overdue = core.overdue_since(now) if busy_until is None else None
+            if overdue is not None and now - overdue < MAX_LAG_S:
+                start = max(overdue, last_end)  # (never before the last step ended)
             plan = core.plan(start)
             if plan is None:
                 busy_until = None
@@ -622,4 +655,4 @@ class EngineLoop:
             delay = end - time.monotonic()
             await asyncio.sleep(max(0.0, delay))
             core.complete(plan, end)
-            busy_until = end
+            busy_until = last_end = end

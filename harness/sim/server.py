@@ -213,15 +213,17 @@ class SimServer:
     # -- generation -------------------------------------------------------------------------
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()
         body = await self._json(request)
         self._check_model(body)
         ids = self._chat_ids(body)
         max_tokens = _int_field(body, "max_completion_tokens", None, 1)
         if max_tokens is None:
             max_tokens = _int_field(body, "max_tokens", None, 1)
-        return await self._generate(request, body, ids, max_tokens, chat=True)
+        return await self._generate(request, body, ids, max_tokens, chat=True, received=received)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()
         body = await self._json(request)
         self._check_model(body)
         prompt = body.get("prompt")
@@ -234,10 +236,16 @@ class SimServer:
         else:
             raise ApiError(400, "'prompt' must be a string, a list of token ids, or a batch of one", param="prompt")
         max_tokens = _int_field(body, "max_tokens", None, 1)
-        return await self._generate(request, body, ids, max_tokens, chat=False)
+        return await self._generate(request, body, ids, max_tokens, chat=False, received=received)
 
     async def _generate(
-        self, request: web.Request, body: Mapping[str, Any], ids: list[int], max_tokens: int | None, chat: bool
+        self,
+        request: web.Request,
+        body: Mapping[str, Any],
+        ids: list[int],
+        max_tokens: int | None,
+        chat: bool,
+        received: float | None = None,
     ) -> web.StreamResponse:
         if _int_field(body, "n", 1, 1) != 1:
             raise ApiError(400, "the simulator supports only n=1", param="n")
@@ -260,6 +268,7 @@ class SimServer:
             # like vLLM, a request without max_tokens may use what is left of the context
             max_tokens = max(1, min(self.settings.default_max_tokens, self.core.max_model_len - len(ids)))
         sim_request = SimRequest(request_id, ids, max_tokens, queue.put_nowait, temperature=temperature, seed=seed)
+        sim_request.received_at = received
         try:
             self.loop.submit(sim_request)
         except ValueError as error:

@@ -21,8 +21,10 @@ from kvbench.schema import StrictModel
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile
 from offload.shapes import Deployment
 
+from .calibration import Calibration
 from .config import SimEngineConfig
 from .faults import Fault
+from .timemodel import Efficiencies
 
 
 class SimSettings(StrictModel):
@@ -57,11 +59,17 @@ class SimSettings(StrictModel):
         "slow or full tiers.",
     )  # fmt: skip
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
+    calibration: Calibration | None = Field(
+        default=None, description="Fitted parameters (kvbench sim calibrate) for this deployment, inline."
+    )
 
     @model_validator(mode="after")
     def _deployment_valid(self) -> SimSettings:
         deployment = self.deployment()
         deployment.kv_cache_tokens(self.gpu_memory_utilization, self.max_batch_tokens)
+        if self.calibration is not None:
+            self.calibration.check_deployment(deployment)
+            self.calibration.backend_for(self.offload)
         return self
 
     def deployment(self) -> Deployment:
@@ -76,9 +84,31 @@ class SimSettings(StrictModel):
         """Whether the HBM prefix cache is on: the profile asks for it and the runner allows it."""
         return self.offload.prefix_caching and self.prefix_caching
 
+    def efficiencies(self) -> Efficiencies | None:
+        """The calibrated step-time factors (None: the datasheet model)."""
+        if self.calibration is None:
+            return None
+        return self.calibration.efficiencies(self.deployment(), self.calibration.backend_for(self.offload))
+
+    def tier_profile(self) -> OffloadProfile:
+        """The offload profile with calibrated load rates and latencies on its tier."""
+        return self.offload if self.calibration is None else self.calibration.calibrated_profile(self.offload)
+
+    def request_overhead_s(self, prompt_tokens: int) -> float:
+        """Calibrated time from a request's arrival to its first schedulable moment (0 uncalibrated)."""
+        return 0.0 if self.calibration is None else self.calibration.request_overhead(prompt_tokens)
+
     @classmethod
     def from_engine_config(cls, config: SimEngineConfig, profile: OffloadProfile, prefix_caching: bool) -> SimSettings:
         # SimEngineConfig already refused pp, dp and replicas other than 1 at validation
+        parallel = config.parallelism
+        calibration = None
+        if config.calibration is not None:
+            where = f"calibration {config.calibration}"
+            calibration = Calibration.load(config.calibration)
+            deployment = Deployment.resolve(config.model, config.hardware, parallel.tp, config.dtype)
+            calibration.check_deployment(deployment, where)
+            calibration.backend_for(profile, where)
         return cls(
             model=config.model,
             hardware=config.hardware,
@@ -91,6 +121,7 @@ class SimSettings(StrictModel):
             prefix_caching=prefix_caching,
             faults=list(config.faults),
             fault_seed=config.fault_seed,
+            calibration=calibration,
         )
 
     @classmethod

@@ -20,6 +20,13 @@ A step runs one forward pass over a batch that mixes prefill chunks and decode t
   ``2(tp-1)/tp x tokens x hidden x 2 bytes`` at the NCCL bus bandwidth. vLLM does not overlap it
   with compute, so it adds.
 * step overhead: scheduling, input preparation and kernel launches of one engine step.
+* store (calibrated offload backends only): seconds per prefilled token that a backend such as
+  LMCache blocks the step while it copies the new KV to its tier (``store_s_per_token``; 0 for
+  the datasheet model, where tier writes run in the background after a request finishes).
+
+:class:`Efficiencies` replaces the datasheet efficiency factors with fitted ones (see
+:mod:`harness.sim.calibration`): ``linear`` scales the GEMM peak, ``attention`` the attention
+peak, ``hbm`` the HBM bandwidth; ``None`` keeps the hardware profile's value.
 
 Everything is aggregated per step (tokens, attention pairs, KV tokens read), so the cost of the
 bookkeeping does not grow with the number of blocks or the context length.
@@ -38,6 +45,21 @@ ACTIVATION_BYTES = 2
 """Activations and all-reduce payloads stay 16-bit even with FP8 weights."""
 
 
+@dataclass(frozen=True)
+class Efficiencies:
+    """Achieved fractions of peak (dimensionless) and per-step costs in seconds; None = the profile's."""
+
+    linear: float | None = None
+    """Fraction of the dtype's dense peak reached by the GEMMs (the profile's ``mfu`` if None)."""
+    attention: float | None = None
+    """Fraction of the BF16 dense peak reached by attention (the profile's ``mfu`` if None)."""
+    hbm: float | None = None
+    """Fraction of the HBM bandwidth reached by memory-bound steps (the profile's if None)."""
+    step_overhead_s: float = STEP_OVERHEAD_S
+    store_s_per_token: float = 0.0
+    """Seconds a step is blocked per prefilled token while the offload backend stores its KV."""
+
+
 @dataclass
 class StepWork:
     """What one step computes, aggregated over the batch."""
@@ -50,6 +72,8 @@ class StepWork:
     """Sum over new tokens of the number of keys each attends to (itself included)."""
     kv_tokens: int = 0
     """KV-cache tokens read or written by attention in this step."""
+    prefill_tokens: int = 0
+    """Prompt tokens computed in this step (what a blocking offload store copies out)."""
 
     def add_prefill(self, new_tokens: int, cached_tokens: int, last: bool = True) -> None:
         """A prefill chunk of ``new_tokens`` after ``cached_tokens`` already in the KV cache.
@@ -57,6 +81,7 @@ class StepWork:
         ``last``: the chunk ends the prompt, so its final token is sampled.
         """
         self.tokens += new_tokens
+        self.prefill_tokens += new_tokens
         self.sampled += 1 if last else 0
         self.attention_pairs += new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
         self.kv_tokens += cached_tokens + new_tokens
@@ -77,25 +102,27 @@ class StepCost:
     memory_s: float
     allreduce_s: float
     overhead_s: float
+    store_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.allreduce_s + self.overhead_s
+        return max(self.compute_s, self.memory_s) + self.allreduce_s + self.overhead_s + self.store_s
 
 
 class TimeModel:
     """Seconds per step for one deployment."""
 
-    def __init__(self, deployment: Deployment, step_overhead_s: float = STEP_OVERHEAD_S) -> None:
+    def __init__(self, deployment: Deployment, efficiencies: Efficiencies | None = None) -> None:
         self.deployment = deployment
+        eff = efficiencies or Efficiencies()
+        self.efficiencies = eff
         model, hw, tp = deployment.model, deployment.hardware, deployment.tp
-        linear_flops = hw.peak_flops(deployment.dtype) * hw.mfu
+        linear_flops = hw.peak_flops(deployment.dtype) * (eff.linear if eff.linear is not None else hw.mfu)
+        attention_flops = hw.peak_bf16_flops * (eff.attention if eff.attention is not None else hw.mfu)
         self._linear_s_per_token = 2 * model.body_params / tp / linear_flops
         self._lm_head_s_per_sample = 2 * model.lm_head_params / tp / linear_flops
-        self._attention_s_per_pair = (
-            4 * model.layers * model.heads * model.head_dim / tp / (hw.peak_bf16_flops * hw.mfu)
-        )
-        bandwidth = hw.hbm_bytes_per_s * hw.hbm_efficiency
+        self._attention_s_per_pair = 4 * model.layers * model.heads * model.head_dim / tp / attention_flops
+        bandwidth = hw.hbm_bytes_per_s * (eff.hbm if eff.hbm is not None else hw.hbm_efficiency)
         self._weights_s = deployment.streamed_weight_bytes_per_gpu / bandwidth
         self._kv_s_per_token = deployment.kv_bytes_per_token_per_gpu / bandwidth
         if tp > 1:
@@ -105,7 +132,8 @@ class TimeModel:
         else:
             self._allreduce_fixed_s = 0.0
             self._allreduce_s_per_token = 0.0
-        self._overhead_s = step_overhead_s
+        self._overhead_s = eff.step_overhead_s
+        self._store_s_per_token = eff.store_s_per_token
 
     def cost(self, work: StepWork) -> StepCost:
         compute = (
@@ -115,7 +143,8 @@ class TimeModel:
         )
         memory = self._weights_s + work.kv_tokens * self._kv_s_per_token
         allreduce = self._allreduce_fixed_s + work.tokens * self._allreduce_s_per_token if work.tokens else 0.0
-        return StepCost(compute, memory, allreduce, self._overhead_s)
+        store = work.prefill_tokens * self._store_s_per_token
+        return StepCost(compute, memory, allreduce, self._overhead_s, store)
 
     def step_seconds(self, work: StepWork) -> float:
         return self.cost(work).total_s

@@ -51,6 +51,10 @@ def serve(
         Path | None,
         typer.Option("--faults", help="Fault-injection file (YAML or JSON list of faults); replaces any in --config."),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option("--calibration", help="Calibration file (kvbench sim calibrate) for this deployment."),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible simulator until interrupted."""
     from pydantic import ValidationError
@@ -77,6 +81,14 @@ def serve(
             from harness.sim.faults import load_faults
 
             settings = settings.model_copy(update={"faults": load_faults(faults)})
+        if calibration is not None:
+            from harness.sim.calibration import Calibration
+
+            fitted = Calibration.load(calibration)
+            where = f"calibration {calibration}"
+            fitted.check_deployment(settings.deployment(), where)
+            fitted.backend_for(settings.offload, where)
+            settings = settings.model_copy(update={"calibration": fitted})
     except OSError as error:
         raise _fail(f"{config}: cannot read: {error.strerror}") from None
     except ValidationError as error:
@@ -180,3 +192,119 @@ def whatif(
         f"{summary.vs_better:.2f}x vs the better of the two (at most {summary.max_vs_better:.2f}x)."
     )
     typer.echo(f"Wrote {out / 'whatif.csv'} and {out / 'whatif.png'}")
+
+
+def _lengths(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise _fail(f"--holdout {text!r}: give context lengths separated by commas, e.g. 2000,16000,96000") from None
+
+
+@sim_app.command()
+def calibrate(
+    runs: Annotated[
+        list[Path], typer.Argument(help="Run directories of one deployment (probe runs; sweeps add decode).")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Calibration file to write (YAML).")] = Path(
+        "calibration.yaml"
+    ),
+    holdout: Annotated[
+        str | None, typer.Option("--holdout", help="Context lengths to leave out of the fit, e.g. 2000,16000,96000.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Simulator model profile, if the run's model is not one.")] = None,
+    hardware: Annotated[str | None, typer.Option(help="Simulator hardware profile, if the GPU is not known.")] = None,
+) -> None:
+    """Fit the simulator to real runs: request overhead, prefill efficiencies, offload load/store costs, decode."""
+    from harness.results.calibrate import calibrate as fit
+    from kvbench.errors import KvbenchError
+
+    try:
+        calibration = fit(runs, _lengths(holdout), model, hardware)
+    except KvbenchError as error:
+        raise _fail(str(error)) from None
+    calibration.save(out)
+    typer.echo(_describe(calibration))
+    typer.echo(f"Wrote {out}")
+
+
+def _describe(calibration: object) -> str:
+    from harness.sim.calibration import Calibration, FitParam
+
+    assert isinstance(calibration, Calibration)
+    lines = [f"Calibration for {calibration.deployment.label}"]
+    lines += [f"  from {s.path} (run {s.run_id}, {s.gpu}, manifest sha256 {s.manifest_sha256[:16]}…)"
+              for s in calibration.sources]  # fmt: skip
+    lines.append(
+        f"  fitted on lengths {calibration.fit_context_tokens}; held out {calibration.holdout_context_tokens or 'none'}"
+    )
+
+    def show(name: str, p: FitParam) -> str:
+        state = "fitted " if p.fitted else "default"
+        return f"  {name:<32} {p.value:>12.5g} {p.unit:<28} {state}  {p.source}"
+
+    lines.append("Parameters:")
+    for name in ("request_overhead_s", "request_overhead_s_per_ktoken", "linear_efficiency",
+                 "attention_efficiency", "step_overhead_s", "hbm_efficiency"):  # fmt: skip
+        value = getattr(calibration, name)
+        assert isinstance(value, FitParam)
+        lines.append(show(name, value))
+    for backend, entry in calibration.backends.items():
+        label = f"{backend} {entry.version or ''}".strip()
+        lines.append(show(f"{label}: load_gbps", entry.load_gbps))
+        lines.append(show(f"{label}: load_latency_s", entry.load_latency_s))
+        lines.append(show(f"{label}: store_s_per_gb", entry.store_s_per_gb))
+    lines.append("Residuals (median TTFT per arm, length, turn; error = predicted/measured - 1):")
+    lines.append(f"  {'arm':<22} {'tokens':>8} {'turn':>4} {'measured ms':>12} {'predicted ms':>12} {'error':>8}  set")
+    for r in calibration.residuals:
+        where = "fit" if r.used_in_fit else "held out"
+        lines.append(f"  {r.arm:<22} {r.context_tokens:>8} {r.turn:>4} {r.measured_ms:>12.1f} "
+                     f"{r.predicted_ms:>12.1f} {r.error:>+8.1%}  {where}")  # fmt: skip
+    return "\n".join(lines)
+
+
+@sim_app.command()
+def validate(
+    run: Annotated[Path, typer.Argument(help="A real probe run directory.")],
+    calibration: Annotated[
+        Path | None,
+        typer.Option("--calibration", help="Calibration file; default: fit one on the lengths not held out."),
+    ] = None,
+    holdout: Annotated[
+        str | None,
+        typer.Option("--holdout", help="Lengths to simulate and compare (and, without --calibration, not to fit)."),
+    ] = None,
+    conversations: Annotated[int, typer.Option(help="Conversations per length in the simulator run.")] = 1,
+    max_error: Annotated[float, typer.Option("--max-error", help="Largest |sim/measured - 1| per cell.")] = 0.15,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where the simulator run goes.")] = Path("runs/validate"),
+) -> None:
+    """Re-run a real run's scenario on the (calibrated) simulator; exit 0 within --max-error, 1 beyond, 2 no compare."""
+    from harness.runs.validate import validate as run_validation
+    from kvbench.errors import KvbenchError
+
+    try:
+        result = run_validation(run, out, calibration, _lengths(holdout), conversations, max_error)
+    except KvbenchError as error:
+        raise _fail(str(error)) from None
+    typer.echo(f"Simulated {result.sim_run} against measured {result.run}")
+    typer.echo(f"Calibration {result.calibration}: fitted on lengths {result.fit_lengths}")
+    held = [n for n in result.validated_lengths if n not in result.fit_lengths]
+    typer.echo(
+        f"Validated on lengths {result.validated_lengths} (held out of the fit: {held or 'none'}), "
+        f"{result.conversations} conversation(s) per length in the simulator"
+    )
+    typer.echo(f"  {'arm':<22} {'tokens':>8} {'turn':>4} {'measured ms':>12} {'simulated ms':>12} {'error':>8}  set")
+    for c in result.cells:
+        flag = "" if c.context_tokens >= result.min_tokens else "  (not judged)"
+        mark = " !" if c.context_tokens >= result.min_tokens and abs(c.error) > result.max_error else ""
+        typer.echo(f"  {c.arm:<22} {c.context_tokens:>8} {c.turn:>4} {c.measured_ms:>12.1f} {c.simulated_ms:>12.1f} "
+                   f"{c.error:>+8.1%}  {'fit' if c.in_fit else 'held out'}{flag}{mark}")  # fmt: skip
+    worst = result.worst
+    typer.echo(
+        f"median |error| {result.median_abs_error:.1%}; worst {abs(worst.error) if worst else 0:.1%}; "
+        f"threshold {result.max_error:.0%} per cell at >= {result.min_tokens:,} tokens: "
+        + ("within" if result.passed else "BEYOND")
+    )
+    raise typer.Exit(0 if result.passed else 1)

@@ -1,0 +1,664 @@
+"""Fit a simulator calibration from real runs: a pure function of stored run directories.
+
+``calibrate([RUN_DIR, ...])`` reads each run's scenario, manifest, ``records.jsonl`` and
+``engine_metrics.jsonl`` and fits the parameters of :class:`harness.sim.calibration.Calibration`
+for the one deployment they share (model, hardware, TP, dtype, engine and version; runs of two
+deployments are an error naming both).
+
+What is fitted, from what (all by least squares on *relative* residuals ``predicted/measured - 1``,
+so a 50 ms and a 10 s request weigh the same; ``soft_l1`` loss, so a request whose TTFT includes a
+few decode steps does not drag the fit):
+
+1. Decode (every run kind, every request with two or more output tokens): one step per token is
+   ``step_overhead + max(compute, (weights + batch x context x KV bytes) / (HBM bw x hbm_eff))``.
+   The step time of a request is the median gap between content chunks, or -- when the stream
+   carried fewer content chunks than tokens (outputs that decode to no text) -- the time from
+   the first to the last chunk over ``completion_tokens - 1`` (a lower bound). ``batch`` is the
+   time-averaged number of requests of the same arm decoding at once (1 in a probe run). The HBM
+   efficiency is fitted only when the contexts or batches differ by 4x or more.
+2. TTFT (probe runs only: an unloaded request's TTFT, no queueing): each measured request is
+   ``overhead(P) + [latency_b + loaded x KV bytes / load_bw_b] + prefill(P | cached)``, the
+   simulator's own unloaded formula (:func:`harness.sim.calibration.unloaded_ttft_s`), where the
+   prefill uses the time model with the fitted GEMM and attention efficiencies plus the backend's
+   blocking store per computed token. Per request, HBM hits and tier hits (``loaded``) are the
+   group's ``/metrics`` deltas (``gpu_prefix_hits``, ``external_prefix_hits``) divided by its
+   requests, or ``cached_tokens`` when no deltas exist.
+
+Some parameters are not determined by some runs; they keep their default and say why:
+
+* the per-token growth of the request overhead needs requests served from the HBM prefix cache
+  (otherwise it is indistinguishable from the GEMM rate and the load rate);
+* the store cost needs an arm without a tier (otherwise it is indistinguishable from prefill);
+* a backend's load latency needs loads of sizes that differ by 4x or more, its rate any load;
+* the attention efficiency needs prompts of 16k tokens or more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from harness.scenario.spec import Scenario
+from harness.sim.calibration import (
+    BackendCalibration,
+    CalibratedDeployment,
+    Calibration,
+    FitParam,
+    Residual,
+    SourceRun,
+    unloaded_ttft_s,
+)
+from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, TimeModel
+from harness.store.manifest import read_manifest
+from harness.store.records import RequestRecord
+from harness.store.rundir import RunDir
+from kvbench.errors import CalibrationError, RunDirError
+from offload.profiles import TierKind, resolve_profile
+from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, known_model, model_from_hf_config
+
+from .aggregate import chosen_attempts
+from .modelshape import hf_config
+
+DEFAULT_MAX_BATCH_TOKENS = 8192
+"""vLLM V1's default --max-num-batched-tokens for the API server (and the simulator's)."""
+
+ATTENTION_MIN_TOKENS = 16_000
+SPREAD = 4.0
+"""Sizes (contexts, batches, loads) must differ by this factor for a slope to be determined."""
+
+DTYPES: dict[str, Dtype] = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+                            "fp8": "fp8"}  # fmt: skip
+GPU_NAMES: tuple[tuple[str, str], ...] = (("H200", "h200-sxm"), ("H100", "h100-sxm"))
+"""Substring of the GPU name in the manifest -> simulator hardware profile."""
+
+
+@dataclass(frozen=True)
+class ArmFacts:
+    backend: str | None
+    """Offload backend the arm used (None: no tier)."""
+    version: str | None
+    tier: TierKind | None
+    chunk_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run directory says about its deployment."""
+
+    source: SourceRun
+    deployment: CalibratedDeployment
+    arms: dict[str, ArmFacts]
+    max_batch_tokens: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class TtftSample:
+    arm: str
+    backend: str | None
+    context_tokens: int
+    turn: int
+    prompt_tokens: int
+    hbm_tokens: int
+    loaded_tokens: int
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class DecodeSample:
+    batch: float
+    context_tokens: int
+    step_s: float
+
+
+@dataclass
+class FitData:
+    ttft: list[TtftSample] = field(default_factory=list)
+    decode: list[DecodeSample] = field(default_factory=list)
+
+
+# -- what a run directory is ---------------------------------------------------------------------
+
+
+def _engine_attr(scenario: Scenario, name: str) -> object:
+    # engine configs differ per kind; these optional knobs are read where a kind has them
+    return getattr(scenario.engine, name, None)
+
+
+def _model_name(scenario: Scenario, where: str, override: str | None) -> str:
+    if override is not None:
+        if override not in MODELS:
+            raise CalibrationError(f"--model {override!r}: unknown; known: {', '.join(sorted(MODELS))}")
+        return override
+    ref = scenario.engine.model
+    if ref in MODELS:
+        return ref
+    profile = run_model_shape(scenario)
+    name = known_model(profile) if profile is not None else None
+    if name is None:
+        raise CalibrationError(
+            f"{where}: engine.model {ref!r} matches no simulator model profile "
+            f"({', '.join(sorted(MODELS))}); pass --model"
+        )
+    return name
+
+
+def run_model_shape(scenario: Scenario) -> ModelProfile | None:
+    """The model shape a run used: a simulator profile, or its model directory's config.json."""
+    ref = scenario.engine.model
+    if ref in MODELS:
+        return MODELS[ref]
+    config, where = hf_config(ref)
+    if config is None:
+        return None
+    try:
+        return model_from_hf_config(config, ref, where)
+    except ValueError:
+        return None
+
+
+def _gpu_names(manifest: dict[str, object]) -> list[str]:
+    host = manifest.get("host")
+    gpus = host.get("gpus") if isinstance(host, dict) else None
+    return [str(gpu.get("name", "")) for gpu in gpus if isinstance(gpu, dict)] if isinstance(gpus, list) else []
+
+
+def _hardware_name(details: dict[str, str], manifest: dict[str, object], where: str, override: str | None) -> str:
+    if override is not None:
+        if override not in HARDWARE:
+            raise CalibrationError(f"--hardware {override!r}: unknown; known: {', '.join(sorted(HARDWARE))}")
+        return override
+    if details.get("hardware") in HARDWARE:
+        return details["hardware"]
+    names = _gpu_names(manifest)
+    for gpu in names:
+        for needle, profile in GPU_NAMES:
+            if needle in gpu:
+                return profile
+    raise CalibrationError(
+        f"{where}: manifest.json host.gpus {names or 'is empty'}: no simulator hardware profile "
+        f"({', '.join(sorted(HARDWARE))}) matches; pass --hardware"
+    )
+
+
+def run_facts(path: Path, model: str | None = None, hardware: str | None = None) -> RunFacts:
+    """The deployment, per-arm offload backends and source identity of one run directory."""
+    run_dir = RunDir.open(path)
+    scenario = run_dir.scenario()
+    if not run_dir.manifest_file.exists():
+        raise CalibrationError(f"{run_dir.manifest_file}: missing; a calibration needs the run's manifest")
+    raw = run_dir.manifest_file.read_bytes()
+    manifest: dict[str, object] = read_manifest(run_dir.manifest_file)
+    engines = manifest.get("engines")
+    if not isinstance(engines, dict) or not engines:
+        raise CalibrationError(f"{run_dir.manifest_file}: field 'engines' is empty (the run never started an engine)")
+    where = str(run_dir.manifest_file)
+    versions = {(str(e.get("kind")), str(e.get("version"))) for e in engines.values() if isinstance(e, dict)}
+    if len(versions) != 1:
+        raise CalibrationError(f"{where}: arms ran different engines {sorted(versions)}; calibrate one at a time")
+    engine, version = versions.pop()
+    first = next(iter(engines.values()))
+    first_details = {str(k): str(v) for k, v in first.get("details", {}).items()}
+    name = _model_name(scenario, where, model)
+    tp_value = getattr(_engine_attr(scenario, "parallelism"), "tp", 1)
+    tp = tp_value if isinstance(tp_value, int) else 1
+    dtype_value = _engine_attr(scenario, "dtype")
+    dtype: Dtype = DTYPES.get(str(dtype_value), MODELS[name].dtype) if dtype_value is not None else MODELS[name].dtype
+    chunk = _engine_attr(scenario, "max_batch_tokens") or _engine_attr(scenario, "max_num_batched_tokens")
+    arms: dict[str, ArmFacts] = {}
+    for arm in scenario.arms:
+        profile = resolve_profile(arm.offload)
+        entry = engines.get(arm.name)
+        details = {str(k): str(v) for k, v in entry.get("details", {}).items()} if isinstance(entry, dict) else {}
+        if not profile.offload_enabled:
+            arms[arm.name] = ArmFacts(None, None, None)
+            continue
+        backend = details.get("offload_backend", profile.backend)
+        arms[arm.name] = ArmFacts(
+            backend, details.get(f"{backend}_version"), profile.tiers[0].kind, profile.chunk_tokens
+        )
+    gpu = next(iter(_gpu_names(manifest)), "")
+    return RunFacts(
+        source=SourceRun(
+            path=str(path),
+            run_id=str(manifest.get("run_id", path.name)),
+            manifest_sha256=hashlib.sha256(raw).hexdigest(),
+            gpu=gpu or first_details.get("hardware", "unknown"),
+        ),
+        deployment=CalibratedDeployment(
+            model=name,
+            hardware=_hardware_name(first_details, manifest, where, hardware),
+            tp=tp,
+            dtype=dtype,
+            engine=engine,
+            engine_version=version,
+        ),
+        arms=arms,
+        max_batch_tokens=chunk if isinstance(chunk, int) else DEFAULT_MAX_BATCH_TOKENS,
+        kind=run_dir.kind,
+    )
+
+
+# -- samples -------------------------------------------------------------------------------------
+
+
+def _measured(run_dir: RunDir) -> list[RequestRecord]:
+    records = [r for r in run_dir.records() if r.phase == "measure"]
+    if not records:
+        return []
+    import pandas as pd
+
+    frame = pd.DataFrame([{"arm": r.arm, "repetition": r.repetition, "context_tokens": r.context_tokens,
+                           "attempt": r.attempt} for r in records])  # fmt: skip
+    chosen = chosen_attempts(frame, run_dir.groups_done())
+    return [r for r in records if chosen.get((r.arm, r.repetition, r.context_tokens)) == r.attempt]
+
+
+def _decode_step(record: RequestRecord) -> float | None:
+    tokens = record.completion_tokens or 0
+    if not record.ok or tokens < 2 or not record.itl_ns:
+        return None
+    if record.output_chunks >= tokens:
+        return float(np.median(record.itl_ns)) / 1e9
+    return float(sum(record.itl_ns)) / 1e9 / (tokens - 1)
+
+
+def decode_batches(records: Sequence[RequestRecord]) -> list[float]:
+    """Time-averaged number of requests decoding at once during each request's decode window."""
+    starts = np.array([r.started_ns + (r.ttft_ns or 0) for r in records], dtype=float)
+    ends = np.array([r.started_ns + (r.e2e_ns or r.ttft_ns or 0) for r in records], dtype=float)
+    out: list[float] = []
+    for i in range(len(records)):
+        width = ends[i] - starts[i]
+        if width <= 0:
+            out.append(1.0)
+            continue
+        overlap = np.clip(np.minimum(ends, ends[i]) - np.maximum(starts, starts[i]), 0.0, None)
+        out.append(max(1.0, float(overlap.sum() / width)))
+    return out
+
+
+def collect(path: Path, facts: RunFacts, holdout: Sequence[int]) -> tuple[FitData, FitData]:
+    """(fit samples, held-out samples) of one run."""
+    run_dir = RunDir.open(path)
+    records = [r for r in _measured(run_dir) if r.ok and r.ttft_ns is not None and r.prompt_tokens]
+    per_group: dict[tuple[str, int, int, int, int], int] = defaultdict(int)
+    for r in records:
+        per_group[(r.arm, r.attempt, r.repetition, r.context_tokens, r.turn)] += 1
+    hits: dict[tuple[str, int, int, int, int], tuple[float, float]] = {}
+    for delta in run_dir.metrics():
+        key = (delta.arm, delta.attempt, delta.repetition, delta.context_tokens, delta.turn)
+        count = per_group.get(key, 0)
+        if count:
+            values = delta.values
+            hits[key] = (values.get("gpu_prefix_hits", 0.0) / count, values.get("external_prefix_hits", 0.0) / count)
+    fit, held = FitData(), FitData()
+    by_run: dict[tuple[str, int, int | None], list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        by_run[(r.arm, r.attempt, r.point)].append(r)
+    for group in by_run.values():
+        for record, batch in zip(group, decode_batches(group), strict=True):
+            step = _decode_step(record)
+            if step is not None:
+                target = held if record.context_tokens in holdout else fit
+                context = (record.prompt_tokens or 0) + (record.completion_tokens or 0) // 2
+                target.decode.append(DecodeSample(batch, context, step))
+    if facts.kind != "probe":
+        return fit, held  # queueing under load: TTFT is not an unloaded request's
+    for r in records:
+        arm = facts.arms.get(r.arm)
+        if arm is None or r.ttft_ns is None or r.prompt_tokens is None:
+            continue
+        key = (r.arm, r.attempt, r.repetition, r.context_tokens, r.turn)
+        hbm, loaded = hits.get(key, (0.0, float(r.cached_tokens or 0)))
+        # the simulator loads whole chunks: a group's few stray hit tokens (a shared system
+        # prompt, spread over its requests) are no load at all
+        loaded = loaded if loaded >= arm.chunk_tokens else 0.0
+        sample = TtftSample(
+            arm=r.arm,
+            backend=arm.backend,
+            context_tokens=r.context_tokens,
+            turn=r.turn,
+            prompt_tokens=r.prompt_tokens,
+            hbm_tokens=round(hbm),
+            loaded_tokens=round(loaded) if arm.backend is not None else 0,
+            ttft_s=r.ttft_ns / 1e9,
+        )
+        (held if r.context_tokens in holdout else fit).ttft.append(sample)
+    return fit, held
+
+
+# -- the model and the fit ------------------------------------------------------------------------
+
+
+@dataclass
+class Params:
+    """The fitted quantities, in the units the simulator uses."""
+
+    overhead_s: float = 0.0
+    overhead_s_per_ktoken: float = 0.0
+    linear: float = 0.65
+    attention: float = 0.65
+    hbm: float = 0.85
+    step_overhead_s: float = STEP_OVERHEAD_S
+    load_s_per_gb: dict[str, float] = field(default_factory=dict)
+    load_latency_s: dict[str, float] = field(default_factory=dict)
+    store_s_per_gb: dict[str, float] = field(default_factory=dict)
+
+
+def predict_ttft(deployment: Deployment, params: Params, chunk: int, samples: Sequence[TtftSample]) -> np.ndarray:
+    """Seconds, per sample, of the simulator's unloaded TTFT with these parameters."""
+    kv_gb = deployment.kv_bytes_per_token / 1e9
+    timings: dict[str | None, TimeModel] = {}
+    out = np.empty(len(samples))
+    for i, s in enumerate(samples):
+        timing = timings.get(s.backend)
+        if timing is None:
+            store = params.store_s_per_gb.get(s.backend, 0.0) if s.backend else 0.0
+            eff = Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s, store * kv_gb)
+            timing = timings[s.backend] = TimeModel(deployment, eff)
+        load = 0.0
+        if s.backend is not None and s.loaded_tokens > 0:
+            rate = params.load_s_per_gb.get(s.backend, 1 / 25.0)
+            load = params.load_latency_s.get(s.backend, 0.0) + s.loaded_tokens * kv_gb * rate
+        overhead = params.overhead_s + params.overhead_s_per_ktoken * s.prompt_tokens / 1000
+        out[i] = unloaded_ttft_s(timing, overhead, s.prompt_tokens, s.hbm_tokens, s.loaded_tokens, load, chunk)
+    return out
+
+
+def predict_decode(deployment: Deployment, params: Params, samples: Sequence[DecodeSample]) -> np.ndarray:
+    timing = TimeModel(deployment, Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s))
+    return np.array([timing.decode_step_seconds(max(1, round(s.batch)), s.context_tokens) for s in samples])
+
+
+@dataclass(frozen=True)
+class Free:
+    """One free parameter: how to read it from and write it into :class:`Params`, and its bounds."""
+
+    name: str
+    get: Callable[[Params], float]
+    set: Callable[[Params, float], None]
+    low: float
+    high: float
+
+
+def _solve(frees: Sequence[Free], params: Params, residuals: Callable[[Params], np.ndarray]) -> None:
+    if not frees:
+        return
+    start = np.array([min(max(f.get(params), f.low), f.high) for f in frees])
+
+    def apply(vector: np.ndarray) -> Params:
+        for f, value in zip(frees, vector, strict=True):
+            f.set(params, float(value))
+        return params
+
+    def objective(vector: np.ndarray) -> np.ndarray:
+        return residuals(apply(vector))
+
+    result = least_squares(
+        objective,
+        start,
+        bounds=([f.low for f in frees], [f.high for f in frees]),
+        loss="soft_l1",
+        f_scale=0.05,
+        x_scale="jac",
+        diff_step=[1e-4] * len(frees),
+    )
+    apply(result.x)
+
+
+def _spread(values: Sequence[float]) -> bool:
+    positive = [v for v in values if v > 0]
+    return bool(positive) and max(positive) >= SPREAD * min(positive)
+
+
+def _setter(attribute: str) -> Callable[[Params, float], None]:
+    return lambda p, v: setattr(p, attribute, v)
+
+
+def _getter(attribute: str) -> Callable[[Params], float]:
+    return lambda p: float(getattr(p, attribute))
+
+
+def _keyed(table: str, key: str) -> tuple[Callable[[Params], float], Callable[[Params, float], None]]:
+    def get(p: Params) -> float:
+        return getattr(p, table)[key]  # type: ignore[no-any-return]
+
+    def put(p: Params, v: float) -> None:
+        getattr(p, table)[key] = v
+
+    return get, put
+
+
+def _span(samples: Sequence[TtftSample]) -> str:
+    if not samples:
+        return "no requests"
+    lengths = sorted({s.context_tokens for s in samples})
+    return f"{len(samples)} requests, {lengths[0]:,}-{lengths[-1]:,} tokens"
+
+
+def calibrate(
+    paths: Sequence[Path],
+    holdout: Sequence[int] = (),
+    model: str | None = None,
+    hardware: str | None = None,
+) -> Calibration:
+    """Fit a calibration from run directories (all of one deployment); ``holdout`` lengths are not fitted."""
+    if not paths:
+        raise CalibrationError("give at least one run directory")
+    facts = [run_facts(path, model, hardware) for path in paths]
+    first = facts[0]
+    for other in facts[1:]:
+        if other.deployment != first.deployment:
+            raise CalibrationError(
+                f"{other.source.path} is {other.deployment.label} but {first.source.path} is "
+                f"{first.deployment.label}: calibrate one deployment at a time"
+            )
+    dep = first.deployment
+    deployment = Deployment.resolve(dep.model, dep.hardware, dep.tp, dep.dtype)
+    chunk = first.max_batch_tokens
+    fit, held = FitData(), FitData()
+    backend_facts: dict[str, ArmFacts] = {}
+    for path, fact in zip(paths, facts, strict=True):
+        part_fit, part_held = collect(path, fact, holdout)
+        fit.ttft += part_fit.ttft
+        fit.decode += part_fit.decode
+        held.ttft += part_held.ttft
+        held.decode += part_held.decode
+        backend_facts.update({a.backend: a for a in fact.arms.values() if a.backend is not None})
+    if not fit.ttft and not fit.decode:
+        raise CalibrationError(
+            f"{', '.join(map(str, paths))}: no measured requests to fit outside the held-out lengths {list(holdout)}"
+        )
+    hw = deployment.hardware
+    params = Params(linear=hw.mfu, attention=hw.mfu, hbm=hw.hbm_efficiency)
+    backends = sorted({s.backend for s in fit.ttft if s.backend is not None} | set(backend_facts))
+    for b in backends:
+        params.load_s_per_gb[b] = 1 / 25.0
+        params.load_latency_s[b] = 0.0
+        params.store_s_per_gb[b] = 0.0
+
+    # 1. decode
+    decode_frees: list[Free] = []
+    decode_hbm = _spread([s.context_tokens * s.batch for s in fit.decode])
+    if fit.decode:
+        decode_frees.append(Free("step_overhead_s", _getter("step_overhead_s"), _setter("step_overhead_s"), 0.0, 0.5))
+        if decode_hbm:
+            decode_frees.append(Free("hbm", _getter("hbm"), _setter("hbm"), 0.05, 1.0))
+    measured_decode = np.array([s.step_s for s in fit.decode])
+
+    def decode_residuals(p: Params) -> np.ndarray:
+        return np.asarray(predict_decode(deployment, p, fit.decode) / measured_decode - 1.0, dtype=float)
+
+    _solve(decode_frees, params, decode_residuals)
+
+    # 2. TTFT
+    samples = fit.ttft
+    measured = np.array([s.ttft_s for s in samples])
+    frees: list[Free] = []
+    if samples:
+        frees.append(Free("overhead_s", _getter("overhead_s"), _setter("overhead_s"), 0.0, 2.0))
+        frees.append(Free("linear", _getter("linear"), _setter("linear"), 0.02, 1.0))
+    has_hbm_served = any(s.hbm_tokens >= s.prompt_tokens // 2 for s in samples)
+    if has_hbm_served:
+        frees.append(Free("overhead_s_per_ktoken", _getter("overhead_s_per_ktoken"),
+                          _setter("overhead_s_per_ktoken"), 0.0, 1.0))  # fmt: skip
+    long_prompts = any(s.prompt_tokens >= ATTENTION_MIN_TOKENS for s in samples)
+    if long_prompts:
+        frees.append(Free("attention", _getter("attention"), _setter("attention"), 0.02, 1.0))
+    no_tier = any(s.backend is None for s in samples)
+    fitted_load: dict[str, bool] = {}
+    fitted_latency: dict[str, bool] = {}
+    for b in backends:
+        loads = [s.loaded_tokens for s in samples if s.backend == b and s.loaded_tokens > 0]
+        fitted_load[b] = bool(loads)
+        fitted_latency[b] = _spread([float(x) for x in loads])
+        if fitted_load[b]:
+            frees.append(Free(f"load_s_per_gb[{b}]", *_keyed("load_s_per_gb", b), 1e-3, 10.0))
+        if fitted_latency[b]:
+            frees.append(Free(f"load_latency_s[{b}]", *_keyed("load_latency_s", b), 0.0, 2.0))
+        if no_tier and any(s.backend == b for s in samples):
+            frees.append(Free(f"store_s_per_gb[{b}]", *_keyed("store_s_per_gb", b), 0.0, 10.0))
+
+    def ttft_residuals(p: Params) -> np.ndarray:
+        return np.asarray(predict_ttft(deployment, p, chunk, samples) / measured - 1.0, dtype=float)
+
+    _solve(frees, params, ttft_residuals)
+    # the prefill efficiencies enter large-batch decode steps: refit decode with them
+    _solve(decode_frees, params, decode_residuals)
+    free_names = {f.name for f in frees} | {f.name for f in decode_frees}
+
+    runs = ", ".join(f.source.run_id for f in facts)
+    no_tier_samples = [s for s in samples if s.backend is None]
+
+    def param(name: str, value: float, unit: str, source: str, default_why: str) -> FitParam:
+        fitted = name in free_names
+        return FitParam(value=value, unit=unit, fitted=fitted, source=source if fitted else default_why)
+
+    backend_out: dict[str, BackendCalibration] = {}
+    for b in backends:
+        mine = [s for s in samples if s.backend == b]
+        hits = [s for s in mine if s.loaded_tokens > 0]
+        arm_fact = backend_facts.get(b)
+        backend_out[b] = BackendCalibration(
+            version=arm_fact.version if arm_fact else None,
+            tier=(arm_fact.tier if arm_fact and arm_fact.tier else "cpu"),
+            load_gbps=param(f"load_s_per_gb[{b}]", 1.0 / params.load_s_per_gb[b], "GB/s",
+                            f"tier hits of {_span(hits)} ({runs})", "no tier hits in the fitted requests: default"),
+            load_latency_s=param(f"load_latency_s[{b}]", params.load_latency_s[b], "s",
+                                 f"intercept of load time vs loaded bytes, {_span(hits)}",
+                                 "loads of one size only: the latency is folded into the load rate"),
+            store_s_per_gb=param(f"store_s_per_gb[{b}]", params.store_s_per_gb[b], "s/GB",
+                                 f"turn-1 TTFT of {_span(mine)} against {_span(no_tier_samples)} without a tier",
+                                 "no arm without a tier: the store cost is folded into the prefill efficiencies"),
+        )  # fmt: skip
+    decode_span = f"{len(fit.decode)} requests' inter-token latencies ({runs})"
+    calibration = Calibration(
+        deployment=dep,
+        sources=[f.source for f in facts],
+        fit_context_tokens=sorted({s.context_tokens for s in samples} | set()),
+        holdout_context_tokens=sorted(set(holdout)),
+        max_batch_tokens=chunk,
+        request_overhead_s=param("overhead_s", params.overhead_s, "s",
+                                 f"intercept of TTFT vs prompt length, {_span(samples)} ({runs})", "no probe requests"),
+        request_overhead_s_per_ktoken=param(
+            "overhead_s_per_ktoken", params.overhead_s_per_ktoken, "s per 1000 prompt tokens",
+            "requests served from the HBM prefix cache",
+            "no requests served from the HBM prefix cache: the growth is folded into the linear efficiency "
+            "and the load rates"),
+        linear_efficiency=param("linear", params.linear, "fraction of dense peak",
+                                f"slope of TTFT vs prompt length, {_span(samples)}", "no probe requests: datasheet"),
+        attention_efficiency=param("attention", params.attention, "fraction of BF16 dense peak",
+                                   f"curvature of TTFT vs prompt length, {_span(samples)}",
+                                   f"no prompts of {ATTENTION_MIN_TOKENS:,}+ tokens: datasheet"),
+        step_overhead_s=param("step_overhead_s", params.step_overhead_s, "s", decode_span,
+                              "no output of 2+ tokens: default"),
+        hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span,
+                             f"contexts x batches differ by less than {SPREAD:g}x: datasheet"),
+        backends=backend_out,
+        residuals=[],
+    )  # fmt: skip
+    return calibration.model_copy(update={"residuals": residuals(calibration, deployment, fit.ttft, held.ttft)})
+
+
+def residuals(
+    calibration: Calibration, deployment: Deployment, fitted: Sequence[TtftSample], held: Sequence[TtftSample]
+) -> list[Residual]:
+    """Median predicted vs measured TTFT per (arm, context, turn), for fitted and held-out requests."""
+    params = params_of(calibration)
+    out: list[Residual] = []
+    for used, samples in ((True, fitted), (False, held)):
+        cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
+        for s in samples:
+            cells[(s.arm, s.context_tokens, s.turn)].append(s)
+        for (arm, context, turn), cell in sorted(cells.items()):
+            predicted = predict_ttft(deployment, params, calibration.max_batch_tokens, cell)
+            out.append(
+                Residual(
+                    arm=arm,
+                    backend=cell[0].backend or "none",
+                    context_tokens=context,
+                    turn=turn,
+                    requests=len(cell),
+                    measured_ms=float(np.median([s.ttft_s for s in cell])) * 1e3,
+                    predicted_ms=float(np.median(predicted)) * 1e3,
+                    used_in_fit=used,
+                )
+            )
+    return out
+
+
+def params_of(calibration: Calibration) -> Params:
+    """The fit's working parameters back from a calibration file."""
+    return Params(
+        overhead_s=calibration.request_overhead_s.value,
+        overhead_s_per_ktoken=calibration.request_overhead_s_per_ktoken.value,
+        linear=calibration.linear_efficiency.value,
+        attention=calibration.attention_efficiency.value,
+        hbm=calibration.hbm_efficiency.value,
+        step_overhead_s=calibration.step_overhead_s.value,
+        load_s_per_gb={b: 1.0 / c.load_gbps.value for b, c in calibration.backends.items()},
+        load_latency_s={b: c.load_latency_s.value for b, c in calibration.backends.items()},
+        store_s_per_gb={b: c.store_s_per_gb.value for b, c in calibration.backends.items()},
+    )
+
+
+CALIBRATION_IN_RUN = "calibration.yaml"
+"""A calibration stored in a run directory: reports show its predictions beside the measurements."""
+
+
+def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str, int, int], float], str]:
+    """Median TTFT (ms) the calibrated simulator predicts per (arm, context, turn) of a probe run.
+
+    Returns ``({}, why)`` when the calibration cannot be used for the run (another deployment, an
+    unreadable file); arms whose offload backend the calibration lacks are left out.
+    """
+    try:
+        calibration = Calibration.load(calibration_file)
+        facts = run_facts(run)
+    except (CalibrationError, RunDirError) as error:
+        return {}, str(error)
+    if calibration.deployment != facts.deployment:
+        return {}, (
+            f"calibration {calibration_file} is for {calibration.deployment.label}; the run is {facts.deployment.label}"
+        )
+    dep = calibration.deployment
+    deployment = Deployment.resolve(dep.model, dep.hardware, dep.tp, dep.dtype)
+    samples, _ = collect(run, facts, ())
+    usable = [s for s in samples.ttft if s.backend is None or s.backend in calibration.backends]
+    cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
+    for s in usable:
+        cells[(s.arm, s.context_tokens, s.turn)].append(s)
+    params = params_of(calibration)
+    out = {
+        key: float(np.median(predict_ttft(deployment, params, calibration.max_batch_tokens, cell))) * 1e3
+        for key, cell in cells.items()
+    }
+    fitted = ", ".join(f"{n:,}" for n in calibration.fit_context_tokens)
+    return out, f"calibration {calibration_file.name} ({dep.label}, fitted on {fitted} tokens)"

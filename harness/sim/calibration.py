@@ -1,0 +1,232 @@
+"""A simulator calibration: fitted parameters for one deployment, and how the simulator applies them.
+
+A calibration file (``kvbench sim calibrate`` writes it, see :mod:`harness.results.calibrate`)
+replaces the datasheet efficiency factors of one deployment -- model profile, hardware profile,
+tensor-parallel degree, dtype, and the real engine and version it was measured on -- with values
+fitted to real runs. Every parameter is physical and says where it came from (:class:`FitParam`):
+
+* ``request_overhead_s`` + ``request_overhead_s_per_ktoken`` x prompt/1000: time a real server
+  spends on a request before its first engine step can start (HTTP, JSON, tokenisation,
+  scheduling). The simulator holds the request back until that long after it arrived; its own
+  HTTP and tokenisation time counts towards it.
+* ``linear_efficiency`` / ``attention_efficiency``: achieved fraction of the dense peak of the
+  GEMM term (``2 x params x tokens``) and of the attention term (``4 x L x heads x head_dim x
+  pairs``) of prefill; together they get both 1k (linear-dominated) and 128k (attention-dominated)
+  prompts right.
+* ``step_overhead_s`` and ``hbm_efficiency``: a decode step is ``overhead + (weights + batch x
+  context x KV bytes) / (HBM bandwidth x efficiency)`` (from inter-token latencies).
+* per offload backend (``lmcache``, ``native``, ...): ``load_gbps`` and ``load_latency_s``, the
+  effective rate and fixed cost of loading a turn-2 hit from the tier (these replace the tier's
+  read bandwidth, latency and the host-link cap), and ``store_s_per_gb``, the seconds per GB of
+  new KV that storing it to the tier adds to the prefill (0: stored in the background).
+
+Using a calibration for another deployment is an error naming both (:func:`check_deployment`).
+The file is YAML (JSON is YAML too) with ``schema_version``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from kvbench.errors import CalibrationError
+from kvbench.schema import StrictModel
+from offload.profiles import OffloadProfile, TierKind
+from offload.shapes import Deployment, Dtype
+
+from .timemodel import Efficiencies, TimeModel
+
+SCHEMA_VERSION = 1
+
+
+class FitParam(StrictModel):
+    """One parameter: its value, unit, whether the runs determined it, and from what."""
+
+    value: float
+    unit: str
+    fitted: bool = Field(description="False: kept at its default because the runs do not determine it.")
+    source: str = Field(description="Which requests or cells determined it (or why it is a default).")
+
+
+class SourceRun(StrictModel):
+    """A run directory the calibration was fitted from."""
+
+    path: str
+    run_id: str
+    manifest_sha256: str
+    gpu: str = Field(description="The GPU the manifest recorded.")
+
+
+class CalibratedDeployment(StrictModel):
+    """What a calibration applies to: the simulator's deployment and the engine it imitates."""
+
+    model: str
+    hardware: str
+    tp: int
+    dtype: Dtype
+    engine: str = Field(description="Engine kind the runs measured, e.g. 'vllm'.")
+    engine_version: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.dtype} on {self.tp}x {self.hardware} ({self.engine} {self.engine_version})"
+
+    def matches(self, deployment: Deployment) -> bool:
+        return (self.model, self.hardware, self.tp, self.dtype) == (
+            deployment.model.name,
+            deployment.hardware.name,
+            deployment.tp,
+            deployment.dtype,
+        )
+
+
+class BackendCalibration(StrictModel):
+    """An offload backend's measured costs (``backend`` of the offload profile)."""
+
+    version: str | None = None
+    tier: TierKind = Field(description="The tier kind the runs used; the calibration applies to it.")
+    load_gbps: FitParam
+    load_latency_s: FitParam
+    store_s_per_gb: FitParam
+
+
+class Residual(StrictModel):
+    """Predicted against measured median TTFT of one (arm, context length, turn) cell."""
+
+    arm: str
+    backend: str
+    context_tokens: int
+    turn: int
+    requests: int
+    measured_ms: float
+    predicted_ms: float
+    used_in_fit: bool
+
+    @property
+    def error(self) -> float:
+        return self.predicted_ms / self.measured_ms - 1.0
+
+
+class Calibration(StrictModel):
+    """The calibration file (``kvbench sim calibrate -o FILE``)."""
+
+    schema_version: Literal[1] = 1
+    deployment: CalibratedDeployment
+    sources: list[SourceRun]
+    fit_context_tokens: list[int] = Field(description="Context lengths whose requests the fit used.")
+    holdout_context_tokens: list[int] = Field(description="Context lengths left out of the fit (for validation).")
+    max_batch_tokens: int = Field(description="Prefill chunk (tokens per step) the fit assumed.")
+    request_overhead_s: FitParam
+    request_overhead_s_per_ktoken: FitParam
+    linear_efficiency: FitParam
+    attention_efficiency: FitParam
+    step_overhead_s: FitParam
+    hbm_efficiency: FitParam
+    backends: dict[str, BackendCalibration] = Field(default_factory=dict)
+    residuals: list[Residual] = Field(default_factory=list)
+
+    # -- reading and writing ---------------------------------------------------------------
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise CalibrationError(f"{path}: cannot read the calibration: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            raise CalibrationError(f"{path}: not YAML: {error}") from None
+        if not isinstance(data, dict):
+            raise CalibrationError(f"{path}: a calibration is a mapping (kvbench sim calibrate writes one)")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise CalibrationError(f"{path}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "calibration"
+            raise CalibrationError(f"{path}: {where}: {first['msg']}") from None
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110)
+        tmp.write_text("# kvbench simulator calibration (kvbench sim calibrate)\n" + text, encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+    # -- applying ---------------------------------------------------------------------------
+    def check_deployment(self, deployment: Deployment, where: str = "calibration") -> None:
+        """Raise naming both deployments when this calibration is for another one."""
+        if not self.deployment.matches(deployment):
+            runs = ", ".join(source.path for source in self.sources) or "no runs"
+            raise CalibrationError(
+                f"{where} is for {self.deployment.label} (from {runs}); it cannot be used for {deployment.label}"
+            )
+
+    def backend_for(self, profile: OffloadProfile, where: str = "calibration") -> BackendCalibration | None:
+        """The entry for the profile's offload backend (None without tiers).
+
+        ``auto`` takes the only backend when the calibration has exactly one.
+        """
+        if not profile.offload_enabled:
+            return None
+        name: str = profile.backend
+        if name == "auto" and len(self.backends) == 1:
+            name = next(iter(self.backends))
+        if name not in self.backends:
+            known = ", ".join(sorted(self.backends)) or "none"
+            raise CalibrationError(
+                f"{where}: offload profile {profile.name!r} has backend {profile.backend!r}; the calibration "
+                f"for {self.deployment.label} has backends: {known}"
+            )
+        return self.backends[name]
+
+    def efficiencies(self, deployment: Deployment, backend: BackendCalibration | None) -> Efficiencies:
+        store = backend.store_s_per_gb.value * deployment.kv_bytes_per_token / 1e9 if backend else 0.0
+        return Efficiencies(
+            linear=self.linear_efficiency.value,
+            attention=self.attention_efficiency.value,
+            hbm=self.hbm_efficiency.value,
+            step_overhead_s=self.step_overhead_s.value,
+            store_s_per_token=store,
+        )
+
+    def request_overhead(self, prompt_tokens: int) -> float:
+        """Seconds from a request's arrival until the engine may schedule it."""
+        return self.request_overhead_s.value + self.request_overhead_s_per_ktoken.value * prompt_tokens / 1000.0
+
+    def calibrated_profile(self, profile: OffloadProfile, where: str = "calibration") -> OffloadProfile:
+        """The profile with the backend's effective load rate and latency on its tier."""
+        backend = self.backend_for(profile, where)
+        if backend is None:
+            return profile
+        tiers = tuple(
+            tier.model_copy(
+                update={"read_gbps": backend.load_gbps.value, "latency_us": backend.load_latency_s.value * 1e6}
+            )
+            if tier.kind == backend.tier
+            else tier
+            for tier in profile.tiers
+        )
+        return profile.model_copy(update={"tiers": tiers})
+
+
+def unloaded_ttft_s(
+    timing: TimeModel,
+    overhead_s: float,
+    prompt_tokens: int,
+    hbm_tokens: int,
+    loaded_tokens: int,
+    load_s: float,
+    chunk_tokens: int,
+) -> float:
+    """TTFT of one request alone on the engine, as the simulator computes it (``load_overlap: none``).
+
+    ``overhead + load + prefill of the tokens beyond the HBM hit and the tier hit``; the prefill
+    includes any blocking store (``timing``'s efficiencies) and the first token's sampling.
+    """
+    cached = min(prompt_tokens - 1, hbm_tokens + loaded_tokens)
+    return overhead_s + load_s + timing.prefill_seconds(prompt_tokens, cached, chunk_tokens)

@@ -1,0 +1,94 @@
+"""``kvbench sim validate`` end to end: a run measured on a calibrated simulator, validated against it.
+
+The "measured" run is a real probe run of the simulator (through the spine) under a chosen
+calibration. Validating it with that calibration must be within 15 % per cell (exit 0); with a
+calibration whose GEMM efficiency is halved, beyond (exit 1); a length the run does not have or a
+calibration for another deployment cannot be compared (exit 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import kvbench
+from harness.runs.kinds import launch
+from harness.scenario.spec import parse_scenario
+from harness.sim.calibration import CalibratedDeployment, Calibration, FitParam
+from kvbench.cli.sim import sim_app
+from tests.unit.results.test_calibrate import chosen
+
+pytestmark = pytest.mark.integration
+
+runner = CliRunner()
+LMC = {"name": "lmc", "tiers": [{"kind": "cpu", "capacity_gb": 8}], "backend": "lmcache"}
+
+
+def sim_calibration(hardware: str = "h100-sxm") -> Calibration:
+    truth = chosen()
+    deployment = CalibratedDeployment(model="llama-3.1-8b", hardware=hardware, tp=1, dtype="bf16", engine="sim",
+                                      engine_version=kvbench.__version__)  # fmt: skip
+    return truth.model_copy(update={"deployment": deployment})
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("validate")
+    calibration = sim_calibration().save(root / "truth.yaml")
+    scenario = parse_scenario(
+        {
+            "name": "measured-on-sim",
+            "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "calibration": str(calibration)},
+            "arms": [{"name": "OFF", "offload": "off"}, {"name": "LMC", "offload": LMC}],
+            "workload": {
+                "kind": "multi_round_qa",
+                "context_tokens": [4000, 8000],
+                "conversations": 1,
+                "turns": 2,
+                "warmup_requests": 1,
+            },
+            "seed": 3,
+        },
+        "test",
+    )
+    run_dir, _ = launch("probe", scenario, source=None, output_dir=root / "runs")
+    return run_dir.path, calibration
+
+
+def test_validate_exit_codes(measured: tuple[Path, Path], tmp_path: Path) -> None:
+    run, calibration = measured
+    ok = runner.invoke(sim_app, ["validate", str(run), "--calibration", str(calibration), "--holdout", "8000",
+                                 "-o", str(tmp_path / "ok")])  # fmt: skip
+    assert ok.exit_code == 0, ok.output
+    assert "Validated on lengths [8000]" in ok.output and "within" in ok.output
+    for arm in ("OFF", "LMC"):
+        assert any(line.split()[:3] == [arm, "8000", "2"] for line in ok.output.splitlines()), ok.output
+
+    slow = sim_calibration().model_copy(
+        update={"linear_efficiency": FitParam(value=0.25, unit="", fitted=True, source="wrong on purpose")}
+    )
+    wrong = slow.save(tmp_path / "wrong.yaml")
+    beyond = runner.invoke(sim_app, ["validate", str(run), "--calibration", str(wrong), "--holdout", "8000",
+                                     "-o", str(tmp_path / "beyond")])  # fmt: skip
+    assert beyond.exit_code == 1, beyond.output
+    assert "BEYOND" in beyond.output
+
+    absent = runner.invoke(sim_app, ["validate", str(run), "--calibration", str(calibration), "--holdout", "12345",
+                                     "-o", str(tmp_path / "absent")])  # fmt: skip
+    assert absent.exit_code == 2 and "12345" in absent.output
+
+    other = sim_calibration("h200-sxm").save(tmp_path / "h200.yaml")
+    mismatch = runner.invoke(sim_app, ["validate", str(run), "--calibration", str(other), "-o", str(tmp_path / "x")])
+    assert mismatch.exit_code == 2
+    assert "h200-sxm" in mismatch.output and "h100-sxm" in mismatch.output
+
+
+def test_validate_without_a_calibration_fits_on_the_other_lengths(measured: tuple[Path, Path], tmp_path: Path) -> None:
+    run, _ = measured
+    result = runner.invoke(sim_app, ["validate", str(run), "--holdout", "8000", "-o", str(tmp_path)])
+    assert result.exit_code in (0, 1), result.output
+    assert "fitted on lengths [4000]" in result.output
+    assert "held out of the fit: [8000]" in result.output
+    assert (tmp_path / "calibration.yaml").exists()

@@ -1,0 +1,193 @@
+"""``harness.results.calibrate``: the fit recovers parameters the simulator was run with.
+
+The "measured" run directory is written from the simulator's engine core (the scheduler, the
+offload tiers and the time model on a virtual clock, not the closed-form formula the fit uses)
+with a chosen calibration applied; the fit must find that calibration again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.results.calibrate import calibrate
+from harness.scenario.spec import parse_scenario
+from harness.sim.calibration import BackendCalibration, CalibratedDeployment, Calibration, FitParam
+from harness.sim.scheduler import EngineCore, SimRequest
+from harness.sim.settings import SimSettings
+from harness.sim.whatif import _ignore, _run
+from harness.store.events import MetricsDelta
+from harness.store.jsonl import append_jsonl
+from harness.store.records import RequestRecord
+from harness.store.rundir import RunDir
+from kvbench.errors import CalibrationError
+from offload.profiles import OffloadProfile, OffloadTier
+
+LENGTHS = (1000, 4000, 16000, 64000)
+OUTPUT_TOKENS = 8
+QUESTION = 64
+
+
+def _p(value: float, unit: str = "") -> FitParam:
+    return FitParam(value=value, unit=unit, fitted=True, source="chosen")
+
+
+def chosen(hardware: str = "h100-sxm") -> Calibration:
+    return Calibration(
+        deployment=CalibratedDeployment(
+            model="llama-3.1-8b", hardware=hardware, tp=1, dtype="bf16", engine="vllm", engine_version="9.9.9"
+        ),
+        sources=[],
+        fit_context_tokens=list(LENGTHS),
+        holdout_context_tokens=[],
+        max_batch_tokens=8192,
+        request_overhead_s=_p(0.030),
+        request_overhead_s_per_ktoken=_p(0.0),
+        linear_efficiency=_p(0.50),
+        attention_efficiency=_p(0.40),
+        step_overhead_s=_p(0.004),
+        hbm_efficiency=_p(0.70),
+        backends={
+            "lmcache": BackendCalibration(
+                version="0.0.1", tier="cpu", load_gbps=_p(12.0), load_latency_s=_p(0.020), store_s_per_gb=_p(0.05)
+            )
+        },
+    )
+
+
+ARMS = {
+    "OFF": OffloadProfile(name="off", prefix_caching=False),
+    "LMC": OffloadProfile(name="lmc", tiers=(OffloadTier(kind="cpu", capacity_gb=60),), backend="lmcache"),
+}
+
+
+def write_run(
+    path: Path,
+    truth: Calibration,
+    gpu: str = "NVIDIA H100 80GB HBM3",
+    arms: dict[str, OffloadProfile] | None = None,
+    keep_hbm: frozenset[str] = frozenset(),
+) -> Path:
+    """A probe run directory whose records the simulator's engine core produced under ``truth``."""
+    arms = arms if arms is not None else ARMS
+    scenario = parse_scenario(
+        {
+            "name": "calib-truth",
+            "engine": {"kind": "vllm", "model": "synth:llama-3.1-8b"},
+            "arms": [{"name": name, "offload": profile.model_dump(mode="json")} for name, profile in arms.items()],
+            "workload": {"kind": "multi_round_qa", "context_tokens": list(LENGTHS), "conversations": 1, "turns": 2},
+        },
+        "test",
+    )
+    run_dir = RunDir.create(path, scenario)
+    engines = {}
+    for arm, profile in arms.items():
+        details = {"offload_backend": profile.backend if profile.tiers else "none", "lmcache_version": "0.0.1"}
+        engines[arm] = {"kind": "vllm", "version": "9.9.9", "details": details}
+        core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=profile, calibration=truth))
+        now = 0.0
+        for length in LENGTHS:
+            prompt = [1000 + (i * 7 + length) % 50000 for i in range(length)]
+            for turn, tokens in ((1, prompt), (2, prompt + list(range(7, 7 + QUESTION)))):
+                request = SimRequest(f"{arm}-{length}-{turn}", tokens, OUTPUT_TOKENS, _ignore)
+                end = _run(core, request, now)
+                assert request.first_token_at is not None
+                ttft = request.first_token_at - request.arrival
+                step = (end - request.first_token_at) / (OUTPUT_TOKENS - 1)
+                record = RequestRecord(
+                    arm=arm, attempt=0, phase="measure", repetition=0, context_tokens=length, conversation=0,
+                    turn=turn, request_id=request.request_id, api="chat", started_ns=int(now * 1e9),
+                    ttft_ns=int(ttft * 1e9), e2e_ns=int((end - now) * 1e9),
+                    itl_ns=[int(step * 1e9)] * (OUTPUT_TOKENS - 1), output_chunks=OUTPUT_TOKENS,
+                    prompt_tokens=len(tokens), completion_tokens=OUTPUT_TOKENS, ok=True,
+                )  # fmt: skip
+                append_jsonl(run_dir.records_file, record)
+                values = {
+                    "gpu_prefix_hits": float(request.hbm_hit_tokens),
+                    "external_prefix_hits": float(request.external_tokens),
+                    "prompt_tokens": float(len(tokens)),
+                }
+                delta = MetricsDelta(arm=arm, attempt=0, repetition=0, context_tokens=length, turn=turn, values=values)
+                append_jsonl(run_dir.metrics_file, delta)
+                now = end + 1.0  # tier writes are ready at once under a calibration
+                if arm not in keep_hbm:  # an arm in keep_hbm serves turn 2 from the HBM prefix cache
+                    core.reset_prefix_cache()
+    manifest = {"run_id": run_dir.run_id, "engines": engines, "host": {"gpus": [{"name": gpu}]}}
+    run_dir.manifest_file.write_text(json.dumps(manifest), encoding="utf-8")
+    return run_dir.path
+
+
+def test_fit_recovers_the_parameters_the_simulator_ran_with(tmp_path: Path) -> None:
+    truth = chosen()
+    fitted = calibrate([write_run(tmp_path, truth)])
+    assert fitted.deployment == truth.deployment
+    for name in ("request_overhead_s", "linear_efficiency", "attention_efficiency", "step_overhead_s",
+                 "hbm_efficiency"):  # fmt: skip
+        got, want = getattr(fitted, name), getattr(truth, name)
+        assert got.fitted, name
+        assert got.value == pytest.approx(want.value, rel=0.03), name
+    lmc, want_lmc = fitted.backends["lmcache"], truth.backends["lmcache"]
+    assert lmc.version == "0.0.1"
+    assert lmc.load_gbps.value == pytest.approx(want_lmc.load_gbps.value, rel=0.03)
+    assert lmc.load_latency_s.value == pytest.approx(want_lmc.load_latency_s.value, rel=0.05)
+    assert lmc.store_s_per_gb.value == pytest.approx(want_lmc.store_s_per_gb.value, rel=0.05)
+    # no request was served from the HBM prefix cache: the growth term is not determined
+    assert not fitted.request_overhead_s_per_ktoken.fitted
+    assert all(abs(r.error) < 0.02 for r in fitted.residuals)
+    assert {(r.arm, r.context_tokens, r.turn) for r in fitted.residuals} == {
+        (arm, n, t) for arm in ARMS for n in LENGTHS for t in (1, 2)
+    }
+
+
+def test_overhead_growth_is_fitted_from_requests_served_from_the_hbm_prefix_cache(tmp_path: Path) -> None:
+    grows = chosen().model_copy(update={"request_overhead_s_per_ktoken": _p(0.004)})
+    arms = {**ARMS, "GPU": OffloadProfile(name="gpu", prefix_caching=True)}
+    fitted = calibrate([write_run(tmp_path, grows, arms=arms, keep_hbm=frozenset({"GPU"}))])
+    assert fitted.request_overhead_s_per_ktoken.fitted
+    assert fitted.request_overhead_s_per_ktoken.value == pytest.approx(0.004, rel=0.05)
+    assert fitted.request_overhead_s.value == pytest.approx(0.030, rel=0.05)
+    assert fitted.linear_efficiency.value == pytest.approx(0.50, rel=0.03)
+
+
+def test_holdout_lengths_stay_out_of_the_fit(tmp_path: Path) -> None:
+    fitted = calibrate([write_run(tmp_path, chosen())], holdout=[4000])
+    assert fitted.fit_context_tokens == [1000, 16000, 64000]
+    assert fitted.holdout_context_tokens == [4000]
+    held = [r for r in fitted.residuals if not r.used_in_fit]
+    assert held and {r.context_tokens for r in held} == {4000}
+
+
+def test_runs_of_two_deployments_are_an_error_naming_both(tmp_path: Path) -> None:
+    h100 = write_run(tmp_path / "a", chosen())
+    h200 = write_run(tmp_path / "b", chosen(), gpu="NVIDIA H200")
+    with pytest.raises(CalibrationError) as error:
+        calibrate([h100, h200])
+    message = str(error.value)
+    assert "h100-sxm" in message and "h200-sxm" in message and str(h100) in message and str(h200) in message
+
+
+def test_calibration_file_round_trips(tmp_path: Path) -> None:
+    truth = chosen()
+    path = truth.save(tmp_path / "calibration.yaml")
+    assert Calibration.load(path) == truth
+    path.write_text(path.read_text().replace("schema_version: 1", "schema_version: 7"))
+    with pytest.raises(CalibrationError, match="schema_version 7"):
+        Calibration.load(path)
+
+
+def _decoding(start_ms: int, end_ms: int) -> RequestRecord:
+    return RequestRecord(
+        arm="A", attempt=0, phase="measure", repetition=0, context_tokens=1000, conversation=0, turn=1,
+        request_id=f"r{start_ms}", api="chat", started_ns=start_ms * 1_000_000, ttft_ns=0,
+        e2e_ns=(end_ms - start_ms) * 1_000_000, ok=True,
+    )  # fmt: skip
+
+
+def test_decode_batch_is_the_time_averaged_number_of_requests_decoding_together() -> None:
+    from harness.results.calibrate import decode_batches
+
+    # A decodes 0-100 ms; B 50-150 ms overlaps half of A's window; C 200-300 ms is alone
+    batches = decode_batches([_decoding(0, 100), _decoding(50, 150), _decoding(200, 300)])
+    assert batches == pytest.approx([1.5, 1.5, 1.0])
