@@ -25,7 +25,7 @@ the Llama-3.1-8B shape and none at all for Llama-3.1-70B). Concretely:
   same as with the trained vocabulary alone; ``~`` does not occur in the training text, so no
   trained entry collides with them.
 * The decoder is the plain ``ByteLevel`` one. Engines detokenize on the request path (vLLM 0.26.0
-  decodes whole prompts there), so a slower decoder would show up in TTFT: a first version that
+  evidently decodes whole prompts there), so a slower decoder shows up in TTFT: a first version that
   put a ``Replace`` per byte in front of it to show lone bytes as markers made decoding 100 times
   slower and added about 45 us per prompt token to every TTFT on an H100. The 128 single-byte
   entries 0x80-0xFF therefore keep decoding as themselves: alone they are not valid UTF-8, which a
