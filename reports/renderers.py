@@ -47,6 +47,20 @@ def _setup_line(result: RunResult, manifest: dict[str, Any]) -> str:
     return ", ".join(bits)
 
 
+def stream_lines(result: RunResult) -> tuple[str | None, list[str]]:
+    """The streaming check: one summary line (None for summaries without it) and its warnings."""
+    check = result.stream
+    if check is None or check.ratio is None:
+        return None, []
+    line = (
+        f"Streaming check: {check.text_chunks} text-bearing chunks for {check.completion_tokens} generated tokens "
+        f"({check.ratio:.3f} per token) over {check.requests} measured requests"
+    )
+    if check.late_text is not None:
+        line += f"; {check.late_text} requests with an empty token chunk before their first text"
+    return line + ".", list(check.warnings)
+
+
 def console_table(result: RunResult, manifest: dict[str, Any]) -> Table:
     cols, body = rows(result)
     table = Table(
@@ -93,6 +107,11 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
     if counts.errors:
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts.errors_by_kind.items()))
         out.print(escape(f"{counts.errors} of {counts.measured} measured requests failed ({kinds})"), style="yellow")
+    line, warnings = stream_lines(result)
+    if line is not None:
+        out.print(line, markup=False)
+    for warning in warnings:
+        out.print(escape(f"warning: {warning}"), style="yellow")
     print_validity(result.validity, out)
     if not result.complete:
         out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")
@@ -122,6 +141,11 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
     verdict = validity_lines(result.validity)
     if verdict:
         text += [f"**{verdict[0]}**", "", *verdict[1:], ""]
+    line, warnings = stream_lines(result)
+    if line is not None:
+        text.append(line)
+        text.extend(f"\n**Warning:** {warning}." for warning in warnings)
+        text.append("")
     path.write_text("\n".join(text), encoding="utf-8")
     return path
 

@@ -15,6 +15,13 @@ Timing rules (all from :func:`time.monotonic_ns`):
 * TTFT is the arrival of the first frame carrying generated tokens (non-empty content, or
   reasoning text of reasoning models). Role-only chunks, empty-content chunks, usage-only chunks,
   SSE comments and keep-alives do not count.
+* ``first_chunk_ns`` is the arrival of the first frame that stands for a generated token, with or
+  without text: a token-carrying frame, or an empty content delta (see
+  :attr:`~harness.client.sse.Frame.empty_token`). On a server that streams one chunk per token it
+  is the true first-token time even when the first token decodes to no text; ``ttft_ns`` later
+  than it means TTFT includes decode steps (a tokenizer that cannot show every id).
+  ``output_chunks`` (frames with text) against the server's ``completion_tokens`` says the same
+  over the whole answer.
 * ITLs are the gaps between successive token-carrying arrivals. When one network read carries
   several token-carrying frames, the later ones get a gap of 0 (their true spacing was lost in the
   socket buffer).
@@ -68,7 +75,11 @@ class RequestOutcome:
     e2e_ns: int | None = None
     itl_ns: tuple[int, ...] = ()
     output_chunks: int = 0
-    """Token-carrying frames received."""
+    """Token-carrying frames received: frames with generated text (content or reasoning)."""
+    first_chunk_ns: int | None = None
+    """First frame standing for a generated token, text or not (empty content deltas count)."""
+    empty_token_chunks: int = 0
+    """Empty content deltas received (tokens that streamed no text)."""
     text: str = ""
     """The generated text (content only; reasoning text is not included)."""
     prompt_tokens: int | None = None
@@ -109,6 +120,8 @@ class _Stream:
         self.last_byte_ns: int | None = None
         self.itl: list[int] = []
         self.chunks = 0
+        self.first_chunk_ns: int | None = None
+        self.empty_token_chunks = 0
         self.parts: list[str] = []
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
@@ -121,6 +134,10 @@ class _Stream:
         if frame.finish_reason is not None:
             self.finish_reason = frame.finish_reason
         kind = frame.kind
+        if self.first_chunk_ns is None and (frame.carries_tokens or frame.empty_token):
+            self.first_chunk_ns = arrived_ns
+        if frame.empty_token:
+            self.empty_token_chunks += 1
         if frame.carries_tokens:
             if self.last_token_ns is None:
                 self.first_token_ns = arrived_ns
@@ -149,6 +166,8 @@ class _Stream:
             e2e_ns=None if end_ns is None else end_ns - self.started_ns,
             itl_ns=tuple(self.itl),
             output_chunks=self.chunks,
+            first_chunk_ns=None if self.first_chunk_ns is None else self.first_chunk_ns - self.started_ns,
+            empty_token_chunks=self.empty_token_chunks,
             text="".join(self.parts),
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,

@@ -234,6 +234,11 @@ class Frame:
     finish_reason: str | None = None
     error: str | None = None
     """Server message (ERROR) or what is wrong (MALFORMED); not redacted here."""
+    empty_token: bool = False
+    """An EMPTY chunk that still stands for a generated token: a chat delta with a ``content`` string
+    and no ``role``, or a completions choice with a ``text`` string, both empty. Servers that stream
+    one chunk per token (vLLM) send these for tokens that decode to no text yet: a special token, or
+    bytes of a character that is not complete."""
 
     @property
     def carries_tokens(self) -> bool:
@@ -320,7 +325,7 @@ def interpret_chunk(data: str, api: Api) -> Frame:
         if text is False:
             return _malformed("choices[0].text is not a string")
         kind = FrameKind.CONTENT if text else FrameKind.EMPTY
-        return Frame(kind, text=text or "", usage=usage, finish_reason=finish_reason)
+        return Frame(kind, text=text or "", usage=usage, finish_reason=finish_reason, empty_token=text == "")
 
     delta = choice.get("delta")
     if delta is None:
@@ -335,5 +340,6 @@ def interpret_chunk(data: str, api: Api) -> Frame:
     reasoning = _text_field(delta, "reasoning_content") or _text_field(delta, "reasoning")
     if reasoning:
         return Frame(FrameKind.REASONING, reasoning=reasoning, usage=usage, finish_reason=finish_reason)
-    kind = FrameKind.ROLE_ONLY if delta.get("role") else FrameKind.EMPTY
-    return Frame(kind, usage=usage, finish_reason=finish_reason)
+    if delta.get("role"):
+        return Frame(FrameKind.ROLE_ONLY, usage=usage, finish_reason=finish_reason)
+    return Frame(FrameKind.EMPTY, usage=usage, finish_reason=finish_reason, empty_token=content == "")

@@ -12,12 +12,35 @@ the timings are real. Nothing can be downloaded on the benchmark machines, so
 * ``tiny``: a 4-layer Llama (hidden 256) for CPU engines and tests.
 
 The tokenizer is a byte-level BPE trained locally, with the ``tokenizers`` package, on English
-text generated from a fixed word list and a fixed seed. Its vocabulary (8192 entries at most) is
-smaller than every shape's ``vocab_size``; ids it does not know decode to nothing, which random
-weights produce harmlessly. Special tokens and the chat template follow Llama 3's layout
-(``<|begin_of_text|>``, ``<|start_header_id|>role<|end_header_id|>``, ``<|eot_id|>``), and
-``bos_token_id``/``eos_token_id`` in ``config.json`` point at this tokenizer's ids. The output is
-byte-for-byte deterministic.
+text generated from a fixed word list and a fixed seed (at most :data:`TOKENIZER_VOCAB_SIZE`
+trained entries), then **padded to the shape's** ``vocab_size`` so that every id random weights
+can emit decodes to text. A client times the first chunk that carries text; an id that
+decoded to nothing would hide the first token and push TTFT past one or more decode steps (an
+earlier version, with only the trained 8192 entries, streamed text for about half of the tokens of
+the Llama-3.1-8B shape and none at all for Llama-3.1-70B). Concretely:
+
+* Filler entries ``~`` + a fixed-width base-62 number (``~000``, ``~001``, ...) take the ids from
+  the trained size up to ``vocab_size - 1``. They are plain vocabulary entries in the byte-level
+  alphabet with no merges, so encoding never produces them and the encoding of any text is the
+  same as with the trained vocabulary alone; ``~`` does not occur in the training text, so no
+  trained entry collides with them.
+* The decoder is the plain ``ByteLevel`` one. Engines detokenize on the request path (vLLM 0.26.0
+  evidently decodes whole prompts there), so a slower decoder shows up in TTFT: a first version that
+  put a ``Replace`` per byte in front of it to show lone bytes as markers made decoding 100 times
+  slower and added about 45 us per prompt token to every TTFT on an H100. The 128 single-byte
+  entries 0x80-0xFF therefore keep decoding as themselves: alone they are not valid UTF-8, which a
+  streaming detokenizer holds back until the next token (0.1 % of the Llama ids); the 29 ASCII
+  control bytes decode to one (invisible, non-empty) character each.
+* The five special tokens keep their ids (0-4); ``bos_token_id``/``eos_token_id`` in
+  ``config.json`` and ``generation_config.json`` point at them. Servers skip special tokens when
+  detokenizing, so these five ids (of 128,256 for Llama) stream no text, and an emitted
+  ``<|eot_id|>`` would end the answer: kvbench's workloads send ``ignore_eos`` (the default of
+  every workload's ``ignore_eos``), and the run summary counts answers shorter than
+  ``answer_tokens`` and text-bearing chunks per generated token, so neither goes unnoticed.
+
+Special tokens and the chat template follow Llama 3's layout (``<|begin_of_text|>``,
+``<|start_header_id|>role<|end_header_id|>``, ``<|eot_id|>``). The output is byte-for-byte
+deterministic; ``tokenizer.json`` is about 2-3 MB for the 128k-152k vocabularies.
 """
 
 from __future__ import annotations
@@ -42,6 +65,11 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 BOS_TOKEN, END_OF_TEXT_TOKEN, _, _, EOT_TOKEN = SPECIAL_TOKENS
 TOKENIZER_VOCAB_SIZE = 8192
 """Upper bound of the trained tokenizer's vocabulary (special tokens included)."""
+FILLER_PREFIX = "~"
+"""First character of every filler entry (absent from the training text)."""
+_FILLER_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+TOKENIZER_LAYOUT = 2
+"""Version of the tokenizer layout (trained vocabulary + fillers + byte markers); part of the cache key."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -253,6 +281,42 @@ def build_tokenizer_json(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> str:
     return text
 
 
+def filler_token(index: int, width: int) -> str:
+    """The filler entry number ``index``: ``~`` and ``index`` in base 62, ``width`` digits."""
+    digits = []
+    for _ in range(width):
+        index, digit = divmod(index, len(_FILLER_DIGITS))
+        digits.append(_FILLER_DIGITS[digit])
+    if index:
+        raise ValueError(f"filler index does not fit {width} base-62 digits")
+    return FILLER_PREFIX + "".join(reversed(digits))
+
+
+def pad_tokenizer_json(tokenizer_json: str, vocab_size: int) -> str:
+    """Pad a trained byte-level BPE ``tokenizer.json`` to ``vocab_size`` ids with filler entries.
+
+    The fillers have no merges, so encoding is unchanged; the decoder stays the plain ``ByteLevel``
+    one, so decoding costs what it costs for a real model's tokenizer.
+    """
+    data = json.loads(tokenizer_json)
+    vocab: dict[str, int] = data["model"]["vocab"]
+    trained = len(vocab)
+    if sorted(vocab.values()) != list(range(trained)):
+        raise ValueError("the trained vocabulary's ids are not 0..n-1")
+    if trained > vocab_size:
+        raise ValueError(f"trained vocabulary of {trained} entries exceeds vocab_size {vocab_size}")
+    count = vocab_size - trained
+    width = 1
+    while len(_FILLER_DIGITS) ** width < count:
+        width += 1
+    for index in range(count):
+        token = filler_token(index, width)
+        if token in vocab:  # pragma: no cover - the training text has no "~"
+            raise ValueError(f"filler {token!r} collides with a trained entry")
+        vocab[token] = trained + index
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
 def synthesize_model_dir(shape: str, out: Path, *, overwrite: bool = False) -> Path:
     """Write ``config.json``, ``generation_config.json``, ``tokenizer.json`` and
     ``tokenizer_config.json`` for ``shape`` into ``out`` (created; existing files are kept unless
@@ -263,12 +327,12 @@ def synthesize_model_dir(shape: str, out: Path, *, overwrite: bool = False) -> P
         existing = sorted(p.name for p in out.iterdir())
         raise FileExistsError(f"{out} is not empty ({', '.join(existing)}); pass overwrite=True to replace")
 
-    tokenizer_json = build_tokenizer_json()
+    trained_json = build_tokenizer_json()
+    trained_vocab = len(json.loads(trained_json)["model"]["vocab"])
+    tokenizer_json = pad_tokenizer_json(trained_json, config["vocab_size"])
     vocab = json.loads(tokenizer_json)["model"]["vocab"]
     ids = {token: vocab[token] for token in SPECIAL_TOKENS}
     tokenizer_vocab = len(vocab)
-    if tokenizer_vocab > config["vocab_size"]:  # pragma: no cover - guarded by TOKENIZER_VOCAB_SIZE
-        raise ValueError(f"tokenizer vocabulary {tokenizer_vocab} exceeds {shape}'s vocab_size")
 
     config["bos_token_id"] = ids[BOS_TOKEN]
     config["eos_token_id"] = [ids[END_OF_TEXT_TOKEN], ids[EOT_TOKEN]]
@@ -305,7 +369,14 @@ def synthesize_model_dir(shape: str, out: Path, *, overwrite: bool = False) -> P
         "tokenizer.json": tokenizer_json,
         "tokenizer_config.json": _dump(tokenizer_config),
         "kvbench-model.json": _dump(
-            {"shape": shape, "weights": "none (use --load-format dummy)", "tokenizer_vocab_size": tokenizer_vocab}
+            {
+                "shape": shape,
+                "weights": "none (use --load-format dummy)",
+                "tokenizer_vocab_size": tokenizer_vocab,
+                "trained_vocab_size": trained_vocab,
+                "filler_prefix": FILLER_PREFIX,
+                "tokenizer_layout": TOKENIZER_LAYOUT,
+            }
         ),
     }
     # write into a sibling temp dir, then move the files in: a crash leaves no half-written model
@@ -347,7 +418,9 @@ def resolve_model_ref(ref: str) -> Path:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} in {ref!r}; known shapes: {', '.join(shape_names())}")
     digest = hashlib.sha256(
-        (_dump(shape_config(shape)) + f"tokenizer-vocab={TOKENIZER_VOCAB_SIZE}").encode()
+        (
+            _dump(shape_config(shape)) + f"tokenizer-vocab={TOKENIZER_VOCAB_SIZE} layout={TOKENIZER_LAYOUT}"
+        ).encode()
     ).hexdigest()[:12]
     target = model_cache_root() / f"{shape}-{digest}"
     if (target / "config.json").exists():

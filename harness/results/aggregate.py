@@ -19,11 +19,13 @@ from harness.store.rundir import RunDir
 from kvbench import __version__
 
 from .run_result import (
+    STREAM_RATIO_WARN,
     CacheStats,
     LatencyStats,
     PctDiff,
     RequestCounts,
     RunResult,
+    StreamCheck,
     TtftCell,
     pct_diff,
 )
@@ -123,6 +125,7 @@ def aggregate(
                         errors=int((~subset["ok"]).sum()),
                         prompt_tokens_median=_median_or_none(good["prompt_tokens"]),
                         cached_tokens_median=_median_or_none(good["cached_tokens"]),
+                        text_chunks_per_token=_text_ratio(good),
                     )
                 )
 
@@ -164,6 +167,99 @@ def aggregate(
         cache=cache,
         requests=counts,
         validity=judge_probe(scenario, counts, cells, cache, _restarts(metrics, chosen)),
+        stream=stream_check(
+            measured,
+            cells,
+            answer_tokens=scenario.probe_workload.answer_tokens,
+            ignore_eos=scenario.probe_workload.ignore_eos,
+        ),
+    )
+
+
+def _with_usage(good: pd.DataFrame) -> pd.DataFrame:
+    tokens = pd.to_numeric(good["completion_tokens"], errors="coerce")
+    return good[tokens.notna() & (tokens > 0)]
+
+
+def _text_ratio(good: pd.DataFrame) -> float | None:
+    """Text-bearing chunks per generated token over successful requests that reported usage."""
+    if good.empty:
+        return None
+    rows = _with_usage(good)
+    tokens = float(pd.to_numeric(rows["completion_tokens"]).sum())
+    return float(rows["output_chunks"].sum()) / tokens if tokens else None
+
+
+def _optional_column(rows: pd.DataFrame, name: str) -> pd.Series | None:
+    """A column of a field newer records have; None when no record carries it (older run directories)."""
+    if name not in rows.columns:
+        return None
+    values = pd.to_numeric(rows[name], errors="coerce")
+    return None if values.isna().all() else values
+
+
+def stream_check(
+    measured: pd.DataFrame, cells: Sequence[TtftCell], *, answer_tokens: int, ignore_eos: bool
+) -> StreamCheck | None:
+    """Text-bearing chunks against generated tokens over the measured successful requests.
+
+    Warns when the chunks that carried text are fewer than :data:`STREAM_RATIO_WARN` of the tokens
+    (over the run, or in some cells), when a request streamed an empty token chunk before its first
+    text, and when answers came back shorter than ``answer_tokens`` although ``ignore_eos`` is set.
+    """
+    if measured.empty:
+        return None
+    rows = _with_usage(measured[measured["ok"]])
+    if rows.empty:
+        return None
+    tokens = pd.to_numeric(rows["completion_tokens"])
+    text = int(rows["output_chunks"].sum())
+    total = int(tokens.sum())
+    ratio = text / total
+    empty = _optional_column(rows, "empty_token_chunks")
+    first = _optional_column(rows, "first_chunk_ns")
+    late = None
+    if first is not None:
+        ttft = pd.to_numeric(rows["ttft_ns"], errors="coerce")
+        late = int((first.notna() & ttft.notna() & (ttft > first)).sum())
+    short = int((tokens < answer_tokens).sum())
+    warnings = []
+    if ratio < STREAM_RATIO_WARN:
+        warnings.append(
+            f"text-bearing chunks are {ratio:.2f} of the generated tokens ({text} chunks for {total} tokens): "
+            "TTFT may include decode steps (tokens that decode to no text, or several tokens per chunk)"
+        )
+    low = sorted(
+        (cell for cell in cells if cell.text_chunks_per_token is not None
+         and cell.text_chunks_per_token < STREAM_RATIO_WARN),
+        key=lambda cell: (cell.text_chunks_per_token, cell.arm, cell.context_tokens, cell.turn),
+    )  # fmt: skip
+    if low and ratio >= STREAM_RATIO_WARN:
+        worst = low[0]
+        warnings.append(
+            f"{len(low)} of {len(cells)} cells have fewer than {STREAM_RATIO_WARN:.2f} text-bearing chunks per "
+            f"generated token (lowest {worst.text_chunks_per_token:.2f}: {worst.arm}, {worst.context_tokens} tokens, "
+            f"turn {worst.turn}): TTFT there may include decode steps"
+        )
+    if late:
+        warnings.append(
+            f"{late} requests streamed an empty token chunk before their first text: their TTFT includes "
+            "decode steps (first_chunk_ns in records.jsonl has the first token's arrival)"
+        )
+    if short and ignore_eos:
+        warnings.append(
+            f"{short} answers have fewer than answer_tokens={answer_tokens} tokens although ignore_eos is set"
+        )
+    return StreamCheck(
+        requests=len(rows),
+        text_chunks=text,
+        completion_tokens=total,
+        ratio=ratio,
+        empty_token_chunks=None if empty is None else int(empty.fillna(0).sum()),
+        late_text=late,
+        short_answers=short,
+        answer_tokens=answer_tokens,
+        warnings=warnings,
     )
 
 

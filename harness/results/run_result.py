@@ -42,6 +42,11 @@ class TtftCell(Frozen):
     errors: int
     prompt_tokens_median: float | None = None
     cached_tokens_median: float | None = None
+    text_chunks_per_token: float | None = Field(
+        default=None,
+        description="Chunks that carried generated text / completion tokens the server reported, over the cell's "
+        "successful requests (None in summaries written before it existed, or without usage).",
+    )
 
 
 class PctDiff(Frozen):
@@ -94,6 +99,35 @@ def _rate(hits: float | None, queries: float | None) -> float | None:
     return hits / queries
 
 
+STREAM_RATIO_WARN = 0.9
+"""Below this share of text-bearing chunks per generated token, TTFT may include decode steps."""
+
+
+class StreamCheck(Frozen):
+    """Did every generated token reach the client as text, in its own chunk? (measured, successful requests)
+
+    TTFT is the first chunk that carries text. When text-bearing chunks are far fewer than the tokens
+    the server says it generated, either some tokens decode to no text (a tokenizer that cannot show
+    every id: the first token may be one of them) or the server delivered several tokens in one
+    chunk (it was busy when they were produced); in both cases TTFT may include decode steps.
+    """
+
+    requests: int = Field(description="Measured successful requests with a usage block.")
+    text_chunks: int
+    completion_tokens: int
+    ratio: float | None = Field(description="text_chunks / completion_tokens.")
+    empty_token_chunks: int | None = Field(
+        default=None, description="Chunks with an empty content delta (None when no record has the field)."
+    )
+    late_text: int | None = Field(
+        default=None,
+        description="Requests whose first text arrived after an earlier empty token chunk (ttft_ns > first_chunk_ns).",
+    )
+    short_answers: int = Field(default=0, description="Answers with fewer completion tokens than answer_tokens.")
+    answer_tokens: int | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
 class RequestCounts(Frozen):
     measured: int
     ok: int
@@ -126,6 +160,9 @@ class RunResult(VersionedFile):
     requests: RequestCounts
     validity: Validity | None = Field(
         default=None, description="The verdict of the validity gates; None in files written before they existed."
+    )
+    stream: StreamCheck | None = Field(
+        default=None, description="Text chunks vs generated tokens (None in summaries written before it existed)."
     )
 
     def outcome(self) -> Outcome:

@@ -40,10 +40,20 @@ class RequestRecord(BaseModel):
     request_id: str
     api: Literal["chat", "completions"]
     started_ns: int = Field(description="time.monotonic_ns() when the request was sent.")
-    ttft_ns: int | None = Field(description="First non-empty content token minus start.")
+    ttft_ns: int | None = Field(description="First chunk with generated text (content or reasoning) minus start.")
     e2e_ns: int | None = Field(description="Last byte of the response minus start.")
     itl_ns: list[int] = Field(default_factory=list, description="Gaps between content chunks.")
-    output_chunks: int = 0
+    output_chunks: int = Field(default=0, description="Chunks that carried generated text (content or reasoning).")
+    # -- stream accounting (absent, i.e. None, in records written before these fields existed) --
+    first_chunk_ns: int | None = Field(
+        default=None,
+        description="First chunk standing for a generated token, text or not (an empty content delta counts), "
+        "minus start; ttft_ns later than this means the first token(s) streamed no text.",
+    )
+    empty_token_chunks: int | None = Field(
+        default=None, description="Chunks with an empty content delta: tokens that streamed no text."
+    )
+    finish_reason: str | None = Field(default=None, description="The stream's last finish_reason (length, stop).")
     prompt_tokens: int | None = Field(default=None, description="From the server's usage block.")
     completion_tokens: int | None = None
     cached_tokens: int | None = Field(default=None, description="usage.prompt_tokens_details.cached_tokens.")

@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
+import pandas as pd
 import pytest
 from aiohttp import web
 
 from harness.client.endpoint import Endpoint
 from harness.client.openai import SNIPPET_CHARS, OpenAIClient, RequestOutcome
+from harness.results.aggregate import stream_check
+from harness.results.run_result import STREAM_RATIO_WARN
+from harness.store.records import RequestRecord
 from tests.support import GOLDEN
 
 SSE = GOLDEN / "sse"
@@ -421,3 +425,44 @@ async def test_frames_after_done_are_ignored(server: FakeServer) -> None:
     payload = golden("vllm_chat.sse") + b"data: {not json\n\n"
     outcome = await run_chat(server, Script(pieces=[(0.0, payload)]))
     assert outcome.ok, outcome.error
+
+
+# ---------------------------------------------------------------- text chunks vs generated tokens
+
+
+async def test_empty_token_chunks_are_timed_and_counted(server: FakeServer) -> None:
+    """A stream whose tokens do not all carry text: TTFT is the first text, first_chunk_ns the first token."""
+    name = "vllm_chat_untextual.sse"
+    spec = EXPECTED[name]
+    role, empty, text, *rest = frames(golden(name))
+    script = Script(pieces=[(0.0, role), (0.0, empty), (0.2, text)] + [(0.0, frame) for frame in rest])
+    outcome = await run_chat(server, script)
+    assert outcome.ok, outcome.error
+    assert outcome.ttft_ns is not None and outcome.first_chunk_ns is not None
+    assert outcome.ttft_ns - outcome.first_chunk_ns >= 200 * MS
+    assert outcome.output_chunks == spec["output_chunks"]
+    assert outcome.empty_token_chunks == spec["kinds"].count("empty")
+    assert outcome.completion_tokens == spec["completion_tokens"]
+
+
+async def test_stream_check_fires_on_golden_stream_with_fewer_text_chunks_than_tokens(server: FakeServer) -> None:
+    name = "vllm_chat_untextual.sse"
+    spec = EXPECTED[name]
+    role, empty, text, *rest = frames(golden(name))
+    outcome = await run_chat(server, Script(pieces=[(0.0, role + empty), (0.05, text + b"".join(rest))]))
+    record = RequestRecord(
+        arm="A", attempt=0, phase="measure", repetition=0, context_tokens=spec["prompt_tokens"], conversation=0,
+        turn=1, request_id="r", api="chat", started_ns=outcome.started_ns, ttft_ns=outcome.ttft_ns,
+        e2e_ns=outcome.e2e_ns, output_chunks=outcome.output_chunks, first_chunk_ns=outcome.first_chunk_ns,
+        empty_token_chunks=outcome.empty_token_chunks, finish_reason=outcome.finish_reason,
+        completion_tokens=outcome.completion_tokens, ok=outcome.ok,
+    )  # fmt: skip
+    check = stream_check(
+        pd.DataFrame([record.model_dump()]), [], answer_tokens=spec["completion_tokens"], ignore_eos=True
+    )
+    assert check is not None and check.ratio is not None
+    assert check.ratio == pytest.approx(spec["output_chunks"] / spec["completion_tokens"])
+    assert check.ratio < STREAM_RATIO_WARN
+    assert check.late_text == 1 and check.short_answers == 0
+    assert any("text-bearing chunks are" in warning for warning in check.warnings)
+    assert any("empty token chunk before their first text" in warning for warning in check.warnings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -258,3 +258,22 @@ def test_error_message_is_extracted() -> None:
 
 def test_deeply_nested_json_is_malformed_not_raised() -> None:
     assert interpret_chunk("[" * 100_000 + "]" * 100_000, "chat").kind is FrameKind.MALFORMED
+
+
+@pytest.mark.parametrize(
+    ("data", "api", "empty_token"),
+    [
+        (_chat({"content": ""}), "chat", True),  # a token that decoded to no text (yet)
+        (_chat({"role": "assistant", "content": ""}), "chat", False),  # the role chunk is no token
+        (_chat({}), "chat", False),  # a finish chunk without content
+        (_chat({"content": None}), "chat", False),
+        (_chat({"content": "x"}), "chat", False),  # a text chunk: carries_tokens, not empty_token
+        (json.dumps({"choices": [{"index": 0, "text": ""}]}), "completions", True),
+        (json.dumps({"choices": [{"index": 0, "text": None, "finish_reason": "stop"}]}), "completions", False),
+        (json.dumps({"choices": [], "usage": {"completion_tokens": 1}}), "chat", False),
+    ],
+)
+def test_empty_token_chunks(data: str, api: Literal["chat", "completions"], empty_token: bool) -> None:
+    frame = interpret_chunk(data, api)
+    assert frame.empty_token is empty_token
+    assert not (frame.empty_token and frame.carries_tokens)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from harness.engines.modeldir import (
     CHAT_TEMPLATE,
+    FILLER_PREFIX,
     SPECIAL_TOKENS,
     TOKENIZER_VOCAB_SIZE,
+    build_tokenizer_json,
+    pad_tokenizer_json,
     shape_config,
     shape_names,
     synthesize_model_dir,
@@ -191,3 +196,91 @@ def test_cli_synth(tmp_path: Path) -> None:
     assert unknown.exit_code == 2 and "known shapes" in unknown.output
     listing = runner.invoke(model_app, ["shapes"])
     assert listing.exit_code == 0 and "llama-3.1-70b" in listing.output
+
+
+# ---------------------------------------------------------------- every id the engine can emit shows text
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthesize_model_dir("llama-3.1-8b", tmp_path_factory.mktemp("models") / "llama")
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    return {tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+
+
+def lone_high_byte_ids(tokenizer: Any) -> set[int]:
+    """Single-byte entries 0x80-0xFF: not valid UTF-8 on their own."""
+    return {
+        index
+        for token, index in tokenizer.get_vocab().items()
+        if len(token) == 1 and tokenizer.decode([index]) == "\ufffd"
+    }
+
+
+def test_tokenizer_covers_config_vocab(tiny: Path, llama: Path) -> None:
+    for directory in (tiny, llama):
+        config = json.loads((directory / "config.json").read_text())
+        tokenizer = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+        assert tokenizer.get_vocab_size() == config["vocab_size"]
+        assert sorted(tokenizer.get_vocab().values()) == list(range(config["vocab_size"]))
+        meta = json.loads((directory / "kvbench-model.json").read_text())
+        assert meta["tokenizer_vocab_size"] == config["vocab_size"]
+        assert meta["trained_vocab_size"] <= min(TOKENIZER_VOCAB_SIZE, config["vocab_size"])
+
+
+def test_tiny_decodes_every_id_to_text(tiny: Path) -> None:
+    """Every id of the tiny shape decodes to non-empty text; specials only when not skipped."""
+    config = json.loads((tiny / "config.json").read_text())
+    tokenizer = tokenizers.Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    specials = special_ids(tokenizer)
+    for index in range(config["vocab_size"]):
+        assert tokenizer.decode([index], skip_special_tokens=False), index
+        if index not in specials:
+            assert tokenizer.decode([index], skip_special_tokens=True), index
+
+
+def test_streaming_detokenizer_shows_every_id_but_specials_and_lone_bytes(tiny: Path) -> None:
+    """What a server streams per token (vLLM uses DecodeStream): text at once for every other id."""
+    decoders = pytest.importorskip("tokenizers.decoders")
+    tokenizer = tokenizers.Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    held = set()
+    for index in range(tokenizer.get_vocab_size()):
+        stream = decoders.DecodeStream(skip_special_tokens=True)
+        if not stream.step(tokenizer, index):
+            held.add(index)
+    assert held == special_ids(tokenizer) | lone_high_byte_ids(tokenizer)
+    assert len(held - special_ids(tokenizer)) == 0x100 - 0x80
+
+
+def test_llama_sampled_ids_decode_to_text(llama: Path) -> None:
+    config = json.loads((llama / "config.json").read_text())
+    tokenizer = tokenizers.Tokenizer.from_file(str(llama / "tokenizer.json"))
+    trained = json.loads((llama / "kvbench-model.json").read_text())["trained_vocab_size"]
+    rng = random.Random(config["vocab_size"])
+    fillers = range(trained, config["vocab_size"])
+    sample = {trained, config["vocab_size"] - 1, *rng.sample(fillers, TOKENIZER_VOCAB_SIZE)}
+    decoders = pytest.importorskip("tokenizers.decoders")
+    for index in sorted(sample):
+        text = tokenizer.decode([index])
+        assert text.startswith(FILLER_PREFIX) and text.isprintable() and not any(c.isspace() for c in text), index
+        assert decoders.DecodeStream(skip_special_tokens=True).step(tokenizer, index) == text
+    assert len({tokenizer.decode([index]) for index in sample}) == len(sample)  # distinct
+    assert config["bos_token_id"] == tokenizer.token_to_id("<|begin_of_text|>")
+    assert config["eos_token_id"] == [tokenizer.token_to_id("<|end_of_text|>"), tokenizer.token_to_id("<|eot_id|>")]
+
+
+def test_padding_keeps_encoding_and_is_deterministic() -> None:
+    trained_json = build_tokenizer_json()
+    trained = tokenizers.Tokenizer.from_str(trained_json)
+    extra = len(trained.get_vocab()) // 2
+    padded_json = pad_tokenizer_json(trained_json, trained.get_vocab_size() + extra)
+    assert padded_json == pad_tokenizer_json(trained_json, trained.get_vocab_size() + extra)
+    padded = tokenizers.Tokenizer.from_str(padded_json)
+    assert padded.get_vocab_size() == trained.get_vocab_size() + extra
+    text = "The cache keeps 12,345 tokens; résumé — naïve café? ~tilde~ {json: true}\n\tTabs too."
+    assert padded.encode(text).ids == trained.encode(text).ids
+    assert padded.decode(padded.encode(text).ids) == text
+    with pytest.raises(ValueError, match="exceeds vocab_size"):
+        pad_tokenizer_json(trained_json, trained.get_vocab_size() - 1)
