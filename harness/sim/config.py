@@ -38,6 +38,7 @@ class SimEngineConfig(StrictModel):
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
     calibration: Path | None = Field(
         default=None,
+        strict=False,  # a path in YAML is a string
         description="Calibration file (kvbench sim calibrate) for this deployment: fitted overheads, "
         "efficiencies and offload-backend costs replace the datasheet figures.",
     )
