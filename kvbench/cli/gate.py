@@ -1,0 +1,109 @@
+"""``kvbench compare`` (the regression gate) and ``kvbench playbook`` (the rollout's stages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench.markup import console_text
+
+from .console import console, fail, os_error
+
+
+def compare(
+    baseline: Annotated[Path, typer.Argument(help="Baseline run directory (or a folder of run directories).")],
+    current: Annotated[Path, typer.Argument(help="Current run directory (or a folder of run directories).")],
+    threshold: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--threshold", "-t",
+            help="Override a rule: alpha=, ttft= (max % median increase), ttft_ms=, error_rate=, hit_rate=.",
+        ),
+    ] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown summary here.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON here.")] = None,
+) -> None:
+    """Regression gate: exit 0 = no regression, 1 = regression, 2 = cannot compare."""
+    from harness.gate.compare import compare_paths, render_markdown, write_outputs
+    from kvbench.errors import KvbenchError
+
+    try:
+        result = compare_paths(baseline, current, threshold or [])
+        write_outputs(result, markdown=markdown, junit=junit, json_path=json_out)
+    except KvbenchError as error:  # exit 2: cannot compare, whatever could not be read
+        raise fail(str(error)) from None
+    except OSError as error:
+        raise fail(os_error(error)) from None
+    typer.echo(render_markdown(result), nl=False)
+    raise typer.Exit(result.exit_code)
+
+
+playbook_app = typer.Typer(
+    help="The rollout playbook: baseline, POC, staging, production, case study.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@playbook_app.command("init")
+def playbook_init(
+    file: Annotated[Path, typer.Argument(help="Playbook file to create (YAML).")],
+    name: Annotated[str, typer.Option("--name", help="The rollout's name (the case study's title).")] = "KV rollout",
+    simulator: Annotated[
+        bool, typer.Option("--simulator/--blank", help="Name the bundled simulator scenarios in the stages.")
+    ] = True,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a new playbook file."""
+    from harness.gate.playbook import save_playbook, starter_playbook
+
+    if file.exists() and not force:
+        raise fail(f"{file} exists (use --force to overwrite)")
+    save_playbook(starter_playbook(name, simulator=simulator), file)
+    console.print(f"wrote {file}; next: kvbench playbook status {file}", highlight=False, markup=False)
+
+
+@playbook_app.command("attach")
+def playbook_attach(
+    file: Annotated[Path, typer.Argument(help="Playbook file.")],
+    stage: Annotated[str, typer.Argument(help="baseline, poc, staging, production")],
+    run_dir: Annotated[Path, typer.Argument(help="Run (or soak, sweep) directory to attach.")],
+) -> None:
+    """Attach a run directory to a stage; its gate is judged on the stage's latest run."""
+    from harness.gate.playbook import attach_run
+    from kvbench.errors import KvbenchError
+
+    try:
+        attach_run(file, stage, run_dir)
+    except KvbenchError as error:
+        raise fail(str(error)) from None
+    console.print(f"attached {run_dir} to {stage}; see kvbench playbook status {file}", highlight=False, markup=False)
+
+
+@playbook_app.command("status")
+def playbook_status_cmd(
+    file: Annotated[Path, typer.Argument(help="Playbook file.")],
+) -> None:
+    """Show every stage's gate, evidence and state, and what is next."""
+    from rich.table import Table
+
+    from harness.gate.playbook import playbook_status
+    from kvbench.errors import KvbenchError
+
+    try:
+        status = playbook_status(file)
+    except KvbenchError as error:
+        raise fail(str(error)) from None
+    table = Table(title=f"Playbook: {console_text(status.name)}", show_lines=True)
+    for column in ("Stage", "State", "Gate", "Evidence"):
+        table.add_column(column)
+    colors = {"done": "green", "failed": "red", "pending": "yellow"}
+    for stage in status.stages:
+        state = f"[{colors[stage.state]}]{stage.state.upper()}[/]"
+        table.add_row(console_text(stage.title), state, console_text(stage.gate), console_text(stage.evidence))
+    console.print(table, markup=True, highlight=False)
+    console.print(f"Next: {status.next_step}", highlight=False, markup=False)

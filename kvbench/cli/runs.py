@@ -1,0 +1,180 @@
+"""``kvbench run``, ``sweep``, ``soak`` and ``report``: every run kind through one launcher.
+
+Each command only parses its flags; :func:`launch_kind` starts or resumes the run through the
+run-kind table (``harness.runs.kinds``), writes every report registered for the kind
+(``reports.outputs``) and turns the verdict into the exit code: 0 valid, 1 FAILED, 2 cannot run
+or read, 3 INCONCLUSIVE.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from kvbench.markup import console_text
+
+from .console import console, fail, os_error, verdict_exit
+
+if TYPE_CHECKING:
+    from harness.results.verdict import Outcome
+    from harness.runs.kinds import SoakOverrides
+    from harness.store.rundir import RunDir, RunKind
+
+
+def launch_kind(
+    kind: RunKind, scenario: str | None, *, output_dir: Path | None, resume: Path | None,
+    overrides: SoakOverrides | None = None,
+) -> RunDir:
+    """Start (or resume) a run of ``kind`` through the one spine, then write every report of it."""
+    from harness.results.verdict import outcome_of_result
+    from harness.runs.kinds import launch
+    from harness.runs.progress import RichProgress
+    from harness.scenario.spec import load_scenario
+    from harness.store.rundir import RunDir
+    from kvbench.errors import KvbenchError
+    from reports.outputs import write_outputs
+
+    if (scenario is None) == (resume is None):
+        raise fail("give either a scenario (a YAML file or a bundled name such as 'quickstart') or --resume RUN_DIR")
+    try:
+        loaded, source = load_scenario(scenario) if scenario is not None else (None, None)
+        with RichProgress(console) as progress:
+            run_dir, result = launch(
+                kind, loaded, source=source, output_dir=output_dir, resume=resume, progress=progress,
+                overrides=overrides,
+            )
+        write_outputs(run_dir, console)
+    except KvbenchError as error:
+        raise fail(str(error)) from None
+    except OSError as error:  # an output path that cannot be written: one line, not a traceback
+        raise fail(os_error(error)) from None
+    assert isinstance(run_dir, RunDir)
+    verdict_exit([outcome_of_result(result)], f" (run directory: {run_dir.path})")
+    return run_dir
+
+
+def run(
+    scenario: Annotated[
+        str | None, typer.Argument(help="Scenario YAML file or bundled scenario name (e.g. quickstart).")
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Continue an interrupted run directory.")
+    ] = None,
+) -> None:
+    """Run a scenario: every arm, the workload, then the t1/t2 TTFT table."""
+    run_dir = launch_kind("probe", scenario, output_dir=output_dir, resume=resume)
+    path = console_text(run_dir.path)
+    console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
+
+
+def sweep(
+    scenario: Annotated[
+        str | None, typer.Argument(help="Scenario with workload kind multi_user_qa (file or bundled name).")
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
+    ] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted sweep.")] = None,
+    report_only: Annotated[
+        Path | None, typer.Option("--report", help="Only rebuild sweep.json and the curves of a sweep run directory.")
+    ] = None,
+) -> None:
+    """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved."""
+    if report_only is not None:
+        if scenario is not None or resume is not None:
+            raise fail("give exactly one of: a scenario, --resume RUN_DIR, --report RUN_DIR")
+        report(run_dirs=[report_only])
+        return
+    run_dir = launch_kind("sweep", scenario, output_dir=output_dir, resume=resume)
+    path = console_text(run_dir.path)
+    console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
+
+
+def soak(
+    scenario: Annotated[
+        str | None, typer.Argument(help="Scenario with workload kind multi_user_qa and a soak section.")
+    ] = None,
+    window: Annotated[str | None, typer.Option("--window", help="Window length, e.g. 4h, 90m, 24h.")] = None,
+    interval: Annotated[str | None, typer.Option("--interval", help="Aggregation interval, e.g. 60s.")] = None,
+    load: Annotated[
+        float | None, typer.Option("--load", help="Target load in the sweep section's mode (users or req/s).")
+    ] = None,
+    arm: Annotated[str | None, typer.Option("--arm", help="Arm to run (default: the offload arm).")] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="Parent of the soak directory (default: scenario).")
+    ] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted window.")] = None,
+) -> None:
+    """Stability window: the workload at its target load; per-interval stats and a PASS/FAIL verdict."""
+    from harness.runs.kinds import SoakOverrides
+    from harness.scenario.spec import parse_duration
+
+    try:
+        window_s = parse_duration(window) if window is not None else None
+        interval_s = parse_duration(interval) if interval is not None else None
+    except ValueError as error:
+        raise fail(f"--window/--interval: {error}") from None
+    overrides = SoakOverrides(window_s=window_s, interval_s=interval_s, load=load, arm=arm)
+    run_dir = launch_kind("soak", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
+    path = console_text(run_dir.path)
+    console.print(f"Soak directory: [bold]{path}[/]  (HTML: kvbench report --html {path})", highlight=False)
+    from harness.results.soak_result import SoakResult
+
+    if SoakResult.read_file(run_dir.soak_file).verdict.verdict == "FAIL":
+        raise typer.Exit(1)
+
+
+def report(
+    run_dirs: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Run directories (kvbench run), soak directories (kvbench soak) or sweep directories."),
+    ] = None,
+    html: Annotated[
+        bool, typer.Option("--html", help="Also write one self-contained HTML case study from the stored files.")
+    ] = False,
+    playbook: Annotated[
+        Path | None, typer.Option("--playbook", help="With --html: take the runs attached to this playbook's stages.")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="With --html: the output file (default: beside the playbook, or in RUN_DIR/report)."
+        ),
+    ] = None,
+) -> None:
+    """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
+    from harness.results.verdict import outcome_of_result
+    from harness.runs.kinds import summarize
+    from harness.store.rundir import RunDir
+    from kvbench.errors import KvbenchError
+    from reports.outputs import write_outputs
+
+    dirs = list(run_dirs or [])
+    if not dirs and playbook is None:
+        raise fail("give a run directory (or --html --playbook FILE)")
+    if (playbook is not None or out is not None) and not html:
+        raise fail("--playbook and --out go with --html")
+    outcomes: list[Outcome] = []
+    try:
+        for path in dirs:
+            run_dir = RunDir.open(path)
+            outcomes.append(outcome_of_result(summarize(run_dir)))
+            console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
+            for written in write_outputs(run_dir, console):
+                console.print(f"wrote {written}", highlight=False, markup=False)
+        if html:
+            from reports.html import report_html
+
+            console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}", highlight=False, markup=False)
+    except KvbenchError as error:
+        raise fail(str(error)) from None
+    except OSError as error:
+        raise fail(os_error(error)) from None
+    verdict_exit(outcomes)

@@ -1,0 +1,40 @@
+"""``kvbench validate`` and ``kvbench scenarios``: check scenario files, list the bundled ones."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvbench.markup import console_text
+
+from .console import console, err_console
+
+
+def validate(
+    files: Annotated[list[str], typer.Argument(help="Scenario files or bundled names.")],
+) -> None:
+    """Check scenario files without running anything."""
+    from harness.scenario.spec import load_scenario
+    from kvbench.errors import ScenarioError
+
+    failed = 0
+    for ref in files:
+        try:
+            scenario, path = load_scenario(ref)
+        except ScenarioError as error:
+            err_console.print(f"[red]✗[/] {console_text(error)}", highlight=False)
+            failed += 1
+        else:
+            shown = console_text(f"{path}: {scenario.name} ({len(scenario.arms)} arms)")
+            console.print(f"[green]✓[/] {shown}", highlight=False)
+    if failed:
+        raise typer.Exit(2)
+
+
+def scenarios() -> None:
+    """List the scenarios bundled with kvbench."""
+    from harness.scenario.spec import bundled_scenarios
+
+    for name, path in sorted(bundled_scenarios().items()):
+        console.print(f"{name:32s} {path}", highlight=False, markup=False)
