@@ -73,6 +73,10 @@ class RequestOutcome:
     error: str | None = None
     """Redacted, at most :data:`SNIPPET_CHARS` characters."""
     finish_reason: str | None = None
+    replica: int | None = None
+    """Fleets: the replica that served it (:class:`harness.client.fleet.FleetClient`); None for one engine."""
+    moved: bool | None = None
+    """Fleets: served by another replica than the conversation's previous request (None: its first)."""
 
     @property
     def ok(self) -> bool:

@@ -19,6 +19,7 @@ its result is built. ``probe.py``, ``sweep.py`` and ``soak.py`` hold those diffe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -29,9 +30,14 @@ from typing import ClassVar, Generic, TypeVar
 
 import aiohttp
 
+from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.client.router import routing_key
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
+from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.kinds import create_engine
+from harness.results.fleet import markdown as fleet_markdown
+from harness.results.fleet import summarize_fleet
 from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
@@ -41,6 +47,7 @@ from kvbench.schema import VersionedFile
 from workloads.multi_round_qa import build_filler
 from workloads.tokenizer import Tokenizer
 
+from .fleet import open_fleet
 from .interrupt import Interrupted, run_interruptible
 from .progress import NoProgress, RunProgress
 
@@ -76,6 +83,7 @@ def record_from(
         prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
         cached_tokens=outcome.cached_tokens, expected_prompt_tokens=expected_prompt_tokens,
         http_status=outcome.http_status, ok=outcome.ok, error_kind=outcome.error_kind, error=outcome.error,
+        replica=outcome.replica, moved=outcome.moved,
     )  # fmt: skip
 
 
@@ -87,14 +95,18 @@ class ArmSession:
         runner: Runner[VersionedFile],
         arm: Arm,
         engine: RunningEngine,
-        client: OpenAIClient,
+        client: OpenAIClient | FleetClient,
         writer: RecordWriter,
+        fleet: RunningFleet | None = None,
     ) -> None:
         self.runner = runner
         self.arm = arm
         self.engine = engine
+        """The engine (a fleet's first replica: its tokenizer and endpoint stand for all)."""
         self.client = client
+        """One engine's client, or a :class:`FleetClient` that routes over the replicas."""
         self.writer = writer
+        self.fleet = fleet or RunningFleet((engine,))
 
     @property
     def attempt(self) -> int:
@@ -112,15 +124,25 @@ class ArmSession:
         self.writer.sync()
 
     async def send(
-        self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int, *, api: str, ignore_eos: bool
+        self,
+        prompt: str | Sequence[Mapping[str, str]],
+        max_tokens: int,
+        *,
+        api: str,
+        ignore_eos: bool,
+        key: str | None = None,
     ) -> RequestOutcome:
-        """One streamed request: ``prompt`` is chat messages, or text (sent as one user message for chat)."""
-        if api == "chat":
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            return await self.client.chat(messages, max_tokens, ignore_eos=ignore_eos)
-        if not isinstance(prompt, str):
-            raise TypeError("the completions API takes a text prompt")
-        return await self.client.completion(prompt, max_tokens, ignore_eos=ignore_eos)
+        """One streamed request: ``prompt`` is chat messages, or text (sent as one user message for chat).
+
+        ``key``: the conversation it belongs to (a fleet's session affinity and ``moved``).
+        """
+        with routing_key(key):
+            if api == "chat":
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                return await self.client.chat(messages, max_tokens, ignore_eos=ignore_eos)
+            if not isinstance(prompt, str):
+                raise TypeError("the completions API takes a text prompt")
+            return await self.client.completion(prompt, max_tokens, ignore_eos=ignore_eos)
 
     async def warm_up(self, count: int, *, api: str, ignore_eos: bool, tag: str) -> None:
         """``count`` unmeasured short requests (kernels, allocators, connections), recorded as ``warmup``.
@@ -154,7 +176,7 @@ class ArmSession:
         starts warm.
         """
         try:
-            await self.engine.reset_prefix_cache()
+            await asyncio.gather(*(replica.reset_prefix_cache() for replica in self.fleet.replicas))
         except PrefixCacheResetUnsupported:
             if required:
                 raise
@@ -236,6 +258,10 @@ class Runner(ABC, Generic[ResultT]):
             prefix_caching=self.prefix_caching(arm),
         )
         self.progress.describe(f"{arm.name}: starting {self.scenario.engine.kind} engine")
+        if fleet_size(self.scenario.engine) > 1:
+            async with open_fleet(self, arm, context, manifest) as (fleet, client):
+                yield ArmSession(self, arm, fleet.first, client, writer, fleet)  # type: ignore[arg-type]
+            return
         async with create_engine(self.scenario.engine, context) as engine:
             manifest.record_engine(arm.name, engine.facts)
             async with OpenAIClient(
@@ -261,7 +287,12 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
         raise
     finally:
         manifest.finish(status)
-    return runner.summarize()
+    result = runner.summarize()
+    fleet = summarize_fleet(runner.run_dir)  # fleets only: same vs moved, per-replica hits and load
+    if fleet is not None:
+        runner.run_dir.report_dir.mkdir(parents=True, exist_ok=True)
+        (runner.run_dir.report_dir / "fleet.md").write_text(fleet_markdown(fleet), encoding="utf-8")
+    return result
 
 
 def run_sync(runner: Runner[ResultT]) -> ResultT:

@@ -7,12 +7,12 @@ from typing import Literal
 from pydantic import Field
 
 from harness.engines.configs import Parallelism
-from kvbench.schema import StrictModel
+from harness.engines.replicas import ReplicaFields
 
 from .faults import Fault
 
 
-class SimEngineConfig(StrictModel):
+class SimEngineConfig(ReplicaFields):
     """The built-in engine simulator (``kvbench sim serve``), started as a real subprocess."""
 
     kind: Literal["sim"]

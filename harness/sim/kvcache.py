@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from offload.profiles import OffloadProfile, OffloadTier
 
@@ -252,26 +253,46 @@ class StoredPrefix:
 
 
 class OffloadTiers:
-    """The offload tiers of one profile, fastest (first in the profile) first."""
+    """The offload tiers of one profile, fastest (first in the profile) first.
 
-    def __init__(self, profile: OffloadProfile, kv_bytes_per_token: int, host_link_bytes_per_s: float) -> None:
+    ``shared_dir``: a fleet's shared tier (:mod:`harness.sim.fleet`): the ``shared`` tier's chunk
+    index lives in that directory (:class:`~harness.sim.shared_tier.DirectoryChunks`), so every
+    simulator process of the fleet finds what any of them stored. ``shared_state``: the same
+    across engine cores of one process (the fleet what-if): they hold one :class:`TierState`.
+    """
+
+    def __init__(
+        self,
+        profile: OffloadProfile,
+        kv_bytes_per_token: int,
+        host_link_bytes_per_s: float,
+        *,
+        shared_dir: Path | None = None,
+        shared_state: TierState | None = None,
+    ) -> None:
         self.chunk_tokens = profile.chunk_tokens
         self.kv_bytes_per_token = kv_bytes_per_token
         self.chunk_bytes = float(profile.chunk_tokens * kv_bytes_per_token)
         self.tiers: list[TierState] = []
         for tier in profile.tiers:
+            if tier.kind == "shared" and shared_state is not None:
+                self.tiers.append(shared_state)
+                continue
             # every byte between a tier and HBM crosses the host links (PCIe) of the GPUs;
             # ``host_link_bytes_per_s`` is their sum (one link per tensor-parallel GPU)
             link = host_link_bytes_per_s
-            self.tiers.append(
-                TierState(
-                    tier=tier,
-                    capacity_chunks=max(1, int(tier.capacity_gb * 1e9 // self.chunk_bytes)),
-                    read_bytes_per_s=min(tier.effective_read_gbps * 1e9, link),
-                    write_bytes_per_s=min(tier.effective_write_gbps * 1e9, link),
-                    latency_s=tier.effective_latency_us * 1e-6,
-                )
+            state = TierState(
+                tier=tier,
+                capacity_chunks=max(1, int(tier.capacity_gb * 1e9 // self.chunk_bytes)),
+                read_bytes_per_s=min(tier.effective_read_gbps * 1e9, link),
+                write_bytes_per_s=min(tier.effective_write_gbps * 1e9, link),
+                latency_s=tier.effective_latency_us * 1e-6,
             )
+            if tier.kind == "shared" and shared_dir is not None:
+                from .shared_tier import DirectoryChunks
+
+                state.chunks = DirectoryChunks(shared_dir)
+            self.tiers.append(state)
 
     @property
     def enabled(self) -> bool:

@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from offload.shapes import Deployment
 
@@ -201,6 +202,8 @@ class Stats:
     preemptions: int = 0
     steps: int = 0
     busy_s: float = 0.0
+    tier_hits: dict[str, int] = field(default_factory=dict)
+    """Tokens loaded per tier kind (fleets: own tier vs the shared tier)."""
     ttft_count: int = 0
     ttft_sum: float = 0.0
     ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
@@ -243,6 +246,7 @@ class EngineCore:
             settings.offload,
             self.deployment.kv_bytes_per_token,
             self.deployment.hardware.host_link_bytes_per_s * self.deployment.tp,
+            shared_dir=Path(settings.shared_tier_dir) if settings.shared_tier_dir else None,
         )
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -393,6 +397,8 @@ class EngineCore:
         if begin >= end:
             return 0
         hit = self.tiers.load(prefix, begin, end, now)
+        for kind, tokens in hit.by_tier:
+            self.stats.tier_hits[kind] = self.stats.tier_hits.get(kind, 0) + tokens
         ready = hit.ready_at
         if mode == "layerwise":
             layers = self.deployment.model.layers

@@ -57,6 +57,10 @@ class SimSettings(StrictModel):
         "slow or full tiers.",
     )  # fmt: skip
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
+    shared_tier_dir: str | None = Field(
+        default=None,
+        description="A fleet's shared tier: the directory every replica keeps the shared tier's chunk index in.",
+    )
 
     @model_validator(mode="after")
     def _deployment_valid(self) -> SimSettings:
