@@ -26,17 +26,15 @@ import statistics
 from collections import defaultdict
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import Field
 
 from harness.engines.replicas import ReplicaFields
 from harness.store.rundir import RunDir
 from kvbench.schema import VersionedFile
 
+from .run_result import Frozen
+
 NS_PER_MS = 1_000_000
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class MovedCell(Frozen):
@@ -77,7 +75,7 @@ class ArmFleet(Frozen):
     moved: list[MovedCell]
     load: list[ReplicaLoad]
     imbalance: float | None
-    capacity: list[CapacityPoint] = []
+    capacity: list[CapacityPoint] = Field(default_factory=list)
 
 
 class FleetResult(VersionedFile):
@@ -155,7 +153,7 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
                 shared_tier_hits=None if source is None else source["shared_tier"],
             ))  # fmt: skip
         imbalance = max(entry.share for entry in load) * replicas if served else None
-        capacity: list[CapacityPoint] = []
+        capacity: list[CapacityPoint] = Field(default_factory=list)
         for event in sorted((p for p in points if p.arm == arm.name), key=lambda p: p.point):
             window_s = (event.window_end_ns - event.window_start_ns) / 1e9
             done = sum(1 for r in mine if r.point == event.point and r.ok)

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from offload.profiles import OffloadProfile, OffloadTier
 
@@ -255,10 +254,11 @@ class StoredPrefix:
 class OffloadTiers:
     """The offload tiers of one profile, fastest (first in the profile) first.
 
-    ``shared_dir``: a fleet's shared tier (:mod:`harness.sim.fleet`): the ``shared`` tier's chunk
-    index lives in that directory (:class:`~harness.sim.shared_tier.DirectoryChunks`), so every
-    simulator process of the fleet finds what any of them stored. ``shared_state``: the same
-    across engine cores of one process (the fleet what-if): they hold one :class:`TierState`.
+    ``shared_chunks``: a fleet's shared tier -- the ``shared`` tier keeps its chunk index (and so
+    its capacity) in this mapping, which every replica of the fleet uses: one dictionary for engine
+    cores in one process (:mod:`harness.sim.fleet_whatif`), a directory for simulator processes
+    (:class:`~harness.sim.shared_tier.DirectoryChunks`). Each replica keeps its own read and write
+    queues (its own network link); the storage's aggregate bandwidth is not modelled.
     """
 
     def __init__(
@@ -267,17 +267,13 @@ class OffloadTiers:
         kv_bytes_per_token: int,
         host_link_bytes_per_s: float,
         *,
-        shared_dir: Path | None = None,
-        shared_state: TierState | None = None,
+        shared_chunks: OrderedDict[int, float] | None = None,
     ) -> None:
         self.chunk_tokens = profile.chunk_tokens
         self.kv_bytes_per_token = kv_bytes_per_token
         self.chunk_bytes = float(profile.chunk_tokens * kv_bytes_per_token)
         self.tiers: list[TierState] = []
         for tier in profile.tiers:
-            if tier.kind == "shared" and shared_state is not None:
-                self.tiers.append(shared_state)
-                continue
             # every byte between a tier and HBM crosses the host links (PCIe) of the GPUs;
             # ``host_link_bytes_per_s`` is their sum (one link per tensor-parallel GPU)
             link = host_link_bytes_per_s
@@ -288,10 +284,8 @@ class OffloadTiers:
                 write_bytes_per_s=min(tier.effective_write_gbps * 1e9, link),
                 latency_s=tier.effective_latency_us * 1e-6,
             )
-            if tier.kind == "shared" and shared_dir is not None:
-                from .shared_tier import DirectoryChunks
-
-                state.chunks = DirectoryChunks(shared_dir)
+            if tier.kind == "shared" and shared_chunks is not None:
+                state.chunks = shared_chunks
             self.tiers.append(state)
 
     @property

@@ -38,7 +38,7 @@ import logging
 import math
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ from offload.shapes import Deployment
 
 from .kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, StoredPrefix, chain_hashes
 from .settings import SimSettings
+from .shared_tier import DirectoryChunks
 from .timemodel import StepWork, TimeModel
 from .tokenizer import GENERATED_FIRST_IDS, GENERATED_NEXT_IDS, token_text
 
@@ -230,8 +231,12 @@ class Plan:
 class EngineCore:
     """The simulated engine's state: queues, KV cache, tiers and counters."""
 
-    def __init__(self, settings: SimSettings) -> None:
+    def __init__(self, settings: SimSettings, shared_chunks: OrderedDict[int, float] | None = None) -> None:
+        """``shared_chunks``: the fleet's shared-tier index (:class:`OffloadTiers`); default: the
+        directory ``settings.shared_tier_dir`` names, if any."""
         self.settings = settings
+        if shared_chunks is None and settings.shared_tier_dir:
+            shared_chunks = DirectoryChunks(Path(settings.shared_tier_dir))
         self.deployment: Deployment = settings.deployment()
         self.time_model = TimeModel(self.deployment)
         kv_tokens = self.deployment.kv_cache_tokens(settings.gpu_memory_utilization, settings.max_batch_tokens)
@@ -246,7 +251,7 @@ class EngineCore:
             settings.offload,
             self.deployment.kv_bytes_per_token,
             self.deployment.hardware.host_link_bytes_per_s * self.deployment.tp,
-            shared_dir=Path(settings.shared_tier_dir) if settings.shared_tier_dir else None,
+            shared_chunks=shared_chunks,
         )
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
