@@ -8,8 +8,10 @@ exactly as they use one engine. Per request it
    :class:`~harness.client.router.Router` for a replica (prompt text for ``prefix_aware``);
 2. sends the request through that replica's pooled client;
 3. returns the outcome with ``replica`` set and ``moved`` = whether the conversation's previous
-   request went to another replica (None for its first request, and for ``external`` routing,
-   where the client cannot know the replica).
+   request went to another replica (None for its first request). With ``external`` routing every
+   request goes to the router (``clients[0]``); the replica is then the index of the response
+   header's value in ``replica_names`` (``routing.replica_header``), or None when the router does
+   not say.
 
 ``metrics_text`` returns the replicas' Prometheus pages merged into one, every sample labelled
 ``kvbench_replica="i"``: kvbench's metric readers sum over label sets, so counter deltas of the
@@ -43,6 +45,7 @@ class FleetClient:
         attributes_replicas: bool = True,
         pages_source: Callable[[aiohttp.ClientSession], Awaitable[list[str | None]]] | None = None,
         on_pages: Callable[[list[str | None]], None] | None = None,
+        replica_names: Sequence[str] = (),
     ) -> None:
         if not clients:
             raise ValueError("a fleet client needs at least one replica client")
@@ -58,6 +61,8 @@ class FleetClient:
         self.pages_source = pages_source
         """Where per-replica pages come from instead of each metrics URL (a Prometheus server)."""
         self.on_pages = on_pages
+        self.replica_names = list(replica_names)
+        """External routing: the header value that names each replica, in replica order."""
         """Called with every scrape's per-replica pages (the spine stores their counters)."""
         self._last: dict[str, int] = {}
 
@@ -101,7 +106,9 @@ class FleetClient:
         finally:
             self.router.finished(replica)
         if not self.attributes_replicas:
-            return outcome
+            if outcome.served_by is None or outcome.served_by not in self.replica_names:
+                return outcome
+            replica = self.replica_names.index(outcome.served_by)
         moved = None
         if key is not None:
             previous = self._last.get(key)

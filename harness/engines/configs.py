@@ -39,6 +39,9 @@ class ReplicaEndpoint(StrictModel):
     metrics_url: str | None = Field(
         default=None, description="Its Prometheus page; default: url + /metrics (none: no per-replica counters)."
     )
+    name: str | None = Field(
+        default=None, description="External routing: the value of routing.replica_header that names it (default: i)."
+    )
 
 
 class OpenAIEngineConfig(ReplicaFields):

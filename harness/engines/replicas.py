@@ -130,7 +130,8 @@ class RoutingSpec(StrictModel):
 
     ``policy`` is one of :data:`harness.client.router.POLICIES` (that module says what each does).
     ``external`` sends everything to the router at ``engine.base_url`` (kind ``openai``), which
-    picks the replica itself; kvbench then cannot attribute requests to replicas.
+    picks the replica itself; kvbench attributes a request to a replica only when the router names
+    it in the response header ``replica_header``.
     """
 
     policy: Policy = Field(default="round_robin", description=f"One of: {', '.join(POLICIES)}.")
@@ -139,6 +140,10 @@ class RoutingSpec(StrictModel):
     )
     prefix_blocks: int = Field(default=4, ge=1, description="prefix_aware: leading blocks whose chain hash is routed.")
     seed: int = Field(default=0, description="random: seed of the replica draws.")
+    replica_header: str | None = Field(
+        default=None,
+        description="external: the response header naming the serving replica (an endpoint's name, or its index).",
+    )
 
 
 class PrometheusSpec(StrictModel):

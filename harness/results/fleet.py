@@ -153,7 +153,7 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
                 shared_tier_hits=None if source is None else source["shared_tier"],
             ))  # fmt: skip
         imbalance = max(entry.share for entry in load) * replicas if served else None
-        capacity: list[CapacityPoint] = Field(default_factory=list)
+        capacity: list[CapacityPoint] = []
         for event in sorted((p for p in points if p.arm == arm.name), key=lambda p: p.point):
             window_s = (event.window_end_ns - event.window_start_ns) / 1e9
             done = sum(1 for r in mine if r.point == event.point and r.ok)

@@ -102,16 +102,20 @@ async def open_fleet(
             routing.policy, len(targets), seed=routing.seed, block_chars=routing.block_chars,
             prefix_blocks=routing.prefix_blocks,
         )  # fmt: skip
+        names = [str(index) for index in range(fleet.size)]
+        if isinstance(engine, OpenAIEngineConfig):
+            names = [endpoint.name or str(index) for index, endpoint in enumerate(engine.endpoints)] or names
         async with contextlib.AsyncExitStack() as stack:
             clients = [
                 await stack.enter_async_context(
                     OpenAIClient(
-                        replica.endpoint, timeout_s=runner.request_timeout_s(), max_connections=runner.connections()
+                        replica.endpoint, timeout_s=runner.request_timeout_s(), max_connections=runner.connections(),
+                        capture_header=routing.replica_header if external else None,
                     )
                 )
                 for replica in targets
-            ]
+            ]  # fmt: skip
             yield fleet, FleetClient(
                 clients, router, metrics_urls=metrics_urls, attributes_replicas=not external,
-                pages_source=pages_source, on_pages=on_pages,
+                pages_source=pages_source, on_pages=on_pages, replica_names=names,
             )  # fmt: skip
