@@ -36,7 +36,6 @@ from harness.client.router import routing_key
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
 from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.kinds import create_engine
-from harness.results.fleet import markdown as fleet_markdown
 from harness.results.fleet import summarize_fleet
 from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
@@ -288,10 +287,7 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
     finally:
         manifest.finish(status)
     result = runner.summarize()
-    fleet = summarize_fleet(runner.run_dir)  # fleets only: same vs moved, per-replica hits and load
-    if fleet is not None:
-        runner.run_dir.report_dir.mkdir(parents=True, exist_ok=True)
-        (runner.run_dir.report_dir / "fleet.md").write_text(fleet_markdown(fleet), encoding="utf-8")
+    summarize_fleet(runner.run_dir)  # fleets only (fleet.json): same vs moved, per-replica hits and load
     return result
 
 
