@@ -20,6 +20,7 @@ from harness.runs.probe import ProbeRunner
 from harness.runs.spine import run_sync
 from harness.scenario.spec import parse_scenario
 from harness.store.rundir import RunDir
+from reports.outputs import write_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,4 +71,6 @@ def test_fleet_same_vs_moved(tmp_path: Path) -> None:
     cached_total = sum(cached for _, cached, _ in moved_shared)
     assert shared_hits >= 0.9 * cached_total  # per-replica /metrics deltas agree with usage.cached_tokens
     assert sum(entry.own_tier_hits or 0 for entry in by_arm["RR-own"].load) < 0.05 * cached_total + 1
-    assert (run_dir.report_dir / "fleet.md").exists()
+    # the report registry renders the fleet table from fleet.json alone
+    assert run_dir.report_dir / "fleet.md" in write_outputs(run_dir)
+    assert "| RR-own | round_robin | 8000 | 0 |" in (run_dir.report_dir / "fleet.md").read_text()
