@@ -14,7 +14,8 @@ A pure function of the run directory's files (:func:`summarize_fleet`): ``record
   (Δ of running totals): ``own_gpu`` = Δ gpu_prefix_hits; tier hits = Δ external_prefix_hits, split
   by the engine's per-tier counters where it has them (``tier_hits:<kind>``: the ``shared`` kind is
   the shared tier, the others the replica's own tier), otherwise all to ``own_tier`` -- or to
-  ``shared_tier`` when the arm's only tier is a shared one;
+  ``shared_tier`` when the arm's only tier is a shared one; cross-checked by ``usage_cached_tokens``
+  = Σ ``cached_tokens`` the engine reported in the responses that replica served;
 * **fleet capacity** (sweeps): per load point, completed measured requests / window seconds, ÷ the
   fleet's GPUs (replicas × gpus_per_replica) = RPS per GPU.
 """
@@ -55,6 +56,8 @@ class ReplicaLoad(Frozen):
     requests: int
     busy_s: float
     share: float
+    usage_cached_tokens: int = 0
+    """Σ usage.prompt_tokens_details.cached_tokens of the requests it served (the cross-check of the hits)."""
     own_gpu_hits: float | None = None
     own_tier_hits: float | None = None
     shared_tier_hits: float | None = None
@@ -148,6 +151,7 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
             load.append(ReplicaLoad(
                 replica=replica, requests=len(own), busy_s=sum((r.e2e_ns or 0) for r in own) / 1e9,
                 share=len(own) / len(served) if served else 0.0,
+                usage_cached_tokens=sum(r.cached_tokens or 0 for r in own),
                 own_gpu_hits=None if source is None else source["own_gpu"],
                 own_tier_hits=None if source is None else source["own_tier"],
                 shared_tier_hits=None if source is None else source["shared_tier"],
@@ -192,15 +196,16 @@ def markdown(result: FleetResult) -> str:
             )
     lines += [
         "",
-        "| Arm | Replica | Requests | Share | Busy s | Own-GPU hits | Own-tier hits | Shared-tier hits |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| Arm | Replica | Requests | Share | Busy s | Own-GPU hits | Own-tier hits | Shared-tier hits "
+        "| cached_tokens (usage) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in result.arms:
         for entry in arm.load:
             lines.append(
                 f"| {arm.arm} | {entry.replica} | {entry.requests} | {entry.share:.0%} | {entry.busy_s:.2f} "
                 f"| {_tokens(entry.own_gpu_hits)} | {_tokens(entry.own_tier_hits)} "
-                f"| {_tokens(entry.shared_tier_hits)} |"
+                f"| {_tokens(entry.shared_tier_hits)} | {entry.usage_cached_tokens:,} |"
             )
     capacity = [(arm, point) for arm in result.arms for point in arm.capacity]
     if capacity:
