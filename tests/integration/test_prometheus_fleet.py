@@ -44,6 +44,22 @@ def _wait_http(url: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.3)
 
 
+def _wait_scraped(url: str, query: str, series: int, timeout_s: float = 60.0) -> None:
+    """Until ``query`` returns ``series`` series: Prometheus has scraped every replica once."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=5) as r:
+            if len(json.loads(r.read())["data"]["result"]) >= series:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Prometheus at {url} never returned {series} series for {query}")
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def replicas(tmp_path: Path) -> Iterator[list[str]]:
     processes, urls = [], []
@@ -115,3 +131,58 @@ async def _check(prometheus_url: str, replicas: list[str]) -> None:
     for tag in ("prompt_tokens", "generation_tokens", "gpu_prefix_queries", "gpu_prefix_hits"):
         assert read[0][tag] == direct[0][tag], tag
         assert read[1].get(tag, 0.0) == direct[1][tag], tag
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary (Debian: apt-get install -y prometheus)")
+def test_a_fleet_run_stores_counters_read_from_prometheus(tmp_path: Path, replicas: list[str]) -> None:
+    """End to end: an attached fleet of 2 (kvbench routes) with a prometheus: section."""
+    from harness.runs.probe import ProbeRunner
+    from harness.runs.spine import run_sync
+    from harness.scenario.spec import parse_scenario
+    from harness.store.rundir import RunDir
+
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    targets = ", ".join(f'"{url}"' for url in replicas)
+    config.write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: fleet\n    static_configs:\n      - targets: [{targets}]\n",
+        encoding="utf-8",
+    )
+    assert PROMETHEUS is not None
+    server = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=(tmp_path / "prometheus.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/-/ready")
+        scenario = parse_scenario(
+            {
+                "name": "fleet-prometheus",
+                "engine": {"kind": "openai", "model": "llama-3.1-8b",
+                           "endpoints": [{"url": f"http://{url}"} for url in replicas]},
+                "prometheus": {"url": f"http://127.0.0.1:{port}", "replicas": replicas, "selector": 'job="fleet"'},
+                "arms": [{"name": "rr", "offload": "hbm"}],
+                "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 2, "turns": 2,
+                             "question_tokens": 16, "answer_tokens": 4, "warmup_requests": 2,
+                             "between_turns": {"mode": "reset_prefix_cache"}},
+            },
+            "inline",
+        )  # fmt: skip
+        _wait_scraped(f"http://127.0.0.1:{port}", 'up{job="fleet"} == 1', 2)
+        run_dir = RunDir.create(tmp_path, scenario)
+        run_sync(ProbeRunner(scenario, run_dir))
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    events = run_dir.replica_counters()
+    assert events and all(len(event.counters) == 2 for event in events)
+    assert all(counters is not None for event in events for counters in event.counters)
+    # Prometheus's values only grow during the run and each replica served prompts (round robin)
+    first, last = events[0].counters, events[-1].counters
+    for index in range(2):
+        before, after = first[index], last[index]
+        assert before is not None and after is not None
+        assert after["prompt_tokens"] >= before["prompt_tokens"]
+    assert sorted({r.replica for r in run_dir.records() if r.phase == "measure"}) == [0, 1]
