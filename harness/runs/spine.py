@@ -7,11 +7,14 @@ with a started engine; everything else happens here, once:
    records the attempt's start, and its end as ``completed``, ``failed`` or ``interrupted``;
 2. for each arm with work left, an :class:`ArmSession` starts the engine (one process per arm, so
    caches never leak between arms), records its facts in the manifest, opens the client, and
-   offers warm-up, prefix-cache reset, ``/metrics`` scraping and record appending;
+   offers warm-up, prefix-cache reset, ``/metrics`` scraping and record appending; with
+   ``engine.replicas > 1`` the engine is a fleet (:mod:`.fleet`: every replica started in parallel,
+   one routing client, per-replica counters stored) and every run kind uses it unchanged;
 3. the records file is one append-only :class:`RecordWriter` for the whole attempt;
 4. Ctrl-C and SIGTERM cancel the job, so every ``async with`` stops its engine, the records stay,
    and :class:`RunInterrupted` says how to resume (:func:`run_sync`);
-5. the runner's ``summarize`` turns the stored files into the kind's versioned result file.
+5. the runner's ``summarize`` turns the stored files into the kind's versioned result file (and a
+   fleet's ``fleet.json``).
 
 A runner (:class:`Runner`) says only what differs: which arms have work, what one arm does, how
 its result is built. ``probe.py``, ``sweep.py`` and ``soak.py`` hold those differences.
