@@ -3,8 +3,8 @@
 What it must show (scenarios/fleet-sim.yaml, one context length to stay CI-sized): with round robin
 and per-replica tiers, turn 2s move and a moved turn costs a cold prefill (its TTFT is turn 1's,
 nothing hit); with the shared tier moved turns hit; with session affinity nothing moves and every
-turn 2 hits its own replica's tier. Expected values come from the run's own turn-1 TTFTs and
-prompt sizes, not from constants.
+turn 2 hits its own replica's tier; with random routing one arm has both, and only the moved ones
+are cold. Expected values come from the run's own turn-1 TTFTs and prompt sizes, not from constants.
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ def test_fleet_same_vs_moved(tmp_path: Path) -> None:
     assert not t2("SA-own", True)
     assert all(cached > 0.9 * prompt for _, cached, prompt in t2("SA-own", False))
 
+    # random routing (seeded) splits one arm: its same-replica turn 2s hit, its moved ones are cold
+    same_random, moved_random = t2("RND-own", False), t2("RND-own", True)
+    assert same_random and moved_random
+    assert all(cached > 0.9 * prompt for _, cached, prompt in same_random)
+    assert all(cached < 0.05 * prompt for _, cached, prompt in moved_random)
+    assert min(t for t, _, _ in moved_random) > 2 * max(t for t, _, _ in same_random)
     assert by_arm["RR-own"].moved[0].moved_count == len(moved_own)
     shared_hits = sum(entry.shared_tier_hits or 0 for entry in by_arm["RR-shared"].load)
     cached_total = sum(cached for _, cached, _ in moved_shared)
