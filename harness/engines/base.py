@@ -38,6 +38,9 @@ class SharedTierHandle:
     host: str | None = None
     port: int | None = None
     """A cache server every replica connects to (vLLM: the LMCache multi-process server)."""
+    serves_all_tiers: bool = False
+    """Every tier of the profile lives in it (vLLM's shared LMCache server holds the cpu tier too), so an
+    engine's offload-tier hits are all shared-tier hits."""
 
 
 @dataclass(frozen=True)

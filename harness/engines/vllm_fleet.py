@@ -62,6 +62,7 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
                 description=f"one LMCache server for every replica: {' '.join(server.redacted_argv)}",
                 host=spec.host,
                 port=spec.port,
+                serves_all_tiers=True,
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

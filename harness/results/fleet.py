@@ -14,8 +14,10 @@ A pure function of the run directory's files (:func:`summarize_fleet`): ``record
   (Δ of running totals): ``own_gpu`` = Δ gpu_prefix_hits; tier hits = Δ external_prefix_hits, split
   by the engine's per-tier counters where it has them (``tier_hits:<kind>``: the ``shared`` kind is
   the shared tier, the others the replica's own tier), otherwise all to ``own_tier`` -- or to
-  ``shared_tier`` when the arm's only tier is a shared one; cross-checked by ``usage_cached_tokens``
-  = Σ ``cached_tokens`` the engine reported in the responses that replica served;
+  ``shared_tier`` when every tier is shared: the arm's tiers are all ``shared``, or the manifest says
+  the fleet's shared tier serves all tiers (``shared_tier_serves``: vLLM ``lmcache-mp`` with a shared
+  tier, one LMCache server); cross-checked by ``usage_cached_tokens`` = Σ ``cached_tokens`` the
+  engine reported in the responses that replica served;
 * **fleet capacity** (sweeps): per load point, completed measured requests / window seconds, ÷ the
   fleet's GPUs (replicas × gpus_per_replica) = RPS per GPU.
 """
@@ -30,6 +32,7 @@ from typing import Literal
 from pydantic import Field
 
 from harness.engines.replicas import ReplicaFields
+from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
 from kvbench.schema import VersionedFile
 
@@ -129,6 +132,7 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
     replicas, gpus = engine.fleet_size, engine.fleet_gpus
     records = [record for record in run_dir.records() if record.phase == "measure"]
     points = run_dir.points()
+    manifest = read_manifest(run_dir.manifest_file)
     arms: list[ArmFleet] = []
     for arm in scenario.arms:
         mine = [record for record in records if record.arm == arm.name]
@@ -141,7 +145,12 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
                 context_tokens=context, same_count=len(same), moved_count=len(moved),
                 same_ttft_ms=_median_ms(same), moved_ttft_ms=_median_ms(moved),
             ))  # fmt: skip
-        shared_only = bool(arm.profile.tiers) and all(tier.kind == "shared" for tier in arm.profile.tiers)
+        # without per-tier counters, external hits are the shared tier's when every tier is shared: the
+        # profile's tiers are all 'shared', or the fleet served them from one shared server (manifest)
+        details = ((manifest.get("engines") or {}).get(arm.name) or {}).get("details") or {}
+        shared_only = bool(arm.profile.tiers) and (
+            all(tier.kind == "shared" for tier in arm.profile.tiers) or details.get("shared_tier_serves") == "all tiers"
+        )
         hits = _hits_by_source(run_dir, arm.name, shared_only, replicas)
         served = [r for r in mine if r.replica is not None]
         load: list[ReplicaLoad] = []

@@ -48,6 +48,7 @@ def fleet_facts(fleet: RunningFleet, policy: str) -> EngineFacts:
         details[f"replica_{index}_base_url"] = replica.endpoint.base_url
     if fleet.shared_tier is not None:
         details["shared_tier"] = fleet.shared_tier.description
+        details["shared_tier_serves"] = "all tiers" if fleet.shared_tier.serves_all_tiers else "shared tier"
     return EngineFacts(kind=first.kind, version=first.version, command=first.command, details=details)
 
 

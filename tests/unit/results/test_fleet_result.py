@@ -58,3 +58,28 @@ def test_fleet_result_from_stored_files(tmp_path: Path) -> None:
     assert second.own_gpu_hits is None  # no pair of scrapes for it: unknown, not zero
     assert arm.imbalance == max(4, 2) / 6 * 2
     assert arm.gpus == 2 and arm.routing == "round_robin"
+
+
+def test_hits_of_a_server_that_holds_every_tier_are_shared(tmp_path: Path) -> None:
+    """vLLM + one LMCache server per arm: no per-tier counters, and the manifest says the server holds all tiers."""
+    import json
+
+    data = dict(SCENARIO, arms=[{"name": "A", "offload": "cpu"}])
+    run_dir = RunDir.create(tmp_path, parse_scenario(data, "unit"))
+    with RecordWriter(run_dir.records_file) as writer:
+        writer.append(_record(0, 2, 1, True, 30))
+    for index, hits in enumerate((0.0, 900.0)):
+        counters: list[dict[str, float] | None] = [None, {"external_prefix_hits": hits, "gpu_prefix_hits": 0.0}]
+        run_dir.append_replica_counters(ReplicaCounters(arm="A", attempt=0, at_ns=index, counters=counters))
+
+    def replica_one() -> tuple[float | None, float | None]:
+        result = summarize_fleet(run_dir)
+        assert result is not None
+        entry = result.arms[0].load[1]
+        return entry.own_tier_hits, entry.shared_tier_hits
+
+    assert replica_one() == (900, 0)  # a cpu tier of its own, as far as the stored files say
+    run_dir.manifest_file.write_text(
+        json.dumps({"engines": {"A": {"details": {"shared_tier_serves": "all tiers"}}}}), encoding="utf-8"
+    )
+    assert replica_one() == (0, 900)
