@@ -24,8 +24,13 @@ from harness.client.fleet import page_counters
 from harness.client.prometheus import PrometheusReader
 from harness.engines.process import free_port
 
-pytestmark = pytest.mark.integration
 PROMETHEUS = shutil.which("prometheus")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        PROMETHEUS is None, reason="no prometheus binary (Debian: apt-get install -y prometheus; scripts/test.sh does)"
+    ),
+]
 
 
 def _wait_http(url: str, timeout_s: float = 60.0) -> None:
@@ -82,32 +87,39 @@ def replicas(tmp_path: Path) -> Iterator[list[str]]:
             process.wait(timeout=10)
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary (Debian: apt-get install -y prometheus)")
-def test_prometheus_reader_matches_direct_scrapes(tmp_path: Path, replicas: list[str]) -> None:
+@pytest.fixture
+def prometheus(tmp_path: Path, replicas: list[str]) -> Iterator[str]:
+    """A real Prometheus on 127.0.0.1 scraping the replicas every second (job "fleet"); yields its URL."""
+    assert PROMETHEUS is not None  # the module is skipped without it
     port = free_port()
     config = tmp_path / "prometheus.yml"
     targets = ", ".join(f'"{url}"' for url in replicas)
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: kvbench-sim\n    static_configs:\n      - targets: [{targets}]\n",
+        f"scrape_configs:\n  - job_name: fleet\n    static_configs:\n      - targets: [{targets}]\n",
         encoding="utf-8",
     )
-    assert PROMETHEUS is not None
     server = subprocess.Popen(
         [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=(tmp_path / "prometheus.log").open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        _wait_http(f"http://127.0.0.1:{port}/-/ready")
-        asyncio.run(_check(f"http://127.0.0.1:{port}", replicas))
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(url + "/-/ready")
+        _wait_scraped(url, 'up{job="fleet"} == 1', len(replicas))
+        yield url
     finally:
         server.terminate()
         server.wait(timeout=20)
 
 
+def test_prometheus_reader_matches_direct_scrapes(prometheus: str, replicas: list[str]) -> None:
+    asyncio.run(_check(prometheus, replicas))
+
+
 async def _check(prometheus_url: str, replicas: list[str]) -> None:
-    reader = PrometheusReader(prometheus_url, "instance", replicas, 'job="kvbench-sim"')
+    reader = PrometheusReader(prometheus_url, "instance", replicas, 'job="fleet"')
     async with aiohttp.ClientSession() as session:
         for index in range(3):  # load on replica 0 only: replica 1's counters stay at zero
             body = {"model": "llama-3.1-8b", "prompt": f"request {index} " * 200, "max_tokens": 4}
@@ -133,49 +145,30 @@ async def _check(prometheus_url: str, replicas: list[str]) -> None:
         assert read[1].get(tag, 0.0) == direct[1][tag], tag
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary (Debian: apt-get install -y prometheus)")
-def test_a_fleet_run_stores_counters_read_from_prometheus(tmp_path: Path, replicas: list[str]) -> None:
+def test_a_fleet_run_stores_counters_read_from_prometheus(
+    tmp_path: Path, prometheus: str, replicas: list[str]
+) -> None:
     """End to end: an attached fleet of 2 (kvbench routes) with a prometheus: section."""
     from harness.runs.probe import ProbeRunner
     from harness.runs.spine import run_sync
     from harness.scenario.spec import parse_scenario
     from harness.store.rundir import RunDir
 
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    targets = ", ".join(f'"{url}"' for url in replicas)
-    config.write_text(
-        "global: {scrape_interval: 1s}\n"
-        f"scrape_configs:\n  - job_name: fleet\n    static_configs:\n      - targets: [{targets}]\n",
-        encoding="utf-8",
-    )
-    assert PROMETHEUS is not None
-    server = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=(tmp_path / "prometheus.log").open("wb"), stderr=subprocess.STDOUT,
+    scenario = parse_scenario(
+        {
+            "name": "fleet-prometheus",
+            "engine": {"kind": "openai", "model": "llama-3.1-8b",
+                       "endpoints": [{"url": f"http://{url}"} for url in replicas]},
+            "prometheus": {"url": prometheus, "replicas": replicas, "selector": 'job="fleet"'},
+            "arms": [{"name": "rr", "offload": "hbm"}],
+            "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 2, "turns": 2,
+                         "question_tokens": 16, "answer_tokens": 4, "warmup_requests": 2,
+                         "between_turns": {"mode": "reset_prefix_cache"}},
+        },
+        "inline",
     )  # fmt: skip
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/-/ready")
-        scenario = parse_scenario(
-            {
-                "name": "fleet-prometheus",
-                "engine": {"kind": "openai", "model": "llama-3.1-8b",
-                           "endpoints": [{"url": f"http://{url}"} for url in replicas]},
-                "prometheus": {"url": f"http://127.0.0.1:{port}", "replicas": replicas, "selector": 'job="fleet"'},
-                "arms": [{"name": "rr", "offload": "hbm"}],
-                "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 2, "turns": 2,
-                             "question_tokens": 16, "answer_tokens": 4, "warmup_requests": 2,
-                             "between_turns": {"mode": "reset_prefix_cache"}},
-            },
-            "inline",
-        )  # fmt: skip
-        _wait_scraped(f"http://127.0.0.1:{port}", 'up{job="fleet"} == 1', 2)
-        run_dir = RunDir.create(tmp_path, scenario)
-        run_sync(ProbeRunner(scenario, run_dir))
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
+    run_dir = RunDir.create(tmp_path, scenario)
+    run_sync(ProbeRunner(scenario, run_dir))
     events = run_dir.replica_counters()
     assert events and all(len(event.counters) == 2 for event in events)
     assert all(counters is not None for event in events for counters in event.counters)
