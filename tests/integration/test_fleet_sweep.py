@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.results.fleet import FleetResult
+from harness.results.sweep_result import SweepResult
 from harness.runs.spine import run_sync
 from harness.runs.sweep import SweepRunner
 from harness.scenario.spec import parse_scenario
@@ -49,6 +50,12 @@ def test_fleet_sweep_capacity_per_gpu(tmp_path: Path) -> None:
         assert capacity.rps == pytest.approx(sum(1 for r in mine if r.ok) / window_s)
         assert capacity.rps_per_gpu == pytest.approx(capacity.rps / 2)
         assert arm.gpus == 2
+    # the sweep's own result counts every replica's GPUs too
+    sweep = SweepResult.read_file(run_dir.path)
+    assert sweep.gpus == 2
+    for arm in fleet.arms:
+        [point] = [p for p in sweep.points if p.arm == arm.arm]
+        assert point.gpus == 2 and point.rps_per_gpu == pytest.approx(arm.capacity[0].rps_per_gpu, rel=0.05)
     # session affinity never moves a conversation; per-replica counters were stored for both replicas
     assert not any(r.moved for r in records if r.arm == "SA-cpu")
     stored = [e for e in run_dir.replica_counters() if e.arm == "LL-cpu"]
