@@ -4,7 +4,8 @@ A pure function of the run directory's files (:func:`summarize_fleet`): ``record
 (``replica``, ``moved``), ``replica_metrics.jsonl`` (per-replica counter totals at each scrape),
 ``points.jsonl`` (sweeps) and the scenario. Definitions, per arm (measured records only):
 
-* **same vs moved** (per context length, turns >= 2): median TTFT (ms) and count of the turns served
+* **same vs moved** (turns >= 2, per context length of a probe or per load level of a sweep/soak):
+  median TTFT (ms) and count of the turns served
   by the replica that served the conversation's previous turn (``moved = false``) and of those
   served by another (``moved = true``); ``moved share`` = moved / (same + moved);
 * **per-replica load**: requests served, ``busy_s`` = Σ e2e seconds of those requests (time the
@@ -33,8 +34,10 @@ from pydantic import Field
 
 from harness.engines.replicas import ReplicaFields
 from harness.store.manifest import read_manifest
+from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.schema import VersionedFile
+from workloads.config import MultiRoundQAProbe
 
 from .run_result import Frozen
 
@@ -42,7 +45,12 @@ NS_PER_MS = 1_000_000
 
 
 class MovedCell(Frozen):
-    context_tokens: int
+    """Turns >= 2 of one probe context length, or of one load level (sweep point, soak)."""
+
+    context_tokens: int | None
+    """The probe's context length; None for load runs, whose users have many lengths."""
+    load: float | None = None
+    """Load runs: the point's users or requests/s."""
     same_count: int
     moved_count: int
     same_ttft_ms: float | None
@@ -137,12 +145,17 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
     for arm in scenario.arms:
         mine = [record for record in records if record.arm == arm.name]
         cells: list[MovedCell] = []
-        for context in sorted({record.context_tokens for record in mine}):
-            later = [r for r in mine if r.context_tokens == context and r.turn >= 2 and r.ok and r.ttft_ns is not None]
+        # a probe splits by context length; a load run's users have many lengths, so by load level
+        probe = isinstance(scenario.workload, MultiRoundQAProbe)
+        groups: dict[tuple[int | None, float | None], list[RequestRecord]] = defaultdict(list)
+        for r in mine:
+            if r.turn >= 2 and r.ok and r.ttft_ns is not None:
+                groups[(r.context_tokens, None) if probe else (None, r.load)].append(r)
+        for (context, level), later in sorted(groups.items(), key=lambda item: (item[0][0] or 0, item[0][1] or 0.0)):
             same = [r.ttft_ns for r in later if r.moved is False and r.ttft_ns is not None]
             moved = [r.ttft_ns for r in later if r.moved is True and r.ttft_ns is not None]
             cells.append(MovedCell(
-                context_tokens=context, same_count=len(same), moved_count=len(moved),
+                context_tokens=context, load=level, same_count=len(same), moved_count=len(moved),
                 same_ttft_ms=_median_ms(same), moved_ttft_ms=_median_ms(moved),
             ))  # fmt: skip
         # without per-tier counters, external hits are the shared tier's when every tier is shared: the
@@ -193,14 +206,15 @@ def _tokens(value: float | None) -> str:
 def markdown(result: FleetResult) -> str:
     """The same-vs-moved table, per-replica load and hits, and capacity, as Markdown."""
     lines = [
-        "| Arm | Routing | Tokens | same t≥2 (n) | same TTFT ms | moved t≥2 (n) | moved TTFT ms | moved share |",
+        "| Arm | Routing | Tokens / load | same t≥2 (n) | same TTFT ms | moved t≥2 (n) | moved TTFT ms | moved share |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in result.arms:
         for cell in arm.moved:
             share = cell.moved_share
+            where = str(cell.context_tokens) if cell.context_tokens is not None else f"load {cell.load or 0:g}"
             lines.append(
-                f"| {arm.arm} | {arm.routing} | {cell.context_tokens} | {cell.same_count} | {_ms(cell.same_ttft_ms)} "
+                f"| {arm.arm} | {arm.routing} | {where} | {cell.same_count} | {_ms(cell.same_ttft_ms)} "
                 f"| {cell.moved_count} | {_ms(cell.moved_ttft_ms)} | {'–' if share is None else f'{share:.0%}'} |"
             )
     lines += [

@@ -50,6 +50,8 @@ def test_fleet_sweep_capacity_per_gpu(tmp_path: Path) -> None:
         assert capacity.rps == pytest.approx(sum(1 for r in mine if r.ok) / window_s)
         assert capacity.rps_per_gpu == pytest.approx(capacity.rps / 2)
         assert arm.gpus == 2
+        # a load run's same-vs-moved rows are per load level (its users have many context lengths)
+        assert [(cell.context_tokens, cell.load) for cell in arm.moved] == [(None, 4.0)]
     # the sweep's own result counts every replica's GPUs too
     sweep = SweepResult.read_file(run_dir.path)
     assert sweep.gpus == 2
