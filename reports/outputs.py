@@ -15,6 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from harness.results.fleet import FleetResult
+from harness.results.fleet import markdown as fleet_markdown
 from harness.results.provenance import provenance
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
@@ -92,4 +94,17 @@ def write_outputs(run_dir: RunDir, console: Console | None = None) -> list[Path]
     for output in OUTPUTS:
         if output.kind == kind:
             paths += output.write(result, manifest, run_dir.report_dir, console)
+    if run_dir.fleet_file.exists():  # any kind run on a fleet: same vs moved, per-replica load and hits
+        paths += _fleet_files(FleetResult.read_file(run_dir.fleet_file), manifest, run_dir.report_dir, console)
     return paths
+
+
+def _fleet_files(result: FleetResult, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "fleet.md"
+    text = fleet_markdown(result)
+    path.write_text(text + "\n" + str(provenance(manifest)) + "\n", encoding="utf-8")
+    if console is not None:
+        console.print("Fleet: same-replica vs moved turns, per-replica load and hits (report/fleet.md)")
+        console.print(escape(text), highlight=False)
+    return [path]

@@ -17,6 +17,15 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "== no apt-get: chromium not installed, the HTML browser test will be skipped"
   fi
 fi
+# The fleet test reads per-replica counters from a real Prometheus server (Debian's package).
+if ! command -v prometheus >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "== no apt-get: prometheus not installed, the Prometheus fleet test will be skipped"
+  fi
+fi
 echo "== ruff"; python3 -m ruff check .
 # the pinned ruff's formatter decides the layout; run `python3 -m ruff format .` before committing
 echo "== ruff format"; python3 -m ruff format --check .

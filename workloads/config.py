@@ -185,9 +185,14 @@ class MultiUserQA(StrictModel):
     kind: Literal["multi_user_qa"]
     users: int = Field(
         default=10_000, ge=1, le=MAX_COUNT,
-        description="Distinct users; sessions cycle through them (user = session % users).",
+        description="Distinct users; sessions cycle through them (user = session % users) unless user_skew > 0.",
     )
     rounds: Distribution = Field(description="Rounds per session (integer), e.g. {dist: uniform, low: 2, high: 11}.")
+    user_skew: float = Field(
+        default=0.0, ge=0, le=4,
+        description="Zipf exponent of user activity: 0 = users in turn (user = session % users); s > 0 = each "
+        "session's user drawn with weight (u + 1)^-s, so a few heavy users return often (fleets: hotspots).",
+    )  # fmt: skip
     system_prompt_tokens: int = Field(
         default=0, ge=0, le=MAX_TOKENS, description="Shared system prompt S (same for all users)."
     )

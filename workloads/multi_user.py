@@ -6,7 +6,8 @@ conversation of a user: ``rounds`` rounds, each sending the whole history (syste
 earlier questions and the engine's own answers) plus a new question, then waiting for the answer
 and a think time. Sessions are numbered; session ``s`` belongs to user ``s % users``, so once every
 user has had a session the users come back with a new conversation on the same context (a
-returning user, whose context KV an offload tier may still hold).
+returning user, whose context KV an offload tier may still hold). With ``user_skew`` s > 0 the user
+of each session is drawn instead, user ``u`` with weight ``(u + 1)^-s`` (a few heavy users).
 
 Everything is a pure function of ``(seed, session)`` or ``(seed, user)``:
 
@@ -24,6 +25,8 @@ session, yielding to the event loop between them.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -193,10 +196,19 @@ class MultiUserWorkload:
         self.seed = seed
         self._system_prompt: str | None = None
         self._contexts: dict[int, str] = {}
+        self._cumulative: list[float] | None = None
 
     # -- plans (pure) ----------------------------------------------------------------------
     def user_of(self, session: int) -> int:
-        return session % self.config.users
+        """``session % users``; with ``user_skew`` s > 0 a draw with weights ``(u + 1)^-s`` (Zipf), from the
+        session's own stream, so a session's user never depends on which sessions ran before."""
+        skew = self.config.user_skew
+        if skew == 0:
+            return session % self.config.users
+        if self._cumulative is None:
+            self._cumulative = list(itertools.accumulate((u + 1) ** -skew for u in range(self.config.users)))
+        draw = stream(self.seed, "session", session, "user").random() * self._cumulative[-1]
+        return min(bisect.bisect_right(self._cumulative, draw), self.config.users - 1)
 
     def context_tokens(self, user: int) -> int:
         """The user's context length, cut so that round 1 of any session fits ``max_prompt_tokens``."""

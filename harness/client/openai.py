@@ -40,6 +40,7 @@ Timing rules (all from :func:`time.monotonic_ns`):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -90,6 +91,12 @@ class RequestOutcome:
     error: str | None = None
     """Redacted, at most :data:`SNIPPET_CHARS` characters."""
     finish_reason: str | None = None
+    replica: int | None = None
+    """Fleets: the replica that served it (:class:`harness.client.fleet.FleetClient`); None for one engine."""
+    moved: bool | None = None
+    """Fleets: served by another replica than the conversation's previous request (None: its first)."""
+    served_by: str | None = None
+    """The response header the client was asked to capture (an external router's serving replica)."""
 
     @property
     def ok(self) -> bool:
@@ -196,6 +203,7 @@ class OpenAIClient:
         max_connections: int = 512,
         connect_timeout_s: float | None = None,
         read_timeout_s: float | None = None,
+        capture_header: str | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
@@ -204,6 +212,8 @@ class OpenAIClient:
         self._endpoint = endpoint
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
         self._max_connections = max_connections
+        self._capture_header = capture_header
+        """A response header copied into every outcome's ``served_by`` (fleets behind a router)."""
         root = endpoint.base_url.rstrip("/")
         self._root = root.removesuffix("/v1")
         self._session: aiohttp.ClientSession | None = None
@@ -325,7 +335,10 @@ class OpenAIClient:
                     snippet = await _read_snippet(response)
                     state.last_byte_ns = time.monotonic_ns()
                     return state.outcome("malformed_frame", f"expected an event stream, got JSON: {snippet}")
-                return await _consume(response, state)
+                outcome = await _consume(response, state)
+                if self._capture_header is None:
+                    return outcome
+                return dataclasses.replace(outcome, served_by=response.headers.get(self._capture_header))
         except aiohttp.ConnectionTimeoutError as exc:
             return state.outcome("connection", _describe(exc), failed_ns=time.monotonic_ns())
         except TimeoutError as exc:  # total timeout, or silence longer than read_timeout_s

@@ -29,6 +29,21 @@ class EngineFacts:
 
 
 @dataclass(frozen=True)
+class SharedTierHandle:
+    """A KV tier a fleet started once per arm and every replica uses (:mod:`harness.engines.fleet`)."""
+
+    description: str
+    path: Path | None = None
+    """A directory every replica reads and writes (the simulator's shared chunk index)."""
+    host: str | None = None
+    port: int | None = None
+    """A cache server every replica connects to (vLLM: the LMCache multi-process server)."""
+    serves_all_tiers: bool = False
+    """Every tier of the profile lives in it (vLLM's shared LMCache server holds the cpu tier too), so an
+    engine's offload-tier hits are all shared-tier hits."""
+
+
+@dataclass(frozen=True)
 class LaunchContext:
     """Per-arm facts the runner gives an engine factory."""
 
@@ -37,6 +52,10 @@ class LaunchContext:
     log_dir: Path
     prefix_caching: bool
     """False when the scenario disables the GPU prefix cache (between_turns=disable_prefix_cache)."""
+    replica: int = 0
+    """Which replica of the arm's fleet this engine is (0 for a single engine)."""
+    shared_tier: SharedTierHandle | None = None
+    """The fleet's shared tier, when the arm has one and the engine kind shares it across replicas."""
 
 
 class PrefixCacheResetUnsupported(Exception):

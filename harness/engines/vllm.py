@@ -51,6 +51,7 @@ from .common import (
 from .configs import VllmEngineConfig
 from .lmcache_server import LmcacheServer
 from .process import ManagedProcess, free_port
+from .vllm_fleet import use_shared_server
 from .vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch
 
 PYTHON_ENV_VAR = "KVBENCH_VLLM_PYTHON"
@@ -251,6 +252,8 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         context.log_dir.mkdir(parents=True, exist_ok=True)
         self._workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-"))
         plan = render_vllm_launch(context.profile, config, context.prefix_caching, self._workdir)
+        if context.shared_tier is not None:  # a fleet's replica: connect to the arm's one LMCache server
+            plan = use_shared_server(plan, context.shared_tier)
         self._materialize(plan)
 
         started = time.monotonic()
@@ -275,7 +278,7 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         base_url = f"http://{config.host}:{port}"
         process = await start_server(
             stack,
-            name=f"vLLM ({context.arm})",
+            name=f"vLLM ({context.arm}, replica {context.replica})",
             argv=argv,
             env=env,
             log_path=self.log_path,

@@ -166,7 +166,9 @@ def aggregate(
         pct_diff=diffs,
         cache=cache,
         requests=counts,
-        validity=judge_probe(scenario, counts, cells, cache, _restarts(metrics, chosen)),
+        validity=judge_probe(
+            scenario, counts, cells, cache, _restarts(metrics, chosen), moved_cells=_moved_cells(measured)
+        ),
         stream=stream_check(
             measured,
             cells,
@@ -174,6 +176,25 @@ def aggregate(
             ignore_eos=scenario.probe_workload.ignore_eos,
         ),
     )
+
+
+def _moved_cells(measured: pd.DataFrame) -> set[tuple[str, int, int]]:
+    """(arm, context, turn) cells of a fleet whose every measured request moved to another replica.
+
+    Such a turn cannot hit a per-replica tier by construction; the fleet report (same vs moved)
+    measures that, so the offload-hit validity gate does not apply to it.
+    """
+    if measured.empty or "moved" not in measured.columns:
+        return set()
+    moved = measured[measured["turn"] >= 2].copy()
+    moved["moved"] = moved["moved"].fillna(False).astype(bool)
+    groups = moved.groupby(["arm", "context_tokens", "turn"])["moved"].all()
+    cells: set[tuple[str, int, int]] = set()
+    for key, every in groups.items():
+        assert isinstance(key, tuple)
+        if every:
+            cells.add((str(key[0]), int(key[1]), int(key[2])))
+    return cells
 
 
 def _with_usage(good: pd.DataFrame) -> pd.DataFrame:

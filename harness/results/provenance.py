@@ -5,8 +5,8 @@ host's GPUs). Every report prints it beside its figures, so a simulated capacity
 pass for a measurement:
 
 * measured: ``measured: vLLM 0.26.0 + LMCache 0.5.3, 1× NVIDIA H200`` (GPU model from the host's
-  ``nvidia-smi``, count = TP × PP × DP × replicas of the engine; ``CPU`` for CPU engines; for an
-  attached endpoint, the hardware the scenario declares);
+  ``nvidia-smi``, count = replicas × (gpus_per_replica, else TP × PP × DP) of the engine; ``CPU`` for
+  CPU engines; for an attached endpoint, the hardware the scenario declares);
 * simulated: ``simulated: kvbench simulator, llama-3.1-8b on 1× h100-sxm (bf16), not a measurement``.
 """
 
@@ -34,12 +34,19 @@ class Provenance:
 
 
 def _gpu_count(engine: Mapping[str, Any]) -> int:
+    """GPUs of the deployment: replicas × (gpus_per_replica, else TP × PP × DP) (harness.engines.replicas)."""
     parallelism = engine.get("parallelism") or {}
-    count = 1
-    for key in ("tp", "pp", "dp", "replicas"):
-        value = parallelism.get(key, 1)
-        count *= int(value) if isinstance(value, int | float) else 1
-    return count
+
+    def number(value: object) -> int | None:
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    per_replica = number(engine.get("gpus_per_replica"))
+    if per_replica is None:
+        per_replica = 1
+        for key in ("tp", "pp", "dp"):
+            per_replica *= number(parallelism.get(key, 1)) or 1
+    replicas = number(engine.get("replicas")) or number(parallelism.get("replicas", 1)) or 1
+    return per_replica * replicas
 
 
 def _versions(engines: Mapping[str, Any]) -> str:

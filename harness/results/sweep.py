@@ -61,8 +61,8 @@ def aggregate_sweep(
         raise KvbenchError(f"scenario {scenario.name!r} has no sweep section")
     config = scenario.load_workload
     engine = scenario.engine
-    gpus = engine.parallelism.gpus
-    per_deployment = engine.parallelism.tp * engine.parallelism.pp * engine.parallelism.dp
+    gpus = engine.fleet_gpus  # every replica's GPUs (engine.replicas × gpus_per_replica): RPS per GPU is per fleet GPU
+    per_deployment = engine.replica_gpus
     slo = SloLimits(
         ttft_ms=scenario.slo.ttft_ms,
         tpot_ms=scenario.slo.tpot_ms,

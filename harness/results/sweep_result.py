@@ -181,7 +181,7 @@ class SweepResult(VersionedFile):
     engine_kind: str
     model: str
     hardware: str
-    gpus: int = Field(description="GPUs of one deployment: TP × PP × DP × replicas.")
+    gpus: int = Field(description="GPUs of the deployment: replicas × GPUs per replica (TP × PP × DP).")
     mode: Literal["concurrency", "qps"]
     loads: list[float]
     arms: list[str]

@@ -23,7 +23,7 @@ Cells without ``/metrics`` counters are not judged by the cache gates (no eviden
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from harness.scenario.spec import Scenario
 
@@ -108,18 +108,32 @@ def _cache_finding(scenario: Scenario, stats: CacheStats) -> Finding | None:
     return None
 
 
+def stats_key(finding: Finding) -> tuple[str, int, int]:
+    return (finding.arm or "", finding.context_tokens or 0, finding.turn or 0)
+
+
 def judge_probe(
     scenario: Scenario,
     counts: RequestCounts,
     cells: Sequence[TtftCell],
     cache: Sequence[CacheStats],
     restarts: Mapping[str, int],
+    moved_cells: Set[tuple[str, int, int]] = frozenset(),
 ) -> Validity:
-    """Every gate of a probe run (``restarts``: engine restarts seen per arm in the chosen attempts)."""
+    """Every gate of a probe run (``restarts``: engine restarts seen per arm in the chosen attempts).
+
+    ``moved_cells``: (arm, context, turn) cells of a fleet whose every request landed on another
+    replica than its previous turn; a per-replica tier cannot serve them, so the offload-hit gate
+    skips them (the fleet report's same-vs-moved split is the measurement there).
+    """
     spec = scenario.validity
     findings = error_findings(counts.measured, counts.ok, counts.errors_by_kind, spec.max_error_rate)
     findings += _cell_findings(cells)
-    findings += [f for f in (_cache_finding(scenario, stats) for stats in cache) if f is not None]
+    findings += [
+        f
+        for f in (_cache_finding(scenario, stats) for stats in cache)
+        if f is not None and not (f.gate == "no_offload_hits" and (stats_key(f) in moved_cells))
+    ]
     findings += [
         Finding(
             gate="engine_restarted",

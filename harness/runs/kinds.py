@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.results.aggregate import summarize_run_dir
+from harness.results.fleet import summarize_fleet
 from harness.results.soak import summarize_soak
 from harness.results.sweep import summarize_sweep
 from harness.scenario.soak import SoakError, soak_arm, soak_scenario
@@ -119,5 +120,7 @@ def launch(
 
 
 def summarize(run_dir: RunDir) -> VersionedFile:
-    """Rebuild the run directory's result file from its stored files (any kind)."""
-    return RUN_KINDS[run_dir.kind].summarize(run_dir)
+    """Rebuild the run directory's result file from its stored files (any kind; fleets: fleet.json too)."""
+    result = RUN_KINDS[run_dir.kind].summarize(run_dir)
+    summarize_fleet(run_dir)
+    return result

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from harness.client.openai import RequestOutcome
 from harness.client.pool import StreamingClient
+from harness.client.router import routing_key
 from harness.scenario.spec import SweepSpec
 from harness.store.records import Phase, RequestRecord
 from workloads.multi_user import MultiUserWorkload, Prompt, Session, stream
@@ -224,7 +225,8 @@ class _Runner:
         counters.in_flight += 1
         counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
         try:
-            outcome = await self._request(prompt)
+            with routing_key(str(session.plan.session)):  # a fleet routes (and tracks moves) per conversation
+                outcome = await self._request(prompt)
         except asyncio.CancelledError:
             counters.in_flight -= 1
             counters.cancelled += 1
@@ -282,6 +284,8 @@ class _Runner:
                 load=self.plan.value,
                 user=plan.user,
                 scheduled_ns=scheduled_ns,
+                replica=outcome.replica,
+                moved=outcome.moved,
             )
         )
 

@@ -142,7 +142,8 @@ class ProbeRunner(Runner[RunResult]):
             survivors = []
             for state in alive:
                 prompt = state.chat_messages() if w.api == "chat" else state.completion_prompt()
-                outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos)
+                key = f"{repetition}:{context_tokens}:{state.conversation.index}"
+                outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos, key=key)
                 session.append(
                     record_from(
                         outcome, arm=arm, attempt=self.attempt, phase="measure", api=w.api, repetition=repetition,

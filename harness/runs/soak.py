@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient
 from harness.client.scrape import MetricsSnapshot, counter_totals, delta, metric_value, parse_metrics, restarted
 from harness.engines.base import FaultTarget, FaultUnsupported
@@ -63,7 +64,9 @@ def interval_hit_rate(before: MetricsSnapshot, after: MetricsSnapshot) -> float 
 class MetricsTracker:
     """Scrapes /metrics at each interval boundary and turns two scrapes into a :class:`MetricsReading`."""
 
-    def __init__(self, client: OpenAIClient, previous_counters: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, client: OpenAIClient | FleetClient, previous_counters: Mapping[str, float] | None = None
+    ) -> None:
         self.client = client
         self.last: MetricsSnapshot | None = None
         self.last_counters: dict[str, float] = dict(previous_counters or {})

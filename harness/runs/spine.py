@@ -11,11 +11,14 @@ with a started engine; everything else happens here, once:
    with work in it, an :class:`ArmSession` starts the engine (one process per arm and block, so
    caches never leak between arms), records its facts in the manifest, opens the client, and
    offers warm-up (failed tries retried), prefix-cache reset, ``/metrics`` scraping (with restart
-   detection) and record appending;
+   detection) and record appending; with ``engine.replicas > 1`` the engine is a fleet
+   (:mod:`.fleet`: every replica started in parallel, one routing client, per-replica counters
+   stored) and every run kind uses it unchanged;
 3. the records file is one append-only :class:`RecordWriter` for the whole attempt;
 4. Ctrl-C and SIGTERM cancel the job, so every ``async with`` stops its engine, the records stay,
    and :class:`RunInterrupted` says how to resume (:func:`run_sync`);
-5. the runner's ``summarize`` turns the stored files into the kind's versioned result file.
+5. the runner's ``summarize`` turns the stored files into the kind's versioned result file (and a
+   fleet's ``fleet.json``).
 
 A runner (:class:`Runner`) says only what differs: which arms have work, what one arm does, how
 its result is built. ``probe.py``, ``sweep.py`` and ``soak.py`` hold those differences.
@@ -34,10 +37,14 @@ from typing import ClassVar, Generic, TypeVar
 
 import aiohttp
 
+from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.client.router import routing_key
 from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
+from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.kinds import create_engine
+from harness.results.fleet import summarize_fleet
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
@@ -48,6 +55,7 @@ from kvbench.schema import VersionedFile
 from workloads.multi_round_qa import build_filler
 from workloads.tokenizer import Tokenizer
 
+from .fleet import open_fleet
 from .interrupt import Interrupted, run_interruptible
 from .progress import NoProgress, RunProgress
 
@@ -88,6 +96,7 @@ def record_from(
         prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
         cached_tokens=outcome.cached_tokens, expected_prompt_tokens=expected_prompt_tokens,
         http_status=outcome.http_status, ok=outcome.ok, error_kind=outcome.error_kind, error=outcome.error,
+        replica=outcome.replica, moved=outcome.moved,
     )  # fmt: skip
 
 
@@ -99,19 +108,23 @@ class ArmSession:
         runner: Runner[VersionedFile],
         arm: Arm,
         engine: RunningEngine,
-        client: OpenAIClient,
+        client: OpenAIClient | FleetClient,
         writer: RecordWriter,
         block: int | None = None,
+        fleet: RunningFleet | None = None,
     ) -> None:
         self.runner = runner
         self.block = block
         """Which block of :meth:`Runner.blocks` this engine start serves (None: all the arm's work)."""
         self.arm = arm
         self.engine = engine
+        """The engine (a fleet's first replica: its tokenizer and endpoint stand for all)."""
         self.client = client
+        """One engine's client, or a :class:`FleetClient` that routes over the replicas."""
         self.writer = writer
         self._counters: dict[str, float] = {}
         self._restarts = 0
+        self.fleet = fleet or RunningFleet((engine,))
 
     @property
     def attempt(self) -> int:
@@ -129,15 +142,25 @@ class ArmSession:
         self.writer.sync()
 
     async def send(
-        self, prompt: str | Sequence[Mapping[str, str]], max_tokens: int, *, api: str, ignore_eos: bool
+        self,
+        prompt: str | Sequence[Mapping[str, str]],
+        max_tokens: int,
+        *,
+        api: str,
+        ignore_eos: bool,
+        key: str | None = None,
     ) -> RequestOutcome:
-        """One streamed request: ``prompt`` is chat messages, or text (sent as one user message for chat)."""
-        if api == "chat":
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            return await self.client.chat(messages, max_tokens, ignore_eos=ignore_eos)
-        if not isinstance(prompt, str):
-            raise TypeError("the completions API takes a text prompt")
-        return await self.client.completion(prompt, max_tokens, ignore_eos=ignore_eos)
+        """One streamed request: ``prompt`` is chat messages, or text (sent as one user message for chat).
+
+        ``key``: the conversation it belongs to (a fleet's session affinity and ``moved``).
+        """
+        with routing_key(key):
+            if api == "chat":
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                return await self.client.chat(messages, max_tokens, ignore_eos=ignore_eos)
+            if not isinstance(prompt, str):
+                raise TypeError("the completions API takes a text prompt")
+            return await self.client.completion(prompt, max_tokens, ignore_eos=ignore_eos)
 
     async def warm_up(self, count: int, *, api: str, ignore_eos: bool, tag: str) -> None:
         """``count`` unmeasured short requests (kernels, allocators, connections), recorded as ``warmup``.
@@ -182,7 +205,7 @@ class ArmSession:
         starts warm.
         """
         try:
-            await self.engine.reset_prefix_cache()
+            await asyncio.gather(*(replica.reset_prefix_cache() for replica in self.fleet.replicas))
         except PrefixCacheResetUnsupported:
             if required:
                 raise
@@ -296,13 +319,17 @@ class Runner(ABC, Generic[ResultT]):
             prefix_caching=self.prefix_caching(arm),
         )
         self.progress.describe(f"{arm.name}: starting {self.scenario.engine.kind} engine")
+        if fleet_size(self.scenario.engine) > 1:
+            async with open_fleet(self, arm, context, manifest) as (fleet, client):
+                yield ArmSession(self, arm, fleet.first, client, writer, block=block, fleet=fleet)  # type: ignore[arg-type]
+            return
         async with create_engine(self.scenario.engine, context) as engine:
             manifest.record_engine(arm.name, engine.facts)
             async with OpenAIClient(
                 engine.endpoint, timeout_s=self.request_timeout_s(), read_timeout_s=self.stall_timeout_s(),
                 max_connections=self.connections(),
             ) as client:
-                yield ArmSession(self, arm, engine, client, writer, block)  # type: ignore[arg-type]
+                yield ArmSession(self, arm, engine, client, writer, block=block)  # type: ignore[arg-type]
 
 
 async def execute(runner: Runner[ResultT]) -> ResultT:
@@ -326,6 +353,7 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
                     async with runner.arm_session(arm, writer, manifest, block) as session:
                         await runner.run_arm(session)
         result = runner.summarize()
+        summarize_fleet(run_dir)  # fleets only (fleet.json): same vs moved, per-replica hits and load
         # a run that ran to the end but measured nothing trustworthy says so here, for every kind
         outcome = outcome_of_result(result)
         status, reason = outcome.status, outcome.reason

@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_v
 
 from harness.engines import kinds
 from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
+from harness.engines.replicas import PrometheusSpec, RoutingSpec
 from harness.sim.config import SimEngineConfig
 from kvbench.errors import ScenarioError
 from kvbench.schema import StrictModel
@@ -33,6 +34,8 @@ from workloads.config import (
     UniformDist,
     WorkloadConfig,
 )
+
+from .fleet import check_fleet
 
 EngineConfig = Annotated[
     SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig | SglangEngineConfig | TrtllmEngineConfig,
@@ -53,6 +56,10 @@ class Arm(StrictModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
     offload: str | OffloadProfile = Field(
         description="A built-in profile name (off, hbm, cpu, disk, shared) or an inline profile."
+    )
+
+    routing: RoutingSpec | None = Field(
+        default=None, description="Fleets: this arm's routing (default: the scenario's routing section)."
     )
 
     @field_validator("offload")
@@ -328,6 +335,17 @@ class Scenario(StrictModel):
     soak: SoakSpec | None = Field(default=None, description="Stability-window settings (kvbench soak).")
     sweep: SweepSpec | None = Field(default=None, description="Load grid (kvbench sweep; multi_user_qa only).")
     cost: CostSpec | None = Field(default=None, description="Target load and GPU price (kvbench sweep).")
+    routing: RoutingSpec = Field(default=RoutingSpec(), description="Fleets: how requests reach replicas.")
+    prometheus: PrometheusSpec | None = Field(
+        default=None, description="Fleets: read per-replica counters from this Prometheus server."
+    )
+
+    @model_validator(mode="after")
+    def _fleet_consistent(self) -> Scenario:
+        workers = self.sweep.client_workers if self.sweep else 1
+        for routing in {arm.routing or self.routing for arm in self.arms}:
+            check_fleet(self.engine, routing, self.prometheus, workers)
+        return self
 
     @model_validator(mode="after")
     def _arms_consistent(self) -> Scenario:

@@ -8,13 +8,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from harness.engines.configs import Parallelism
-from kvbench.schema import StrictModel
+from harness.engines.replicas import ReplicaFields
 from offload.shapes import get_hardware, get_model
 
 from .faults import Fault
 
 
-class SimEngineConfig(StrictModel):
+class SimEngineConfig(ReplicaFields):
     """The built-in engine simulator (``kvbench sim serve``), started as a real subprocess."""
 
     kind: Literal["sim"]
@@ -59,6 +59,9 @@ class SimEngineConfig(StrictModel):
     @model_validator(mode="after")
     def _tensor_parallel_only(self) -> SimEngineConfig:
         parallel = self.parallelism
-        if parallel.pp != 1 or parallel.dp != 1 or parallel.replicas != 1:
-            raise ValueError("the simulator models tensor parallelism only: parallelism.pp, dp and replicas must be 1")
+        if parallel.pp != 1 or parallel.dp != 1:
+            raise ValueError(
+                "the simulator models tensor parallelism only (within a replica): parallelism.pp and dp must be 1; "
+                "several simulator replicas: engine.replicas"
+            )
         return self

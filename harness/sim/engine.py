@@ -87,8 +87,12 @@ class SimEngine:
         return self.context.log_dir / LOG_FILE
 
     def settings(self) -> SimSettings:
+        shared = self.context.shared_tier
         try:
-            return SimSettings.from_engine_config(self.config, self.context.profile, self.context.prefix_caching)
+            settings = SimSettings.from_engine_config(self.config, self.context.profile, self.context.prefix_caching)
+            if shared is not None and shared.path is not None:
+                settings = settings.model_copy(update={"shared_tier_dir": str(shared.path)})
+            return settings
         except ValueError as error:  # pydantic's ValidationError is a ValueError
             raise EngineStartError(f"simulator ({self.context.arm}): {error}") from None
 
@@ -106,7 +110,7 @@ class SimEngine:
         base_url = f"http://{url_host(config.host)}:{port}"
         process = ManagedProcess(
             ProcessSpec(
-                name=f"simulator ({context.arm})",
+                name=f"simulator ({context.arm}, replica {context.replica})",
                 argv=argv,
                 env={"PYTHONUNBUFFERED": "1"},
                 log_path=self.log_path,

@@ -261,7 +261,14 @@ class StoredPrefix:
 
 
 class OffloadTiers:
-    """The offload tiers of one profile, fastest (first in the profile) first."""
+    """The offload tiers of one profile, fastest (first in the profile) first.
+
+    ``shared_chunks``: a fleet's shared tier -- the ``shared`` tier keeps its chunk index (and so
+    its capacity) in this mapping, which every replica of the fleet uses: one dictionary for engine
+    cores in one process (:mod:`harness.sim.fleet_whatif`), a directory for simulator processes
+    (:class:`~harness.sim.shared_tier.DirectoryChunks`). Each replica keeps its own read and write
+    queues (its own network link); the storage's aggregate bandwidth is not modelled.
+    """
 
     def __init__(
         self,
@@ -269,6 +276,8 @@ class OffloadTiers:
         kv_bytes_per_token: int,
         host_link_bytes_per_s: float,
         instant_writes: bool = False,
+        *,
+        shared_chunks: OrderedDict[int, float] | None = None,
     ) -> None:
         self.chunk_tokens = profile.chunk_tokens
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -278,16 +287,17 @@ class OffloadTiers:
             # every byte between a tier and HBM crosses the host links (PCIe) of the GPUs;
             # ``host_link_bytes_per_s`` is their sum (one link per tensor-parallel GPU)
             link = host_link_bytes_per_s
-            self.tiers.append(
-                TierState(
-                    tier=tier,
-                    capacity_chunks=max(1, int(tier.capacity_gb * 1e9 // self.chunk_bytes)),
-                    read_bytes_per_s=min(tier.effective_read_gbps * 1e9, link),
-                    write_bytes_per_s=min(tier.effective_write_gbps * 1e9, link),
-                    latency_s=tier.effective_latency_us * 1e-6,
-                    instant_writes=instant_writes,
-                )
+            state = TierState(
+                tier=tier,
+                capacity_chunks=max(1, int(tier.capacity_gb * 1e9 // self.chunk_bytes)),
+                read_bytes_per_s=min(tier.effective_read_gbps * 1e9, link),
+                write_bytes_per_s=min(tier.effective_write_gbps * 1e9, link),
+                latency_s=tier.effective_latency_us * 1e-6,
+                instant_writes=instant_writes,
             )
+            if tier.kind == "shared" and shared_chunks is not None:
+                state.chunks = shared_chunks
+            self.tiers.append(state)
 
     @property
     def enabled(self) -> bool:

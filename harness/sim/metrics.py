@@ -101,6 +101,13 @@ class SimCollector(Collector):
             (CounterMetricFamily("kvbench_sim:tier_evicted_chunks", "Chunks evicted from an offload tier.",
                                  labels=[*LABELS, "tier"]), "evictions"),
         )  # fmt: skip
+        hits = CounterMetricFamily(
+            "kvbench_sim:tier_hit_tokens", "Prompt tokens loaded from an offload tier (by tier kind).",
+            labels=[*LABELS, "tier"],
+        )
+        for tier in core.tiers.tiers:
+            hits.add_metric([*self._labels, tier.kind], float(stats.tier_hits.get(tier.kind, 0)))
+        yield hits
         for family, attribute in tier_families:
             for tier in core.tiers.tiers:
                 family.add_metric([*self._labels, tier.kind], float(getattr(tier, attribute)))

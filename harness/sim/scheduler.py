@@ -38,14 +38,16 @@ import logging
 import math
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from offload.shapes import Deployment
 
 from .kvcache import ROOT_HASH, Block, BlockPool, OffloadTiers, StoredPrefix, chain_hashes
 from .settings import SimSettings
+from .shared_tier import DirectoryChunks
 from .timemodel import StepWork, TimeModel
 from .tokenizer import GENERATED_FIRST_IDS, GENERATED_NEXT_IDS, token_text
 
@@ -206,6 +208,8 @@ class Stats:
     preemptions: int = 0
     steps: int = 0
     busy_s: float = 0.0
+    tier_hits: dict[str, int] = field(default_factory=dict)
+    """Tokens loaded per tier kind (fleets: own tier vs the shared tier)."""
     ttft_count: int = 0
     ttft_sum: float = 0.0
     ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
@@ -232,8 +236,12 @@ class Plan:
 class EngineCore:
     """The simulated engine's state: queues, KV cache, tiers and counters."""
 
-    def __init__(self, settings: SimSettings) -> None:
+    def __init__(self, settings: SimSettings, shared_chunks: OrderedDict[int, float] | None = None) -> None:
+        """``shared_chunks``: the fleet's shared-tier index (:class:`OffloadTiers`); default: the
+        directory ``settings.shared_tier_dir`` names, if any."""
         self.settings = settings
+        if shared_chunks is None and settings.shared_tier_dir:
+            shared_chunks = DirectoryChunks(Path(settings.shared_tier_dir))
         self.deployment: Deployment = settings.deployment()
         self.time_model = TimeModel(self.deployment, settings.efficiencies())
         kv_tokens = self.deployment.kv_cache_tokens(settings.gpu_memory_utilization, settings.max_batch_tokens)
@@ -251,6 +259,7 @@ class EngineCore:
             self.deployment.kv_bytes_per_token,
             link if settings.calibration is None else float("inf"),
             instant_writes=settings.calibration is not None,
+            shared_chunks=shared_chunks,
         )
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -420,6 +429,8 @@ class EngineCore:
         if begin >= end:
             return 0
         hit = self.tiers.load(prefix, begin, end, now)
+        for kind, tokens in hit.by_tier:
+            self.stats.tier_hits[kind] = self.stats.tier_hits.get(kind, 0) + tokens
         ready = hit.ready_at
         if mode == "layerwise":
             layers = self.deployment.model.layers

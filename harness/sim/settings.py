@@ -62,6 +62,10 @@ class SimSettings(StrictModel):
     calibration: Calibration | None = Field(
         default=None, description="Fitted parameters (kvbench sim calibrate) for this deployment, inline."
     )
+    shared_tier_dir: str | None = Field(
+        default=None,
+        description="A fleet's shared tier: the directory every replica keeps the shared tier's chunk index in.",
+    )
 
     @model_validator(mode="after")
     def _deployment_valid(self) -> SimSettings:

@@ -6,6 +6,9 @@
   one turn of one group, keyed by metric tag (tokens or queries, as counted by the engine).
 * :class:`PointDone` (``points.jsonl``): a sweep's load point finished, with its window edges
   (monotonic ns) and counters.
+* :class:`ReplicaCounters` (``replica_metrics.jsonl``): fleets only -- every replica's cumulative
+  cache counters at each scrape (probe turns, load-point edges, soak intervals), so per-replica
+  deltas come from the stored files alone.
 * :class:`IntervalStats` (``intervals.jsonl``): a soak interval's aggregates (a soak keeps raw
   records on disk and aggregates per interval as it goes, so memory stays flat over hours).
 * :class:`FaultEvent` (``faults.jsonl``): a failure a soak rehearsed (``soak.faults``), when it
@@ -55,6 +58,17 @@ class MetricsDelta(Frozen):
     @property
     def key(self) -> GroupKey:
         return (self.arm, self.repetition, self.context_tokens)
+
+
+class ReplicaCounters(Frozen):
+    """A fleet's per-replica counters at one scrape: ``counters[i]`` is replica ``i``'s running totals
+    (metric tag -> value, :func:`harness.client.scrape.counter_values` of its page; ``tier_hits:<kind>``
+    for per-tier hit tokens where the engine reports them), None where it served no page."""
+
+    arm: str
+    attempt: int
+    at_ns: int = Field(description="time.monotonic_ns() right after the scrape (compare with records' started_ns).")
+    counters: list[dict[str, float] | None]
 
 
 class PointDone(Frozen):

@@ -69,6 +69,11 @@ class RequestRecord(BaseModel):
     scheduled_ns: int | None = Field(
         default=None, description="Open-loop arrival time the request was due (monotonic ns); started_ns - it = lag."
     )
+    # -- fleets (engine.replicas > 1); absent for one engine ----------------------------------
+    replica: int | None = Field(default=None, description="The replica that served it (0-based).")
+    moved: bool | None = Field(
+        default=None, description="Served by another replica than the conversation's previous request (turn >= 2)."
+    )
 
 
 class RecordWriter:

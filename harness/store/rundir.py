@@ -5,7 +5,9 @@ RUN_DIR/
   manifest.json        versions, host, git SHA, engine command lines (redacted), attempts
   records.jsonl        one RequestRecord per request, appended as each completes (every kind)
   progress.jsonl       probe: one GroupDone per finished (arm, repetition, context length)
-  engine_metrics.jsonl probe: /metrics counter deltas per group and turn
+  engine_metrics.jsonl probe: /metrics counter deltas per group and turn (fleets: summed over replicas)
+  replica_metrics.jsonl fleets: every replica's cumulative cache counters at each scrape
+  fleet.json           fleets: the versioned FleetResult (same vs moved, per-replica hits and load)
   summary.json         probe: the versioned RunResult (rebuilt by `kvbench report`)
   points.jsonl         sweep: one PointDone per finished (arm, load point)
   sweep.json           sweep: the versioned SweepResult
@@ -38,7 +40,7 @@ from kvbench.errors import KvbenchError, RunDirError
 from kvbench.private import make_private_dir, write_private_text
 from kvbench.redact import REDACTED, redact_data
 
-from .events import FaultEvent, GroupDone, IntervalStats, MetricsDelta, PointDone
+from .events import FaultEvent, GroupDone, IntervalStats, MetricsDelta, PointDone, ReplicaCounters
 from .jsonl import append_jsonl, read_jsonl
 from .manifest import read_manifest
 from .records import RequestRecord, read_records
@@ -70,6 +72,14 @@ class RunDir:
     @property
     def metrics_file(self) -> Path:
         return self.path / "engine_metrics.jsonl"
+
+    @property
+    def replica_metrics_file(self) -> Path:
+        return self.path / "replica_metrics.jsonl"
+
+    @property
+    def fleet_file(self) -> Path:
+        return self.path / "fleet.json"
 
     @property
     def summary_file(self) -> Path:
@@ -222,6 +232,12 @@ class RunDir:
 
     def append_metrics(self, delta: MetricsDelta) -> None:
         append_jsonl(self.metrics_file, delta)
+
+    def replica_counters(self) -> list[ReplicaCounters]:
+        return read_jsonl(self.replica_metrics_file, ReplicaCounters)
+
+    def append_replica_counters(self, event: ReplicaCounters) -> None:
+        append_jsonl(self.replica_metrics_file, event)
 
     def append_point(self, event: PointDone) -> None:
         append_jsonl(self.points_file, event)

@@ -308,3 +308,47 @@ def validate(
         + ("within" if result.passed else "BEYOND")
     )
     raise typer.Exit(0 if result.passed else 1)
+@sim_app.command("fleet-whatif")
+def fleet_whatif(
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas (1 GPU each).")] = 32,
+    users: Annotated[int, typer.Option(min=1, help="Users, each with its own document.")] = 1024,
+    skew: Annotated[float, typer.Option(min=0.0, help="Zipf exponent of user activity (0: even).")] = 1.0,
+    rate: Annotated[float, typer.Option(min=0.01, help="Requests per second offered by all users.")] = 64.0,
+    context_tokens: Annotated[int, typer.Option(min=16, help="Tokens of each user's document.")] = 16000,
+    turns: Annotated[int, typer.Option(min=1, help="Turns per conversation.")] = 4,
+    duration: Annotated[float, typer.Option(min=1.0, help="Measured window (virtual seconds).")] = 60.0,
+    warmup: Annotated[float, typer.Option(min=0.0, help="Unmeasured lead-in (virtual seconds).")] = 30.0,
+    target_utilization: Annotated[float, typer.Option(min=0.01, max=1.0, help="Busy share a GPU may reach.")] = 0.7,
+    model: Annotated[str, typer.Option(help="Model profile.")] = "llama-3.1-8b",
+    hardware: Annotated[str, typer.Option(help="Hardware profile.")] = "h100-sxm",
+    seed: Annotated[int, typer.Option(help="Seed of arrivals and think times.")] = 0,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for fleet-whatif.csv/.png/.md.")] = Path(
+        "fleet-whatif"
+    ),
+) -> None:
+    """Fleet what-if: round robin + shared tier vs session affinity vs prefix-aware routing (and round robin
+    with per-replica tiers) at N simulated replicas: returning-user TTFT (same vs moved), hotspots, GPUs needed."""
+    from harness.sim import fleet_whatif as fleet
+
+    traffic = fleet.Traffic(
+        users=users, skew=skew, rate=rate, context_tokens=context_tokens, turns=turns, duration_s=duration,
+        warmup_s=warmup, seed=seed,
+    )  # fmt: skip
+    try:
+        results, utilisation = fleet.run_fleet_whatif(
+            replicas, traffic, target_utilization=target_utilization, model=model, hardware=hardware
+        )
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    table = fleet.markdown_table(results)
+    fleet.write_csv(results, out / "fleet-whatif.csv")
+    (out / "fleet-whatif.md").write_text(table, encoding="utf-8")
+    title = (
+        f"{replicas} replicas of {model} on 1x {hardware}; {users} users (Zipf {skew:g}), {rate:g} req/s, "
+        f"{context_tokens} tokens"
+    )
+    fleet.plot(results, utilisation, out / "fleet-whatif.png", title)
+    typer.echo(f"Simulated ({title}; modelled times, not measurements):\n")
+    typer.echo(table)
+    typer.echo(f"Wrote {out / 'fleet-whatif.csv'}, {out / 'fleet-whatif.md'} and {out / 'fleet-whatif.png'}")

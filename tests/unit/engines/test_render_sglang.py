@@ -164,8 +164,10 @@ def test_engine_checks_the_profile_when_created(tmp_path: Path) -> None:
 
 
 def test_config_validation() -> None:
-    with pytest.raises(ValidationError, match="replicas must be 1"):
-        sglang_config(parallelism={"replicas": 2})
+    # parallelism.replicas is the alias of engine.replicas: a fleet of two, not an error
+    assert sglang_config(parallelism={"replicas": 2}).fleet_size == 2
+    with pytest.raises(ValidationError, match="disagree"):
+        sglang_config(parallelism={"replicas": 2}, replicas=3)
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         sglang_config(hicache_ratio=2)
     with pytest.raises(ValidationError):

@@ -232,8 +232,10 @@ def test_argv_with_sizes_parallelism_and_extra_args() -> None:
 
 
 def test_config_validation() -> None:
-    with pytest.raises(ValidationError, match="replicas must be 1"):
-        trtllm_config(parallelism={"replicas": 2})
+    # parallelism.replicas is the alias of engine.replicas: a fleet of two, not an error
+    assert trtllm_config(parallelism={"replicas": 2}).fleet_size == 2
+    with pytest.raises(ValidationError, match="disagree"):
+        trtllm_config(parallelism={"replicas": 2}, replicas=3)
     with pytest.raises(ValidationError, match="no data-parallel flag"):
         trtllm_config(parallelism={"dp": 2})
     with pytest.raises(ValidationError):

@@ -247,8 +247,10 @@ def test_builtin_profiles_on_cpu() -> None:
 
 
 def test_config_validation() -> None:
-    with pytest.raises(ValidationError, match="replicas must be 1"):
-        vllm_config(parallelism={"replicas": 2})
+    # parallelism.replicas is the alias of engine.replicas: a fleet of two, not an error
+    assert vllm_config(parallelism={"replicas": 2}).fleet_size == 2
+    with pytest.raises(ValidationError, match="disagree"):
+        vllm_config(parallelism={"replicas": 2}, replicas=3)
     with pytest.raises(ValidationError, match="device 'cpu' only"):
         vllm_config(cpu_kvcache_space_gb=2)
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):

@@ -1,0 +1,205 @@
+"""One client for a fleet: routes each request to a replica, and says which replica served it.
+
+:class:`FleetClient` has the request methods of :class:`~harness.client.openai.OpenAIClient`
+(``chat``, ``completion``, ``metrics_text``), so the probe, the load runner and the soak use a fleet
+exactly as they use one engine. Per request it
+
+1. reads the routing key (the conversation, :func:`~harness.client.router.routing_key`) and asks the
+   :class:`~harness.client.router.Router` for a replica (prompt text for ``prefix_aware``);
+2. sends the request through that replica's pooled client;
+3. returns the outcome with ``replica`` set and ``moved`` = whether the conversation's previous
+   request went to another replica (None for its first request). With ``external`` routing every
+   request goes to the router (``clients[0]``); the replica is then the index of the response
+   header's value in ``replica_names`` (``routing.replica_header``), or None when the router does
+   not say.
+
+``metrics_text`` returns the replicas' Prometheus pages merged into one, every sample labelled
+``kvbench_replica="i"``: kvbench's metric readers sum over label sets, so counter deltas of the
+merged page are fleet totals, and :func:`replica_pages` splits it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from .openai import OpenAIClient, RequestOutcome
+from .router import Router, current_routing_key
+from .scrape import counter_values, detect_family, parse_metrics
+
+REPLICA_LABEL = "kvbench_replica"
+
+
+class FleetClient:
+    """``chat``/``completion`` over a fleet's replicas (see the module docstring)."""
+
+    def __init__(
+        self,
+        clients: Sequence[OpenAIClient],
+        router: Router,
+        *,
+        metrics_urls: Sequence[str | None] | None = None,
+        attributes_replicas: bool = True,
+        pages_source: Callable[[aiohttp.ClientSession], Awaitable[list[str | None]]] | None = None,
+        on_pages: Callable[[list[str | None]], None] | None = None,
+        replica_names: Sequence[str] = (),
+    ) -> None:
+        if not clients:
+            raise ValueError("a fleet client needs at least one replica client")
+        self.clients = list(clients)
+        self.router = router
+        self.metrics_urls: list[str | None] = (
+            list(metrics_urls)
+            if metrics_urls is not None
+            else [client.url(client.endpoint.metrics_path) for client in self.clients]
+        )
+        self.attributes_replicas = attributes_replicas
+        """False for external routing: every request goes to clients[0] (the router) and the replica is unknown."""
+        self.pages_source = pages_source
+        """Where per-replica pages come from instead of each metrics URL (a Prometheus server)."""
+        self.on_pages = on_pages
+        self.replica_names = list(replica_names)
+        """External routing: the header value that names each replica, in replica order."""
+        """Called with every scrape's per-replica pages (the spine stores their counters)."""
+        self._last: dict[str, int] = {}
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        text = "\n".join(message.get("content", "") for message in messages)
+        replica = self._pick(text)
+        return await self._sent(
+            replica, self.clients[replica].chat(messages, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
+        )
+
+    async def completion(
+        self,
+        prompt: str,
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        replica = self._pick(prompt)
+        return await self._sent(
+            replica, self.clients[replica].completion(prompt, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
+        )
+
+    def _pick(self, prompt: str) -> int:
+        if not self.attributes_replicas:
+            return 0
+        return self.router.pick(current_routing_key(), prompt)
+
+    async def _sent(self, replica: int, request: Awaitable[RequestOutcome]) -> RequestOutcome:
+        key = current_routing_key()
+        self.router.started(replica)
+        try:
+            outcome = await request
+        finally:
+            self.router.finished(replica)
+        if not self.attributes_replicas:
+            if outcome.served_by is None or outcome.served_by not in self.replica_names:
+                return outcome
+            replica = self.replica_names.index(outcome.served_by)
+        moved = None
+        if key is not None:
+            previous = self._last.get(key)
+            moved = None if previous is None else previous != replica
+            self._last[key] = replica
+        return dataclasses.replace(outcome, replica=replica, moved=moved)
+
+    async def replica_metrics(self) -> list[str | None]:
+        """Each replica's Prometheus page (None where it has none or did not answer)."""
+        session = self.clients[0].session  # absolute URLs: any replica's pooled session reaches them
+        if self.pages_source is not None:
+            return await self.pages_source(session)
+        pages: list[str | None] = []
+        for url in self.metrics_urls:
+            if url is None:
+                pages.append(None)
+                continue
+            try:
+                async with session.get(url) as response:
+                    response.raise_for_status()
+                    pages.append(await response.text())
+            except (aiohttp.ClientError, TimeoutError):
+                pages.append(None)
+        return pages
+
+    async def metrics_text(self) -> str:
+        """The replicas' pages merged, each sample labelled ``kvbench_replica``; raises if none answered."""
+        pages = await self.replica_metrics()
+        if self.on_pages is not None:
+            self.on_pages(pages)
+        if all(page is None for page in pages):
+            raise aiohttp.ClientError("no replica of the fleet served its /metrics page")
+        return merge_pages(pages)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def merge_pages(pages: Sequence[str | None]) -> str:
+    """One Prometheus text page from several, each sample labelled ``kvbench_replica="<index>"``."""
+    types: dict[str, str] = {}
+    lines: dict[str, list[str]] = {}
+    for index, page in enumerate(pages):
+        if page is None:
+            continue
+        for family in text_string_to_metric_families(page):
+            types.setdefault(family.name, str(family.type))
+            out = lines.setdefault(family.name, [])
+            for sample in family.samples:
+                labels = {**sample.labels, REPLICA_LABEL: str(index)}
+                rendered = ",".join(f'{name}="{_escape(str(value))}"' for name, value in sorted(labels.items()))
+                out.append(f"{sample.name}{{{rendered}}} {float(sample.value)!r}")
+    text: list[str] = []
+    for name, samples in lines.items():
+        text.append(f"# TYPE {name} {types[name]}")
+        text.extend(samples)
+    return "\n".join(text) + "\n"
+
+
+def replica_pages(merged: str, replicas: int) -> list[str]:
+    """Split a :func:`merge_pages` page back into one page per replica (the label removed)."""
+    out: list[list[str]] = [[] for _ in range(replicas)]
+    for family in text_string_to_metric_families(merged):
+        per: list[list[str]] = [[] for _ in range(replicas)]
+        for sample in family.samples:
+            index = int(sample.labels.get(REPLICA_LABEL, "-1"))
+            if not 0 <= index < replicas:
+                continue
+            labels = {k: v for k, v in sample.labels.items() if k != REPLICA_LABEL}
+            rendered = ",".join(f'{name}="{_escape(str(value))}"' for name, value in sorted(labels.items()))
+            per[index].append(f"{sample.name}{{{rendered}}} {float(sample.value)!r}")
+        for index, samples in enumerate(per):
+            if samples:
+                out[index] += [f"# TYPE {family.name} {family.type}", *samples]
+    return ["\n".join(lines) + "\n" for lines in out]
+
+
+TIER_HITS_SAMPLE = "kvbench_sim:tier_hit_tokens_total"
+"""Per-tier loaded tokens, labelled ``tier`` (the simulator; engines without it report external hits only)."""
+
+
+def page_counters(page: str) -> dict[str, float]:
+    """A replica page's running totals: kvbench's counter tags, plus ``tier_hits:<kind>`` per tier.
+
+    Raises ValueError for a page that is not Prometheus text.
+    """
+    snapshot = parse_metrics(page)
+    values = counter_values(snapshot, detect_family(snapshot))
+    for (name, labels), value in snapshot.items():
+        if name == TIER_HITS_SAMPLE:
+            tier = dict(labels).get("tier", "unknown")
+            values[f"tier_hits:{tier}"] = values.get(f"tier_hits:{tier}", 0.0) + value
+    return values

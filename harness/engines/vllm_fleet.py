@@ -1,0 +1,83 @@
+"""vLLM fleets: the shared tier is one LMCache multi-process server that every replica connects to.
+
+Row ``vllm`` of :data:`harness.engines.kinds.KINDS` names :func:`shared_tier`. For an arm whose
+profile renders to the ``lmcache-mp`` backend and has a ``shared`` tier, the fleet starts ONE
+``lmcache server`` for the arm (log ``lmcache-server-shared.log`` in the arm's log directory): its L1
+is the profile's cpu tier (host DRAM, now seen by every replica), its filesystem L2 the shared
+tier's ``path``. Each replica's launch plan is then pointed at that server
+(:func:`use_shared_server`) instead of starting a sidecar of its own. What each backend shares:
+
+* ``lmcache-mp`` + ``shared`` tier: everything in the one server (L1 DRAM and the fs L2) -- shared;
+* ``lmcache-mp`` without a ``shared`` tier: one server per replica -- nothing shared;
+* ``lmcache`` (in-process) + ``shared`` tier with ``remote_url``: each replica's own CPU/disk tiers,
+  plus the remote server the user runs at ``remote_url`` -- shared by construction, kvbench starts nothing;
+* ``native``: vLLM's CPU offload is per process -- nothing shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from .base import EngineConfigModel, LaunchContext, SharedTierHandle
+from .configs import VllmEngineConfig
+from .lmcache_server import LmcacheServer
+from .vllm_offload import LMCACHE_MP_CONNECTOR, VllmLaunchPlan, render_vllm_launch, resolve_backend
+
+SHARED_LOG = "lmcache-server-shared.log"
+
+
+def shares_server(context: LaunchContext, config: VllmEngineConfig) -> bool:
+    """Whether the arm's replicas share one LMCache server (lmcache-mp backend with a shared tier)."""
+    has_shared = any(tier.kind == "shared" for tier in context.profile.tiers)
+    return has_shared and resolve_backend(context.profile, config) == "lmcache-mp"
+
+
+@contextlib.asynccontextmanager
+async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> AsyncIterator[SharedTierHandle | None]:
+    if not isinstance(config, VllmEngineConfig) or not shares_server(context, config):
+        yield None
+        return
+    from .vllm import resolve_python
+
+    workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-fleet-"))
+    try:
+        plan = render_vllm_launch(context.profile, config, context.prefix_caching, workdir)
+        spec = plan.sidecars[0]
+        context.log_dir.mkdir(parents=True, exist_ok=True)
+        server = LmcacheServer(
+            spec,
+            python=resolve_python(config),
+            log_path=context.log_dir / SHARED_LOG,
+            env={key: value for key, value in config.env.items() if key.startswith("LMCACHE_")},
+            startup_timeout_s=min(config.startup_timeout_s, 300.0),
+        )
+        async with server:
+            yield SharedTierHandle(
+                description=f"one LMCache server for every replica: {' '.join(server.redacted_argv)}",
+                host=spec.host,
+                port=spec.port,
+                serves_all_tiers=True,
+            )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def use_shared_server(plan: VllmLaunchPlan, shared: SharedTierHandle) -> VllmLaunchPlan:
+    """``plan`` connecting to the fleet's LMCache server instead of starting its own sidecar."""
+    if plan.backend != "lmcache-mp" or shared.host is None or shared.port is None:
+        return plan
+    args = list(plan.args)
+    index = args.index("--kv-transfer-config") + 1
+    transfer = json.loads(args[index])
+    if transfer.get("kv_connector") != LMCACHE_MP_CONNECTOR:
+        return plan
+    transfer["kv_connector_extra_config"] = {"lmcache.mp.host": f"tcp://{shared.host}", "lmcache.mp.port": shared.port}
+    args[index] = json.dumps(transfer, separators=(",", ":"))
+    notes = (*plan.notes, f"shared tier: {shared.description}")
+    return dataclasses.replace(plan, args=tuple(args), sidecars=(), notes=notes)

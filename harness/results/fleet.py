@@ -1,0 +1,238 @@
+"""Fleet results (``fleet.json``): same-replica vs moved turns, per-replica hits and load, fleet capacity.
+
+A pure function of the run directory's files (:func:`summarize_fleet`): ``records.jsonl``
+(``replica``, ``moved``), ``replica_metrics.jsonl`` (per-replica counter totals at each scrape),
+``points.jsonl`` (sweeps) and the scenario. Definitions, per arm (measured records only):
+
+* **same vs moved** (turns >= 2, per context length of a probe or per load level of a sweep/soak):
+  median TTFT (ms) and count of the turns served
+  by the replica that served the conversation's previous turn (``moved = false``) and of those
+  served by another (``moved = true``); ``moved share`` = moved / (same + moved);
+* **per-replica load**: requests served, ``busy_s`` = Σ e2e seconds of those requests (time the
+  replica spent on kvbench's requests, overlapping ones counted each), ``share`` = requests /
+  all the arm's requests (1/N everywhere = no hotspot), ``imbalance`` = max share × N (1 = even);
+* **hit tokens by source** per replica, from consecutive scrapes of that arm and attempt
+  (Δ of running totals): ``own_gpu`` = Δ gpu_prefix_hits; tier hits = Δ external_prefix_hits, split
+  by the engine's per-tier counters where it has them (``tier_hits:<kind>``: the ``shared`` kind is
+  the shared tier, the others the replica's own tier), otherwise all to ``own_tier`` -- or to
+  ``shared_tier`` when every tier is shared: the arm's tiers are all ``shared``, or the manifest says
+  the fleet's shared tier serves all tiers (``shared_tier_serves``: vLLM ``lmcache-mp`` with a shared
+  tier, one LMCache server); cross-checked by ``usage_cached_tokens`` = Σ ``cached_tokens`` the
+  engine reported in the responses that replica served;
+* **fleet capacity** (sweeps): per load point, completed measured requests / window seconds, ÷ the
+  fleet's GPUs (replicas × gpus_per_replica) = RPS per GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import defaultdict
+from typing import Literal
+
+from pydantic import Field
+
+from harness.engines.replicas import ReplicaFields
+from harness.store.manifest import read_manifest
+from harness.store.records import RequestRecord
+from harness.store.rundir import RunDir
+from kvbench.schema import VersionedFile
+from workloads.config import MultiRoundQAProbe
+
+from .run_result import Frozen
+
+NS_PER_MS = 1_000_000
+
+
+class MovedCell(Frozen):
+    """Turns >= 2 of one probe context length, or of one load level (sweep point, soak)."""
+
+    context_tokens: int | None
+    """The probe's context length; None for load runs, whose users have many lengths."""
+    load: float | None = None
+    """Load runs: the point's users or requests/s."""
+    same_count: int
+    moved_count: int
+    same_ttft_ms: float | None
+    moved_ttft_ms: float | None
+
+    @property
+    def moved_share(self) -> float | None:
+        total = self.same_count + self.moved_count
+        return None if total == 0 else self.moved_count / total
+
+
+class ReplicaLoad(Frozen):
+    replica: int
+    requests: int
+    busy_s: float
+    share: float
+    usage_cached_tokens: int = 0
+    """Σ usage.prompt_tokens_details.cached_tokens of the requests it served (the cross-check of the hits)."""
+    own_gpu_hits: float | None = None
+    own_tier_hits: float | None = None
+    shared_tier_hits: float | None = None
+
+
+class CapacityPoint(Frozen):
+    point: int
+    load: float
+    rps: float
+    rps_per_gpu: float
+
+
+class ArmFleet(Frozen):
+    arm: str
+    routing: str
+    replicas: int
+    gpus: int
+    moved: list[MovedCell]
+    load: list[ReplicaLoad]
+    imbalance: float | None
+    capacity: list[CapacityPoint] = Field(default_factory=list)
+
+
+class FleetResult(VersionedFile):
+    FILE_NAME = "fleet.json"
+    schema_version: Literal[1] = 1
+    scenario: str
+    arms: list[ArmFleet]
+
+
+def _median_ms(values: list[int]) -> float | None:
+    return statistics.median(values) / NS_PER_MS if values else None
+
+
+def _hits_by_source(run_dir: RunDir, arm: str, shared_only: bool, replicas: int) -> list[dict[str, float] | None]:
+    """Per replica: Σ over consecutive scrapes of Δ hits, by source (None: no counters for it)."""
+    totals: list[dict[str, float] | None] = [None] * replicas
+    by_attempt: dict[int, list[list[dict[str, float] | None]]] = defaultdict(list)
+    for event in run_dir.replica_counters():
+        if event.arm == arm:
+            by_attempt[event.attempt].append(event.counters)
+    for snapshots in by_attempt.values():
+        for before, after in itertools.pairwise(snapshots):
+            for replica in range(min(replicas, len(before), len(after))):
+                old, new = before[replica], after[replica]
+                if old is None or new is None:
+                    continue
+                into = totals[replica] = totals[replica] or {"own_gpu": 0.0, "own_tier": 0.0, "shared_tier": 0.0}
+                diff = {key: new[key] - old.get(key, 0.0) for key in new}
+                into["own_gpu"] += diff.get("gpu_prefix_hits", 0.0)
+                tiers = {key.split(":", 1)[1]: value for key, value in diff.items() if key.startswith("tier_hits:")}
+                external = diff.get("external_prefix_hits", 0.0)
+                if tiers:
+                    into["shared_tier"] += tiers.get("shared", 0.0)
+                    into["own_tier"] += sum(value for kind, value in tiers.items() if kind != "shared")
+                elif shared_only:
+                    into["shared_tier"] += external
+                else:
+                    into["own_tier"] += external
+    return totals
+
+
+def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
+    """The fleet result of a run directory (None when its engine is a single replica); written to fleet.json."""
+    scenario = run_dir.scenario()
+    engine = scenario.engine
+    if not isinstance(engine, ReplicaFields) or engine.fleet_size <= 1:
+        return None
+    replicas, gpus = engine.fleet_size, engine.fleet_gpus
+    records = [record for record in run_dir.records() if record.phase == "measure"]
+    points = run_dir.points()
+    manifest = read_manifest(run_dir.manifest_file)
+    arms: list[ArmFleet] = []
+    for arm in scenario.arms:
+        mine = [record for record in records if record.arm == arm.name]
+        cells: list[MovedCell] = []
+        # a probe splits by context length; a load run's users have many lengths, so by load level
+        probe = isinstance(scenario.workload, MultiRoundQAProbe)
+        groups: dict[tuple[int | None, float | None], list[RequestRecord]] = defaultdict(list)
+        for r in mine:
+            if r.turn >= 2 and r.ok and r.ttft_ns is not None:
+                groups[(r.context_tokens, None) if probe else (None, r.load)].append(r)
+        for (context, level), later in sorted(groups.items(), key=lambda item: (item[0][0] or 0, item[0][1] or 0.0)):
+            same = [r.ttft_ns for r in later if r.moved is False and r.ttft_ns is not None]
+            moved = [r.ttft_ns for r in later if r.moved is True and r.ttft_ns is not None]
+            cells.append(MovedCell(
+                context_tokens=context, load=level, same_count=len(same), moved_count=len(moved),
+                same_ttft_ms=_median_ms(same), moved_ttft_ms=_median_ms(moved),
+            ))  # fmt: skip
+        # without per-tier counters, external hits are the shared tier's when every tier is shared: the
+        # profile's tiers are all 'shared', or the fleet served them from one shared server (manifest)
+        details = ((manifest.get("engines") or {}).get(arm.name) or {}).get("details") or {}
+        shared_only = bool(arm.profile.tiers) and (
+            all(tier.kind == "shared" for tier in arm.profile.tiers) or details.get("shared_tier_serves") == "all tiers"
+        )
+        hits = _hits_by_source(run_dir, arm.name, shared_only, replicas)
+        served = [r for r in mine if r.replica is not None]
+        load: list[ReplicaLoad] = []
+        for replica in range(replicas):
+            own = [r for r in served if r.replica == replica]
+            source = hits[replica]
+            load.append(ReplicaLoad(
+                replica=replica, requests=len(own), busy_s=sum((r.e2e_ns or 0) for r in own) / 1e9,
+                share=len(own) / len(served) if served else 0.0,
+                usage_cached_tokens=sum(r.cached_tokens or 0 for r in own),
+                own_gpu_hits=None if source is None else source["own_gpu"],
+                own_tier_hits=None if source is None else source["own_tier"],
+                shared_tier_hits=None if source is None else source["shared_tier"],
+            ))  # fmt: skip
+        imbalance = max(entry.share for entry in load) * replicas if served else None
+        capacity: list[CapacityPoint] = []
+        for event in sorted((p for p in points if p.arm == arm.name), key=lambda p: p.point):
+            window_s = (event.window_end_ns - event.window_start_ns) / 1e9
+            done = sum(1 for r in mine if r.point == event.point and r.ok)
+            rps = done / window_s if window_s > 0 else 0.0
+            capacity.append(CapacityPoint(point=event.point, load=event.load, rps=rps, rps_per_gpu=rps / gpus))
+        policy = (arm.routing or scenario.routing).policy
+        arms.append(ArmFleet(
+            arm=arm.name, routing=policy, replicas=replicas, gpus=gpus, moved=cells, load=load,
+            imbalance=imbalance, capacity=capacity,
+        ))  # fmt: skip
+    result = FleetResult(scenario=scenario.name, arms=arms)
+    result.write_file(run_dir.fleet_file)
+    return result
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _tokens(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def markdown(result: FleetResult) -> str:
+    """The same-vs-moved table, per-replica load and hits, and capacity, as Markdown."""
+    lines = [
+        "| Arm | Routing | Tokens / load | same t≥2 (n) | same TTFT ms | moved t≥2 (n) | moved TTFT ms | moved share |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm in result.arms:
+        for cell in arm.moved:
+            share = cell.moved_share
+            where = str(cell.context_tokens) if cell.context_tokens is not None else f"load {cell.load or 0:g}"
+            lines.append(
+                f"| {arm.arm} | {arm.routing} | {where} | {cell.same_count} | {_ms(cell.same_ttft_ms)} "
+                f"| {cell.moved_count} | {_ms(cell.moved_ttft_ms)} | {'–' if share is None else f'{share:.0%}'} |"
+            )
+    lines += [
+        "",
+        "| Arm | Replica | Requests | Share | Busy s | Own-GPU hits | Own-tier hits | Shared-tier hits "
+        "| cached_tokens (usage) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm in result.arms:
+        for entry in arm.load:
+            lines.append(
+                f"| {arm.arm} | {entry.replica} | {entry.requests} | {entry.share:.0%} | {entry.busy_s:.2f} "
+                f"| {_tokens(entry.own_gpu_hits)} | {_tokens(entry.own_tier_hits)} "
+                f"| {_tokens(entry.shared_tier_hits)} | {entry.usage_cached_tokens:,} |"
+            )
+    capacity = [(arm, point) for arm in result.arms for point in arm.capacity]
+    if capacity:
+        lines += ["", "| Arm | Load | RPS | GPUs | RPS per GPU |", "|---|---:|---:|---:|---:|"]
+        for arm, point in capacity:
+            lines.append(f"| {arm.arm} | {point.load:g} | {point.rps:.2f} | {arm.gpus} | {point.rps_per_gpu:.3f} |")
+    return "\n".join(lines) + "\n"
