@@ -110,7 +110,8 @@ async def open_fleet(
             clients = [
                 await stack.enter_async_context(
                     OpenAIClient(
-                        replica.endpoint, timeout_s=runner.request_timeout_s(), max_connections=runner.connections(),
+                        replica.endpoint, timeout_s=runner.request_timeout_s(), read_timeout_s=runner.stall_timeout_s(),
+                        max_connections=runner.connections(),
                         capture_header=routing.replica_header if external else None,
                     )
                 )
