@@ -57,6 +57,8 @@ class RequestRecord(BaseModel):
     scheduled_ns: int | None = Field(
         default=None, description="Open-loop arrival time the request was due (monotonic ns); started_ns - it = lag."
     )
+    # -- trace replays (kvbench replay); absent otherwise -------------------------------------
+    trace_line: int | None = Field(default=None, description="1-based line of the trace file this request replays.")
 
 
 class RecordWriter:

@@ -49,6 +49,9 @@ def _mount_subcommands() -> None:
         pass
     else:
         app.add_typer(offload_app, name="offload", help="Offload tiers: probe a storage path.")
+    from .trace import trace_app
+
+    app.add_typer(trace_app, name="trace", help="Request traces: stats (the cache ceiling) and synth.")
     app.add_typer(playbook_app, name="playbook", help="The rollout playbook: where the team stands, what is next.")
 
 
@@ -152,7 +155,7 @@ def report(
         ),
     ] = None,
 ) -> None:
-    """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
+    """Rebuild the result file (summary, sweep, soak or replay .json) and every report from stored files alone."""
     from harness.runs.kinds import summarize
     from harness.store.rundir import RunDir
     from kvbench.errors import KvbenchError
@@ -332,6 +335,24 @@ def sweep(
         return
     run_dir = _launch("sweep", scenario, output_dir=output_dir, resume=resume)
     console.print(f"Run directory: [bold]{run_dir.path}[/]  (redraw: kvbench report {run_dir.path})")
+
+
+@app.command()
+def replay(
+    scenario: Annotated[
+        str | None, typer.Argument(help="Scenario with workload kind trace (file or bundled name).")
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Continue an interrupted replay (arms not finished run again).")
+    ] = None,
+) -> None:
+    """Replay a timestamped trace on every arm: TTFT/TPOT/E2E, SLO, hit rate against the trace's ceiling."""
+    run_dir = _launch("replay", scenario, output_dir=output_dir, resume=resume)
+    console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")
 
 
 @app.command()
