@@ -198,3 +198,30 @@ def test_synth_writes_a_trace_whose_blocks_follow_the_token_streams(tmp_path: Pa
     assert zero[1][:shared] == three[1][:shared]
     assert by_session["1"][0][1][2] != zero[1][2]
     assert trace_stats(trace).infinite_cache_hit_rate is not None
+
+
+SCHEMA = Path(__file__).resolve().parents[3] / "docs" / "trace.schema.json"
+
+
+def test_the_json_schema_names_the_fields_the_loader_reads(tmp_path: Path) -> None:
+    from workloads import trace as module
+
+    schema = json.loads(SCHEMA.read_text())
+    request = schema["$defs"]["request"]
+    assert set(request["properties"]) == module._KVBENCH_FIELDS
+    assert set(request["required"]) == {"timestamp", "session", "turn", "input_length", "output_length"}
+    assert schema["$defs"]["header"]["properties"]["kvbench_trace"]["const"] == module.HEADER_VERSION
+
+
+def test_synth_output_and_bad_lines_against_the_json_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SCHEMA.read_text())
+    config = MultiUserQA.model_validate(
+        {"kind": "multi_user_qa", "users": 2, "rounds": 2, "context_tokens": 200, "question_tokens": 10}
+    )
+    lines = list(synthesize(config, SynthSpec(sessions=2, session_rate=1.0, block_tokens=64), seed=1))
+    for line in lines:
+        jsonschema.validate(json.loads(line), schema)
+    bad = {**json.loads(lines[1]), "text": "both"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
