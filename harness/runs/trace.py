@@ -84,8 +84,16 @@ class TraceRunner(Runner[ReplayResult]):
     ) -> None:
         super().__init__(scenario, run_dir, source=source, progress=progress)
         self.trace = load_replayed_trace(self.config)
-        if run_dir.trace_info() is None:
-            run_dir.write_trace_info(trace_info(self.config, self.trace))
+        info = trace_info(self.config, self.trace)
+        stored = run_dir.trace_info()
+        if stored is None:
+            run_dir.write_trace_info(info)
+        elif stored.sha256 != info.sha256:
+            # every arm must replay the same requests: a resume on another file would compare two traces
+            raise KvbenchError(
+                f"{self.config.path}: the trace changed since {run_dir.path} started (sha256 {stored.sha256[:12]}… "
+                f"then, {info.sha256[:12]}… now); start a new replay"
+            )
         self._conversations: dict[str, int] = {}
         self._last_page: str | None = None
         self._last_ns = 0
