@@ -168,12 +168,17 @@ def figure(result: ReplayResult, provenance: str = "") -> Figure:
     )  # fmt: skip
     for ax, arm in zip(axes, arms, strict=False):
         points = sorted((p for p in result.timeline if p.arm == arm), key=lambda p: p.t_s)
-        ts = [p.t_s for p in points]
-        gpu = [p.gpu_hit_tps or 0.0 for p in points]
-        tier = [p.external_hit_tps or 0.0 for p in points]
-        ax.stackplot(ts, gpu, tier, colors=("#2ca02c", "#1f77b4"), alpha=0.6,
-                     labels=("hit tokens/s: GPU prefix cache", "hit tokens/s: offload tier"), step="pre")  # fmt: skip
-        ax.step(ts, [p.prompt_tps or 0.0 for p in points], where="pre", color="black", linewidth=1.0,
+        # each sample covers (t_s − duration_s, t_s]: draw it as a step from its start, closed at the last end
+        xs = [p.t_s - p.duration_s for p in points] + [points[-1].t_s] if points else []
+
+        def steps(values: list[float]) -> list[float]:
+            return values + values[-1:]
+
+        gpu = steps([p.gpu_hit_tps or 0.0 for p in points])
+        tier = steps([p.external_hit_tps or 0.0 for p in points])
+        ax.stackplot(xs, gpu, tier, colors=("#2ca02c", "#1f77b4"), alpha=0.6,
+                     labels=("hit tokens/s: GPU prefix cache", "hit tokens/s: offload tier"), step="post")  # fmt: skip
+        ax.step(xs, steps([p.prompt_tps or 0.0 for p in points]), where="post", color="black", linewidth=1.0,
                 label="prompt tokens/s")  # fmt: skip
         item = result.arm(arm)
         rate = "—" if item is None else _share(item.hit_rate)
@@ -183,7 +188,7 @@ def figure(result: ReplayResult, provenance: str = "") -> Figure:
         ax.set_xlim(left=0)
         ax.set_ylabel("tokens/s", fontsize=8)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="best", framealpha=0.6)
     axes[len(arms) - 1].set_xlabel("seconds since the replay started")
     ax = axes[-1]
     labels = ("p50", "p90", "p99")

@@ -146,7 +146,8 @@ def aggregate_replay(
         results.append(_arm_result(arm.name, attempt, complete, subset, mine, slo, config.late_ms, config.behind_ms))
         timeline += [
             TimelinePoint(
-                arm=arm.name, t_s=s.t_s, prompt_tps=_rate(s, "prompt_tokens") or _rate(s, "gpu_prefix_queries"),
+                arm=arm.name, t_s=s.t_s, duration_s=s.duration_s,
+                prompt_tps=_rate(s, "prompt_tokens") or _rate(s, "gpu_prefix_queries"),
                 gpu_hit_tps=_rate(s, "gpu_prefix_hits"), external_hit_tps=_rate(s, "external_prefix_hits"),
             )
             for s in mine

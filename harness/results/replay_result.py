@@ -49,7 +49,8 @@ class TimelinePoint(Frozen):
     """One /metrics scrape interval of one arm: tokens per second by source."""
 
     arm: str
-    t_s: float
+    t_s: float = Field(description="End of the interval, seconds since the arm's replay started.")
+    duration_s: float
     prompt_tps: float | None
     gpu_hit_tps: float | None
     external_hit_tps: float | None

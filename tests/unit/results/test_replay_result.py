@@ -70,7 +70,7 @@ def test_lag_late_behind_hits_and_the_comparison() -> None:
     (comparison,) = result.comparisons
     assert comparison.ttft_p50_pct == pytest.approx((100 / 40 - 1) * 100)
     on_timeline = [p for p in result.timeline if p.arm == "ON"]
-    assert [(p.t_s, p.external_hit_tps) for p in on_timeline] == [(2, 500), (4, None)]
+    assert [(p.t_s, p.duration_s, p.external_hit_tps) for p in on_timeline] == [(2, 2, 500), (4, 2, None)]
 
 
 def test_an_arm_without_its_done_event_is_incomplete() -> None:
