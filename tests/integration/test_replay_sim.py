@@ -135,3 +135,38 @@ def test_replay_on_the_simulator_reaches_the_ceiling_with_a_tier_and_resumes(tmp
     assert again.arm("AMG-OFF").attempt == 0  # type: ignore[union-attr]
     assert on_again.hit_rate is not None and on_again.hit_rate >= 0.9 * ceiling
     assert len([r for r in read_records(run_dir / "records.jsonl") if r.trace_line is not None]) == 3 * GROUPS * TURNS
+
+
+def test_a_synthetic_kvbench_trace_replays_closed_loop(tmp_path: Path) -> None:
+    workload = {
+        "kind": "multi_user_qa", "users": 3, "rounds": 2, "system_prompt_tokens": 128, "context_tokens": 700,
+        "question_tokens": 20, "answer_tokens": 12,
+    }  # fmt: skip
+    (tmp_path / "qa.yaml").write_text(yaml.safe_dump(workload))
+    trace = tmp_path / "qa.jsonl"
+    made = kvbench("trace", "synth", str(tmp_path / "qa.yaml"), "-o", str(trace), "--sessions", "6",
+                   "--block-tokens", "64", cwd=tmp_path)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    stats = json.loads(kvbench("trace", "stats", str(trace), "--format", "kvbench", "--json", cwd=tmp_path).stdout)
+    assert stats["requests"] == 12 and stats["sessions"] == 6 and stats["block_tokens"] == 64
+    scenario = {
+        "name": "it-replay-closed",
+        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+        "arms": [{"name": "AMG-ON", "offload": "cpu"}],
+        "workload": {"kind": "trace", "path": str(trace), "format": "kvbench", "mode": "closed", "concurrency": 1,
+                     "metrics_interval_s": 1, "warmup_requests": 0},
+    }  # fmt: skip
+    (tmp_path / "closed.yaml").write_text(yaml.safe_dump(scenario))
+    done = kvbench("replay", str(tmp_path / "closed.yaml"), "-o", str(tmp_path / "runs"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    result = ReplayResult.read_file(run_dir / "replay.json")
+    (arm,) = result.results
+    # one request at a time, in trace order: every prompt the trace says, and nothing is "late" in a closed loop
+    assert arm.requests == 12 and arm.errors == 0 and arm.prompt_tokens_off == 0 and arm.lag is None
+    assert arm.hit_rate is not None and 0.9 * stats["infinite_cache_hit_rate"] <= arm.hit_rate
+    assert arm.hit_rate <= stats["infinite_cache_hit_rate"] + 1e-9
+    records = [r for r in read_records(run_dir / "records.jsonl") if r.trace_line is not None]
+    assert sorted(r.trace_line for r in records) == list(range(2, 14))  # line 1 is the header
+    assert sorted({r.conversation for r in records}) == list(range(6))
+    assert all(r.scheduled_ns is None for r in records)
