@@ -170,6 +170,11 @@ def collect_sources(paths: Sequence[Path], playbook_path: Path | None = None) ->
             sources.soak = load_soak(path)
         elif kind == "sweep":
             sources.sweeps.append(path)
+        elif kind == "replay":
+            raise HtmlReportError(
+                f"{path}: a trace replay has no HTML card yet; its reports are in {path / 'report'} "
+                "(kvbench report RUN_DIR)"
+            )
         else:
             raise HtmlReportError(
                 f"{path}: not a kvbench result directory (expected summary.json, soak.json or sweep.json)"

@@ -18,6 +18,7 @@ from rich.markup import escape
 from harness.results.fleet import FleetResult
 from harness.results.fleet import markdown as fleet_markdown
 from harness.results.provenance import provenance
+from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
 from harness.results.sweep_result import SweepResult
@@ -25,7 +26,7 @@ from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 from kvbench.schema import VersionedFile
 
-from . import curves, renderers
+from . import curves, renderers, replay
 
 
 @dataclass(frozen=True)
@@ -75,14 +76,30 @@ def _soak_console(result: VersionedFile, manifest: dict[str, Any], out: Path, co
     return []
 
 
+def _replay_files(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    assert isinstance(result, ReplayResult)
+    return replay.write_replay_reports(result, out, str(provenance(manifest)))
+
+
+def _replay_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
+    assert isinstance(result, ReplayResult)
+    if console is not None:
+        replay.print_replay(result, console, str(provenance(manifest)))
+    return []
+
+
 OUTPUTS: tuple[Output, ...] = (
     Output("probe", "files", _probe_files),
     Output("probe", "console", _probe_console),
     Output("sweep", "files", _sweep_files),
     Output("sweep", "console", _sweep_console),
     Output("soak", "console", _soak_console),
+    Output("replay", "files", _replay_files),
+    Output("replay", "console", _replay_console),
 )
-RESULT_FILES: dict[RunKind, type[VersionedFile]] = {"probe": RunResult, "sweep": SweepResult, "soak": SoakResult}
+RESULT_FILES: dict[RunKind, type[VersionedFile]] = {
+    "probe": RunResult, "sweep": SweepResult, "soak": SoakResult, "replay": ReplayResult,
+}  # fmt: skip
 
 
 def write_outputs(run_dir: RunDir, console: Console | None = None) -> list[Path]:

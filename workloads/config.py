@@ -1,8 +1,9 @@
 """Workload configuration: the ``workload:`` section of a scenario, owned by the workload stage.
 
-Two kinds, joined on ``kind``: ``multi_round_qa`` (the unloaded probe: per context length, N
-conversations of T turns, turn 2 measuring a returning user) and ``multi_user_qa`` (many users
-under load, for sweeps and soaks; lengths, rounds and think times drawn from :data:`Distribution`).
+Three kinds, joined on ``kind``: ``multi_round_qa`` (the unloaded probe: per context length, N
+conversations of T turns, turn 2 measuring a returning user), ``multi_user_qa`` (many users
+under load, for sweeps and soaks; lengths, rounds and think times drawn from :data:`Distribution`)
+and ``trace`` (a timestamped trace file replayed by ``kvbench replay``, :mod:`workloads.trace`).
 Token counts are tokens of the engine's own tokenizer; times are seconds.
 """
 
@@ -216,4 +217,52 @@ class MultiUserQA(StrictModel):
     stall_timeout_s: StallTimeout
 
 
-WorkloadConfig = Annotated[MultiRoundQAProbe | MultiUserQA, Field(discriminator="kind")]
+class TraceReplay(StrictModel):
+    """Replay a timestamped trace file (``kvbench replay``): the same requests, in the same order, on every arm.
+
+    ``mode: open`` sends request *i* at ``(timestamp_i − timestamp_first) × time_scale`` seconds after
+    the start, never waiting for earlier answers (``concurrency``, if set, caps requests in flight;
+    a request that waits for a slot is sent late). ``mode: closed`` ignores the timestamps and keeps
+    ``concurrency`` requests in flight, in trace order. Prompts are built with the engine's tokenizer
+    from the trace's hash ids (or its text); answers have ``output_length`` tokens.
+    """
+
+    kind: Literal["trace"]
+    path: str = Field(description="The trace file (JSON Lines); relative paths are relative to the working directory.")
+    format: Literal["mooncake", "kvbench"] = "mooncake"
+    time_scale: float = Field(
+        default=1.0, gt=0, description="Multiplies the gaps between timestamps: 0.5 replays twice as fast."
+    )
+    block_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens per hash id; default 512 (mooncake) or the kvbench header's."
+    )
+    start: int = Field(default=0, ge=0, description="Skip this many requests (0-based position in the file).")
+    limit: int | None = Field(default=None, ge=1, description="Replay at most this many requests.")
+    mode: Literal["open", "closed"] = "open"
+    concurrency: int | None = Field(
+        default=None, ge=1, description="closed: requests in flight (required); open: an optional cap."
+    )
+    api: Literal["chat", "completions"] = Field(
+        default="completions", description="completions sends the blocks as they are (no chat template)."
+    )
+    ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have output_length.")
+    late_ms: float = Field(default=10.0, ge=0, description="A request sent more than this after its time is late.")
+    behind_ms: float = Field(
+        default=1000.0, gt=0, description="The run 'fell behind' when the p99 of send lag exceeds this."
+    )
+    metrics_interval_s: float = Field(
+        default=5.0, gt=0, description="Scrape the engine's /metrics this often (hit tokens by source over time)."
+    )
+    drain_timeout_s: float = Field(default=600.0, ge=0, description="After the last send, wait this long for answers.")
+    warmup_requests: int = Field(default=2, ge=0, description="Unmeasured short requests after each engine start.")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    stall_timeout_s: StallTimeout
+
+    @model_validator(mode="after")
+    def _closed_needs_concurrency(self) -> TraceReplay:
+        if self.mode == "closed" and self.concurrency is None:
+            raise ValueError("mode 'closed' needs concurrency (requests in flight)")
+        return self
+
+
+WorkloadConfig = Annotated[MultiRoundQAProbe | MultiUserQA | TraceReplay, Field(discriminator="kind")]

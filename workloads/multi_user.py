@@ -346,9 +346,14 @@ def _upper(dist: Distribution) -> float:
     return dist.mean * 7
 
 
+def plan_only(config: MultiUserQA, *, seed: int) -> MultiUserWorkload:
+    """A workload for plans only (:meth:`MultiUserWorkload.plan`); asking it for text is an error."""
+    return MultiUserWorkload(config, _NoTokenizer(), seed=seed)
+
+
 def expected_mean_prompt_tokens(config: MultiUserQA, *, seed: int = 0, sessions: int = 2000) -> float:
     """Mean content prompt tokens per request over ``sessions`` planned sessions (for scenario design)."""
-    workload = MultiUserWorkload(config, _NoTokenizer(), seed=seed)
+    workload = plan_only(config, seed=seed)
     total = 0
     count = 0
     for session in range(sessions):
@@ -360,7 +365,7 @@ def expected_mean_prompt_tokens(config: MultiUserQA, *, seed: int = 0, sessions:
 
 
 def expected_mean_rounds(config: MultiUserQA, *, seed: int = 0, sessions: int = 2000) -> float:
-    workload = MultiUserWorkload(config, _NoTokenizer(), seed=seed)
+    workload = plan_only(config, seed=seed)
     return sum(workload.plan(s).rounds for s in range(sessions)) / sessions
 
 

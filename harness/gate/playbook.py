@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from harness.results.run_result import Frozen, RunResult
 from harness.scenario.spec import Duration
-from harness.store.rundir import RunDir
+from harness.store.rundir import RunDir, RunKind
 from kvbench.errors import KvbenchError, RunDirError
 from kvbench.schema import StrictModel
 
@@ -231,8 +231,8 @@ def attach_run(path: Path, stage: str, run_dir: Path) -> Playbook:
     return updated
 
 
-def run_kind(path: Path) -> Literal["probe", "soak", "sweep", "unknown"]:
-    """What a result directory holds: a probe run, a sweep or a soak (the run directory's own word), or nothing."""
+def run_kind(path: Path) -> RunKind | Literal["unknown"]:
+    """What a result directory holds: a probe, sweep, soak or replay (the run directory's own word), or nothing."""
     if not (path / "scenario.yaml").exists():
         return "unknown"
     return RunDir(path).kind

@@ -159,13 +159,9 @@ def _tps_user_p50(data: PointData) -> float | None:
     return None if values.empty else float(values.median())
 
 
-def _within_limits(data: PointData) -> tuple[pd.Series, ...]:
-    """Per measured request, one boolean series per SLO limit given: ok and within that limit.
-
-    A request with one output token has no TPOT and meets any TPOT limit.
-    """
-    df = data.measured
-    slo = data.slo
+def slo_checks(df: pd.DataFrame, slo: SloLimits) -> tuple[pd.Series, ...]:
+    """Per request of ``df`` (records with ``tpot_ns``), one boolean series per SLO limit given: ok and
+    within that limit. A request with one output token has no TPOT and meets any TPOT limit."""
     checks = []
     if slo.ttft_ms is not None:
         checks.append(df["ok"].astype(bool) & (df["ttft_ns"].astype("float64") <= slo.ttft_ms * NS_PER_MS))
@@ -177,16 +173,26 @@ def _within_limits(data: PointData) -> tuple[pd.Series, ...]:
     return tuple(checks)
 
 
-@_scalar("slo_attainment", "fraction")
-def _slo_attainment(data: PointData) -> float | None:
-    """Measured requests that succeeded within every SLO limit (TTFT, TPOT, E2E) / measured requests."""
-    checks = _within_limits(data)
-    if not checks or data.measured.empty:
+def slo_attainment(df: pd.DataFrame, slo: SloLimits) -> float | None:
+    """Requests that succeeded within every SLO limit (TTFT, TPOT, E2E) / requests; None without limits."""
+    checks = slo_checks(df, slo)
+    if not checks or df.empty:
         return None
     joint = checks[0]
     for check in checks[1:]:
         joint = joint & check
     return float(joint.mean())
+
+
+def _within_limits(data: PointData) -> tuple[pd.Series, ...]:
+    """Per measured request, one boolean series per SLO limit given (:func:`slo_checks`)."""
+    return slo_checks(data.measured, data.slo)
+
+
+@_scalar("slo_attainment", "fraction")
+def _slo_attainment(data: PointData) -> float | None:
+    """Measured requests that succeeded within every SLO limit (TTFT, TPOT, E2E) / measured requests."""
+    return slo_attainment(data.measured, data.slo)
 
 
 @_scalar("goodput_rps", "requests/s")

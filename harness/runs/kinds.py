@@ -1,6 +1,6 @@
 """The run kinds, one row each: how the scenario is checked, which runner runs it, how its result is built.
 
-The CLI's ``run``, ``sweep`` and ``soak`` commands and ``kvbench report`` all go through this table,
+The CLI's ``run``, ``sweep``, ``soak`` and ``replay`` commands and ``kvbench report`` all go through this table,
 so "start or resume, then summarize" is written once (:func:`launch`, :func:`summarize`).
 """
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from harness.results.aggregate import summarize_run_dir
 from harness.results.fleet import summarize_fleet
+from harness.results.replay import summarize_replay
 from harness.results.soak import summarize_soak
 from harness.results.sweep import summarize_sweep
 from harness.scenario.soak import SoakError, soak_arm, soak_scenario
@@ -25,6 +26,7 @@ from .progress import RunProgress
 from .soak import SoakRunner
 from .spine import Runner, run_sync
 from .sweep import SweepRunner
+from .trace import TraceRunner, load_replayed_trace
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ def _soak_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) ->
     return effective
 
 
+def _replay_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+    load_replayed_trace(scenario.trace_workload)  # a bad trace fails before a directory is created
+    return scenario
+
+
 def _probe_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
                   overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
     return ProbeRunner(scenario, run_dir, source=source, progress=progress)  # type: ignore[return-value]
@@ -74,6 +81,11 @@ def _soak_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progr
     return SoakRunner(scenario, run_dir, arm=overrides.arm, source=source, progress=progress)  # type: ignore[return-value]
 
 
+def _replay_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
+                   overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
+    return TraceRunner(scenario, run_dir, source=source, progress=progress)  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class RunKindSpec:
     kind: RunKind
@@ -86,6 +98,7 @@ RUN_KINDS: dict[RunKind, RunKindSpec] = {
     "probe": RunKindSpec("probe", _probe_scenario, _probe_runner, summarize_run_dir),
     "sweep": RunKindSpec("sweep", _sweep_scenario, _sweep_runner, summarize_sweep),
     "soak": RunKindSpec("soak", _soak_scenario, _soak_runner, summarize_soak),
+    "replay": RunKindSpec("replay", _replay_scenario, _replay_runner, summarize_replay),
 }
 
 

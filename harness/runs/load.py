@@ -26,6 +26,10 @@ Timeline (all ``time.monotonic_ns()``)::
 * A request is ``measure`` when it is sent inside the window, ``warmup`` before it. Nothing is sent
   after ``window_end`` (or once ``stop`` is set); requests in flight then have ``drain_timeout_s``
   to finish, after which they are cancelled and recorded as ``timeout`` errors.
+
+:func:`run_schedule` drives a fixed list of requests instead (a trace replay): each at its own
+time (open loop, never waiting for earlier answers) or ``concurrency`` at a time (closed loop),
+with the same task, stop and drain machinery (:class:`_Driver`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -149,22 +153,26 @@ class _Counters:
     cancelled: int = 0
 
 
-@dataclass
-class _Runner:
-    client: StreamingClient
-    workload: MultiUserWorkload
-    plan: LoadPlan
-    context: RecordContext
-    on_record: Callable[[RequestRecord], None]
+@dataclass(kw_only=True)
+class _Driver:
+    """What every load generator here shares: its tasks, stopping, sleeping until a time, draining."""
+
+    on_record: Callable[[RequestRecord], None] | None = None
     counters: _Counters = field(default_factory=_Counters)
-    next_session: int = 0
     start_ns: int = 0
-    window_start_ns: int = 0
     planned_end_ns: int | None = None
     stopped_ns: int | None = None
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     failure: BaseException | None = None
+
+    @property
+    def drain_timeout(self) -> float:
+        raise NotImplementedError
+
+    def launch(self) -> None:
+        """Spawn the tasks that send (called once the clock has started)."""
+        raise NotImplementedError
 
     # -- task bookkeeping -------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -202,6 +210,69 @@ class _Runner:
             await asyncio.wait_for(self.stopped.wait(), delay)
         if self.stopping:
             raise _Stopped
+
+    # -- the run ----------------------------------------------------------------------------
+    async def drive(self, stop: asyncio.Event | None, on_tick: Callable[[int], None] | None, tick_s: float) -> None:
+        """Launch, wait until sending stops, drain what is in flight; re-raise a sender's failure."""
+        helpers = [asyncio.ensure_future(self._timer(stop))]
+        if on_tick is not None:
+            helpers.append(asyncio.ensure_future(_ticker(on_tick, tick_s)))
+        try:
+            self.launch()
+            await self.stopped.wait()
+            if self.failure is None:
+                await self._drain()
+        finally:
+            for task in [*helpers, *self.tasks]:
+                task.cancel()
+            await asyncio.gather(*helpers, *self.tasks, return_exceptions=True)
+        if self.failure is not None:
+            raise self.failure
+
+    async def _timer(self, stop: asyncio.Event | None) -> None:
+        waits: list[asyncio.Future[Any]] = []
+        if stop is not None:
+            waits.append(asyncio.ensure_future(stop.wait()))
+        if self.planned_end_ns is not None:
+            waits.append(asyncio.ensure_future(asyncio.sleep((self.planned_end_ns - time.monotonic_ns()) / NS)))
+        if not waits:
+            return
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        self.stop()
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout
+        while self.tasks and self.failure is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.wait(set(self.tasks), timeout=remaining, return_when=asyncio.FIRST_EXCEPTION)
+
+
+@dataclass(kw_only=True)
+class _Runner(_Driver):
+    client: StreamingClient
+    workload: MultiUserWorkload
+    plan: LoadPlan
+    context: RecordContext
+    next_session: int = 0
+    window_start_ns: int = 0
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.plan.drain_timeout_s
+
+    def launch(self) -> None:
+        if self.plan.mode == "concurrency":
+            users = int(self.plan.value)
+            for slot in range(users):
+                self.spawn(self.user_slot(slot, users))
+        else:
+            self.spawn(self.arrivals())
 
     # -- sessions and requests --------------------------------------------------------------
     async def open_session(self, *, staggered: bool) -> Session:
@@ -253,6 +324,7 @@ class _Runner:
             self.counters.errors += 1
         plan = session.plan
         config = self.workload.config
+        assert self.on_record is not None
         self.on_record(
             RequestRecord(
                 arm=self.context.arm,
@@ -362,25 +434,7 @@ class _Runner:
         self.window_start_ns = self.start_ns + int(plan.warmup_s * NS)
         if plan.duration_s is not None:
             self.planned_end_ns = self.window_start_ns + int(plan.duration_s * NS)
-        helpers = [asyncio.ensure_future(self._timer(stop))]
-        if on_tick is not None:
-            helpers.append(asyncio.ensure_future(_ticker(on_tick, tick_s)))
-        try:
-            if plan.mode == "concurrency":
-                users = int(plan.value)
-                for slot in range(users):
-                    self.spawn(self.user_slot(slot, users))
-            else:
-                self.spawn(self.arrivals())
-            await self.stopped.wait()
-            if self.failure is None:
-                await self._drain()
-        finally:
-            for task in [*helpers, *self.tasks]:
-                task.cancel()
-            await asyncio.gather(*helpers, *self.tasks, return_exceptions=True)
-        if self.failure is not None:
-            raise self.failure
+        await self.drive(stop, on_tick, tick_s)
         c = self.counters
         assert self.stopped_ns is not None
         return LoadWindow(
@@ -396,29 +450,6 @@ class _Runner:
             late_arrivals=c.late,
             cancelled=c.cancelled,
         )
-
-    async def _timer(self, stop: asyncio.Event | None) -> None:
-        waits: list[asyncio.Future[Any]] = []
-        if stop is not None:
-            waits.append(asyncio.ensure_future(stop.wait()))
-        if self.planned_end_ns is not None:
-            waits.append(asyncio.ensure_future(asyncio.sleep((self.planned_end_ns - time.monotonic_ns()) / NS)))
-        if not waits:
-            return
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        self.stop()
-
-    async def _drain(self) -> None:
-        deadline = time.monotonic() + self.plan.drain_timeout_s
-        while self.tasks and self.failure is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            await asyncio.wait(set(self.tasks), timeout=remaining, return_when=asyncio.FIRST_EXCEPTION)
 
 
 async def _ticker(on_tick: Callable[[int], None], tick_s: float) -> None:
@@ -467,3 +498,124 @@ async def run_load(
         raise ValueError("tick_s must be positive")
     runner = _Runner(client=client, workload=workload, plan=plan, context=context, on_record=on_record)
     return await runner.run(stop, on_tick, tick_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# A fixed schedule (trace replay)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleWindow:
+    """What one schedule run did (times are monotonic ns)."""
+
+    start_ns: int
+    end_ns: int
+    sent: int
+    errors: int
+    cancelled: int
+    max_in_flight: int
+    waited_for_slot: int
+    """Requests that found every slot (``concurrency``) busy at their time, so were sent late."""
+
+
+SendOne = Callable[[int], Coroutine[Any, Any, RequestOutcome]]
+OnOutcome = Callable[[int, RequestOutcome, "int | None"], None]
+
+
+@dataclass(kw_only=True)
+class _Schedule(_Driver):
+    """Request ``i`` is due at ``start + due_s[i]`` (open) or when a slot frees (closed, ``due_s`` None)."""
+
+    count: int
+    due_s: Sequence[float] | None
+    concurrency: int | None
+    send_one: SendOne
+    on_outcome: OnOutcome
+    drain_s: float
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.drain_s
+
+    def launch(self) -> None:
+        self.spawn(self.feed())
+
+    async def feed(self) -> None:
+        slots = asyncio.Semaphore(self.concurrency) if self.concurrency is not None else None
+        last_wait_end = 0
+        for index in range(self.count):
+            due_ns: int | None = None
+            if self.due_s is not None:
+                due_ns = self.start_ns + int(self.due_s[index] * NS)
+                await self.pause_until(due_ns)
+            if slots is not None:
+                waited = slots.locked()
+                await slots.acquire()
+                # a request queued behind one that waited is as late as if it had waited itself
+                if due_ns is not None and (waited or last_wait_end > due_ns):
+                    self.counters.late += 1
+                if waited:
+                    last_wait_end = time.monotonic_ns()
+            self.spawn(self.one(index, due_ns, slots))
+        self.stop()  # everything is sent: drain what is in flight
+
+    async def one(self, index: int, due_ns: int | None, slots: asyncio.Semaphore | None) -> None:
+        counters = self.counters
+        counters.sent += 1
+        counters.in_flight += 1
+        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
+        started = time.monotonic_ns()
+        try:
+            try:
+                outcome = await self.send_one(index)
+            except asyncio.CancelledError:
+                counters.cancelled += 1
+                counters.errors += 1
+                self.on_outcome(index, _cancelled(started), due_ns)
+                raise
+            if not outcome.ok:
+                counters.errors += 1
+            self.on_outcome(index, outcome, due_ns)
+        finally:
+            counters.in_flight -= 1
+            if slots is not None:
+                slots.release()
+
+
+async def run_schedule(
+    count: int,
+    send_one: SendOne,
+    on_outcome: OnOutcome,
+    *,
+    due_s: Sequence[float] | None,
+    concurrency: int | None,
+    drain_timeout_s: float,
+    stop: asyncio.Event | None = None,
+    on_tick: Callable[[int], None] | None = None,
+    tick_s: float = 1.0,
+) -> ScheduleWindow:
+    """Send ``count`` requests on a fixed schedule through ``send_one(i)``; ``on_outcome(i, outcome, due_ns)``
+    is called as each completes (``due_ns`` the monotonic time it was due, None in closed mode).
+
+    Open loop (``due_s`` given, seconds from the start, non-decreasing): request ``i`` is sent at its
+    time whatever is still in flight, unless ``concurrency`` caps requests in flight (then it waits for
+    a slot and is late). Closed loop (``due_s`` None): ``concurrency`` requests in flight, in order.
+    After the last send, requests in flight have ``drain_timeout_s`` to finish, then are cancelled
+    and reported as ``timeout`` errors. ``stop`` ends sending early.
+    """
+    if due_s is None and concurrency is None:
+        raise ValueError("a closed-loop schedule needs a concurrency")
+    if due_s is not None and len(due_s) != count:
+        raise ValueError(f"{len(due_s)} due times for {count} requests")
+    driver = _Schedule(
+        count=count, due_s=due_s, concurrency=concurrency, send_one=send_one, on_outcome=on_outcome,
+        drain_s=drain_timeout_s,
+    )  # fmt: skip
+    driver.start_ns = time.monotonic_ns()
+    await driver.drive(stop, on_tick, tick_s)
+    c = driver.counters
+    return ScheduleWindow(
+        start_ns=driver.start_ns, end_ns=time.monotonic_ns(), sent=c.sent, errors=c.errors, cancelled=c.cancelled,
+        max_in_flight=c.max_in_flight, waited_for_slot=c.late,
+    )  # fmt: skip

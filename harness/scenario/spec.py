@@ -31,11 +31,15 @@ from workloads.config import (
     MultiRoundQAProbe,
     MultiUserQA,
     NormalDist,
+    TraceReplay,
     UniformDist,
     WorkloadConfig,
 )
 
 from .fleet import check_fleet
+
+VERB_OF_WORKLOAD: dict[str, str] = {"multi_round_qa": "run", "multi_user_qa": "sweep", "trace": "replay"}
+"""The command that runs each workload kind (for the error a scenario given to the wrong command gets)."""
 
 EngineConfig = Annotated[
     SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig | SglangEngineConfig | TrtllmEngineConfig,
@@ -376,8 +380,10 @@ class Scenario(StrictModel):
     def _sweep_matches_workload(self) -> Scenario:
         if isinstance(self.workload, MultiUserQA) and self.sweep is None:
             raise ValueError("workload kind 'multi_user_qa' needs a 'sweep' section (mode, values, duration)")
-        if isinstance(self.workload, MultiRoundQAProbe) and self.sweep is not None:
-            raise ValueError("'sweep' applies to workload kind 'multi_user_qa' only (this workload is a probe)")
+        if not isinstance(self.workload, MultiUserQA) and self.sweep is not None:
+            raise ValueError(
+                f"'sweep' applies to workload kind 'multi_user_qa' only (this workload is {self.workload.kind!r})"
+            )
         return self
 
     @property
@@ -389,9 +395,9 @@ class Scenario(StrictModel):
         """The workload of a probe scenario (``kvbench run``); a clear error for any other kind."""
         if not isinstance(self.workload, MultiRoundQAProbe):
             raise ScenarioError(
-                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is a load workload; "
-                "run it with `kvbench sweep` and rebuild its reports with `kvbench sweep --report RUN_DIR` "
-                "(`kvbench run` and `kvbench report` take workload kind 'multi_round_qa')"
+                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not a probe; "
+                f"run it with `kvbench {VERB_OF_WORKLOAD[self.workload.kind]}` "
+                "(`kvbench run` takes workload kind 'multi_round_qa')"
             )
         return self.workload
 
@@ -400,8 +406,19 @@ class Scenario(StrictModel):
         """The workload of a load scenario (``kvbench sweep``); a clear error for any other kind."""
         if not isinstance(self.workload, MultiUserQA):
             raise ScenarioError(
-                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is a probe; run it with "
-                "`kvbench run` (`kvbench sweep` runs workload kind 'multi_user_qa')"
+                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not a multi-user load; run it "
+                f"with `kvbench {VERB_OF_WORKLOAD[self.workload.kind]}` (`kvbench sweep` and `kvbench soak` run "
+                "workload kind 'multi_user_qa')"
+            )
+        return self.workload
+
+    @property
+    def trace_workload(self) -> TraceReplay:
+        """The workload of a trace replay (``kvbench replay``); a clear error for any other kind."""
+        if not isinstance(self.workload, TraceReplay):
+            raise ScenarioError(
+                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not a trace; run it with "
+                f"`kvbench {VERB_OF_WORKLOAD[self.workload.kind]}` (`kvbench replay` runs workload kind 'trace')"
             )
         return self.workload
 

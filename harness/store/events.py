@@ -13,6 +13,12 @@
   records on disk and aggregates per interval as it goes, so memory stays flat over hours).
 * :class:`FaultEvent` (``faults.jsonl``): a failure a soak rehearsed (``soak.faults``), when it
   began and when the engine was back, on the records' monotonic clock.
+* :class:`TraceInfo` (``trace.json``, written once): the replayed trace's identity and its
+  statistics (the infinite-cache ceiling), so reports never need the trace file.
+* :class:`ReplaySample` (``samples.jsonl``): a replay's ``/metrics`` counter deltas over one scrape
+  interval of one arm (hit tokens by source over time).
+* :class:`ReplayDone` (``replayed.jsonl``): one arm replayed the whole trace in an attempt; resume
+  skips it.
 """
 
 from __future__ import annotations
@@ -163,3 +169,46 @@ class FaultEvent(Frozen):
         default=None, description="kill_engine / restart_tier: seconds from SIGKILL until healthy again."
     )
     error: str | None = Field(default=None, description="Why the drill itself failed (e.g. no restart).")
+
+
+class TraceInfo(Frozen):
+    """The trace a replay sends (its window: ``start``, ``requests``) and that window's statistics."""
+
+    path: str
+    format: str
+    sha256: str = Field(description="Of the whole trace file.")
+    block_tokens: int
+    start: int
+    requests: int
+    duration_s: float = Field(description="Last minus first timestamp of the window, before time_scale.")
+    time_scale: float
+    mode: Literal["open", "closed"]
+    concurrency: int | None
+    prompt_tokens_total: int
+    input_p50: float
+    input_p99: float
+    output_p50: float
+    infinite_cache_hit_rate: float | None = Field(description="Token-weighted prefix hit rate of an unbounded cache.")
+
+
+class ReplaySample(Frozen):
+    """Engine /metrics counter deltas over one scrape interval of a replay (values keyed by metric tag)."""
+
+    arm: str
+    attempt: int
+    t_s: float = Field(description="End of the interval, seconds since the arm's replay started.")
+    duration_s: float
+    values: dict[str, float]
+
+
+class ReplayDone(Frozen):
+    """A progress event: this arm replayed every request of the trace in this attempt."""
+
+    arm: str
+    attempt: int
+    start_ns: int
+    end_ns: int
+    sent: int
+    errors: int
+    cancelled: int
+    max_in_flight: int

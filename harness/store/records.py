@@ -74,6 +74,8 @@ class RequestRecord(BaseModel):
     moved: bool | None = Field(
         default=None, description="Served by another replica than the conversation's previous request (turn >= 2)."
     )
+    # -- trace replays (kvbench replay); absent otherwise -------------------------------------
+    trace_line: int | None = Field(default=None, description="1-based line of the trace file this request replays.")
 
 
 class RecordWriter:

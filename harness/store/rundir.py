@@ -14,6 +14,10 @@ RUN_DIR/
   intervals.jsonl      soak: one IntervalStats per finished interval
   soak.json            soak: the versioned SoakResult (verdict)
   faults.jsonl         soak: one FaultEvent per rehearsed failure (soak.faults)
+  trace.json           replay: the replayed trace's identity and statistics (TraceInfo)
+  samples.jsonl        replay: /metrics deltas per scrape interval and arm
+  replayed.jsonl       replay: one ReplayDone per arm that replayed the whole trace
+  replay.json          replay: the versioned ReplayResult
   logs/<arm>/          engine logs
   report/              tables and plots rendered from the result file
 
@@ -40,12 +44,22 @@ from kvbench.errors import KvbenchError, RunDirError
 from kvbench.private import make_private_dir, write_private_text
 from kvbench.redact import REDACTED, redact_data
 
-from .events import FaultEvent, GroupDone, IntervalStats, MetricsDelta, PointDone, ReplicaCounters
+from .events import (
+    FaultEvent,
+    GroupDone,
+    IntervalStats,
+    MetricsDelta,
+    PointDone,
+    ReplayDone,
+    ReplaySample,
+    ReplicaCounters,
+    TraceInfo,
+)
 from .jsonl import append_jsonl, read_jsonl
 from .manifest import read_manifest
 from .records import RequestRecord, read_records
 
-RunKind = Literal["probe", "sweep", "soak"]
+RunKind = Literal["probe", "sweep", "soak", "replay"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,22 @@ class RunDir:
         return self.path / "faults.jsonl"
 
     @property
+    def trace_info_file(self) -> Path:
+        return self.path / "trace.json"
+
+    @property
+    def samples_file(self) -> Path:
+        return self.path / "samples.jsonl"
+
+    @property
+    def replayed_file(self) -> Path:
+        return self.path / "replayed.jsonl"
+
+    @property
+    def replay_file(self) -> Path:
+        return self.path / "replay.json"
+
+    @property
     def report_dir(self) -> Path:
         return self.path / "report"
 
@@ -148,12 +178,22 @@ class RunDir:
 
     @property
     def kind(self) -> RunKind:
-        """What this directory holds, from the files its runner writes (a soak's scenario is also a sweep's)."""
+        """What this directory holds, from the files its runner writes (a soak's scenario is also a sweep's);
+        a replay is known by its workload kind too, so one interrupted before any file is written resumes."""
+        if self.trace_info_file.exists() or self.replay_file.exists() or self._workload_kind() == "trace":
+            return "replay"
         if self.intervals_file.exists() or self.soak_file.exists():
             return "soak"
         if self.points_file.exists() or self.sweep_file.exists():
             return "sweep"
         return "probe"
+
+    def _workload_kind(self) -> object:
+        if not self.scenario_file.exists():
+            return None
+        data = yaml.safe_load(self.scenario_file.read_text(encoding="utf-8"))
+        workload = data.get("workload") if isinstance(data, dict) else None
+        return workload.get("kind") if isinstance(workload, dict) else None
 
     # -- reading --------------------------------------------------------------------------
     def scenario(self) -> Scenario:
@@ -211,6 +251,17 @@ class RunDir:
     def faults(self) -> list[FaultEvent]:
         return read_jsonl(self.faults_file, FaultEvent)
 
+    def trace_info(self) -> TraceInfo | None:
+        if not self.trace_info_file.exists():
+            return None
+        return TraceInfo.model_validate_json(self.trace_info_file.read_text(encoding="utf-8"))
+
+    def samples(self) -> list[ReplaySample]:
+        return read_jsonl(self.samples_file, ReplaySample)
+
+    def replayed(self) -> list[ReplayDone]:
+        return read_jsonl(self.replayed_file, ReplayDone)
+
     def attempts_started(self) -> int:
         """Attempts the manifest recorded (0 before the first run starts)."""
         if not self.manifest_file.exists():
@@ -223,6 +274,7 @@ class RunDir:
         seen += [event.attempt for event in self.groups_done()]
         seen += [event.attempt for event in self.points()]
         seen += [event.attempt for event in self.intervals()]
+        seen += [event.attempt for event in self.replayed()]
         seen.append(self.attempts_started() - 1)
         return max(seen, default=-1) + 1
 
@@ -247,3 +299,15 @@ class RunDir:
 
     def append_fault(self, event: FaultEvent) -> None:
         append_jsonl(self.faults_file, event)
+
+    def write_trace_info(self, info: TraceInfo) -> None:
+        """Written once, by the first attempt (a resumed replay sends the same window)."""
+        tmp = self.trace_info_file.with_name(self.trace_info_file.name + ".tmp")
+        tmp.write_text(info.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.trace_info_file)
+
+    def append_sample(self, sample: ReplaySample) -> None:
+        append_jsonl(self.samples_file, sample)
+
+    def mark_replayed(self, event: ReplayDone) -> None:
+        append_jsonl(self.replayed_file, event)

@@ -1,7 +1,7 @@
 """The kvbench command line: parse, call the harness, then reports. Nothing else lives here.
 
-One module per command group: :mod:`.runs` (run, sweep, soak, report), :mod:`.gate` (compare,
-playbook), :mod:`.scenarios` (validate, scenarios), :mod:`.sim`, :mod:`.model`, :mod:`.offload`.
+One module per command group: :mod:`.runs` (run, sweep, soak, replay, report), :mod:`.gate` (compare,
+playbook), :mod:`.scenarios` (validate, scenarios), :mod:`.sim`, :mod:`.trace`, :mod:`.model`, :mod:`.offload`.
 Heavy modules (pandas, aiohttp, engines) are imported inside the commands so ``kvbench --help``
 stays fast.
 """
@@ -19,6 +19,7 @@ from .console import console
 from .model import model_app
 from .offload import offload_app
 from .sim import sim_app
+from .trace import trace_app
 
 app = typer.Typer(
     name="kvbench",
@@ -38,9 +39,13 @@ def main(
         raise typer.Exit(0)
 
 
-for command in (runs.run, scenarios.validate, runs.report, runs.soak, gate.compare, runs.sweep, scenarios.scenarios):
+COMMANDS = (
+    runs.run, runs.sweep, runs.soak, runs.replay, runs.report, gate.compare, scenarios.validate, scenarios.scenarios,
+)  # fmt: skip
+for command in COMMANDS:
     app.command()(command)
 app.add_typer(sim_app, name="sim", help="The built-in engine simulator.")
 app.add_typer(model_app, name="model", help="Hub-free model directories for dummy-weight runs.")
 app.add_typer(offload_app, name="offload", help="Offload tiers: probe a storage path.")
 app.add_typer(gate.playbook_app, name="playbook", help="The rollout playbook: where the team stands, what is next.")
+app.add_typer(trace_app, name="trace", help="Request traces: stats (the cache ceiling) and synth.")

@@ -1,4 +1,4 @@
-"""``kvbench run``, ``sweep``, ``soak`` and ``report``: every run kind through one launcher.
+"""``kvbench run``, ``sweep``, ``soak``, ``replay`` and ``report``: every run kind through one launcher.
 
 Each command only parses its flags; :func:`launch_kind` starts or resumes the run through the
 run-kind table (``harness.runs.kinds``), writes every report registered for the kind
@@ -178,3 +178,20 @@ def report(
     except OSError as error:
         raise fail(os_error(error)) from None
     verdict_exit(outcomes)
+
+
+def replay(
+    scenario: Annotated[
+        str | None, typer.Argument(help="Scenario with workload kind trace (file or bundled name).")
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Continue an interrupted replay (arms not finished run again).")
+    ] = None,
+) -> None:
+    """Replay a timestamped trace on every arm: TTFT/TPOT/E2E, SLO, hit rate against the trace's ceiling."""
+    run_dir = launch_kind("replay", scenario, output_dir=output_dir, resume=resume)
+    console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")

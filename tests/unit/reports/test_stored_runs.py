@@ -1,6 +1,6 @@
 """The run directories committed under docs/results still load, and re-render to the same tables.
 
-``kvbench report`` on a copy of each committed run directory (probe and sweep) rebuilds its result
+``kvbench report`` on a copy of each committed run directory (probe, sweep and replay) rebuilds its result
 file from the stored records alone and writes every output registered for its kind; the Markdown
 and CSV outputs must equal the committed ones byte for byte, and every field of the committed result
 file must come back unchanged except ``run_id`` (the directory was renamed when it was committed).
@@ -16,7 +16,7 @@ import pytest
 
 from harness.runs.kinds import summarize
 from harness.store.rundir import RunDir
-from reports.outputs import write_outputs
+from reports.outputs import RESULT_FILES, write_outputs
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 STORED = sorted(path for path in RESULTS.iterdir() if (path / "scenario.yaml").exists())
@@ -43,7 +43,7 @@ def test_a_committed_run_rebuilds_to_the_same_reports(stored: Path, tmp_path: Pa
     copy = tmp_path / stored.name
     shutil.copytree(stored, copy, ignore=shutil.ignore_patterns("report"))
     run_dir = RunDir.open(copy)
-    result_file = {"probe": "summary.json", "sweep": "sweep.json", "soak": "soak.json"}[run_dir.kind]
+    result_file = RESULT_FILES[run_dir.kind].FILE_NAME
 
     summarize(run_dir)
     written = write_outputs(run_dir)
@@ -61,4 +61,4 @@ def test_a_committed_run_rebuilds_to_the_same_reports(stored: Path, tmp_path: Pa
 
 def test_every_kind_of_committed_result_is_covered() -> None:
     kinds = {RunDir.open(path).kind for path in STORED}
-    assert {"probe", "sweep"} <= kinds
+    assert {"probe", "sweep", "replay"} <= kinds

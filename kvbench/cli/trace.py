@@ -1,0 +1,148 @@
+"""``kvbench trace``: a trace's statistics and ceiling (``stats``), or a synthetic trace (``synth``).
+
+Only typer is imported at module level; the trace modules load inside the commands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+trace_app = typer.Typer(
+    help="Request traces: statistics and the infinite-cache ceiling; synthetic traces from a multi-user workload.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str) -> typer.Exit:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    return typer.Exit(2)
+
+
+@trace_app.command()
+def stats(
+    file: Annotated[Path, typer.Argument(help="Trace file (JSON Lines).")],
+    format: Annotated[str, typer.Option("--format", "-f", help="mooncake or kvbench.")] = "mooncake",
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON (key infinite_cache_hit_rate, ...).")] = False,
+    cache_tokens: Annotated[
+        list[int] | None,
+        typer.Option("--cache-tokens", help="Also the hit rate of an LRU prefix cache of N tokens (repeatable)."),
+    ] = None,
+    block_tokens: Annotated[
+        int | None, typer.Option("--block-tokens", help="Tokens per hash id (default 512, or the kvbench header's).")
+    ] = None,
+) -> None:
+    """Requests, duration, arrival rate, length percentiles, and the hit rate an infinite (or LRU) cache would get."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from workloads.trace import FORMATS, TraceError, load_trace, trace_stats
+
+    if format not in FORMATS:
+        raise _fail(f"--format {format!r}: allowed values are {', '.join(FORMATS)}")
+    sizes = list(cache_tokens or [])
+    if any(size < 1 for size in sizes):
+        raise _fail("--cache-tokens must be positive token counts")
+    try:
+        trace = load_trace(file, format, block_tokens=block_tokens)
+    except TraceError as error:
+        raise _fail(str(error)) from None
+    result = trace_stats(trace, sizes)
+    if json_out:
+        data = dataclasses.asdict(result)
+        data["lru_hit_rates"] = [{"cache_tokens": size, "hit_rate": rate} for size, rate in result.lru_hit_rates]
+        typer.echo(json.dumps(data, indent=2))
+        return
+    console = Console()
+
+    def share(value: float | None) -> str:
+        return "—" if value is None else f"{value * 100:.1f} %"
+
+    table = Table(title=f"{file} ({result.format}, {result.block_tokens}-token blocks)", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rate = "—" if result.mean_rate_rps is None else f"{result.mean_rate_rps:.2f} req/s"
+    rows = [
+        ("requests", str(result.requests)),
+        ("sessions", "—" if result.sessions is None else str(result.sessions)),
+        ("duration", f"{result.duration_s:.1f} s"),
+        ("mean arrival rate", rate),
+        ("input tokens p50 / p90 / p99 / max",
+         f"{result.input_tokens.p50:.0f} / {result.input_tokens.p90:.0f} / {result.input_tokens.p99:.0f} / "
+         f"{result.input_tokens.max:.0f}"),
+        ("output tokens p50 / p90 / p99 / max",
+         f"{result.output_tokens.p50:.0f} / {result.output_tokens.p90:.0f} / {result.output_tokens.p99:.0f} / "
+         f"{result.output_tokens.max:.0f}"),
+        ("prompt tokens in all", f"{result.prompt_tokens_total:,}"),
+        ("distinct blocks", "—" if result.unique_blocks is None else f"{result.unique_blocks:,}"),
+        ("infinite-cache hit rate", share(result.infinite_cache_hit_rate)),
+        *((f"LRU cache of {size:,} tokens", share(hit)) for size, hit in result.lru_hit_rates),
+    ]  # fmt: skip
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    per_bucket = ", ".join(f"{value:.2f}" for value in result.rate_over_time)
+    console.print(f"arrival rate per {result.rate_bucket_s:.0f} s bucket (req/s): {per_bucket}", highlight=False)
+
+
+@trace_app.command()
+def synth(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A scenario with workload kind multi_user_qa (file or bundled name), or a YAML "
+            "file holding only such a workload mapping."
+        ),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The trace file to write (kvbench format).")],
+    sessions: Annotated[int | None, typer.Option(help="Sessions to write (default: the workload's users).")] = None,
+    session_rate: Annotated[float, typer.Option(help="Sessions started per second (Poisson).")] = 1.0,
+    response_s: Annotated[
+        float, typer.Option(help="Assumed seconds an answer takes, before the think time starts.")
+    ] = 2.0,
+    block_tokens: Annotated[int, typer.Option(help="Tokens per hash id.")] = 512,
+    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's, else 0).")] = None,
+) -> None:
+    """Write a multi-user QA workload as a kvbench trace, to inspect, share and replay exactly."""
+    import yaml
+    from pydantic import ValidationError
+
+    from harness.scenario.spec import format_validation_error, load_scenario
+    from kvbench.errors import KvbenchError
+    from workloads.config import MultiUserQA
+    from workloads.trace_synth import SynthSpec, synthesize
+
+    if (sessions is not None and sessions < 1) or session_rate <= 0 or response_s < 0 or block_tokens < 1:
+        raise _fail("--sessions and --block-tokens must be >= 1, --session-rate > 0, --response-s >= 0")
+    try:
+        path = Path(source)
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+        if isinstance(data, dict) and data.get("kind") == "multi_user_qa":
+            config = MultiUserQA.model_validate(data)
+            chosen_seed = 0 if seed is None else seed
+        else:
+            scenario, _ = load_scenario(source)
+            config = scenario.load_workload
+            chosen_seed = scenario.seed if seed is None else seed
+    except ValidationError as error:
+        raise _fail(format_validation_error(source, error)) from None
+    except (KvbenchError, OSError, yaml.YAMLError) as error:
+        raise _fail(str(error)) from None
+    spec = SynthSpec(
+        sessions=sessions or config.users, session_rate=session_rate, response_s=response_s, block_tokens=block_tokens
+    )
+    count = 0
+    with output.open("w", encoding="utf-8") as handle:
+        for line in synthesize(config, spec, seed=chosen_seed):
+            handle.write(line + "\n")
+            count += 1
+    typer.echo(f"wrote {output}: {count - 1} requests of {spec.sessions} sessions; "
+               f"see kvbench trace stats {output} --format kvbench")  # fmt: skip

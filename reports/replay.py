@@ -1,0 +1,235 @@
+"""A trace replay's reports, drawn from ``replay.json`` alone.
+
+* ``replay.md``: the trace window and its infinite-cache ceiling, one row per arm (TTFT / TPOT / E2E
+  percentiles, SLO attainment, achieved hit rate by source beside the ceiling, send lag), and each
+  arm against the baseline (% diff = (baseline / arm − 1) × 100 per percentile);
+* ``replay.csv``: the per-arm row with every number;
+* ``replay.png`` / ``replay.svg``: per arm, prompt tokens/s and hit tokens/s by source (GPU prefix
+  cache, offload tier) over the replay, and TTFT p50 / p90 / p99 per arm side by side.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.results.replay_result import ArmReplay, ReplayResult
+from harness.results.sweep_result import Quantiles
+
+from .curves import COLORS, _caption, _save
+
+
+def _ms(q: Quantiles | None, field: str) -> str:
+    return "—" if q is None else f"{getattr(q, field):.1f}"
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.1f}"
+
+
+def _source_shares(item: ArmReplay) -> tuple[float | None, float | None]:
+    if not item.prompt_tokens:
+        return None, None
+    return (item.gpu_hit_tokens or 0.0) / item.prompt_tokens, (item.external_hit_tokens or 0.0) / item.prompt_tokens
+
+
+ARM_COLUMNS = (
+    "Arm", "Requests", "Errors", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
+    "SLO %", "Hit % (GPU)", "Hit % (tier)", "Hit % (all)", "Ceiling %", "Lag p99", "Late",
+)  # fmt: skip
+
+
+def arm_rows(result: ReplayResult) -> list[list[str]]:
+    ceiling = _share(result.trace.infinite_cache_hit_rate)
+    out = []
+    for item in result.results:
+        gpu, tier = _source_shares(item)
+        out.append([
+            item.arm + ("" if item.complete else " (incomplete)"), str(item.requests), str(item.errors),
+            _ms(item.ttft, "p50_ms"), _ms(item.ttft, "p90_ms"), _ms(item.ttft, "p99_ms"),
+            _ms(item.tpot, "p50_ms"), _ms(item.tpot, "p99_ms"), _ms(item.e2e, "p50_ms"), _ms(item.e2e, "p99_ms"),
+            _share(item.slo_attainment), _share(gpu), _share(tier), _share(item.hit_rate), ceiling,
+            _ms(item.lag, "p99_ms"), str(item.late),
+        ])  # fmt: skip
+    return out
+
+
+COMPARISON_COLUMNS = ("Arm vs baseline", "TTFT p50 % diff", "TTFT p90 % diff", "TTFT p99 % diff", "E2E p50 % diff")
+
+
+def comparison_rows(result: ReplayResult) -> list[list[str]]:
+    return [
+        [f"{c.arm} vs {c.baseline}", _pct(c.ttft_p50_pct), _pct(c.ttft_p90_pct), _pct(c.ttft_p99_pct),
+         _pct(c.e2e_p50_pct)]
+        for c in result.comparisons
+    ]  # fmt: skip
+
+
+def trace_line(result: ReplayResult) -> str:
+    t = result.trace
+    loop = f"open loop × {t.time_scale:g} time scale" if t.mode == "open" else f"closed loop, {t.concurrency} in flight"
+    return (
+        f"trace {t.path} ({t.format}, {t.block_tokens}-token blocks): {t.requests} requests from position {t.start} "
+        f"over {t.duration_s:.1f} s, {loop}; input p50 {t.input_p50:.0f} / p99 {t.input_p99:.0f} tokens; "
+        f"infinite-cache hit rate {_share(t.infinite_cache_hit_rate)} %"
+    )
+
+
+def behind_lines(result: ReplayResult) -> list[str]:
+    return [
+        f"{item.arm} fell behind the trace: send lag p99 {item.lag.p99_ms:.0f} ms > {result.behind_ms:g} ms "
+        f"({item.late} of {item.requests} requests more than {result.late_ms:g} ms late); the client, not the "
+        "engine, set those arrival times"
+        for item in result.results
+        if item.fell_behind and item.lag is not None
+    ]
+
+
+def _md_table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def markdown(result: ReplayResult, provenance: str = "") -> str:
+    lines = [f"# Replay: {result.scenario_name}", "", trace_line(result) + ".", ""]
+    if provenance:
+        lines += [provenance + ".", ""]
+    lines += ["Latencies in ms; hit % from the engine's /metrics (tokens served from the GPU prefix cache or the "
+              "offload tier / prompt tokens); ceiling = the trace's infinite-cache hit rate.", ""]  # fmt: skip
+    lines += _md_table(ARM_COLUMNS, arm_rows(result))
+    if result.comparisons:
+        lines += ["", "% diff = (baseline / arm − 1) × 100: how much slower the baseline is.", ""]
+        lines += _md_table(COMPARISON_COLUMNS, comparison_rows(result))
+    for line in behind_lines(result):
+        lines += ["", f"**Warning:** {line}."]
+    if not result.complete:
+        lines += ["", "The replay is incomplete: continue it with `kvbench replay --resume RUN_DIR`."]
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = (
+    "arm", "attempt", "complete", "requests", "ok", "errors", "wall_s", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+    "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "slo_attainment", "prompt_tokens", "gpu_hit_tokens",
+    "external_hit_tokens", "hit_rate", "infinite_cache_hit_rate", "cached_share", "lag_p50_ms", "lag_p99_ms", "late",
+    "fell_behind", "prompt_tokens_off",
+)  # fmt: skip
+
+
+def _q(q: Quantiles | None, field: str) -> float | str:
+    return "" if q is None else float(getattr(q, field))
+
+
+def _b(value: float | int | bool | None) -> float | int | bool | str:
+    return "" if value is None else value
+
+
+def write_csv(result: ReplayResult, path: Path, provenance: str = "") -> Path:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "provenance"])
+        writer.writeheader()
+        for item in result.results:
+            writer.writerow({
+                "arm": item.arm, "attempt": item.attempt, "complete": item.complete, "requests": item.requests,
+                "ok": item.ok, "errors": item.errors, "wall_s": _b(item.wall_s),
+                "ttft_p50_ms": _q(item.ttft, "p50_ms"), "ttft_p90_ms": _q(item.ttft, "p90_ms"),
+                "ttft_p99_ms": _q(item.ttft, "p99_ms"), "tpot_p50_ms": _q(item.tpot, "p50_ms"),
+                "tpot_p99_ms": _q(item.tpot, "p99_ms"), "e2e_p50_ms": _q(item.e2e, "p50_ms"),
+                "e2e_p99_ms": _q(item.e2e, "p99_ms"), "slo_attainment": _b(item.slo_attainment),
+                "prompt_tokens": _b(item.prompt_tokens), "gpu_hit_tokens": _b(item.gpu_hit_tokens),
+                "external_hit_tokens": _b(item.external_hit_tokens), "hit_rate": _b(item.hit_rate),
+                "infinite_cache_hit_rate": _b(result.trace.infinite_cache_hit_rate),
+                "cached_share": _b(item.cached_share), "lag_p50_ms": _q(item.lag, "p50_ms"),
+                "lag_p99_ms": _q(item.lag, "p99_ms"), "late": item.late, "fell_behind": item.fell_behind,
+                "prompt_tokens_off": item.prompt_tokens_off, "provenance": provenance,
+            })  # fmt: skip
+    return path
+
+
+def figure(result: ReplayResult, provenance: str = "") -> Figure:
+    """One panel per arm (prompt and hit tokens/s by source over time) and one of TTFT percentiles per arm."""
+    arms = [item.arm for item in result.results]
+    fig = Figure(figsize=(9.0, 2.6 * (len(arms) + 1)), dpi=110)
+    axes = fig.subplots(len(arms) + 1, 1, squeeze=False)[:, 0]
+    top = max(
+        [p.prompt_tps or 0.0 for p in result.timeline] + [(p.gpu_hit_tps or 0.0) + (p.external_hit_tps or 0.0)
+                                                          for p in result.timeline] + [1.0]
+    )  # fmt: skip
+    for ax, arm in zip(axes, arms, strict=False):
+        points = sorted((p for p in result.timeline if p.arm == arm), key=lambda p: p.t_s)
+        # each sample covers (t_s − duration_s, t_s]: draw it as a step from its start, closed at the last end
+        xs = [p.t_s - p.duration_s for p in points] + [points[-1].t_s] if points else []
+
+        def steps(values: list[float]) -> list[float]:
+            return values + values[-1:]
+
+        gpu = steps([p.gpu_hit_tps or 0.0 for p in points])
+        tier = steps([p.external_hit_tps or 0.0 for p in points])
+        ax.stackplot(xs, gpu, tier, colors=("#2ca02c", "#1f77b4"), alpha=0.6,
+                     labels=("hit tokens/s: GPU prefix cache", "hit tokens/s: offload tier"), step="post")  # fmt: skip
+        ax.step(xs, steps([p.prompt_tps or 0.0 for p in points]), where="post", color="black", linewidth=1.0,
+                label="prompt tokens/s")  # fmt: skip
+        item = result.arm(arm)
+        rate = "—" if item is None else _share(item.hit_rate)
+        ax.set_title(f"{arm}: hit rate {rate} % (ceiling {_share(result.trace.infinite_cache_hit_rate)} %)",
+                     fontsize=9)  # fmt: skip
+        ax.set_ylim(0, top * 1.1)
+        ax.set_xlim(left=0)
+        ax.set_ylabel("tokens/s", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best", framealpha=0.6)
+    axes[len(arms) - 1].set_xlabel("seconds since the replay started")
+    ax = axes[-1]
+    labels = ("p50", "p90", "p99")
+    width = 0.8 / max(len(arms), 1)
+    for index, item in enumerate(result.results):
+        if item.ttft is None:
+            continue
+        values = [item.ttft.p50_ms, item.ttft.p90_ms, item.ttft.p99_ms]
+        xs = [k + index * width for k in range(len(labels))]
+        ax.bar(xs, values, width=width, color=COLORS[index % len(COLORS)], label=item.arm)
+    ax.set_xticks([k + width * (len(arms) - 1) / 2 for k in range(len(labels))], labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("TTFT (ms, log)", fontsize=8)
+    ax.set_title("TTFT percentiles per arm (same requests)", fontsize=9)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{result.scenario_name} — {result.model} on {result.hardware} ({result.engine_kind})", fontsize=10)
+    _caption(fig, provenance)
+    return fig
+
+
+def write_replay_reports(result: ReplayResult, out: Path, provenance: str = "") -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "replay.md"
+    md.write_text(markdown(result, provenance), encoding="utf-8")
+    paths = [md, write_csv(result, out / "replay.csv", provenance)]
+    return paths + _save(figure(result, provenance), out / "replay")
+
+
+def print_replay(result: ReplayResult, console: Console, provenance: str = "") -> None:
+    table = Table(title=f"{result.scenario_name} — replay (ms; hit % of prompt tokens)", caption=provenance or None)
+    for index, column in enumerate(ARM_COLUMNS):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    for row in arm_rows(result):
+        table.add_row(*row)
+    console.print(escape(trace_line(result)), highlight=False)
+    console.print(table)
+    for row in comparison_rows(result):
+        console.print(escape(f"{row[0]}: TTFT p50 {row[1]} %, p90 {row[2]} %, p99 {row[3]} %, E2E p50 {row[4]} %"),
+                      highlight=False)  # fmt: skip
+    for line in behind_lines(result):
+        console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+    if not result.complete:
+        console.print("[yellow]The replay is incomplete: continue it with `kvbench replay --resume RUN_DIR`.[/]")

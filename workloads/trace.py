@@ -1,0 +1,446 @@
+"""Timestamped request traces: loading (Mooncake and kvbench JSONL), their statistics, prompts, synthesis.
+
+A trace is a list of :class:`TraceRequest`, one per line of a JSON Lines file, in arrival order.
+Two formats (documented in ``docs/traces.md``, schema in ``docs/trace.schema.json``):
+
+* ``mooncake``: Mooncake's published format, ``{"timestamp": ms, "input_length": tokens,
+  "output_length": tokens, "hash_ids": [int, ...]}``; ``hash_ids`` holds one id per
+  ``block_tokens``-token block of the prompt (512 in Mooncake's traces), the last block possibly
+  partial, and equal ids mean equal content *including everything before it* (a prefix hash).
+* ``kvbench``: the same fields plus ``session`` (a string or integer conversation id) and ``turn``
+  (1-based), and either ``hash_ids`` or ``text`` (the prompt itself). An optional first line
+  ``{"kvbench_trace": 1, "block_tokens": B, ...}`` is a header naming the block size of its ids.
+
+Loading (:func:`load_trace`) reads the file and nothing else; every bad input is a
+:class:`TraceError` naming file, line and field: invalid UTF-8, invalid JSON, a truncated last
+line, a missing or mistyped field, a timestamp earlier than the line before, a hash list whose
+``len(hash_ids) != ceil(input_length / block_tokens)``.
+
+Statistics (:func:`trace_stats`) are pure: the **infinite-cache hit rate** is the token-weighted
+share of prompt tokens in blocks that a prefix cache without capacity limit could have served,
+
+    hit tokens of a request = Σ size(block k) over its longest prefix of blocks seen earlier,
+    infinite_cache_hit_rate = Σ hit tokens / Σ input_length,
+
+where size(block) is ``block_tokens`` except for a last partial block, and a block counts only up
+to the size in which it was seen before. :func:`lru_hit_rate` is the same with an LRU cache of
+``capacity`` tokens (blocks touched by each request become most recent; least recent blocks are
+evicted until the cached blocks fit).
+
+Prompts (:class:`TracePrompts`) turn hash ids into text with the engine's tokenizer: every id is
+a block of ``block_tokens`` tokens of seeded prose (seeded by ``(seed, id)``), so equal ids are
+byte-identical text and different ids differ; a partial last block is the first tokens of its
+id's block. Each block starts with a space, so the tokenizers kvbench meets (pre-tokenizing on
+word boundaries) never merge a token across two blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from kvbench.errors import KvbenchError
+
+from .text import fit_to_tokens
+from .tokenizer import Tokenizer
+
+TraceFormat = Literal["mooncake", "kvbench"]
+FORMATS: tuple[TraceFormat, ...] = ("mooncake", "kvbench")
+MOONCAKE_BLOCK_TOKENS = 512
+HEADER_KEY = "kvbench_trace"
+HEADER_VERSION = 1
+HashId = int | str
+
+
+class TraceError(KvbenchError):
+    """A trace file that cannot be read; the message names file, line and field."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace (token counts in the engine's tokens; time in ms from the trace's clock)."""
+
+    line: int
+    """1-based line number in the trace file (kept in every record of its replay)."""
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[HashId, ...] | None = None
+    text: str | None = None
+    session: str | None = None
+    turn: int | None = None
+
+    def block_sizes(self, block_tokens: int) -> list[int]:
+        """Tokens of each hash block: ``block_tokens`` each, the last one what is left of input_length."""
+        if self.hash_ids is None:
+            return []
+        count = len(self.hash_ids)
+        return [block_tokens] * (count - 1) + [self.input_length - (count - 1) * block_tokens] if count else []
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: str
+    format: TraceFormat
+    block_tokens: int
+    requests: tuple[TraceRequest, ...]
+
+    @property
+    def duration_s(self) -> float:
+        if not self.requests:
+            return 0.0
+        return (self.requests[-1].timestamp_ms - self.requests[0].timestamp_ms) / 1000.0
+
+    def window(self, start: int = 0, limit: int | None = None) -> Trace:
+        """Requests ``start .. start+limit`` (0-based positions), the same file and block size."""
+        end = None if limit is None else start + limit
+        return Trace(self.path, self.format, self.block_tokens, self.requests[start:end])
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+class _Line:
+    """One parsed line and where it came from, for error messages."""
+
+    def __init__(self, path: str, number: int, data: dict[str, object]) -> None:
+        self.path = path
+        self.number = number
+        self.data = data
+
+    def error(self, field: str, message: str) -> TraceError:
+        return TraceError(f"{self.path}:{self.number}: field {field!r}: {message}")
+
+    def require(self, field: str) -> object:
+        if field not in self.data:
+            raise TraceError(f"{self.path}:{self.number}: missing field {field!r}")
+        return self.data[field]
+
+    def integer(self, field: str, minimum: int) -> int:
+        value = self.require(field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(field, f"must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def number_field(self, field: str) -> float:
+        value = self.require(field)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise self.error(field, f"must be a finite number >= 0 (milliseconds), got {value!r}")
+        return float(value)
+
+    def hash_ids(self, input_length: int, block_tokens: int) -> tuple[HashId, ...]:
+        value = self.require("hash_ids")
+        if not isinstance(value, list) or not value:
+            raise self.error("hash_ids", f"must be a non-empty list of block ids, got {_type_name(value)}")
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                raise self.error("hash_ids", f"ids must be integers or strings, got {item!r}")
+        needed = -(-input_length // block_tokens)
+        if len(value) != needed:
+            raise self.error(
+                "hash_ids",
+                f"{len(value)} ids of {block_tokens} tokens do not cover input_length {input_length} "
+                f"(needs ceil({input_length}/{block_tokens}) = {needed} ids)",
+            )
+        return tuple(value)
+
+
+def _decode_lines(path: Path) -> list[tuple[int, str, bool]]:
+    """(line number, text, ends with a newline) of every line; invalid UTF-8 names its line and column."""
+    raw = path.read_bytes()
+    chunks = raw.split(b"\n")
+    terminated = [True] * len(chunks)
+    if chunks and chunks[-1] == b"":
+        chunks.pop()  # the file ended with a newline
+        terminated.pop()
+    elif chunks:
+        terminated[-1] = False
+    out: list[tuple[int, str, bool]] = []
+    for number, (chunk, ends) in enumerate(zip(chunks, terminated, strict=True), start=1):
+        try:
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise TraceError(
+                f"{path}:{number}: not UTF-8 (byte 0x{chunk[error.start]:02x} at column {error.start + 1})"
+            ) from None
+        out.append((number, text, ends))
+    return out
+
+
+def _parse_json(path: Path, number: int, text: str, last_unterminated: bool) -> dict[str, object]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        if last_unterminated:
+            raise TraceError(
+                f"{path}:{number}: truncated last line (no newline and not a complete JSON object: {error.msg})"
+            ) from None
+        raise TraceError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}:{number}: expected a JSON object, got {_type_name(data)}")
+    return data
+
+
+def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = None) -> Trace:
+    """Read and check a trace file (see the module docstring); ``block_tokens`` overrides the default
+    (512 for mooncake, the header's for kvbench) and must agree with a kvbench header that names one."""
+    if format not in FORMATS:
+        raise TraceError(f"{path}: unknown trace format {format!r}; allowed: {', '.join(FORMATS)}")
+    try:
+        lines = _decode_lines(path)
+    except OSError as error:
+        raise TraceError(f"{path}: cannot read trace ({error.strerror or error})") from None
+    parsed: list[_Line] = []
+    for number, text, terminated in lines:
+        if not text.strip():
+            continue
+        is_last = number == lines[-1][0]
+        parsed.append(_Line(str(path), number, _parse_json(path, number, text, is_last and not terminated)))
+    block = block_tokens
+    if parsed and HEADER_KEY in parsed[0].data:
+        header = parsed.pop(0)
+        if format != "kvbench":
+            raise TraceError(f"{path}:{header.number}: a kvbench trace header in a {format} trace (use format kvbench)")
+        if header.data[HEADER_KEY] != HEADER_VERSION:
+            raise header.error(HEADER_KEY, f"version {header.data[HEADER_KEY]!r}; this kvbench reads {HEADER_VERSION}")
+        if "block_tokens" in header.data:
+            stated = header.integer("block_tokens", 1)
+            if block is not None and block != stated:
+                raise header.error("block_tokens", f"the header says {stated}, the replay asks for {block}")
+            block = stated
+    block = block or MOONCAKE_BLOCK_TOKENS
+    if not parsed:
+        raise TraceError(f"{path}: no requests in the trace")
+    requests: list[TraceRequest] = []
+    previous: tuple[int, float] | None = None
+    for line in parsed:
+        request = _mooncake_request(line, block) if format == "mooncake" else _kvbench_request(line, block)
+        if previous is not None and request.timestamp_ms < previous[1]:
+            raise line.error(
+                "timestamp",
+                f"{request.timestamp_ms:g} is earlier than line {previous[0]}'s {previous[1]:g} "
+                "(timestamps must not decrease)",
+            )
+        previous = (line.number, request.timestamp_ms)
+        requests.append(request)
+    return Trace(str(path), format, block, tuple(requests))
+
+
+def _mooncake_request(line: _Line, block_tokens: int) -> TraceRequest:
+    input_length = line.integer("input_length", 1)
+    return TraceRequest(
+        line=line.number,
+        timestamp_ms=line.number_field("timestamp"),
+        input_length=input_length,
+        output_length=line.integer("output_length", 1),
+        hash_ids=line.hash_ids(input_length, block_tokens),
+    )
+
+
+_KVBENCH_FIELDS = frozenset({"timestamp", "session", "turn", "input_length", "output_length", "hash_ids", "text"})
+
+
+def _kvbench_request(line: _Line, block_tokens: int) -> TraceRequest:
+    unknown = sorted(set(line.data) - _KVBENCH_FIELDS)
+    if unknown:
+        raise line.error(unknown[0], f"unknown field; allowed: {', '.join(sorted(_KVBENCH_FIELDS))}")
+    session = line.require("session")
+    if isinstance(session, bool) or not isinstance(session, int | str):
+        raise line.error("session", f"must be a string or an integer, got {session!r}")
+    input_length = line.integer("input_length", 1)
+    has_ids, has_text = "hash_ids" in line.data, "text" in line.data
+    if has_ids == has_text:
+        raise TraceError(f"{line.path}:{line.number}: give exactly one of the fields 'hash_ids' and 'text'")
+    text: str | None = None
+    if has_text:
+        value = line.data["text"]
+        if not isinstance(value, str) or not value:
+            raise line.error("text", f"must be a non-empty string, got {_type_name(value)}")
+        text = value
+    return TraceRequest(
+        line=line.number,
+        timestamp_ms=line.number_field("timestamp"),
+        input_length=input_length,
+        output_length=line.integer("output_length", 1),
+        hash_ids=line.hash_ids(input_length, block_tokens) if has_ids else None,
+        text=text,
+        session=str(session),
+        turn=line.integer("turn", 1),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def lru_hit_rate(trace: Trace, capacity: int | None) -> float | None:
+    """Prefix-cache hit rate of ``trace`` with an LRU cache of ``capacity`` tokens (None: infinite).
+
+    None when no request carries hash ids (a text trace has no block structure before tokenizing).
+    """
+    cache: OrderedDict[HashId, int] = OrderedDict()
+    used = 0
+    hits = 0
+    total = 0
+    for request in trace.requests:
+        if request.hash_ids is None:
+            continue
+        sizes = request.block_sizes(trace.block_tokens)
+        total += request.input_length
+        for block, size in zip(request.hash_ids, sizes, strict=True):
+            cached = cache.get(block, 0)
+            hits += min(cached, size)
+            if cached < size:
+                break
+        for block, size in zip(request.hash_ids, sizes, strict=True):
+            cached = cache.pop(block, 0)
+            cache[block] = max(cached, size)
+            used += max(cached, size) - cached
+        if capacity is not None:
+            while used > capacity and cache:
+                _, size = cache.popitem(last=False)
+                used -= size
+    return hits / total if total else None
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    mean: float
+
+
+def percentiles(values: Sequence[float]) -> Percentiles:
+    """Linear-interpolation percentiles (numpy's default), max and mean of a non-empty sequence."""
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        position = q * (len(ordered) - 1)
+        low = math.floor(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+    return Percentiles(at(0.5), at(0.9), at(0.99), float(ordered[-1]), sum(ordered) / len(ordered))
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """What ``kvbench trace stats`` prints (and the replay stores beside its results)."""
+
+    path: str
+    format: TraceFormat
+    block_tokens: int
+    requests: int
+    sessions: int | None
+    duration_s: float
+    mean_rate_rps: float | None
+    rate_bucket_s: float
+    rate_over_time: tuple[float, ...]
+    """Requests per second in consecutive buckets of ``rate_bucket_s`` from the first timestamp."""
+    input_tokens: Percentiles
+    output_tokens: Percentiles
+    prompt_tokens_total: int
+    unique_blocks: int | None
+    infinite_cache_hit_rate: float | None
+    lru_hit_rates: tuple[tuple[int, float | None], ...]
+    """(cache size in tokens, hit rate) per requested size."""
+
+
+def rate_over_time(timestamps_ms: Sequence[float], bucket_s: float) -> tuple[float, ...]:
+    if not timestamps_ms:
+        return ()
+    start = timestamps_ms[0]
+    buckets = int((timestamps_ms[-1] - start) / 1000.0 // bucket_s) + 1
+    counts = [0] * buckets
+    for stamp in timestamps_ms:
+        counts[min(int((stamp - start) / 1000.0 // bucket_s), buckets - 1)] += 1
+    return tuple(count / bucket_s for count in counts)
+
+
+def trace_stats(trace: Trace, cache_tokens: Iterable[int] = (), *, rate_buckets: int = 20) -> TraceStats:
+    requests = trace.requests
+    sessions = {r.session for r in requests if r.session is not None}
+    duration = trace.duration_s
+    bucket = max(duration / rate_buckets, 1.0)
+    ids = {block for r in requests if r.hash_ids is not None for block in r.hash_ids}
+    has_ids = any(r.hash_ids is not None for r in requests)
+    return TraceStats(
+        path=trace.path,
+        format=trace.format,
+        block_tokens=trace.block_tokens,
+        requests=len(requests),
+        sessions=len(sessions) if sessions else None,
+        duration_s=duration,
+        mean_rate_rps=len(requests) / duration if duration > 0 else None,
+        rate_bucket_s=bucket,
+        rate_over_time=rate_over_time([r.timestamp_ms for r in requests], bucket),
+        input_tokens=percentiles([r.input_length for r in requests]),
+        output_tokens=percentiles([r.output_length for r in requests]),
+        prompt_tokens_total=sum(r.input_length for r in requests),
+        unique_blocks=len(ids) if has_ids else None,
+        infinite_cache_hit_rate=lru_hit_rate(trace, None),
+        lru_hit_rates=tuple((size, lru_hit_rate(trace, size)) for size in cache_tokens),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------------
+
+
+def _block_stream(seed: int, block: HashId) -> random.Random:
+    return random.Random(f"kvbench:trace:{seed}:{type(block).__name__}:{block}")
+
+
+class TracePrompts:
+    """Prompt texts of a trace's requests, built with the engine's ``tokenizer`` (see the module docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer, *, seed: int, block_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.block_tokens = block_tokens
+        self._blocks: dict[HashId, str] = {}
+        self._partial: dict[tuple[HashId, int], str] = {}
+
+    async def block(self, block: HashId, size: int) -> str:
+        """The text of ``block``: ``size`` tokens (a whole block, or the first ``size`` tokens of it)."""
+        full = self._blocks.get(block)
+        if full is None:
+            header = f" [{block}] "
+            full = await fit_to_tokens(self.tokenizer, header, _block_stream(self.seed, block), self.block_tokens)
+            self._blocks[block] = full
+        if size >= self.block_tokens:
+            return full
+        partial = self._partial.get((block, size))
+        if partial is None:
+            ids = await self.tokenizer.encode(full)
+            partial = await self.tokenizer.decode(ids[:size])
+            self._partial[(block, size)] = partial
+        return partial
+
+    async def prompt(self, request: TraceRequest) -> str:
+        """The request's prompt: its text, or the concatenated texts of its hash blocks."""
+        if request.text is not None:
+            return request.text
+        assert request.hash_ids is not None
+        parts = []
+        for block, size in zip(request.hash_ids, request.block_sizes(self.block_tokens), strict=True):
+            parts.append(await self.block(block, size))
+            await asyncio.sleep(0)  # building is CPU work; keep the event loop responsive
+        return "".join(parts)
