@@ -126,4 +126,3 @@ def redact_data(data: JsonData) -> JsonData:
     if isinstance(data, str):
         return redact_text(data)
     return data
-

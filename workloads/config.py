@@ -46,7 +46,9 @@ class BetweenTurns(StrictModel):
 
     mode: Literal["reset_prefix_cache", "disable_prefix_cache", "filler", "none"] = "reset_prefix_cache"
     filler_tokens: int = Field(
-        default=0, ge=0, le=MAX_COUNT * 1000,
+        default=0,
+        ge=0,
+        le=MAX_COUNT * 1000,
         description="With mode=filler: total prompt tokens of filler traffic per gap.",
     )
     filler_request_tokens: int = Field(
@@ -185,7 +187,9 @@ class MultiUserQA(StrictModel):
 
     kind: Literal["multi_user_qa"]
     users: int = Field(
-        default=10_000, ge=1, le=MAX_COUNT,
+        default=10_000,
+        ge=1,
+        le=MAX_COUNT,
         description="Distinct users; sessions cycle through them (user = session % users) unless user_skew > 0.",
     )
     rounds: Distribution = Field(description="Rounds per session (integer), e.g. {dist: uniform, low: 2, high: 11}.")

@@ -72,9 +72,7 @@ class ConversationState:
         self.answers.append(text)
 
 
-def conversation_rng(
-    seed: int, repetition: int, context_tokens: int, index: int, purpose: str
-) -> random.Random:
+def conversation_rng(seed: int, repetition: int, context_tokens: int, index: int, purpose: str) -> random.Random:
     # string seeds are hashed with SHA-512 by random.seed, so they are stable across processes
     return random.Random(f"kvbench:{seed}:{repetition}:{context_tokens}:{index}:{purpose}")
 
@@ -91,9 +89,7 @@ async def build_conversations(
         questions = []
         for turn in range(1, workload.turns + 1):
             q_rng = conversation_rng(seed, repetition, context_tokens, index, f"question-{turn}")
-            questions.append(
-                await fit_to_tokens(tokenizer, f"Question {turn}: ", q_rng, workload.question_tokens)
-            )
+            questions.append(await fit_to_tokens(tokenizer, f"Question {turn}: ", q_rng, workload.question_tokens))
         conversations.append(
             Conversation(
                 repetition=repetition,

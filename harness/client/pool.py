@@ -109,8 +109,12 @@ class ProcessClientPool:
                 process = context.Process(
                     target=_worker_main,
                     args=(
-                        child, self._endpoint, self._timeout_s, self._stall_timeout_s,
-                        self._per_worker_connections, self._use_uvloop,
+                        child,
+                        self._endpoint,
+                        self._timeout_s,
+                        self._stall_timeout_s,
+                        self._per_worker_connections,
+                        self._use_uvloop,
                     ),
                     daemon=True,
                 )
@@ -222,7 +226,11 @@ class ProcessClientPool:
 
 
 def _worker_main(
-    conn: Connection, endpoint: Endpoint, timeout_s: float, stall_timeout_s: float | None, max_connections: int,
+    conn: Connection,
+    endpoint: Endpoint,
+    timeout_s: float,
+    stall_timeout_s: float | None,
+    max_connections: int,
     use_uvloop: bool,
 ) -> None:
     if use_uvloop:

@@ -53,9 +53,7 @@ class OpenAIEngineConfig(ReplicaFields):
 
     kind: Literal["openai"]
     model: str = Field(description="Model name sent in requests (as the server lists it in /v1/models).")
-    base_url: str | None = Field(
-        default=None, description="Endpoint for every arm, e.g. http://127.0.0.1:8000."
-    )
+    base_url: str | None = Field(default=None, description="Endpoint for every arm, e.g. http://127.0.0.1:8000.")
     arm_urls: dict[str, str] = Field(
         default_factory=dict, description="Per-arm endpoints (arm name -> URL); overrides base_url."
     )
@@ -198,7 +196,6 @@ class SglangEngineConfig(ReplicaFields):
     port: int | None = Field(default=None, ge=1, le=65535, description="Default: a free port.")
     startup_timeout_s: float = Field(default=900.0, gt=0)
     stop_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM grace before SIGKILL.")
-
 
 
 TRTLLM_RENDERED_OPTIONS: tuple[str, ...] = (

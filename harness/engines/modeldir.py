@@ -418,9 +418,7 @@ def resolve_model_ref(ref: str) -> Path:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} in {ref!r}; known shapes: {', '.join(shape_names())}")
     digest = hashlib.sha256(
-        (
-            _dump(shape_config(shape)) + f"tokenizer-vocab={TOKENIZER_VOCAB_SIZE} layout={TOKENIZER_LAYOUT}"
-        ).encode()
+        (_dump(shape_config(shape)) + f"tokenizer-vocab={TOKENIZER_VOCAB_SIZE} layout={TOKENIZER_LAYOUT}").encode()
     ).hexdigest()[:12]
     target = model_cache_root() / f"{shape}-{digest}"
     if (target / "config.json").exists():

@@ -260,9 +260,7 @@ class ManagedProcess:
                     preexec_fn=_die_with_parent,
                 )
             except OSError as error:
-                raise EngineStartError(
-                    f"{self.spec.name}: cannot start {self.spec.argv[0]!r}: {error}"
-                ) from None
+                raise EngineStartError(f"{self.spec.name}: cannot start {self.spec.argv[0]!r}: {error}") from None
 
     async def _refuse_busy_ports(self, *, wait_s: float) -> None:
         """EngineStartError if a port the process will listen on is taken (after waiting up to ``wait_s``)."""

@@ -46,9 +46,7 @@ class ReplicaFields(StrictModel):
         description="Engine replicas, each its own process on its own GPUs, port and log (default 1; "
         "parallelism.replicas is an alias).",
     )  # fmt: skip
-    gpus_per_replica: int | None = Field(
-        default=None, ge=1, description="GPUs one replica uses; default tp × pp × dp."
-    )
+    gpus_per_replica: int | None = Field(default=None, ge=1, description="GPUs one replica uses; default tp × pp × dp.")
     gpus: list[int] | None = Field(
         default=None,
         description="GPU ids to hand out: replica i gets gpus[i*g:(i+1)*g] as CUDA_VISIBLE_DEVICES "
@@ -68,15 +66,11 @@ class ReplicaFields(StrictModel):
             )
         per_deployment = self._parallel().tp * self._parallel().pp * self._parallel().dp
         if self.gpus_per_replica is not None and self.gpus_per_replica < per_deployment:
-            raise ValueError(
-                f"gpus_per_replica ({self.gpus_per_replica}) is less than tp × pp × dp ({per_deployment})"
-            )
+            raise ValueError(f"gpus_per_replica ({self.gpus_per_replica}) is less than tp × pp × dp ({per_deployment})")
         if self.gpus is not None:
             want = self.fleet_size * self.replica_gpus
             if len(self.gpus) != want:
-                raise ValueError(
-                    f"gpus lists {len(self.gpus)} ids; replicas × gpus_per_replica = {want}"
-                )
+                raise ValueError(f"gpus lists {len(self.gpus)} ids; replicas × gpus_per_replica = {want}")
             if len(set(self.gpus)) != len(self.gpus) or min(self.gpus) < 0:
                 raise ValueError(f"gpus must be distinct non-negative GPU ids, got {self.gpus}")
         return self

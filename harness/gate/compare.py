@@ -348,11 +348,7 @@ def compare_ttft_cell(
             detail=f"too few requests ({baseline.size} vs {current.size}): the test cannot reach alpha "
             f"{rules.alpha:g} (smallest p {floor:.3g})",
         )  # fmt: skip
-    if (
-        p_worse < rules.alpha
-        and change > rules.ttft_max_increase_pct
-        and c_med - b_med > rules.ttft_min_increase_ms
-    ):
+    if p_worse < rules.alpha and change > rules.ttft_max_increase_pct and c_med - b_med > rules.ttft_min_increase_ms:
         return MetricComparison(
             **values, p_value=p_worse, status="regression",
             detail=f"median {b_med:.3f} → {c_med:.3f} ms (+{change:.1f}% > {rules.ttft_max_increase_pct:g}%), "

@@ -52,10 +52,7 @@ def _gpu_count(engine: Mapping[str, Any]) -> int:
 def _versions(engines: Mapping[str, Any]) -> str:
     """``0.26.0`` or ``0.26.0 + LMCache 0.5.3`` (the versions the engines reported at start-up)."""
     versions = sorted({str(facts.get("version")) for facts in engines.values() if facts.get("version")})
-    lmcache = sorted(
-        {str(facts.get("details", {}).get("lmcache_version")) for facts in engines.values()}
-        - {"None"}
-    )
+    lmcache = sorted({str(facts.get("details", {}).get("lmcache_version")) for facts in engines.values()} - {"None"})
     text = "/".join(versions) or "version unknown"
     if lmcache:
         text += " + LMCache " + "/".join(lmcache)

@@ -139,7 +139,6 @@ class RequestCounts(Frozen):
 
 
 class RunResult(VersionedFile):
-
     FILE_NAME: ClassVar[str] = "summary.json"
     """Everything reports need, aggregated from records.jsonl and engine_metrics.jsonl."""
 

@@ -52,7 +52,10 @@ def build_result(
         warmup_intervals=spec.warmup_intervals,
         totals=totals(intervals),
         verdict=evaluate(
-            intervals, spec, scenario.slo, planned=planned,
+            intervals,
+            spec,
+            scenario.slo,
+            planned=planned,
             drilled_restarts=drilled,
         ),
         faults=faults,

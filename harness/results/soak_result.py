@@ -443,11 +443,7 @@ def check_errors(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionRe
             name="error_rate", status="fail", limit=limit, reason="no request completed in the judged intervals"
         )
     observed = errors / requests
-    broken = [
-        i.index
-        for i in judged
-        if i.requests >= spec.min_interval_requests and (i.error_rate or 0.0) > limit
-    ]
+    broken = [i.index for i in judged if i.requests >= spec.min_interval_requests and (i.error_rate or 0.0) > limit]
     kinds, statuses = _kinds(judged)
     details: dict[str, float | str] = {f"kind:{k}": float(v) for k, v in kinds.items()}
     details.update({f"http:{k}": float(v) for k, v in statuses.items()})

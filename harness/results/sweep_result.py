@@ -170,7 +170,6 @@ class SweepCounts(Frozen):
 
 
 class SweepResult(VersionedFile):
-
     FILE_NAME: ClassVar[str] = "sweep.json"
     """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
 

@@ -26,9 +26,7 @@ EXIT_FAILED = 1
 EXIT_INCONCLUSIVE = 3
 
 VerdictValue = Literal["valid", "failed", "inconclusive"]
-GateName = Literal[
-    "no_success", "error_rate", "no_offload_hits", "reset_missed", "off_arm_hits", "engine_restarted"
-]
+GateName = Literal["no_success", "error_rate", "no_offload_hits", "reset_missed", "off_arm_hits", "engine_restarted"]
 FAILING_GATES: frozenset[str] = frozenset({"no_success", "error_rate"})
 """Gates that make the run ``failed``; the others make it ``inconclusive``."""
 

@@ -31,6 +31,7 @@ from harness.engines.fleet import Fleet, RunningFleet
 from harness.scenario.spec import Arm
 from harness.store.events import ReplicaCounters
 from harness.store.manifest import Manifest
+from kvbench.schema import VersionedFile
 
 if TYPE_CHECKING:
     from .spine import Runner
@@ -64,7 +65,10 @@ def _counters(page: str | None) -> dict[str, float] | None:
 
 @contextlib.asynccontextmanager
 async def open_fleet(
-    runner: Runner, arm: Arm, context: LaunchContext, manifest: Manifest  # type: ignore[type-arg]
+    runner: Runner[VersionedFile],
+    arm: Arm,
+    context: LaunchContext,
+    manifest: Manifest,
 ) -> AsyncIterator[tuple[RunningFleet, FleetClient]]:
     scenario = runner.scenario
     engine, routing = scenario.engine, arm.routing or scenario.routing

@@ -59,8 +59,6 @@ def interval_hit_rate(before: MetricsSnapshot, after: MetricsSnapshot) -> float 
     return min(hits / prompt, 1.0)
 
 
-
-
 class MetricsTracker:
     """Scrapes /metrics at each interval boundary and turns two scrapes into a :class:`MetricsReading`."""
 

@@ -320,13 +320,15 @@ class Runner(ABC, Generic[ResultT]):
         )
         self.progress.describe(f"{arm.name}: starting {self.scenario.engine.kind} engine")
         if fleet_size(self.scenario.engine) > 1:
-            async with open_fleet(self, arm, context, manifest) as (fleet, client):
+            async with open_fleet(self, arm, context, manifest) as (fleet, client):  # type: ignore[arg-type]
                 yield ArmSession(self, arm, fleet.first, client, writer, block=block, fleet=fleet)  # type: ignore[arg-type]
             return
         async with create_engine(self.scenario.engine, context) as engine:
             manifest.record_engine(arm.name, engine.facts)
             async with OpenAIClient(
-                engine.endpoint, timeout_s=self.request_timeout_s(), read_timeout_s=self.stall_timeout_s(),
+                engine.endpoint,
+                timeout_s=self.request_timeout_s(),
+                read_timeout_s=self.stall_timeout_s(),
                 max_connections=self.connections(),
             ) as client:
                 yield ArmSession(self, arm, engine, client, writer, block=block)  # type: ignore[arg-type]

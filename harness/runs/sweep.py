@@ -176,5 +176,3 @@ def _point_done(
 async def _scrape_after(session: ArmSession, delay_s: float) -> str | None:
     await asyncio.sleep(delay_s)
     return await session.scrape()
-
-

@@ -221,9 +221,7 @@ class SoakSpec(StrictModel):
             raise ValueError(f"interval ({self.interval:g} s) is longer than the window ({self.window:g} s)")
         for index, fault in enumerate(self.faults):
             if fault.at >= self.window:
-                raise ValueError(
-                    f"faults[{index}].at ({fault.at:g} s) is not inside the window ({self.window:g} s)"
-                )
+                raise ValueError(f"faults[{index}].at ({fault.at:g} s) is not inside the window ({self.window:g} s)")
         return self
 
 
@@ -501,11 +499,7 @@ def format_validation_error(source: str, error: ValidationError) -> str:
         elif item["type"] == "missing":
             message = "required field is missing"
         got = item.get("input")
-        suffix = (
-            ""
-            if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict)
-            else f" (got {got!r})"
-        )
+        suffix = "" if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"  - {path}: {message}{suffix}")
     return "\n".join(lines)
 

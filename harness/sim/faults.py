@@ -108,9 +108,7 @@ def parse_faults(data: object, source: str) -> list[Fault]:
     try:
         return _FAULTS.validate_python(data)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors())
         kinds = "latency_spike, http_error, drop_stream, slow_tier, full_tier"
         raise ValueError(f"{source}: invalid faults ({problems}); fault kinds: {kinds}") from None
 
@@ -152,9 +150,7 @@ class TierLike(Protocol):
 class FaultInjector:
     """Decides, per request and per tier, which faults apply; counts what it injected."""
 
-    def __init__(
-        self, faults: Sequence[Fault], *, seed: int = 0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, faults: Sequence[Fault], *, seed: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         self.faults = list(faults)
         self._rng = random.Random(f"kvbench-sim-faults:{seed}")
         self._clock = clock

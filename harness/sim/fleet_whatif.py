@@ -206,7 +206,7 @@ def simulate(
                     user.index, user.turn, arrival, request.first_token_at - arrival, replica,
                     moved, request.prompt_tokens, event.usage.cached_tokens,
                 ))  # fmt: skip
-            user.history = request.tokens[len(documents[user.index]):]
+            user.history = request.tokens[len(documents[user.index]) :]
             push(clock + rng.expovariate(1.0 / user.think_s), "arrive", user.index)
 
         request = SimRequest(f"u{user.index}-c{user.conversation}-t{user.turn}", prompt, traffic.answer_tokens, sink)

@@ -102,7 +102,8 @@ class SimCollector(Collector):
                                  labels=[*LABELS, "tier"]), "evictions"),
         )  # fmt: skip
         hits = CounterMetricFamily(
-            "kvbench_sim:tier_hit_tokens", "Prompt tokens loaded from an offload tier (by tier kind).",
+            "kvbench_sim:tier_hit_tokens",
+            "Prompt tokens loaded from an offload tier (by tier kind).",
             labels=[*LABELS, "tier"],
         )
         for tier in core.tiers.tiers:

@@ -42,9 +42,7 @@ def now_iso() -> str:
 
 def _run_quiet(argv: list[str], cwd: Path | None = None) -> str | None:
     try:
-        done = subprocess.run(
-            argv, cwd=cwd, capture_output=True, text=True, timeout=10, check=False
-        )
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -110,9 +108,7 @@ class Manifest:
                 "attempts": [],
             }
         data["host"] = host_facts()
-        data["attempts"].append(
-            {"attempt": attempt, "started_at": now_iso(), "ended_at": None, "status": "running"}
-        )
+        data["attempts"].append({"attempt": attempt, "started_at": now_iso(), "ended_at": None, "status": "running"})
         manifest = cls(path, data)
         manifest.save()
         return manifest

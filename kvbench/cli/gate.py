@@ -18,7 +18,8 @@ def compare(
     threshold: Annotated[
         list[str] | None,
         typer.Option(
-            "--threshold", "-t",
+            "--threshold",
+            "-t",
             help="Override a rule: alpha=, ttft= (max % median increase), ttft_ms=, error_rate=, hit_rate=.",
         ),
     ] = None,

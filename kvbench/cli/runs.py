@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 
 
 def launch_kind(
-    kind: RunKind, scenario: str | None, *, output_dir: Path | None, resume: Path | None,
+    kind: RunKind,
+    scenario: str | None,
+    *,
+    output_dir: Path | None,
+    resume: Path | None,
     overrides: SoakOverrides | None = None,
 ) -> RunDir:
     """Start (or resume) a run of ``kind`` through the one spine, then write every report of it."""
@@ -42,7 +46,12 @@ def launch_kind(
         loaded, source = load_scenario(scenario) if scenario is not None else (None, None)
         with RichProgress(console) as progress:
             run_dir, result = launch(
-                kind, loaded, source=source, output_dir=output_dir, resume=resume, progress=progress,
+                kind,
+                loaded,
+                source=source,
+                output_dir=output_dir,
+                resume=resume,
+                progress=progress,
                 overrides=overrides,
             )
         write_outputs(run_dir, console)
@@ -63,9 +72,7 @@ def run(
         Path | None,
         typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
     ] = None,
-    resume: Annotated[
-        Path | None, typer.Option("--resume", help="Continue an interrupted run directory.")
-    ] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
 ) -> None:
     """Run a scenario: every arm, the workload, then the t1/t2 TTFT table."""
     run_dir = launch_kind("probe", scenario, output_dir=output_dir, resume=resume)

@@ -308,6 +308,8 @@ def validate(
         + ("within" if result.passed else "BEYOND")
     )
     raise typer.Exit(0 if result.passed else 1)
+
+
 @sim_app.command("fleet-whatif")
 def fleet_whatif(
     replicas: Annotated[int, typer.Option(min=1, help="Replicas (1 GPU each).")] = 32,

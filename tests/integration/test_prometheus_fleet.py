@@ -145,9 +145,7 @@ async def _check(prometheus_url: str, replicas: list[str]) -> None:
         assert read[1].get(tag, 0.0) == direct[1][tag], tag
 
 
-def test_a_fleet_run_stores_counters_read_from_prometheus(
-    tmp_path: Path, prometheus: str, replicas: list[str]
-) -> None:
+def test_a_fleet_run_stores_counters_read_from_prometheus(tmp_path: Path, prometheus: str, replicas: list[str]) -> None:
     """End to end: an attached fleet of 2 (kvbench routes) with a prometheus: section."""
     from harness.runs.probe import ProbeRunner
     from harness.runs.spine import run_sync

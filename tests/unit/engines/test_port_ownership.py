@@ -94,9 +94,7 @@ def _silent_process(tmp_path: Path, health_port: int, *, launch_token: bool) -> 
     )
 
 
-async def test_a_health_answer_from_a_socket_the_engine_does_not_hold_is_refused(
-    decoy: int, tmp_path: Path
-) -> None:
+async def test_a_health_answer_from_a_socket_the_engine_does_not_hold_is_refused(decoy: int, tmp_path: Path) -> None:
     process = _silent_process(tmp_path, decoy, launch_token=False)
     with pytest.raises(EngineStartError, match=rf"port {decoy} is held by pid \d+ .*not by the process kvbench"):
         async with process:

@@ -66,12 +66,18 @@ def test_openai_fleet_endpoints() -> None:
     assert config.replica_config(1).base_url == "http://b:1"
     assert config.metrics_url(0) == "http://a:2/metrics" and config.metrics_url(1) is None
     behind_router = OpenAIEngineConfig.model_validate(
-        {"kind": "openai", "model": "m", "base_url": "http://router",
-         "endpoints": [{"metrics_url": "http://a/metrics"}] * 2}
+        {
+            "kind": "openai",
+            "model": "m",
+            "base_url": "http://router",
+            "endpoints": [{"metrics_url": "http://a/metrics"}] * 2,
+        }
     )
     assert behind_router.fleet_size == 2 and not behind_router.routed_by_kvbench
     with pytest.raises(ValidationError, match="need base_url"):
-        OpenAIEngineConfig.model_validate({"kind": "openai", "model": "m", "endpoints": [{"metrics_url": "http://a/metrics"}]})
+        OpenAIEngineConfig.model_validate(
+            {"kind": "openai", "model": "m", "endpoints": [{"metrics_url": "http://a/metrics"}]}
+        )
     with pytest.raises(ValidationError, match="endpoints"):
         OpenAIEngineConfig(kind="openai", model="m", base_url="http://x", replicas=2)
 

@@ -230,9 +230,7 @@ def test_junit_xml_counts_and_cli_exit_codes(tmp_path: Path) -> None:
     junit = tmp_path / "out" / "gate.xml"
     summary = tmp_path / "out" / "gate.md"
     runner = CliRunner()
-    result = runner.invoke(
-        app, ["compare", str(base), str(current), "--junit", str(junit), "--markdown", str(summary)]
-    )
+    result = runner.invoke(app, ["compare", str(base), str(current), "--junit", str(junit), "--markdown", str(summary)])
     assert result.exit_code == 1, result.output
     assert "REGRESSION" in result.output
     suite = ET.parse(junit).getroot().find("testsuite")

@@ -50,7 +50,9 @@ def record(arm: str, ctx: int, conv: int, turn: int, *, ok: bool = True, kind: s
 def records(failed: dict[tuple[str, int, int, int], str] | None = None) -> list[RequestRecord]:
     failed = failed or {}
     return [
-        record(arm, ctx, conv, turn, ok=(arm, ctx, conv, turn) not in failed, kind=failed.get((arm, ctx, conv, turn), ""))  # noqa: E501
+        record(
+            arm, ctx, conv, turn, ok=(arm, ctx, conv, turn) not in failed, kind=failed.get((arm, ctx, conv, turn), "")
+        )
         for arm in ("OFF", "ON")
         for ctx in CONTEXTS
         for conv in range(4)

@@ -54,5 +54,8 @@ def test_bundled_fleet_scenario_is_a_fleet() -> None:
     scenario = parse_scenario(data, "fleet.yaml")
     assert scenario.engine.fleet_size == 2
     assert [(arm.routing or scenario.routing).policy for arm in scenario.arms] == [
-        "round_robin", "round_robin", "session_affinity", "random"
+        "round_robin",
+        "round_robin",
+        "session_affinity",
+        "random",
     ]

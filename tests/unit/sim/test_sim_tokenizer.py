@@ -85,10 +85,7 @@ def test_about_one_token_per_english_word() -> None:
 
 def test_ids_are_identical_in_another_process() -> None:
     text = " ".join(SAMPLES[1:8])
-    script = (
-        "import json, sys; from harness.sim.tokenizer import encode; "
-        "print(json.dumps(encode(sys.stdin.read())))"
-    )
+    script = "import json, sys; from harness.sim.tokenizer import encode; print(json.dumps(encode(sys.stdin.read())))"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     done = subprocess.run(
         [sys.executable, "-c", script], input=text, capture_output=True, text=True, env=env, check=True, timeout=60
