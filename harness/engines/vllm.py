@@ -83,6 +83,12 @@ import json, importlib.metadata as md
 out = {}
 import vllm
 out["vllm"] = vllm.__version__
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+except ImportError:
+    pass
 if WITH_LMCACHE:
     try:
         out["lmcache"] = md.version("lmcache")
@@ -135,6 +141,9 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
     return (*head, *args, *plan.args, *config.extra_args)
 
 
+SYMM_MEM_ALLREDUCE_ENV = "VLLM_ALLREDUCE_USE_SYMM_MEM"
+
+
 def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, str]:
     """What kvbench adds to the inherited environment (config.env wins over kvbench's defaults)."""
     env: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
@@ -148,6 +157,10 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     if plan.uses_lmcache:
         env["LMCACHE_DISABLE_BANNER"] = "1"
+    if config.parallelism.tp * config.parallelism.pp > 1 and SYMM_MEM_ALLREDUCE_ENV not in os.environ:
+        # vLLM's symmetric-memory all-reduce needs NVLink multicast, which the multi-GPU hosts keep off
+        # (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1): use NCCL's all-reduce instead
+        env[SYMM_MEM_ALLREDUCE_ENV] = "0"
     env.update(plan.env)
     env.update(config.env)
     return env
@@ -303,6 +316,9 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         }
         if versions.get("lmcache"):
             details["lmcache_version"] = str(versions["lmcache"])
+        for package in ("torch", "cuda"):
+            if versions.get(package):
+                details[f"{package}_version"] = str(versions[package])
         for index, server in enumerate(sidecars):
             details[f"lmcache_server_command{'' if index == 0 else f'_{index}'}"] = " ".join(server.redacted_argv)
         for file in plan.files:

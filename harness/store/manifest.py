@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,16 +55,34 @@ def git_sha(start: Path) -> str | None:
     return _run_quiet(["git", "rev-parse", "HEAD"], cwd=start if start.is_dir() else start.parent)
 
 
+GPU_ENV_PREFIXES = ("NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_", "VLLM_ALLREDUCE_", "CUDA_VISIBLE_DEVICES")
+"""Environment variables that decide how engines use the GPUs and their links (recorded as in force)."""
+
+
 def gpu_facts() -> list[dict[str, str]]:
+    """Every GPU ``nvidia-smi`` lists: name, driver, memory, UUID (empty without nvidia-smi)."""
     if shutil.which("nvidia-smi") is None:
         return []
-    out = _run_quiet(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    out = _run_quiet(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,uuid", "--format=csv,noheader"])
     gpus = []
     for line in (out or "").splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2]})
+        if len(parts) == 4:
+            gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2], "uuid": parts[3]})
     return gpus
+
+
+def gpu_topology() -> str | None:
+    """``nvidia-smi topo -m``: how the GPUs, NICs and CPUs are linked (None without nvidia-smi)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    return _run_quiet(["nvidia-smi", "topo", "-m"])
+
+
+def gpu_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The GPU-related variables in force for every engine kvbench starts (they inherit this environment)."""
+    source = os.environ if environ is None else environ
+    return {name: value for name, value in sorted(source.items()) if name.startswith(GPU_ENV_PREFIXES)}
 
 
 def host_facts() -> dict[str, Any]:
@@ -80,6 +99,8 @@ def host_facts() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_bytes": memory_bytes,
         "gpus": gpu_facts(),
+        "gpu_topology": gpu_topology(),
+        "gpu_environment": gpu_environment(),
     }
 
 

@@ -23,6 +23,7 @@ from harness.engines.configs import VllmEngineConfig
 from harness.engines.kinds import create_engine, engine_kinds
 from harness.engines.vllm import (
     PYTHON_ENV_VAR,
+    SYMM_MEM_ALLREDUCE_ENV,
     EngineRequestError,
     VllmEngine,
     build_vllm_argv,
@@ -537,3 +538,21 @@ async def test_python_without_vllm_fails_before_start(tmp_path: Path, monkeypatc
         await probe_versions(sys.executable, with_lmcache=False)
     with pytest.raises(EngineStartError, match="cannot run"):
         await probe_versions(str(tmp_path / "no-such-python"), with_lmcache=False)
+
+
+def test_tensor_parallel_turns_off_the_multicast_all_reduce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SYMM_MEM_ALLREDUCE_ENV, raising=False)
+    one = vllm_config()
+    plan = render_vllm_launch(BUILTIN_PROFILES["off"], one, True, tmp_path)
+    assert SYMM_MEM_ALLREDUCE_ENV not in build_vllm_env(one, plan)
+    four = vllm_config(parallelism={"tp": 4})
+    assert build_vllm_env(four, plan)[SYMM_MEM_ALLREDUCE_ENV] == "0"
+    # a value the user set (in the scenario or the environment kvbench inherits) is left alone
+    assert (
+        build_vllm_env(vllm_config(parallelism={"tp": 4}, env={SYMM_MEM_ALLREDUCE_ENV: "1"}), plan)[
+            SYMM_MEM_ALLREDUCE_ENV
+        ]
+        == "1"
+    )
+    monkeypatch.setenv(SYMM_MEM_ALLREDUCE_ENV, "1")
+    assert SYMM_MEM_ALLREDUCE_ENV not in build_vllm_env(four, plan)
