@@ -59,37 +59,35 @@ class HtmlReportError(KvbenchError):
 # --------------------------------------------------------------------------------------------
 
 
+class _Measured:
+    """What a stored run says about where its figures came from (its manifest's provenance)."""
+
+    manifest: dict[str, Any]
+
+    @property
+    def provenance(self) -> Provenance:
+        return provenance(self.manifest)
+
+    @property
+    def origin(self) -> str:
+        return self.provenance.label
+
+
 @dataclass(frozen=True)
-class ProbeSource:
+class ProbeSource(_Measured):
     path: Path
     result: RunResult
     manifest: dict[str, Any]
     scenario: Scenario | None
 
-    @property
-    def provenance(self) -> Provenance:
-        return provenance(self.manifest)
-
-    @property
-    def origin(self) -> str:
-        return self.provenance.label
-
 
 @dataclass(frozen=True)
-class SoakSource:
+class SoakSource(_Measured):
     path: Path
     result: SoakResult
     intervals: list[IntervalStats]
     manifest: dict[str, Any]
     scenario: Scenario | None
-
-    @property
-    def provenance(self) -> Provenance:
-        return provenance(self.manifest)
-
-    @property
-    def origin(self) -> str:
-        return self.provenance.label
 
 
 @dataclass
