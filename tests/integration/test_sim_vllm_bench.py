@@ -72,7 +72,9 @@ def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _vllm_bench(python: str, url: str, tmp: Path, backend: str, endpoint: str) -> dict[str, float]:
-    tokenizer = synthesize_model_dir(MODEL, tmp / "model")
+    # the tokenizer only makes vllm bench's random prompts: the tiny shape's trained vocabulary (no filler
+    # entries, which a Llama-sized vocab pads with and which re-tokenize into several word tokens)
+    tokenizer = synthesize_model_dir("tiny", tmp / "model")
     command = [
         python, "-c", BENCH, "--backend", backend, "--endpoint", endpoint, "--base-url", url,
         "--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random",
