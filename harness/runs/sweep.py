@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -164,13 +165,8 @@ def _point_done(
             metrics = cache_counter_deltas(before, after)
         except ValueError as error:
             log.warning("unparseable /metrics page (%s); no cache statistics for this point", error)
-    return PointDone(
-        arm=arm, point=index, load=value, attempt=attempt, start_ns=window.start_ns,
-        window_start_ns=window.window_start_ns, window_end_ns=window.window_end_ns, end_ns=window.end_ns,
-        sent=window.sent, measured=window.measured, errors=window.errors, sessions=window.sessions,
-        max_in_flight=window.max_in_flight, late_arrivals=window.late_arrivals, cancelled=window.cancelled,
-        metrics=metrics,
-    )  # fmt: skip
+    # the event stores the window as run_load reported it (PointDone's fields are LoadWindow's)
+    return PointDone(arm=arm, point=index, load=value, attempt=attempt, metrics=metrics, **dataclasses.asdict(window))
 
 
 async def _scrape_after(session: ArmSession, delay_s: float) -> str | None:
