@@ -129,6 +129,11 @@ class VllmEngineConfig(ReplicaFields):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
         default=None, description="--dtype; default: vLLM's (the model's torch_dtype)."
     )
+    quantization: Literal["fp8"] | None = Field(
+        default=None,
+        description="--quantization: 'fp8' quantizes the weights to FP8 when loading (activations dynamic); "
+        "the KV cache keeps --dtype.",
+    )
     max_model_len: int | None = Field(default=None, ge=16, description="--max-model-len.")
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="--gpu-memory-utilization.")
     load_format: str | None = Field(default=None, description="--load-format, e.g. 'dummy' (random weights).")

@@ -119,6 +119,8 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
     ]
     if config.dtype is not None:
         args += ["--dtype", config.dtype]
+    if config.quantization is not None:
+        args += ["--quantization", config.quantization]
     if config.max_model_len is not None:
         args += ["--max-model-len", str(config.max_model_len)]
     if config.gpu_memory_utilization is not None and config.device == "cuda":
@@ -142,6 +144,7 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
 
 
 SYMM_MEM_ALLREDUCE_ENV = "VLLM_ALLREDUCE_USE_SYMM_MEM"
+HASH_SEED_ENV = "PYTHONHASHSEED"
 
 
 def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, str]:
@@ -157,6 +160,11 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     if plan.uses_lmcache:
         env["LMCACHE_DISABLE_BANNER"] = "1"
+        if HASH_SEED_ENV not in os.environ:
+            # LMCache keys chunks with Python's hash() unless vLLM lends it a hash: at TP > 1 the
+            # scheduler (lookups) and each TP worker (stores) are separate processes, and with
+            # randomised seeds their keys never match -- every turn 2 misses (seen on 4x H200)
+            env[HASH_SEED_ENV] = "0"
     if config.parallelism.tp * config.parallelism.pp > 1 and SYMM_MEM_ALLREDUCE_ENV not in os.environ:
         # vLLM's symmetric-memory all-reduce needs NVLink multicast, which the multi-GPU hosts keep off
         # (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1): use NCCL's all-reduce instead

@@ -10,7 +10,8 @@ Backends (``profile.backend``; ``auto`` picks ``lmcache-mp`` on device ``cpu`` a
 
 * ``lmcache``: LMCache inside the vLLM process, ``--kv-transfer-config`` with
   ``LMCacheConnectorV1`` and an LMCache YAML (``LMCACHE_CONFIG_FILE``): ``chunk_size``,
-  ``local_cpu``/``max_local_cpu_size`` (cpu tier), ``local_disk``/``max_local_disk_size`` (disk
+  ``local_cpu``/``max_local_cpu_size`` (cpu tier; each of the tp x pp ranks gets capacity / ranks,
+  since every rank keeps its own buffer of its KV shard), ``local_disk``/``max_local_disk_size`` (disk
   tier), ``remote_url`` (shared tier served by a cache server), ``save_unfull_chunk``.
   ``PROMETHEUS_MULTIPROC_DIR`` points at a fresh directory so LMCache's metrics reach vLLM's
   ``/metrics``. CUDA only (the in-process connector does not run on vLLM-CPU).
@@ -224,7 +225,7 @@ def render_vllm_launch(
     if backend == "native":
         return _render_native(args, tiers["cpu"])
     if backend == "lmcache":
-        return _render_lmcache(args, profile, tiers, workdir)
+        return _render_lmcache(args, profile, tiers, workdir, ranks=config.parallelism.tp * config.parallelism.pp)
     if port_factory is None:
         from .process import free_port
 
@@ -243,12 +244,15 @@ def _render_native(args: list[str], cpu: OffloadTier) -> VllmLaunchPlan:
 
 
 def _render_lmcache(
-    args: list[str], profile: OffloadProfile, tiers: Mapping[str, OffloadTier], workdir: Path
+    args: list[str], profile: OffloadProfile, tiers: Mapping[str, OffloadTier], workdir: Path, *, ranks: int
 ) -> VllmLaunchPlan:
+    # every TP/PP rank runs its own LMCache engine with its own CPU buffer of max_local_cpu_size GB,
+    # holding its shard of each chunk: split the profile's tier (the whole deployment's) between them
+    cpu_gb = tiers["cpu"].capacity_gb
     config: dict[str, object] = {
         "chunk_size": profile.chunk_tokens,
         "local_cpu": True,
-        "max_local_cpu_size": tiers["cpu"].capacity_gb,
+        "max_local_cpu_size": cpu_gb / ranks if ranks > 1 else cpu_gb,
         "save_unfull_chunk": True,
     }
     dirs: list[Path] = []
@@ -268,6 +272,8 @@ def _render_lmcache(
     transfer = {"kv_connector": LMCACHE_CONNECTOR, "kv_role": "kv_both"}
     args += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
     notes = []
+    if ranks > 1:
+        notes.append(f"cpu tier {cpu_gb:g} GB over {ranks} ranks: max_local_cpu_size {cpu_gb / ranks:g} GB per rank")
     if shared is not None:
         notes.append(f"shared tier served by {shared.remote_url}; its capacity_gb is the server's to enforce")
     return VllmLaunchPlan(

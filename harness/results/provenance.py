@@ -69,6 +69,8 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
     count = _gpu_count(engine)
     model = str(engine.get("model", "?"))
     dtype = engine.get("dtype")
+    if engine.get("quantization"):  # FP8 weights and BF16 weights are different setups to compare
+        dtype = f"{dtype or 'auto'}, {engine['quantization']} weights"
     if row.simulated:
         hardware = str(engine.get("hardware", "?"))
         calibration = engine.get("calibration")

@@ -30,30 +30,42 @@ from .trace import TraceRunner, load_replayed_trace
 
 
 @dataclass(frozen=True)
-class SoakOverrides:
-    """``kvbench soak`` flags that override the scenario's soak section (a new window only)."""
+class LaunchOverrides:
+    """Command-line choices beside the scenario: ``kvbench soak``'s window flags (a new window only) and
+    its ``--arm``; ``kvbench run``/``sweep``'s ``--arm`` (repeatable: only these arms run now, the
+    others stay pending for ``--resume``)."""
 
     window_s: float | None = None
     interval_s: float | None = None
     load: float | None = None
     arm: str | None = None
+    arms: tuple[str, ...] = ()
 
     @property
     def changes_window(self) -> bool:
         return self.window_s is not None or self.interval_s is not None or self.load is not None
 
 
-def _probe_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+def _check_arms(scenario: Scenario, source: str, overrides: LaunchOverrides) -> None:
+    names = [arm.name for arm in scenario.arms]
+    unknown = [name for name in overrides.arms if name not in names]
+    if unknown:
+        raise KvbenchError(f"{source}: --arm {', '.join(unknown)}: no such arm (arms: {', '.join(names)})")
+
+
+def _probe_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides) -> Scenario:
     _ = scenario.probe_workload  # a clear error before anything starts
+    _check_arms(scenario, source, overrides)
     return scenario
 
 
-def _sweep_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+def _sweep_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides) -> Scenario:
     _ = scenario.load_workload
+    _check_arms(scenario, source, overrides)
     return scenario
 
 
-def _soak_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+def _soak_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides) -> Scenario:
     effective = soak_scenario(
         scenario, window_s=overrides.window_s, interval_s=overrides.interval_s, load=overrides.load, source=source
     )
@@ -61,36 +73,36 @@ def _soak_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) ->
     return effective
 
 
-def _replay_scenario(scenario: Scenario, source: str, overrides: SoakOverrides) -> Scenario:
+def _replay_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides) -> Scenario:
     load_replayed_trace(scenario.trace_workload)  # a bad trace fails before a directory is created
     return scenario
 
 
 def _probe_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
-                  overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
-    return ProbeRunner(scenario, run_dir, source=source, progress=progress)  # type: ignore[return-value]
+                  overrides: LaunchOverrides) -> Runner[VersionedFile]:  # fmt: skip
+    return ProbeRunner(scenario, run_dir, source=source, progress=progress, only_arms=overrides.arms)  # type: ignore[return-value]
 
 
 def _sweep_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
-                  overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
-    return SweepRunner(scenario, run_dir, source=source, progress=progress)  # type: ignore[return-value]
+                  overrides: LaunchOverrides) -> Runner[VersionedFile]:  # fmt: skip
+    return SweepRunner(scenario, run_dir, source=source, progress=progress, only_arms=overrides.arms)  # type: ignore[return-value]
 
 
 def _soak_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
-                 overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
+                 overrides: LaunchOverrides) -> Runner[VersionedFile]:  # fmt: skip
     return SoakRunner(scenario, run_dir, arm=overrides.arm, source=source, progress=progress)  # type: ignore[return-value]
 
 
 def _replay_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
-                   overrides: SoakOverrides) -> Runner[VersionedFile]:  # fmt: skip
+                   overrides: LaunchOverrides) -> Runner[VersionedFile]:  # fmt: skip
     return TraceRunner(scenario, run_dir, source=source, progress=progress)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class RunKindSpec:
     kind: RunKind
-    check: Callable[[Scenario, str, SoakOverrides], Scenario]
-    runner: Callable[[Scenario, RunDir, Path | None, RunProgress | None, SoakOverrides], Runner[VersionedFile]]
+    check: Callable[[Scenario, str, LaunchOverrides], Scenario]
+    runner: Callable[[Scenario, RunDir, Path | None, RunProgress | None, LaunchOverrides], Runner[VersionedFile]]
     summarize: Callable[[RunDir], VersionedFile]
 
 
@@ -110,11 +122,11 @@ def launch(
     output_dir: Path | None = None,
     resume: Path | None = None,
     progress: RunProgress | None = None,
-    overrides: SoakOverrides | None = None,
+    overrides: LaunchOverrides | None = None,
 ) -> tuple[RunDir, VersionedFile]:
     """Start a new run of ``kind`` from ``scenario``, or resume the run directory ``resume``."""
     spec = RUN_KINDS[kind]
-    overrides = overrides or SoakOverrides()
+    overrides = overrides or LaunchOverrides()
     if resume is not None:
         if scenario is not None:
             raise KvbenchError("give either a scenario or --resume RUN_DIR, not both")

@@ -51,7 +51,7 @@ class ProbeRunner(Runner[RunResult]):
         ]
 
     def arms_with_work(self) -> list[Arm]:
-        return [arm for arm in self.scenario.arms if self._groups(arm)]
+        return [arm for arm in self.selected_arms() if self._groups(arm)]
 
     def blocks(self) -> list[tuple[int | None, list[Arm]]]:
         """``arm_order: interleaved``: block r is repetition r, arms in order for even r and reversed for
@@ -59,7 +59,7 @@ class ProbeRunner(Runner[RunResult]):
         Resume keeps the same blocks and skips the finished groups in them."""
         if self.scenario.arm_order == "sequential":
             return super().blocks()
-        arms = list(self.scenario.arms)
+        arms = self.selected_arms()
         out: list[tuple[int | None, list[Arm]]] = []
         for repetition in range(self.scenario.repetitions):
             ordered = arms if repetition % 2 == 0 else arms[::-1]
@@ -70,7 +70,7 @@ class ProbeRunner(Runner[RunResult]):
 
     def work(self) -> tuple[int, int]:
         per_group = self.workload.conversations * self.workload.turns
-        pending = sum(len(self._groups(arm)) for arm in self.scenario.arms)
+        pending = sum(len(self._groups(arm)) for arm in self.selected_arms())
         return pending * per_group, 0
 
     def prefix_caching(self, arm: Arm) -> bool:

@@ -255,12 +255,19 @@ class Runner(ABC, Generic[ResultT]):
         *,
         source: Path | None = None,
         progress: RunProgress | None = None,
+        only_arms: Sequence[str] = (),
     ) -> None:
         self.scenario = scenario
         self.run_dir = run_dir
         self.source = source
         self.progress: RunProgress = progress or NoProgress()
         self.attempt = run_dir.next_attempt()
+        self.only_arms = frozenset(only_arms)
+
+    def selected_arms(self) -> list[Arm]:
+        """The scenario's arms this invocation may run (``--arm``; default all). The others keep their
+        pending work for a later ``--resume``, which is how a time-limited GPU session runs one arm per call."""
+        return [arm for arm in self.scenario.arms if not self.only_arms or arm.name in self.only_arms]
 
     # -- what differs per kind ------------------------------------------------------------------
     @abstractmethod

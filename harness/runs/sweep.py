@@ -65,11 +65,13 @@ class SweepRunner(Runner[SweepResult]):
 
     def arms_with_work(self) -> list[Arm]:
         plan = self.pending()
-        return [arm for arm in self.scenario.arms if plan[arm.name]]
+        return [arm for arm in self.selected_arms() if plan[arm.name]]
 
     def work(self) -> tuple[int, int]:
-        total = len(self.scenario.arms) * len(self.spec.values)
-        return total, total - sum(len(points) for points in self.pending().values())
+        arms = self.selected_arms()
+        plan = self.pending()
+        total = len(arms) * len(self.spec.values)
+        return total, total - sum(len(plan[arm.name]) for arm in arms)
 
     def connections(self) -> int:
         if self.spec.mode == "concurrency":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -72,11 +73,16 @@ def gpu_facts() -> list[dict[str, str]]:
     return gpus
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def gpu_topology() -> str | None:
     """``nvidia-smi topo -m``: how the GPUs, NICs and CPUs are linked (None without nvidia-smi)."""
     if shutil.which("nvidia-smi") is None:
         return None
-    return _run_quiet(["nvidia-smi", "topo", "-m"])
+    text = _run_quiet(["nvidia-smi", "topo", "-m"])
+    # nvidia-smi underlines the header with terminal escapes even into a pipe; the manifest keeps text
+    return None if text is None else _ANSI_ESCAPE.sub("", text)
 
 
 def gpu_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:

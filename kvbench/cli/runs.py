@@ -19,8 +19,14 @@ from .console import console, fail, os_error, verdict_exit
 
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
-    from harness.runs.kinds import SoakOverrides
+    from harness.runs.kinds import LaunchOverrides
     from harness.store.rundir import RunDir, RunKind
+
+
+ONLY_ARMS = typer.Option(
+    "--arm",
+    help="Run only this arm now (repeatable); the others stay pending, and --resume RUN_DIR runs them later.",
+)
 
 
 def launch_kind(
@@ -29,7 +35,7 @@ def launch_kind(
     *,
     output_dir: Path | None,
     resume: Path | None,
-    overrides: SoakOverrides | None = None,
+    overrides: LaunchOverrides | None = None,
 ) -> RunDir:
     """Start (or resume) a run of ``kind`` through the one spine, then write every report of it."""
     from harness.results.verdict import outcome_of_result
@@ -73,9 +79,13 @@ def run(
         typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
     ] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
+    arms: Annotated[list[str] | None, ONLY_ARMS] = None,
 ) -> None:
     """Run a scenario: every arm, the workload, then the t1/t2 TTFT table."""
-    run_dir = launch_kind("probe", scenario, output_dir=output_dir, resume=resume)
+    from harness.runs.kinds import LaunchOverrides
+
+    overrides = LaunchOverrides(arms=tuple(arms or ()))
+    run_dir = launch_kind("probe", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
     path = console_text(run_dir.path)
     console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
 
@@ -92,6 +102,7 @@ def sweep(
     report_only: Annotated[
         Path | None, typer.Option("--report", help="Only rebuild sweep.json and the curves of a sweep run directory.")
     ] = None,
+    arms: Annotated[list[str] | None, ONLY_ARMS] = None,
 ) -> None:
     """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved."""
     if report_only is not None:
@@ -99,7 +110,10 @@ def sweep(
             raise fail("give exactly one of: a scenario, --resume RUN_DIR, --report RUN_DIR")
         report(run_dirs=[report_only])
         return
-    run_dir = launch_kind("sweep", scenario, output_dir=output_dir, resume=resume)
+    from harness.runs.kinds import LaunchOverrides
+
+    overrides = LaunchOverrides(arms=tuple(arms or ()))
+    run_dir = launch_kind("sweep", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
     path = console_text(run_dir.path)
     console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
 
@@ -120,7 +134,7 @@ def soak(
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted window.")] = None,
 ) -> None:
     """Stability window: the workload at its target load; per-interval stats and a PASS/FAIL verdict."""
-    from harness.runs.kinds import SoakOverrides
+    from harness.runs.kinds import LaunchOverrides
     from harness.scenario.spec import parse_duration
 
     try:
@@ -128,7 +142,7 @@ def soak(
         interval_s = parse_duration(interval) if interval is not None else None
     except ValueError as error:
         raise fail(f"--window/--interval: {error}") from None
-    overrides = SoakOverrides(window_s=window_s, interval_s=interval_s, load=load, arm=arm)
+    overrides = LaunchOverrides(window_s=window_s, interval_s=interval_s, load=load, arm=arm)
     run_dir = launch_kind("soak", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
     path = console_text(run_dir.path)
     console.print(f"Soak directory: [bold]{path}[/]  (HTML: kvbench report --html {path})", highlight=False)

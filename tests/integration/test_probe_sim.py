@@ -131,3 +131,27 @@ def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
     assert all(cell.ttft is not None and cell.ttft.n == 2 for cell in result.cells)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert [a["status"] for a in manifest["attempts"]] == ["running", "completed"]
+
+
+def test_one_arm_per_invocation_then_resume_runs_the_rest(tmp_path: Path) -> None:
+    """``--arm`` is how a time-limited GPU session runs one arm per call: the other arms stay pending."""
+    scenario = write_scenario(tmp_path, workload={**SCENARIO["workload"], "context_tokens": [2000]})  # type: ignore[dict-item]
+    runs = tmp_path / "runs"
+    unknown = kvbench("run", str(scenario), "-o", str(runs), "--arm", "AMG-MAYBE", cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert "AMG-MAYBE" in unknown.stderr and "AMG-OFF, AMG-ON" in unknown.stderr
+    assert not runs.exists() or not any(runs.iterdir()), "a bad --arm must fail before a run directory exists"
+
+    first = kvbench("run", str(scenario), "-o", str(runs), "--arm", "AMG-ON", cwd=tmp_path)
+    run_dir = only_run_dir(runs)
+    assert "--resume" in first.stdout + first.stderr
+    measured = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
+    assert {r.arm for r in measured} == {"AMG-ON"}
+    assert not RunResult.read_file(run_dir / "summary.json").complete
+
+    second = kvbench("run", "--resume", str(run_dir), "--arm", "AMG-OFF", cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    measured = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
+    assert sorted({r.arm for r in measured}) == ["AMG-OFF", "AMG-ON"]
+    assert len(measured) == 2 * 2 * 2  # arms x conversations x turns, nothing run twice
+    assert RunResult.read_file(run_dir / "summary.json").complete

@@ -280,6 +280,7 @@ def test_argv_module_launcher_with_everything(tmp_path: Path) -> None:
     config = vllm_config(
         served_model_name="llama",
         dtype="bfloat16",
+        quantization="fp8",
         max_model_len=131072,
         gpu_memory_utilization=0.85,
         load_format="dummy",
@@ -302,7 +303,7 @@ def test_argv_module_launcher_with_everything(tmp_path: Path) -> None:
     for expected in (
         "--served-model-name llama",
         "--host 127.0.0.1 --port 8123",
-        "--dtype bfloat16",
+        "--dtype bfloat16 --quantization fp8",
         "--max-model-len 131072",
         "--gpu-memory-utilization 0.85",
         "--load-format dummy",
@@ -315,6 +316,11 @@ def test_argv_module_launcher_with_everything(tmp_path: Path) -> None:
     ):
         assert expected in text
     assert "--data-parallel-size" not in text
+    # 2 x 2 ranks, each with its own LMCache engine and CPU buffer: the tier is split between them
+    (file,) = plan.files
+    cpu_gb = next(tier.capacity_gb for tier in CPU_ONLY.tiers if tier.kind == "cpu")
+    assert yaml.safe_load(file.text)["max_local_cpu_size"] == pytest.approx(cpu_gb / 4)
+    assert any("per rank" in note for note in plan.notes)
     assert argv[-4:] == ("--api-key", "sk-secret-value-1234", "--seed", "1")  # extra_args come last
 
 
@@ -556,3 +562,19 @@ def test_tensor_parallel_turns_off_the_multicast_all_reduce(tmp_path: Path, monk
     )
     monkeypatch.setenv(SYMM_MEM_ALLREDUCE_ENV, "1")
     assert SYMM_MEM_ALLREDUCE_ENV not in build_vllm_env(four, plan)
+
+
+def test_lmcache_gets_a_fixed_hash_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At TP > 1 the scheduler (lookups) and the workers (stores) are separate processes: with
+    randomised hash seeds LMCache's chunk keys differ between them and every turn 2 misses."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    four = vllm_config(parallelism={"tp": 4})
+    lmcache = render_vllm_launch(CPU_ONLY, four, True, tmp_path)
+    assert lmcache.uses_lmcache
+    assert build_vllm_env(four, lmcache)["PYTHONHASHSEED"] == "0"
+    assert "PYTHONHASHSEED" not in build_vllm_env(
+        four, render_vllm_launch(BUILTIN_PROFILES["off"], four, True, tmp_path)
+    )
+    assert build_vllm_env(vllm_config(env={"PYTHONHASHSEED": "7"}), lmcache)["PYTHONHASHSEED"] == "7"
+    monkeypatch.setenv("PYTHONHASHSEED", "3")  # inherited by the engine: kvbench leaves it
+    assert "PYTHONHASHSEED" not in build_vllm_env(four, lmcache)

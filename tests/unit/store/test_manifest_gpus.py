@@ -16,7 +16,7 @@ from harness.store.manifest import gpu_environment, gpu_facts, gpu_topology
 
 FAKE_SMI = """#!/bin/sh
 if [ "$1" = "topo" ]; then
-  printf '\\tGPU0\\tGPU1\\nGPU0\\t X \\tNV18\\nGPU1\\tNV18\\t X \\n'
+  printf '\\033[4m\\tGPU0\\tGPU1\\033[0m\\nGPU0\\t X \\tNV18\\nGPU1\\tNV18\\t X \\n'
   exit 0
 fi
 printf 'NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB, GPU-aaaa\\n'
@@ -43,6 +43,7 @@ def test_every_gpu_with_its_uuid_and_the_topology(fake_smi: None) -> None:
     }
     topology = gpu_topology()
     assert topology is not None and "NV18" in topology
+    assert "\x1b" not in topology and topology.startswith("\tGPU0\tGPU1\n")  # nvidia-smi's underline escapes dropped
 
 
 def test_the_multicast_switches_are_recorded_as_in_force() -> None:
