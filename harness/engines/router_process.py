@@ -1,0 +1,93 @@
+"""Starting and stopping the router process of a fleet (``routing.router``, :mod:`harness.engines.routers`).
+
+``async with start_router(spec, worker_urls, log_dir) as router:`` runs the router kind's argv
+(never a shell) in its own process group through :class:`~harness.engines.process.ManagedProcess`:
+both of its ports (HTTP, Prometheus) picked free on 127.0.0.1 and checked free, healthy when
+``GET <health_path>`` answers 200 from a socket its own process holds, log in
+``<log_dir>/router.log``. The fleet starts it after every replica is healthy and stops it before
+the replicas. The router's version comes from its python (``importlib.metadata``), so the
+manifest names the router that ran, not the one kvbench was built against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.errors import EngineStartError
+
+from .common import probe_python
+from .process import ManagedProcess, ProcessSpec, free_port
+from .routers import ROUTER_PYTHON_ENV, RouterSpec
+
+LOG_NAME = "router.log"
+VERSION_MARKER = "KVBENCH_ROUTER_VERSION="
+
+
+@dataclass(frozen=True)
+class RunningRouter:
+    """A started router: where to send requests, and what the manifest says about it."""
+
+    base_url: str
+    metrics_url: str
+    command: tuple[str, ...]
+    version: str
+    label: str
+    policy: str
+    pid: int | None
+
+
+def router_python(spec: RouterSpec) -> str:
+    """``spec.python``, else ``$KVBENCH_ROUTER_PYTHON``; EngineStartError when neither is set."""
+    python = spec.python or os.environ.get(ROUTER_PYTHON_ENV)
+    if not python:
+        raise EngineStartError(
+            f"routing.router: no python for {spec.kind}: set routing.router.python or ${ROUTER_PYTHON_ENV} "
+            f"to the python of a virtualenv with pip package {spec.row.distribution!r}"
+        )
+    return python
+
+
+async def router_version(spec: RouterSpec, python: str) -> str:
+    script = f"import importlib.metadata as m; print({VERSION_MARKER!r} + m.version({spec.row.distribution!r}))"
+
+    def hint(exe: str, problem: str) -> str:
+        return f"routing.router: {exe} cannot run {spec.kind} ({problem}); pip install {spec.row.distribution} there"
+
+    return await probe_python(python, script, VERSION_MARKER, what="a version look-up", timeout_s=60.0, hint=hint)
+
+
+@contextlib.asynccontextmanager
+async def start_router(spec: RouterSpec, worker_urls: Sequence[str], log_dir: Path) -> AsyncIterator[RunningRouter]:
+    python = router_python(spec)
+    version = await router_version(spec, python)
+    port, metrics_port = free_port(), free_port()
+    while metrics_port == port:
+        metrics_port = free_port()
+    row = spec.row
+    base_url = f"http://127.0.0.1:{port}"
+    process = ManagedProcess(
+        ProcessSpec(
+            name=f"{spec.kind} router (port {port})",
+            argv=row.argv(spec.launch(python, port, metrics_port, worker_urls)),
+            env={"PYTHONUNBUFFERED": "1"},
+            log_path=log_dir / LOG_NAME,
+            health_url=base_url + row.health_path,
+            startup_timeout_s=spec.startup_timeout_s,
+            stop_grace_s=10.0,
+            ports=(port, metrics_port),
+        )
+    )
+    async with process:
+        yield RunningRouter(
+            base_url=base_url,
+            metrics_url=f"http://127.0.0.1:{metrics_port}{row.metrics_path}",
+            command=tuple(process.redacted_argv),
+            version=version,
+            label=row.label,
+            policy=spec.policy,
+            pid=process.pid,
+        )
