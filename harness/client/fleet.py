@@ -31,6 +31,7 @@ merged page are fleet totals, and :func:`replica_pages` splits it again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -92,8 +93,9 @@ class FleetClient:
     ) -> RequestOutcome:
         text = "\n".join(message.get("content", "") for message in messages)
         replica = self._pick(text)
+        client = self.clients[replica]
         return await self._sent(
-            replica, self.clients[replica].chat(messages, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
+            replica, lambda: client.chat(messages, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
         )
 
     async def completion(
@@ -105,8 +107,9 @@ class FleetClient:
         extra_body: Mapping[str, object] | None = None,
     ) -> RequestOutcome:
         replica = self._pick(prompt)
+        client = self.clients[replica]
         return await self._sent(
-            replica, self.clients[replica].completion(prompt, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
+            replica, lambda: client.completion(prompt, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
         )
 
     def _pick(self, prompt: str) -> int:
@@ -114,7 +117,7 @@ class FleetClient:
             return 0
         return self.router.pick(current_routing_key(), prompt)
 
-    async def _sent(self, target: int, request: Awaitable[RequestOutcome]) -> RequestOutcome:
+    async def _sent(self, target: int, request: Callable[[], Awaitable[RequestOutcome]]) -> RequestOutcome:
         key = current_routing_key()
         solo = self.attribution == "metrics" and sum(self.router.in_flight) == 0
         self.router.started(target)
@@ -124,7 +127,7 @@ class FleetClient:
         try:
             if solo:
                 baseline = self._baseline if self._baseline is not None else await self._prompt_totals()
-            outcome = await request
+            outcome = await request()
         finally:
             self.router.finished(target)
         replica: int | None = target
@@ -174,18 +177,18 @@ class FleetClient:
     async def _fetch_pages(self) -> list[str | None]:
         """Each replica's page from its metrics URL (None where it has none or did not answer)."""
         session = self.clients[0].session  # absolute URLs: any replica's pooled session reaches them
-        pages: list[str | None] = []
-        for url in self.metrics_urls:
+
+        async def fetch(url: str | None) -> str | None:
             if url is None:
-                pages.append(None)
-                continue
+                return None
             try:
                 async with session.get(url) as response:
                     response.raise_for_status()
-                    pages.append(await response.text())
+                    return await response.text()
             except (aiohttp.ClientError, TimeoutError):
-                pages.append(None)
-        return pages
+                return None
+
+        return list(await asyncio.gather(*(fetch(url) for url in self.metrics_urls)))
 
     async def replica_metrics(self) -> list[str | None]:
         """Each replica's Prometheus page (None where it has none or did not answer)."""

@@ -37,7 +37,6 @@ class RunningRouter:
     version: str
     label: str
     policy: str
-    pid: int | None
 
 
 def router_python(spec: RouterSpec) -> str:
@@ -89,5 +88,4 @@ async def start_router(spec: RouterSpec, worker_urls: Sequence[str], log_dir: Pa
             version=version,
             label=row.label,
             policy=spec.policy,
-            pid=process.pid,
         )

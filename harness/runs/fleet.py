@@ -55,6 +55,7 @@ def fleet_facts(fleet: RunningFleet, routing: RoutingSpec, router: RunningRouter
         details["router"] = f"{router.label} {router.version}"
         details["router_policy"] = router.policy
         details["router_command"] = " ".join(router.command)
+        details["router_metrics_url"] = router.metrics_url
     for index, replica in enumerate(fleet.replicas):
         details[f"replica_{index}_command"] = " ".join(replica.facts.command)
         details[f"replica_{index}_base_url"] = replica.endpoint.base_url
