@@ -4,9 +4,11 @@
 (never a shell) in its own process group through :class:`~harness.engines.process.ManagedProcess`:
 both of its ports (HTTP, Prometheus) picked free on 127.0.0.1 and checked free, healthy when
 ``GET <health_path>`` answers 200 from a socket its own process holds, log in
-``<log_dir>/router.log``. The fleet starts it after every replica is healthy and stops it before
-the replicas. The router's version comes from its python (``importlib.metadata``), so the
-manifest names the router that ran, not the one kvbench was built against.
+``<log_dir>/router.log``. :func:`check_router` runs first, before any replica starts (a missing
+router should not cost an engine start-up): it finds the router's python and reads the router's
+version from it (``importlib.metadata``), so the manifest names the router that ran, not the one
+kvbench was built against. The fleet starts the router after every replica is healthy and stops
+it before the replicas.
 """
 
 from __future__ import annotations
@@ -54,15 +56,31 @@ async def router_version(spec: RouterSpec, python: str) -> str:
     script = f"import importlib.metadata as m; print({VERSION_MARKER!r} + m.version({spec.row.distribution!r}))"
 
     def hint(exe: str, problem: str) -> str:
-        return f"routing.router: {exe} cannot run {spec.kind} ({problem}); pip install {spec.row.distribution} there"
+        return f"routing.router: {exe} cannot run {spec.kind} (pip install {spec.row.distribution} there): {problem}"
 
     return await probe_python(python, script, VERSION_MARKER, what="a version look-up", timeout_s=60.0, hint=hint)
 
 
-@contextlib.asynccontextmanager
-async def start_router(spec: RouterSpec, worker_urls: Sequence[str], log_dir: Path) -> AsyncIterator[RunningRouter]:
+@dataclass(frozen=True)
+class RouterInstall:
+    """A router kind's python and the version it runs, checked before any replica starts."""
+
+    spec: RouterSpec
+    python: str
+    version: str
+
+
+async def check_router(spec: RouterSpec) -> RouterInstall:
+    """EngineStartError now, rather than after the replicas' start-up, when the router cannot run."""
     python = router_python(spec)
-    version = await router_version(spec, python)
+    return RouterInstall(spec, python, await router_version(spec, python))
+
+
+@contextlib.asynccontextmanager
+async def start_router(
+    install: RouterInstall, worker_urls: Sequence[str], log_dir: Path
+) -> AsyncIterator[RunningRouter]:
+    spec, python = install.spec, install.python
     port, metrics_port = free_port(), free_port()
     while metrics_port == port:
         metrics_port = free_port()
@@ -85,7 +103,7 @@ async def start_router(spec: RouterSpec, worker_urls: Sequence[str], log_dir: Pa
             base_url=base_url,
             metrics_url=f"http://127.0.0.1:{metrics_port}{row.metrics_path}",
             command=tuple(process.redacted_argv),
-            version=version,
+            version=install.version,
             label=row.label,
             policy=spec.policy,
         )

@@ -32,7 +32,7 @@ from harness.engines.base import EngineFacts, LaunchContext
 from harness.engines.configs import OpenAIEngineConfig
 from harness.engines.fleet import Fleet, RunningFleet
 from harness.engines.replicas import RoutingSpec
-from harness.engines.router_process import RunningRouter, start_router
+from harness.engines.router_process import RunningRouter, check_router, start_router
 from harness.scenario.spec import Arm
 from harness.store.events import ReplicaCounters
 from harness.store.manifest import Manifest
@@ -89,11 +89,12 @@ async def open_fleet(
 ) -> AsyncIterator[tuple[RunningFleet, FleetClient]]:
     scenario = runner.scenario
     engine, routing = scenario.engine, arm.routing or scenario.routing
+    install = await check_router(routing.router) if routing.router is not None else None
     async with Fleet(engine, context) as fleet, contextlib.AsyncExitStack() as router_stack:
         router = None
-        if routing.router is not None:  # after every replica is healthy; stopped before them
+        if install is not None:  # after every replica is healthy; stopped before them
             workers = [server_root(replica.endpoint.base_url) for replica in fleet.replicas]
-            router = await router_stack.enter_async_context(start_router(routing.router, workers, context.log_dir))
+            router = await router_stack.enter_async_context(start_router(install, workers, context.log_dir))
         manifest.record_engine(arm.name, fleet_facts(fleet, routing, router))
         external = routing.policy == "external"
         if router is not None:

@@ -24,5 +24,5 @@ def test_python_comes_from_the_scenario_then_the_environment(monkeypatch: pytest
 
 async def test_a_python_without_the_router_is_refused_before_anything_starts() -> None:
     # kvbench's own interpreter: vllm-router lives in its own virtualenv, never beside kvbench
-    with pytest.raises(EngineStartError, match="pip install vllm-router there"):
+    with pytest.raises(EngineStartError, match=r"cannot run vllm-router \(pip install vllm-router there\)"):
         await router_version(SPEC, sys.executable)
