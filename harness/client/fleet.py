@@ -9,9 +9,20 @@ exactly as they use one engine. Per request it
 2. sends the request through that replica's pooled client;
 3. returns the outcome with ``replica`` set and ``moved`` = whether the conversation's previous
    request went to another replica (None for its first request). With ``external`` routing every
-   request goes to the router (``clients[0]``); the replica is then the index of the response
-   header's value in ``replica_names`` (``routing.replica_header``), or None when the router does
-   not say.
+   request goes to the router (``clients[0]``) and ``attribution`` says how the replica is learnt:
+
+   * ``header``: the index of the response header's value in ``replica_names``
+     (``routing.replica_header``); None when the router does not say;
+   * ``metrics``: per-replica counter deltas. A request is *solo* when no other request was in
+     flight from its start until its end (and until the scrape after it); for a solo request
+     kvbench reads every replica's prompt-token counter (``prompt_tokens`` of
+     :mod:`.scrape`) from each ``metrics_urls`` page just before sending it (or reuses the reading
+     taken after the previous solo request) and again after it, and the replica is the only one
+     whose counter moved. Requests that overlap another, or after which no counter or more than
+     one moved, stay unattributed (None). Exact for sequential traffic (the probe); under
+     concurrent load nearly nothing is attributed. The scrape before a request delays its send,
+     never its timing (the clock starts when it is sent);
+   * ``none``: the replica stays None.
 
 ``metrics_text`` returns the replicas' Prometheus pages merged into one, every sample labelled
 ``kvbench_replica="i"``: kvbench's metric readers sum over label sets, so counter deltas of the
@@ -20,6 +31,7 @@ merged page are fleet totals, and :func:`replica_pages` splits it again.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -27,7 +39,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from .openai import OpenAIClient, RequestOutcome
-from .router import Router, current_routing_key
+from .router import Attribution, Router, current_routing_key
 from .scrape import counter_values, detect_family, parse_metrics
 
 REPLICA_LABEL = "kvbench_replica"
@@ -42,7 +54,7 @@ class FleetClient:
         router: Router,
         *,
         metrics_urls: Sequence[str | None] | None = None,
-        attributes_replicas: bool = True,
+        attribution: Attribution | None = None,
         pages_source: Callable[[aiohttp.ClientSession], Awaitable[list[str | None]]] | None = None,
         on_pages: Callable[[list[str | None]], None] | None = None,
         replica_names: Sequence[str] = (),
@@ -56,15 +68,20 @@ class FleetClient:
             if metrics_urls is not None
             else [client.url(client.endpoint.metrics_path) for client in self.clients]
         )
-        self.attributes_replicas = attributes_replicas
-        """False for external routing: every request goes to clients[0] (the router) and the replica is unknown."""
+        self.attribution = attribution
+        """None: kvbench's router picks the replica. Else external routing: every request goes to clients[0]
+        (the router) and the replica is learnt this way (see the module docstring)."""
         self.pages_source = pages_source
         """Where per-replica pages come from instead of each metrics URL (a Prometheus server)."""
         self.on_pages = on_pages
+        """Called with every scrape's per-replica pages (the spine stores their counters)."""
         self.replica_names = list(replica_names)
         """External routing: the header value that names each replica, in replica order."""
-        """Called with every scrape's per-replica pages (the spine stores their counters)."""
         self._last: dict[str, int] = {}
+        self._started = 0
+        """Requests started so far (metrics attribution: did another start while one was in flight?)."""
+        self._baseline: list[float] | None = None
+        """Metrics attribution: every replica's prompt-token total with nothing in flight (None: unknown)."""
 
     async def chat(
         self,
@@ -76,8 +93,9 @@ class FleetClient:
     ) -> RequestOutcome:
         text = "\n".join(message.get("content", "") for message in messages)
         replica = self._pick(text)
+        client = self.clients[replica]
         return await self._sent(
-            replica, self.clients[replica].chat(messages, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
+            replica, lambda: client.chat(messages, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
         )
 
     async def completion(
@@ -89,26 +107,39 @@ class FleetClient:
         extra_body: Mapping[str, object] | None = None,
     ) -> RequestOutcome:
         replica = self._pick(prompt)
+        client = self.clients[replica]
         return await self._sent(
-            replica, self.clients[replica].completion(prompt, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
+            replica, lambda: client.completion(prompt, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
         )
 
     def _pick(self, prompt: str) -> int:
-        if not self.attributes_replicas:
+        if self.attribution is not None:
             return 0
         return self.router.pick(current_routing_key(), prompt)
 
-    async def _sent(self, replica: int, request: Awaitable[RequestOutcome]) -> RequestOutcome:
+    async def _sent(self, target: int, request: Callable[[], Awaitable[RequestOutcome]]) -> RequestOutcome:
         key = current_routing_key()
-        self.router.started(replica)
+        solo = self.attribution == "metrics" and sum(self.router.in_flight) == 0
+        self.router.started(target)
+        self._started += 1
+        ticket = self._started
+        baseline: list[float] | None = None
         try:
-            outcome = await request
+            if solo:
+                baseline = self._baseline if self._baseline is not None else await self._prompt_totals()
+            outcome = await request()
         finally:
-            self.router.finished(replica)
-        if not self.attributes_replicas:
-            if outcome.served_by is None or outcome.served_by not in self.replica_names:
-                return outcome
-            replica = self.replica_names.index(outcome.served_by)
+            self.router.finished(target)
+        replica: int | None = target
+        if self.attribution == "header":
+            served = outcome.served_by
+            replica = self.replica_names.index(served) if served is not None and served in self.replica_names else None
+        elif self.attribution == "metrics":
+            replica = await self._attributed(baseline if self._started == ticket else None, ticket)
+        elif self.attribution == "none":
+            replica = None
+        if replica is None:
+            return outcome
         moved = None
         if key is not None:
             previous = self._last.get(key)
@@ -116,23 +147,54 @@ class FleetClient:
             self._last[key] = replica
         return dataclasses.replace(outcome, replica=replica, moved=moved)
 
-    async def replica_metrics(self) -> list[str | None]:
-        """Each replica's Prometheus page (None where it has none or did not answer)."""
+    async def _attributed(self, baseline: list[float] | None, ticket: int) -> int | None:
+        """The one replica whose prompt-token total moved since ``baseline`` (None: not solo, or ambiguous)."""
+        self._baseline = None
+        if baseline is None or sum(self.router.in_flight) != 0:
+            return None
+        after = await self._prompt_totals()
+        if after is None or self._started != ticket:  # another request started meanwhile
+            return None
+        self._baseline = after
+        moved = [index for index, (was, now) in enumerate(zip(baseline, after, strict=True)) if now > was]
+        return moved[0] if len(moved) == 1 else None
+
+    async def _prompt_totals(self) -> list[float] | None:
+        """Every replica's prompt-token total from its own page (None when one cannot be read)."""
+        totals: list[float] = []
+        for page in await self._fetch_pages():
+            if page is None:
+                return None
+            try:
+                value = page_counters(page).get("prompt_tokens")
+            except ValueError:
+                return None
+            if value is None:
+                return None
+            totals.append(value)
+        return totals
+
+    async def _fetch_pages(self) -> list[str | None]:
+        """Each replica's page from its metrics URL (None where it has none or did not answer)."""
         session = self.clients[0].session  # absolute URLs: any replica's pooled session reaches them
-        if self.pages_source is not None:
-            return await self.pages_source(session)
-        pages: list[str | None] = []
-        for url in self.metrics_urls:
+
+        async def fetch(url: str | None) -> str | None:
             if url is None:
-                pages.append(None)
-                continue
+                return None
             try:
                 async with session.get(url) as response:
                     response.raise_for_status()
-                    pages.append(await response.text())
+                    return await response.text()
             except (aiohttp.ClientError, TimeoutError):
-                pages.append(None)
-        return pages
+                return None
+
+        return list(await asyncio.gather(*(fetch(url) for url in self.metrics_urls)))
+
+    async def replica_metrics(self) -> list[str | None]:
+        """Each replica's Prometheus page (None where it has none or did not answer)."""
+        if self.pages_source is not None:
+            return await self.pages_source(self.clients[0].session)
+        return await self._fetch_pages()
 
     async def metrics_text(self) -> str:
         """The replicas' pages merged, each sample labelled ``kvbench_replica``; raises if none answered."""

@@ -54,6 +54,7 @@ from kvbench.redact import redact_text
 
 from .endpoint import Endpoint
 from .errors import ErrorKind
+from .router import current_routing_key
 from .sse import Api, Frame, FrameKind, SSEParser, Usage, interpret_chunk, is_chunk_event
 
 CHAT_PATH = "/v1/chat/completions"
@@ -204,6 +205,7 @@ class OpenAIClient:
         connect_timeout_s: float | None = None,
         read_timeout_s: float | None = None,
         capture_header: str | None = None,
+        session_header: str | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
@@ -214,6 +216,9 @@ class OpenAIClient:
         self._max_connections = max_connections
         self._capture_header = capture_header
         """A response header copied into every outcome's ``served_by`` (fleets behind a router)."""
+        self._session_header = session_header
+        """A request header carrying the conversation id (:func:`~.router.current_routing_key`), which a
+        router's session-affine policy hashes; not sent for requests outside any conversation."""
         root = endpoint.base_url.rstrip("/")
         self._root = root.removesuffix("/v1")
         self._session: aiohttp.ClientSession | None = None
@@ -320,6 +325,9 @@ class OpenAIClient:
         session = self.session
         body = self.build_payload(base, max_tokens, ignore_eos, extra_body)
         headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        key = current_routing_key()
+        if self._session_header is not None and key is not None:
+            headers[self._session_header] = key
         state = _Stream(api, time.monotonic_ns(), self.secrets)
         phase: Literal["connect", "stream"] = "connect"
         try:

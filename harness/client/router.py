@@ -13,7 +13,7 @@ conversation it belongs to, set by the runner with :func:`routing_key`) and its 
   routers approximate "the replica that holds this prefix". kvbench's client has text, not token
   ids, so blocks are characters (about 4 per token for English text);
 * ``external``: a router kvbench does not control; every request goes to its URL (one client) and
-  the serving replica is not known to the client.
+  the serving replica is learnt afterwards, if at all (:data:`Attribution`).
 
 Consistent hashing: each replica owns ``VNODES`` points on a 64-bit ring (BLAKE2b of
 ``"replica-i-v"``); a key goes to the first point at or after its own hash. Hashes are BLAKE2b, not
@@ -32,6 +32,9 @@ from typing import Literal
 
 Policy = Literal["round_robin", "random", "session_affinity", "least_loaded", "prefix_aware", "external"]
 POLICIES: tuple[Policy, ...] = ("round_robin", "random", "session_affinity", "least_loaded", "prefix_aware", "external")
+Attribution = Literal["header", "metrics", "none"]
+"""How an external router's choice of replica is learnt (:class:`harness.client.fleet.FleetClient`)."""
+ATTRIBUTIONS: tuple[Attribution, ...] = ("header", "metrics", "none")
 VNODES = 64
 """Ring points per replica: with 64 the share of keys per replica is within a few % of 1/N."""
 

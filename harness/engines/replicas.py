@@ -23,8 +23,10 @@ from typing import Protocol, Self
 
 from pydantic import Field, model_validator
 
-from harness.client.router import POLICIES, Policy
+from harness.client.router import ATTRIBUTIONS, POLICIES, Attribution, Policy
 from kvbench.schema import StrictModel
+
+from .routers import RouterSpec
 
 
 class _Parallel(Protocol):
@@ -123,9 +125,13 @@ class RoutingSpec(StrictModel):
     """The scenario's ``routing:`` section: how a fleet's requests are spread over its replicas.
 
     ``policy`` is one of :data:`harness.client.router.POLICIES` (that module says what each does).
-    ``external`` sends everything to the router at ``engine.base_url`` (kind ``openai``), which
-    picks the replica itself; kvbench attributes a request to a replica only when the router names
-    it in the response header ``replica_header``.
+    ``external`` sends everything to a router that picks the replica itself: either one kvbench
+    starts per arm in front of the replicas it started (``router``, :mod:`harness.engines.routers`)
+    or one already running at ``engine.base_url`` (kind ``openai``). ``attribution`` says how kvbench
+    then learns which replica served a request: ``header`` (the router names it in the response
+    header ``replica_header``), ``metrics`` (the one replica whose ``/metrics`` prompt-token counter
+    moved while that request was the only one in flight; concurrent requests stay unattributed), or
+    ``none``. Default: ``header`` when ``replica_header`` is set, else ``metrics``.
     """
 
     policy: Policy = Field(default="round_robin", description=f"One of: {', '.join(POLICIES)}.")
@@ -138,6 +144,29 @@ class RoutingSpec(StrictModel):
         default=None,
         description="external: the response header naming the serving replica (an endpoint's name, or its index).",
     )
+    router: RouterSpec | None = Field(
+        default=None, description="external: a router kvbench starts in front of the replicas (kind, policy, ...)."
+    )
+    attribution: Attribution | None = Field(
+        default=None,
+        description=f"external: how the serving replica is found: {' | '.join(ATTRIBUTIONS)} "
+        "(default: header with replica_header, else metrics).",
+    )
+
+    @model_validator(mode="after")
+    def _external_fields(self) -> Self:
+        if self.policy != "external" and (self.router is not None or self.attribution is not None):
+            raise ValueError(f"router and attribution apply to policy 'external' only, not {self.policy!r}")
+        if self.attribution == "header" and self.replica_header is None:
+            raise ValueError("attribution 'header' needs replica_header: the response header naming the replica")
+        return self
+
+    @property
+    def attributed_by(self) -> Attribution:
+        """How an external router's choice is learnt (see the class docstring)."""
+        if self.attribution is not None:
+            return self.attribution
+        return "header" if self.replica_header is not None else "metrics"
 
 
 class PrometheusSpec(StrictModel):

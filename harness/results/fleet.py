@@ -90,6 +90,9 @@ class ArmFleet(Frozen):
     load: list[ReplicaLoad]
     imbalance: float | None
     capacity: list[CapacityPoint] = Field(default_factory=list)
+    unattributed: int = 0
+    """Measured requests whose replica is unknown (external routing: the router did not say, or, with
+    metrics attribution, the request overlapped another); they are in no column above."""
 
 
 class FleetResult(VersionedFile):
@@ -188,7 +191,7 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
         policy = (arm.routing or scenario.routing).policy
         arms.append(ArmFleet(
             arm=arm.name, routing=policy, replicas=replicas, gpus=gpus, moved=cells, load=load,
-            imbalance=imbalance, capacity=capacity,
+            imbalance=imbalance, capacity=capacity, unattributed=len(mine) - len(served),
         ))  # fmt: skip
     result = FleetResult(scenario=scenario.name, arms=arms)
     result.write_file(run_dir.fleet_file)
@@ -230,6 +233,10 @@ def markdown(result: FleetResult) -> str:
                 f"| {_tokens(entry.own_gpu_hits)} | {_tokens(entry.own_tier_hits)} "
                 f"| {_tokens(entry.shared_tier_hits)} | {entry.usage_cached_tokens:,} |"
             )
+    unknown = [f"{arm.arm} {arm.unattributed} of {sum(e.requests for e in arm.load) + arm.unattributed}"
+               for arm in result.arms if arm.unattributed]  # fmt: skip
+    if unknown:
+        lines += ["", f"Requests with no known replica (in no column above): {'; '.join(unknown)}."]
     capacity = [(arm, point) for arm in result.arms for point in arm.capacity]
     if capacity:
         lines += ["", "| Arm | Load | RPS | GPUs | RPS per GPU |", "|---|---:|---:|---:|---:|"]

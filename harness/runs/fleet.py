@@ -1,19 +1,22 @@
 """The spine's fleet: an arm's replicas started together, one routing client, per-replica counters stored.
 
 :func:`open_fleet` is what :meth:`harness.runs.spine.Runner.arm_session` does when
-``engine.replicas > 1``: it starts the :class:`~harness.engines.fleet.Fleet` (every replica in
-parallel, the arm's shared tier once), records the fleet in the manifest (the first replica's
-facts plus ``replicas``, each replica's command, the shared tier and the routing policy), opens
-one pooled client per replica and joins them in a :class:`~harness.client.fleet.FleetClient`
-that routes by ``scenario.routing``. Every scrape the run kinds make through that client stores
-each replica's running counter totals (``replica_metrics.jsonl``,
-:class:`~harness.store.events.ReplicaCounters`); with a ``prometheus:`` section the pages come
-from that server instead of the replicas.
+``engine.replicas > 1`` or the arm's routing names a ``router``: it starts the
+:class:`~harness.engines.fleet.Fleet` (every replica in parallel, the arm's shared tier once), then
+the router when there is one (:mod:`harness.engines.router_process`: pointed at every replica,
+stopped before them), records the fleet in the manifest (the first replica's facts plus
+``replicas``, each replica's command, the shared tier, the routing policy and attribution, the
+router's version and command), opens one pooled client per replica (or one for the router) and
+joins them in a :class:`~harness.client.fleet.FleetClient` that routes by ``scenario.routing``.
+Every scrape the run kinds make through that client stores each replica's running counter totals
+(``replica_metrics.jsonl``, :class:`~harness.store.events.ReplicaCounters`); with a ``prometheus:``
+section the pages come from that server instead of the replicas.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +31,8 @@ from harness.client.router import Router
 from harness.engines.base import EngineFacts, LaunchContext
 from harness.engines.configs import OpenAIEngineConfig
 from harness.engines.fleet import Fleet, RunningFleet
+from harness.engines.replicas import RoutingSpec
+from harness.engines.router_process import RunningRouter, check_router, start_router
 from harness.scenario.spec import Arm
 from harness.store.events import ReplicaCounters
 from harness.store.manifest import Manifest
@@ -39,11 +44,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def fleet_facts(fleet: RunningFleet, policy: str) -> EngineFacts:
+def fleet_facts(fleet: RunningFleet, routing: RoutingSpec, router: RunningRouter | None = None) -> EngineFacts:
     first = fleet.first.facts
     details = dict(first.details)
     details["replicas"] = str(fleet.size)
-    details["routing"] = policy
+    details["routing"] = routing.policy
+    if routing.policy == "external":
+        details["attribution"] = routing.attributed_by
+    if router is not None:
+        details["router"] = f"{router.label} {router.version}"
+        details["router_policy"] = router.policy
+        details["router_command"] = " ".join(router.command)
+        details["router_metrics_url"] = router.metrics_url
     for index, replica in enumerate(fleet.replicas):
         details[f"replica_{index}_command"] = " ".join(replica.facts.command)
         details[f"replica_{index}_base_url"] = replica.endpoint.base_url
@@ -63,6 +75,11 @@ def _counters(page: str | None) -> dict[str, float] | None:
         return None
 
 
+def server_root(base_url: str) -> str:
+    """A replica's server root (``http://host:port``), as routers and metrics URLs want it."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
 @contextlib.asynccontextmanager
 async def open_fleet(
     runner: Runner[VersionedFile],
@@ -72,15 +89,23 @@ async def open_fleet(
 ) -> AsyncIterator[tuple[RunningFleet, FleetClient]]:
     scenario = runner.scenario
     engine, routing = scenario.engine, arm.routing or scenario.routing
-    async with Fleet(engine, context) as fleet:
-        manifest.record_engine(arm.name, fleet_facts(fleet, routing.policy))
+    install = await check_router(routing.router) if routing.router is not None else None
+    async with Fleet(engine, context) as fleet, contextlib.AsyncExitStack() as router_stack:
+        router = None
+        if install is not None:  # after every replica is healthy; stopped before them
+            workers = [server_root(replica.endpoint.base_url) for replica in fleet.replicas]
+            router = await router_stack.enter_async_context(start_router(install, workers, context.log_dir))
+        manifest.record_engine(arm.name, fleet_facts(fleet, routing, router))
         external = routing.policy == "external"
-        targets = fleet.replicas[:1] if external else fleet.replicas
+        if router is not None:
+            targets = [dataclasses.replace(fleet.first.endpoint, base_url=router.base_url)]
+        else:
+            targets = [replica.endpoint for replica in (fleet.replicas[:1] if external else fleet.replicas)]
         metrics_urls: list[str | None] = []
         for index, replica in enumerate(fleet.replicas):
             configured = engine.metrics_url(index) if isinstance(engine, OpenAIEngineConfig) else None
-            own = replica.endpoint.base_url.rstrip("/") + replica.endpoint.metrics_path
-            metrics_urls.append(configured or (None if external else own))
+            own = server_root(replica.endpoint.base_url) + replica.endpoint.metrics_path
+            metrics_urls.append(configured or (None if external and router is None else own))
         pages_source = None
         if scenario.prometheus is not None:
             reader = PrometheusReader(
@@ -103,7 +128,7 @@ async def open_fleet(
                 )
             )
 
-        router = Router(
+        picker = Router(
             routing.policy, len(targets), seed=routing.seed, block_chars=routing.block_chars,
             prefix_blocks=routing.prefix_blocks,
         )  # fmt: skip
@@ -114,14 +139,16 @@ async def open_fleet(
             clients = [
                 await stack.enter_async_context(
                     OpenAIClient(
-                        replica.endpoint, timeout_s=runner.request_timeout_s(), read_timeout_s=runner.stall_timeout_s(),
+                        endpoint, timeout_s=runner.request_timeout_s(), read_timeout_s=runner.stall_timeout_s(),
                         max_connections=runner.connections(),
                         capture_header=routing.replica_header if external else None,
+                        session_header=routing.router.header if routing.router is not None else None,
                     )
                 )
-                for replica in targets
+                for endpoint in targets
             ]  # fmt: skip
             yield fleet, FleetClient(
-                clients, router, metrics_urls=metrics_urls, attributes_replicas=not external,
+                clients, picker, metrics_urls=metrics_urls,
+                attribution=routing.attributed_by if external else None,
                 pages_source=pages_source, on_pages=on_pages, replica_names=names,
             )  # fmt: skip

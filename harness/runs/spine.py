@@ -326,7 +326,7 @@ class Runner(ABC, Generic[ResultT]):
             prefix_caching=self.prefix_caching(arm),
         )
         self.progress.describe(f"{arm.name}: starting {self.scenario.engine.kind} engine")
-        if fleet_size(self.scenario.engine) > 1:
+        if fleet_size(self.scenario.engine) > 1 or (arm.routing or self.scenario.routing).router is not None:
             async with open_fleet(self, arm, context, manifest) as (fleet, client):  # type: ignore[arg-type]
                 yield ArmSession(self, arm, fleet.first, client, writer, block=block, fleet=fleet)  # type: ignore[arg-type]
             return

@@ -15,11 +15,27 @@ def check_fleet(
     engine: EngineConfigModel, routing: RoutingSpec, prometheus: PrometheusSpec | None, client_workers: int
 ) -> None:
     size = engine.fleet_size if isinstance(engine, ReplicaFields) else 1
-    if routing.policy == "external":
+    attached = isinstance(engine, OpenAIEngineConfig) and not engine.routed_by_kvbench
+    if routing.router is not None:
+        if attached:
+            raise ValueError(
+                "routing.router starts a router in front of replicas whose URLs kvbench knows: an engine kind it "
+                "starts, or kind 'openai' with a url for every engine.endpoints entry (not base_url = a router)"
+            )
+    elif routing.policy == "external":
         if not isinstance(engine, OpenAIEngineConfig) or not engine.base_url or engine.routed_by_kvbench:
             raise ValueError(
-                "routing.policy 'external' needs engine kind 'openai' with base_url = the router and "
-                "endpoints listing only each replica's metrics_url"
+                "routing.policy 'external' needs routing.router (a router kvbench starts), or engine kind 'openai' "
+                "with base_url = the router and endpoints listing only each replica's metrics_url"
+            )
+        if (
+            routing.attribution == "metrics"
+            and engine.endpoints
+            and any(endpoint.metrics_url is None for endpoint in engine.endpoints)
+        ):
+            raise ValueError(
+                "routing.attribution 'metrics' needs a metrics_url for every engine.endpoints entry "
+                "(or attribution: header with replica_header, or none)"
             )
     elif isinstance(engine, OpenAIEngineConfig) and engine.endpoints and not engine.routed_by_kvbench:
         raise ValueError(

@@ -345,7 +345,7 @@ class Scenario(StrictModel):
     @model_validator(mode="after")
     def _fleet_consistent(self) -> Scenario:
         workers = self.sweep.client_workers if self.sweep else 1
-        for routing in {arm.routing or self.routing for arm in self.arms}:
+        for routing in [arm.routing or self.routing for arm in self.arms]:  # a list: routing may hold lists
             check_fleet(self.engine, routing, self.prometheus, workers)
         return self
 

@@ -83,3 +83,20 @@ def test_hits_of_a_server_that_holds_every_tier_are_shared(tmp_path: Path) -> No
         json.dumps({"engines": {"A": {"details": {"shared_tier_serves": "all tiers"}}}}), encoding="utf-8"
     )
     assert replica_one() == (0, 900)
+
+
+def test_requests_without_a_known_replica_are_counted_not_hidden(tmp_path: Path) -> None:
+    """External routing that could not attribute a request (overlap, no header): in no column, but reported."""
+    from harness.results.fleet import markdown
+
+    run_dir = RunDir.create(tmp_path, parse_scenario(SCENARIO, "unit"))
+    unknown = _record(1, 2, 0, None, 50).model_copy(update={"replica": None})
+    with RecordWriter(run_dir.records_file) as writer:
+        for record in (_record(0, 1, 0, None, 100), _record(0, 2, 0, False, 20), unknown):
+            writer.append(record)
+    result = summarize_fleet(run_dir)
+    assert result is not None
+    [arm] = result.arms
+    assert arm.unattributed == 1 and sum(entry.requests for entry in arm.load) == 2
+    assert (arm.moved[0].same_count, arm.moved[0].moved_count) == (1, 0)
+    assert "Requests with no known replica (in no column above): A 1 of 3." in markdown(result)

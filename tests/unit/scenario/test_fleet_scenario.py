@@ -13,6 +13,7 @@ from harness.scenario.spec import parse_scenario
 from kvbench.errors import ScenarioError
 
 FLEET_SIM = Path(__file__).resolve().parents[3] / "scenarios" / "fleet-sim.yaml"
+ROUTER = {"kind": "vllm-router", "policy": "consistent_hash"}
 
 
 def _scenario(change: Callable[[dict[str, Any]], None]) -> None:
@@ -25,8 +26,48 @@ def _scenario(change: Callable[[dict[str, Any]], None]) -> None:
     ("change", "message"),
     [
         (lambda d: d["routing"].update(policy="sticky"), r"routing\.policy: .*'round_robin'.*'external'"),
-        (lambda d: d["routing"].update(policy="external"), "needs engine kind 'openai'"),
-        (lambda d: d["arms"][0].update(routing={"policy": "external"}), "needs engine kind 'openai'"),
+        (lambda d: d["routing"].update(policy="external"), r"needs routing\.router .*or engine kind 'openai'"),
+        (
+            lambda d: d["arms"][0].update(routing={"policy": "external"}),
+            r"needs routing\.router .*engine kind 'openai'",
+        ),
+        (lambda d: d["routing"].update(router=ROUTER), "apply to policy 'external' only, not 'round_robin'"),
+        (
+            lambda d: d["routing"].update(policy="external", router={**ROUTER, "policy": "sticky"}),
+            r"routing\.router: .*policy 'sticky' is not a vllm-router policy; one of: round_robin, .*consistent_hash",
+        ),
+        (
+            lambda d: d["routing"].update(policy="external", router={**ROUTER, "kind": "dynamo"}),
+            r"routing\.router\.kind: .*'vllm-router'",
+        ),
+        (
+            lambda d: d["routing"].update(policy="external", router=ROUTER, attribution="header"),
+            "attribution 'header' needs replica_header",
+        ),
+        (
+            lambda d: d.update(
+                engine={
+                    "kind": "openai",
+                    "model": "m",
+                    "base_url": "http://router:1",
+                    "endpoints": [{"metrics_url": "http://a/metrics"}, {"metrics_url": "http://b/metrics"}],
+                },
+                routing={"policy": "external", "router": ROUTER},
+            ),
+            "routing.router starts a router in front of replicas whose URLs kvbench knows",
+        ),
+        (
+            lambda d: d.update(
+                engine={
+                    "kind": "openai",
+                    "model": "m",
+                    "base_url": "http://router:1",
+                    "endpoints": [{"metrics_url": "http://a/metrics"}, {"name": "b"}],
+                },
+                routing={"policy": "external", "attribution": "metrics"},
+            ),
+            "attribution 'metrics' needs a metrics_url for every engine.endpoints entry",
+        ),
         (lambda d: d["engine"].update(gpus=[0]), r"engine: .*replicas × gpus_per_replica = 2"),
         (lambda d: d.update(prometheus={"url": "http://p", "replicas": ["a"]}), "the fleet has 2"),
     ],
@@ -59,3 +100,19 @@ def test_bundled_fleet_scenario_is_a_fleet() -> None:
         "session_affinity",
         "random",
     ]
+
+
+def test_router_section_defaults() -> None:
+    def external(data: dict[str, Any]) -> None:
+        data["routing"] = {"policy": "external", "router": {**ROUTER, "extra_args": ["--log-level", "warning"]}}
+
+    data: dict[str, Any] = yaml.safe_load(FLEET_SIM.read_text())
+    external(data)
+    routing = parse_scenario(data, "fleet.yaml").routing
+    assert routing.router is not None and routing.router.header == "X-Session-ID"  # what consistent_hash hashes
+    assert routing.attributed_by == "metrics"  # it names the replica in no header
+    launch = routing.router.launch("py", 1, 2, ["http://a:1", "http://b:2"])
+    argv = routing.router.row.argv(launch)
+    assert argv[:3] == ("py", "-m", "vllm_router.launch_router")
+    assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == ("http://a:1", "http://b:2")
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[-2:] == ("--log-level", "warning")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Creates a dedicated virtualenv with the vLLM Router (PyPI package vllm-router: the Rust router of
+# github.com/vllm-project/router), apart from kvbench's own environment, for fleets whose scenario
+# names `routing.router: {kind: vllm-router, ...}` and for the `router` test tier.
+#
+#   scripts/install-router.sh [VENV_DIR]      # default: .venv-router
+#   export KVBENCH_ROUTER_PYTHON="$VENV_DIR/bin/python"
+#
+# Idempotent: when the venv already has the pinned version it only prints it. A prebuilt abi3 wheel
+# (no Rust toolchain needed); about 15 s on the 2-core CPU machine. Override the pin with VLLM_ROUTER_VERSION.
+set -euo pipefail
+
+VENV_DIR="${1:-.venv-router}"
+VLLM_ROUTER_VERSION="${VLLM_ROUTER_VERSION:-0.1.17}"
+BASE_PYTHON="${PYTHON:-python3}"
+
+PY="$VENV_DIR/bin/python"
+start=$(date +%s)
+
+version() {
+  "$PY" -c "import importlib.metadata as m, vllm_router; print(m.version('vllm-router'))"
+}
+
+if [ -x "$PY" ] && current="$(version 2>/dev/null | tail -n 1)" && [ "$current" = "$VLLM_ROUTER_VERSION" ]; then
+  echo "$VENV_DIR already has vllm-router $current"
+  echo "export KVBENCH_ROUTER_PYTHON=$(cd "$VENV_DIR" && pwd)/bin/python"
+  exit 0
+fi
+
+if [ ! -x "$PY" ]; then
+  "$BASE_PYTHON" -m venv "$VENV_DIR"
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check "vllm-router==$VLLM_ROUTER_VERSION"
+
+if ! current="$(version | tail -n 1)"; then
+  echo "install-router: $VENV_DIR was installed but 'import vllm_router' fails (see above)" >&2
+  exit 1
+fi
+echo "$VENV_DIR: vllm-router $current (installed in $(( $(date +%s) - start )) s)"
+echo "export KVBENCH_ROUTER_PYTHON=$(cd "$VENV_DIR" && pwd)/bin/python"
