@@ -1,19 +1,34 @@
-"""``kvbench sim validate``: re-run a real run's scenario on the calibrated simulator and compare.
+"""``kvbench sim validate``: re-run a real run's scenario on the (calibrated) simulator and compare.
 
-The simulator run is a real run through the spine (:func:`harness.runs.kinds.launch`): the run's
-scenario with its engine replaced by ``kind: sim`` (the calibration's deployment and file), each
-arm's offload profile given the backend the real run used (from its manifest), the same seed,
-and -- to keep it short -- only the chosen context lengths and ``conversations`` conversations
-(default 1). Per (arm, context length, turn) it compares median TTFT:
-``error = simulated / measured - 1``.
+One path for every run kind it compares (probe runs and sweeps):
 
-Without a calibration file, one is fitted from the run itself on the lengths that are not held
-out (:func:`harness.results.calibrate.calibrate`) and written next to the simulator run, so a
-validation is always on lengths the fit did not see unless the user says otherwise; every cell
-says whether its length was in the fit.
+1. **The simulator run** is a real run through the spine (:func:`harness.runs.kinds.launch`) of the
+   run's own scenario with its engine replaced by ``kind: sim`` (:func:`sim_scenario`): the
+   calibration's deployment and file, the run's ``gpu_memory_utilization`` / block size / replicas
+   where its engine had them (they size the HBM prefix cache), each arm's offload profile given the
+   backend the real run used (from its manifest), the same seed.
+2. **Cells**: one per compared quantity, ``error = simulated / measured - 1``; a cell is judged
+   against its own limit or only shown; quantities that cannot be compared are listed as skipped
+   with the reason.
+3. **Verdict**: ``passed`` when every judged cell is within its limit and nothing is missing on one
+   side only (``kvbench sim validate`` exits 0, else 1; 2 when the run cannot be compared at all).
 
-Verdict: ``ok`` when every cell at ``min_tokens`` (1,000) or more is within ``max_error``;
-``beyond`` otherwise; cells below ``min_tokens`` are shown but not judged.
+Probe runs (:func:`validate`): per (arm, context length, turn) the median TTFT, at the held-out
+lengths (all lengths without ``holdout``) and ``conversations`` conversations per length (default 1,
+to keep it short). Without a calibration file, one is fitted from the run itself on the lengths that
+are not held out (:func:`harness.results.calibrate.calibrate`) and written next to the simulator
+run. Cells below ``min_tokens`` (1,000) are shown but not judged.
+
+Sweeps (:func:`validate_sweep`): the same load points, warm-up and window. Both runs are aggregated
+by the sweep result's own formulas (:func:`harness.results.sweep.aggregate_sweep`,
+:mod:`harness.results.sweep_metrics`, :mod:`harness.results.capacity`), and per (arm, load point)
+RPS/GPU, TPS/user (mean output tokens/s per user while decoding) and TTFT p90 are compared with
+``max_error``; per arm the capacity within the SLO (best RPS/GPU over the points that meet it) with
+``max_capacity_error``. The GPUs saved at ``cost.target_rps`` are shown, not judged (a whole number
+of GPUs moves in steps). A load point with no successful request on either side is skipped. Without
+a calibration file a simulator sweep is re-run with its own engine settings, and a sweep of a real
+engine with the datasheet profile of its deployment (a sweep's TTFTs include queueing, so no
+calibration is fitted from it).
 """
 
 from __future__ import annotations
@@ -21,52 +36,74 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.results.calibrate import RunFacts, run_facts
 from harness.results.calibrate import calibrate as fit_calibration
-from harness.results.calibrate import run_facts
+from harness.results.sweep import aggregate_sweep
+from harness.results.sweep_result import PointResult, SweepResult
 from harness.scenario.spec import Scenario, parse_scenario
 from harness.sim.calibration import Calibration
 from harness.store.records import RequestRecord
-from harness.store.rundir import RunDir
+from harness.store.rundir import RunDir, RunKind
 from kvbench.errors import CalibrationError
 from offload.profiles import resolve_profile
 
 from .kinds import launch
 
 CALIBRATION_FILE = "calibration.yaml"
+CARRIED_ENGINE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gpu_memory_utilization", ("gpu_memory_utilization",)),
+    ("block_tokens", ("block_tokens", "block_size")),
+    ("replicas", ("replicas",)),
+)
+"""Simulator engine field <- the run's engine fields it is read from: they size the HBM prefix
+cache and the fleet, which decide the hits of a loaded run."""
 
 
 @dataclass(frozen=True)
 class Cell:
-    arm: str
-    context_tokens: int
-    turn: int
-    measured_ms: float
-    simulated_ms: float
-    in_fit: bool
+    """One compared quantity: ``key`` names it (the table's leading columns)."""
+
+    key: tuple[str, ...]
+    measured: float
+    simulated: float
+    limit: float
+    note: str = ""
+    judged: bool = True
 
     @property
     def error(self) -> float:
-        return self.simulated_ms / self.measured_ms - 1.0
+        return self.simulated / self.measured - 1.0
+
+    @property
+    def beyond(self) -> bool:
+        return self.judged and abs(self.error) > self.limit
 
 
 @dataclass(frozen=True)
 class Validation:
     run: Path
+    kind: RunKind
     sim_run: Path
-    calibration: Path
-    fit_lengths: list[int]
-    validated_lengths: list[int]
-    conversations: int
+    calibration: Path | None
+    columns: tuple[str, ...]
+    """Names of each cell's ``key`` parts."""
     cells: list[Cell]
-    max_error: float
-    min_tokens: int
+    context: list[str] = field(default_factory=list)
+    """What was simulated and from what (printed above the table)."""
+    skipped: list[str] = field(default_factory=list)
+    """Quantities not compared, each with the reason."""
+    one_sided: list[str] = field(default_factory=list)
+    """Quantities present on one side only (e.g. a capacity within the SLO only the simulator has): failures."""
+    notes: list[str] = field(default_factory=list)
+    """Shown, not judged (e.g. GPUs saved)."""
+    threshold: str = ""
 
     @property
     def judged(self) -> list[Cell]:
-        return [c for c in self.cells if c.context_tokens >= self.min_tokens]
+        return [c for c in self.cells if c.judged]
 
     @property
     def median_abs_error(self) -> float:
@@ -78,24 +115,43 @@ class Validation:
 
     @property
     def passed(self) -> bool:
-        return all(abs(c.error) <= self.max_error for c in self.judged)
+        return not self.one_sided and not any(c.beyond for c in self.cells)
 
 
-def sim_scenario(scenario: Scenario, calibration: Calibration, calibration_file: Path, backends: dict[str, str | None],
-                 lengths: Sequence[int], conversations: int) -> Scenario:  # fmt: skip
-    """The run's scenario on the calibrated simulator, restricted to ``lengths`` and ``conversations``."""
-    data = scenario.model_dump(mode="json")
-    dep = calibration.deployment
-    data["name"] = f"{scenario.name}-sim-validate"
-    data["engine"] = {
+# -- the simulator run ---------------------------------------------------------------------------------
+
+
+def sim_engine(scenario: Scenario, facts: RunFacts, calibration: Calibration | None,
+               calibration_file: Path | None) -> dict[str, object]:  # fmt: skip
+    """The ``engine:`` section of the simulator run: the calibration's deployment (or the run's)."""
+    if calibration is None and scenario.engine.kind == "sim":
+        return dict(scenario.engine.model_dump(mode="json", exclude_none=True))  # the run's own simulator
+    dep = calibration.deployment if calibration is not None else facts.deployment
+    engine: dict[str, object] = {
         "kind": "sim",
         "model": dep.model,
         "hardware": dep.hardware,
         "parallelism": {"tp": dep.tp},
         "dtype": dep.dtype,
-        "max_batch_tokens": calibration.max_batch_tokens,
-        "calibration": str(calibration_file),
+        "max_batch_tokens": calibration.max_batch_tokens if calibration is not None else facts.max_batch_tokens,
     }
+    if calibration_file is not None:
+        engine["calibration"] = str(calibration_file)
+    for name, sources in CARRIED_ENGINE_FIELDS:
+        # engine configs differ per kind: each of these knobs is read where the kind has it
+        value = next((getattr(scenario.engine, s) for s in sources if getattr(scenario.engine, s, None) is not None),
+                     None)  # fmt: skip
+        if value is not None:
+            engine[name] = value
+    return engine
+
+
+def sim_scenario(scenario: Scenario, engine: dict[str, object], backends: dict[str, str | None],
+                 workload: dict[str, object] | None = None) -> Scenario:  # fmt: skip
+    """The run's scenario on the simulator ``engine``, each arm with its real backend, ``workload`` changes."""
+    data = scenario.model_dump(mode="json")
+    data["name"] = f"{scenario.name}-sim-validate"
+    data["engine"] = engine
     arms = []
     for arm, raw in zip(scenario.arms, data["arms"], strict=True):
         profile = resolve_profile(arm.offload)
@@ -104,10 +160,63 @@ def sim_scenario(scenario: Scenario, calibration: Calibration, calibration_file:
             raw["offload"] = profile.model_copy(update={"backend": backend}).model_dump(mode="json")
         arms.append(raw)
     data["arms"] = arms
-    data["workload"]["context_tokens"] = list(lengths)
-    data["workload"]["conversations"] = conversations
-    data["repetitions"] = 1
+    data["workload"].update(workload or {})
     return parse_scenario(data, "validate")
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    run_dir: RunDir
+    facts: RunFacts
+    scenario: Scenario
+    calibration: Calibration | None
+    calibration_file: Path | None
+
+
+def _open(run: Path, kind: RunKind) -> RunDir:
+    run_dir = RunDir.open(run)
+    if run_dir.kind != kind:
+        raise CalibrationError(f"{run}: a {run_dir.kind} run, not a {kind}; kvbench sim validate compares probe runs "
+                               "and sweeps")  # fmt: skip
+    return run_dir
+
+
+def _prepare(run_dir: RunDir, kind: RunKind, out: Path, calibration_file: Path | None,
+             holdout: Sequence[int] = ()) -> _Prepared:  # fmt: skip
+    """The run's facts and scenario, and the calibration read (or, for a probe run without one, fitted)."""
+    run = run_dir.path
+    facts = run_facts(run)
+    out.mkdir(parents=True, exist_ok=True)
+    calibration: Calibration | None = None
+    if calibration_file is not None:
+        calibration = Calibration.load(calibration_file)
+    elif kind == "probe":
+        calibration = fit_calibration([run], holdout)
+        calibration_file = calibration.save(out / CALIBRATION_FILE)
+    if calibration is not None and calibration.deployment != facts.deployment:
+        raise CalibrationError(
+            f"calibration {calibration_file} is for {calibration.deployment.label}; {run} is {facts.deployment.label}"
+        )
+    return _Prepared(run_dir, facts, run_dir.scenario(), calibration, calibration_file)
+
+
+def _simulate(prepared: _Prepared, kind: RunKind, out: Path, workload: dict[str, object] | None = None) -> RunDir:
+    file = prepared.calibration_file.resolve() if prepared.calibration_file is not None else None
+    engine = sim_engine(prepared.scenario, prepared.facts, prepared.calibration, file)
+    backends = {name: arm.backend for name, arm in prepared.facts.arms.items()}
+    sim_dir, _ = launch(kind, sim_scenario(prepared.scenario, engine, backends, workload), source=None, output_dir=out)
+    return sim_dir
+
+
+def _source(prepared: _Prepared) -> str:
+    if prepared.calibration_file is not None:
+        return f"Calibration {prepared.calibration_file}"
+    if prepared.scenario.engine.kind == "sim":
+        return "No calibration: the run's own simulator settings"
+    return f"No calibration: the datasheet profile of {prepared.facts.deployment.label}"
+
+
+# -- probe runs ----------------------------------------------------------------------------------------
 
 
 def _medians(records: Sequence[RequestRecord]) -> dict[tuple[str, int, int], float]:
@@ -127,54 +236,188 @@ def validate(
     max_error: float = 0.15,
     min_tokens: int = 1000,
 ) -> Validation:
-    """Simulate ``run``'s scenario at the held-out lengths (all lengths without ``holdout``) and compare.
+    """Simulate probe ``run``'s scenario at the held-out lengths (all lengths without ``holdout``) and compare.
 
     Raises :class:`CalibrationError` when the run and the calibration cannot be compared.
     """
-    facts = run_facts(run)
-    run_dir = RunDir.open(run)
-    if run_dir.kind != "probe":
-        raise CalibrationError(
-            f"{run}: a {run_dir.kind} run; kvbench sim validate compares probe runs (t1/t2 TTFT per arm and length)"
-        )
+    run_dir = _open(run, "probe")
     scenario = run_dir.scenario()
     lengths_all = list(scenario.probe_workload.context_tokens)
     unknown = sorted(set(holdout) - set(lengths_all))
     if unknown:
         raise CalibrationError(f"--holdout {unknown}: not lengths of {run}; its lengths: {lengths_all}")
-    out.mkdir(parents=True, exist_ok=True)
-    if calibration_file is None:
-        calibration = fit_calibration([run], holdout)
-        calibration_file = calibration.save(out / CALIBRATION_FILE)
-    else:
-        calibration = Calibration.load(calibration_file)
-    if calibration.deployment != facts.deployment:
-        raise CalibrationError(
-            f"calibration {calibration_file} is for {calibration.deployment.label}; {run} is {facts.deployment.label}"
-        )
+    prepared = _prepare(run_dir, "probe", out, calibration_file, holdout)
+    assert prepared.calibration is not None  # a probe validation fits one when none is given
     lengths = sorted(holdout) if holdout else lengths_all
-    backends = {name: arm.backend for name, arm in facts.arms.items()}
-    simulated_scenario = sim_scenario(scenario, calibration, calibration_file.resolve(), backends, lengths,
-                                      conversations)  # fmt: skip
-    sim_dir, _ = launch("probe", simulated_scenario, source=None, output_dir=out)
-    measured = _medians(run_dir.records())
+    workload: dict[str, object] = {"context_tokens": lengths, "conversations": conversations}
+    sim_dir = _simulate(prepared, "probe", out, workload)
+    measured = _medians(prepared.run_dir.records())
     simulated = _medians(sim_dir.records())
-    fit_lengths = set(calibration.fit_context_tokens)
-    cells = [
-        Cell(arm, context, turn, measured[(arm, context, turn)], value, context in fit_lengths)
-        for (arm, context, turn), value in sorted(simulated.items())
-        if (arm, context, turn) in measured and measured[(arm, context, turn)] > 0
-    ]
+    fit_lengths = sorted(prepared.calibration.fit_context_tokens)
+    cells: list[Cell] = []
+    skipped: list[str] = []
+    for (arm, context, turn), value in sorted(simulated.items()):
+        reference = measured.get((arm, context, turn))
+        if reference is None or reference <= 0:
+            skipped.append(f"{arm} {context} t{turn}: no successful measured request")
+            continue
+        judged = context >= min_tokens
+        note = ("fit" if context in fit_lengths else "held out") + ("" if judged else "  (not judged)")
+        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
+    held = [n for n in lengths if n not in fit_lengths]
     return Validation(
         run=run,
+        kind="probe",
         sim_run=sim_dir.path,
-        calibration=calibration_file,
-        fit_lengths=sorted(fit_lengths),
-        validated_lengths=lengths,
-        conversations=conversations,
+        calibration=prepared.calibration_file,
+        columns=("arm", "tokens", "turn"),
         cells=cells,
-        max_error=max_error,
-        min_tokens=min_tokens,
+        context=[
+            f"{_source(prepared)}: fitted on lengths {fit_lengths}",
+            f"Validated on lengths {lengths} (held out of the fit: {held or 'none'}), "
+            f"{conversations} conversation(s) per length in the simulator",
+            "Cells: median TTFT in ms per (arm, length, turn)",
+        ],
+        skipped=skipped,
+        threshold=f"threshold {max_error:.0%} per cell at >= {min_tokens:,} tokens",
     )
+
+
+# -- sweeps --------------------------------------------------------------------------------------------
+
+SWEEP_METRICS: tuple[tuple[str, str], ...] = (
+    ("RPS/GPU", "requests/s per GPU, completed in the window"),
+    ("TPS/user", "mean output tokens/s per user while decoding"),
+    ("TTFT p90 ms", "90th percentile TTFT of the requests sent in the window"),
+)
+
+
+def _point_values(point: PointResult) -> dict[str, float | None]:
+    """The compared quantities of one load point, as the sweep result computed them."""
+    return {
+        "RPS/GPU": point.rps_per_gpu,
+        "TPS/user": point.tps_user_mean,
+        "TTFT p90 ms": point.ttft.p90_ms if point.ttft is not None else None,
+    }
+
+
+def sweep_cells(measured: SweepResult, simulated: SweepResult, max_error: float,
+                max_capacity_error: float) -> tuple[list[Cell], list[str], list[str], list[str]]:  # fmt: skip
+    """(cells, skipped, one-sided, notes) of two sweep results of the same scenario."""
+    cells: list[Cell] = []
+    skipped: list[str] = []
+    one_sided: list[str] = []
+    for arm in measured.arms:
+        for load in measured.loads:
+            where = f"{arm} at load {load:g}"
+            real, sim = measured.point(arm, load), simulated.point(arm, load)
+            if real is None or sim is None:
+                skipped.append(f"{where}: {'not measured' if real is None else 'not simulated'} (point not finished)")
+                continue
+            if real.ok == 0 or sim.ok == 0:
+                side = "measured" if real.ok == 0 else "simulated"
+                skipped.append(f"{where}: zero successful requests ({side})")
+                continue
+            real_values, sim_values = _point_values(real), _point_values(sim)
+            for metric, _ in SWEEP_METRICS:
+                a, b = real_values[metric], sim_values[metric]
+                if a is None or b is None or a <= 0:
+                    skipped.append(f"{where} {metric}: {'no value' if a is None or b is None else 'measured 0'}")
+                    continue
+                cells.append(Cell((arm, f"{load:g}", metric), a, b, max_error, f"n={real.ok}/{sim.ok}"))
+        real_cap, sim_cap = measured.capacity_of(arm), simulated.capacity_of(arm)
+        a = real_cap.max_rps_per_gpu_at_slo if real_cap is not None else None
+        b = sim_cap.max_rps_per_gpu_at_slo if sim_cap is not None else None
+        if a is None and b is None:
+            slo = measured.slo
+            unset = slo.ttft_ms is None and slo.tpot_ms is None and slo.e2e_ms is None
+            why = "the scenario sets no SLO" if unset else "no load point meets the SLO in either run"
+            skipped.append(f"{arm} capacity within the SLO: {why}")
+        elif a is None or b is None:
+            one_sided.append(
+                f"{arm} capacity within the SLO: measured {_num(a)}, simulated {_num(b)} RPS/GPU "
+                "(no load point meets the SLO on one side)"
+            )
+        else:
+            at = f"load {_num(real_cap.at_load if real_cap else None)}/{_num(sim_cap.at_load if sim_cap else None)}"
+            cells.append(Cell((arm, "SLO", "capacity RPS/GPU"), a, b, max_capacity_error, at))
+    notes = [
+        f"GPUs saved by {s.arm} vs {s.baseline} at {s.target_rps:g} req/s: measured {_num(s.gpus_saved)}, "
+        f"simulated {_num(o.gpus_saved)} (shown, not judged)"
+        for s in measured.savings
+        for o in simulated.savings
+        if o.arm == s.arm
+    ]
+    return cells, skipped, one_sided, notes
+
+
+def _num(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
+def validate_sweep(
+    run: Path,
+    out: Path,
+    calibration_file: Path | None = None,
+    max_error: float = 0.15,
+    max_capacity_error: float = 0.15,
+) -> Validation:
+    """Re-run sweep ``run``'s scenario on the simulator (same load points and seed) and compare.
+
+    Raises :class:`CalibrationError` when the run and the calibration cannot be compared.
+    """
+    prepared = _prepare(_open(run, "sweep"), "sweep", out, calibration_file)
+    measured = aggregate_sweep(
+        prepared.scenario, prepared.run_dir.run_id, prepared.run_dir.records(), prepared.run_dir.points()
+    )
+    if not measured.points:
+        raise CalibrationError(f"{run}: no finished load point to compare (points.jsonl is empty)")
+    sim_dir = _simulate(prepared, "sweep", out)
+    simulated = aggregate_sweep(sim_dir.scenario(), sim_dir.run_id, sim_dir.records(), sim_dir.points())
+    cells, skipped, one_sided, notes = sweep_cells(measured, simulated, max_error, max_capacity_error)
+    if not cells:
+        raise CalibrationError(f"{run}: no load point with successful requests on both sides to compare")
+    spec = prepared.scenario.sweep
+    assert spec is not None  # a sweep run's scenario has its sweep section
+    return Validation(
+        run=run,
+        kind="sweep",
+        sim_run=sim_dir.path,
+        calibration=prepared.calibration_file,
+        columns=("arm", "load", "metric"),
+        cells=cells,
+        context=[
+            _source(prepared),
+            f"Load points ({spec.mode}): {[f'{v:g}' for v in spec.values]}, seed {prepared.scenario.seed}, "
+            "the run's warm-up and window",
+            "Cells: "
+            + "; ".join(f"{name} = {what}" for name, what in SWEEP_METRICS)
+            + "; capacity = best RPS/GPU within the SLO. n = successful requests measured/simulated",
+        ],
+        skipped=skipped,
+        one_sided=one_sided,
+        notes=notes,
+        threshold=f"threshold {max_error:.0%} per point metric, {max_capacity_error:.0%} per capacity",
+    )
+
+
+def validate_run(
+    run: Path,
+    out: Path,
+    calibration_file: Path | None = None,
+    holdout: Sequence[int] = (),
+    conversations: int = 1,
+    max_error: float = 0.15,
+    max_capacity_error: float = 0.15,
+) -> Validation:
+    """:func:`validate` or :func:`validate_sweep`, by the run directory's kind."""
+    kind = RunDir.open(run).kind
+    if kind == "sweep":
+        if holdout:
+            raise CalibrationError(f"--holdout {list(holdout)}: a sweep has no context lengths to hold out ({run})")
+        return validate_sweep(run, out, calibration_file, max_error, max_capacity_error)
+    if kind != "probe":
+        raise CalibrationError(f"{run}: a {kind} run; kvbench sim validate compares probe runs and sweeps")
+    return validate(run, out, calibration_file, holdout, conversations, max_error)

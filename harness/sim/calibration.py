@@ -14,11 +14,13 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
   pairs``) of prefill; together they get both 1k (linear-dominated) and 128k (attention-dominated)
   prompts right.
 * ``step_overhead_s`` and ``hbm_efficiency``: a decode step is ``overhead + (weights + batch x
-  context x KV bytes) / (HBM bandwidth x efficiency)`` (from inter-token latencies).
+  context x KV bytes) / (HBM bandwidth x efficiency)`` (from inter-token latencies of probe runs and
+  sweeps; ``decode_residuals`` shows the fit per run, arm and load point).
 * per offload backend (``lmcache``, ``native``, ...): ``load_gbps`` and ``load_latency_s``, the
   effective rate and fixed cost of loading a turn-2 hit from the tier (these replace the tier's
   read bandwidth, latency and the host-link cap), and ``store_s_per_gb``, the seconds per GB of
-  new KV that storing it to the tier adds to the prefill (0: stored in the background).
+  new KV that storing it to the tier adds to the prefill (0: stored in the background), and
+  ``store_latency_s``, the fixed time the backend's save path adds to every request's prefill.
 
 Using a calibration for another deployment is an error naming both (:func:`check_deployment`).
 The file is YAML (JSON is YAML too) with ``schema_version``.
@@ -91,16 +93,12 @@ class BackendCalibration(StrictModel):
     load_gbps: FitParam
     load_latency_s: FitParam
     store_s_per_gb: FitParam
+    store_latency_s: FitParam = FitParam(
+        value=0.0, unit="s", fitted=False, source="not in this calibration file (written before it was fitted)"
+    )
 
 
-class Residual(StrictModel):
-    """Predicted against measured median TTFT of one (arm, context length, turn) cell."""
-
-    arm: str
-    backend: str
-    context_tokens: int
-    turn: int
-    requests: int
+class _Predicted(StrictModel):
     measured_ms: float
     predicted_ms: float
     used_in_fit: bool
@@ -108,6 +106,27 @@ class Residual(StrictModel):
     @property
     def error(self) -> float:
         return self.predicted_ms / self.measured_ms - 1.0
+
+
+class Residual(_Predicted):
+    """Predicted against measured median TTFT of one (arm, context length, turn) cell."""
+
+    arm: str
+    backend: str
+    context_tokens: int
+    turn: int
+    requests: int
+
+
+class DecodeResidual(_Predicted):
+    """Predicted against measured median decode step of one (run, arm, load point or probe length) group."""
+
+    run: str
+    arm: str
+    load: float | None = Field(description="The sweep point's load; None for a probe run.")
+    requests: int
+    batch: float = Field(description="Mean of the requests' time-averaged decoding batch.")
+    context_tokens: int = Field(description="Mean context per decoding request.")
 
 
 class Calibration(StrictModel):
@@ -127,6 +146,9 @@ class Calibration(StrictModel):
     hbm_efficiency: FitParam
     backends: dict[str, BackendCalibration] = Field(default_factory=dict)
     residuals: list[Residual] = Field(default_factory=list)
+    decode_residuals: list[DecodeResidual] = Field(
+        default_factory=list, description="Decode steps per (run, arm, load point); absent in older files."
+    )
 
     # -- reading and writing ---------------------------------------------------------------
     @classmethod
@@ -192,6 +214,7 @@ class Calibration(StrictModel):
             hbm=self.hbm_efficiency.value,
             step_overhead_s=self.step_overhead_s.value,
             store_s_per_token=store,
+            store_latency_s=backend.store_latency_s.value if backend else 0.0,
         )
 
     def request_overhead(self, prompt_tokens: int) -> float:

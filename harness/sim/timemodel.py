@@ -22,7 +22,9 @@ A step runs one forward pass over a batch that mixes prefill chunks and decode t
 * step overhead: scheduling, input preparation and kernel launches of one engine step.
 * store (calibrated offload backends only): seconds per prefilled token that a backend such as
   LMCache blocks the step while it copies the new KV to its tier (``store_s_per_token``; 0 for
-  the datasheet model, where tier writes run in the background after a request finishes).
+  the datasheet model, where tier writes run in the background after a request finishes), plus a
+  fixed ``store_latency_s`` per request whose prefill the step completes (the backend's save path:
+  looking up and hashing the request's chunks, allocating tier memory, synchronising the copy).
 
 :class:`Efficiencies` replaces the datasheet efficiency factors with fitted ones (see
 :mod:`harness.sim.calibration`): ``linear`` scales the GEMM peak, ``attention`` the attention
@@ -58,6 +60,8 @@ class Efficiencies:
     step_overhead_s: float = STEP_OVERHEAD_S
     store_s_per_token: float = 0.0
     """Seconds a step is blocked per prefilled token while the offload backend stores its KV."""
+    store_latency_s: float = 0.0
+    """Seconds a step is blocked per request whose prefill it completes (the backend's per-request save cost)."""
 
 
 @dataclass
@@ -74,6 +78,8 @@ class StepWork:
     """KV-cache tokens read or written by attention in this step."""
     prefill_tokens: int = 0
     """Prompt tokens computed in this step (what a blocking offload store copies out)."""
+    prompts_done: int = 0
+    """Requests whose prefill this step completes (each pays the backend's per-request store latency)."""
 
     def add_prefill(self, new_tokens: int, cached_tokens: int, last: bool = True) -> None:
         """A prefill chunk of ``new_tokens`` after ``cached_tokens`` already in the KV cache.
@@ -83,6 +89,7 @@ class StepWork:
         self.tokens += new_tokens
         self.prefill_tokens += new_tokens
         self.sampled += 1 if last else 0
+        self.prompts_done += 1 if last else 0
         self.attention_pairs += new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
         self.kv_tokens += cached_tokens + new_tokens
 
@@ -134,6 +141,7 @@ class TimeModel:
             self._allreduce_s_per_token = 0.0
         self._overhead_s = eff.step_overhead_s
         self._store_s_per_token = eff.store_s_per_token
+        self._store_latency_s = eff.store_latency_s
 
     def cost(self, work: StepWork) -> StepCost:
         compute = (
@@ -143,7 +151,7 @@ class TimeModel:
         )
         memory = self._weights_s + work.kv_tokens * self._kv_s_per_token
         allreduce = self._allreduce_fixed_s + work.tokens * self._allreduce_s_per_token if work.tokens else 0.0
-        store = work.prefill_tokens * self._store_s_per_token
+        store = work.prefill_tokens * self._store_s_per_token + work.prompts_done * self._store_latency_s
         return StepCost(compute, memory, allreduce, self._overhead_s, store)
 
     def step_seconds(self, work: StepWork) -> float:

@@ -256,58 +256,109 @@ def _describe(calibration: object) -> str:
         lines.append(show(f"{label}: load_gbps", entry.load_gbps))
         lines.append(show(f"{label}: load_latency_s", entry.load_latency_s))
         lines.append(show(f"{label}: store_s_per_gb", entry.store_s_per_gb))
-    lines.append("Residuals (median TTFT per arm, length, turn; error = predicted/measured - 1):")
-    lines.append(f"  {'arm':<22} {'tokens':>8} {'turn':>4} {'measured ms':>12} {'predicted ms':>12} {'error':>8}  set")
+        lines.append(show(f"{label}: store_latency_s", entry.store_latency_s))
+    if calibration.residuals:
+        lines.append("Residuals (median TTFT per arm, length, turn; error = predicted/measured - 1):")
+        lines.append(
+            f"  {'arm':<22} {'tokens':>8} {'turn':>4} {'measured ms':>12} {'predicted ms':>12} {'error':>8}  set"
+        )
     for r in calibration.residuals:
         where = "fit" if r.used_in_fit else "held out"
         lines.append(f"  {r.arm:<22} {r.context_tokens:>8} {r.turn:>4} {r.measured_ms:>12.1f} "
                      f"{r.predicted_ms:>12.1f} {r.error:>+8.1%}  {where}")  # fmt: skip
+    if calibration.decode_residuals:
+        lines.append("Decode residuals (median step per run, arm and load point or probe length; batch = requests "
+                     "decoding at once, context = their mean context):")  # fmt: skip
+        width = max(len(d.run) for d in calibration.decode_residuals)
+        lines.append(f"  {'run':<{width}} {'arm':<18} {'load':>6} {'reqs':>5} {'batch':>6} {'context':>8} "
+                     f"{'measured ms':>12} {'predicted ms':>12} {'error':>8}  set")  # fmt: skip
+        for d in calibration.decode_residuals:
+            load = "probe" if d.load is None else f"{d.load:g}"
+            where = "fit" if d.used_in_fit else "held out"
+            lines.append(f"  {d.run:<{width}} {d.arm:<18} {load:>6} {d.requests:>5} {d.batch:>6.2f} "
+                         f"{d.context_tokens:>8,} {d.measured_ms:>12.2f} {d.predicted_ms:>12.2f} {d.error:>+8.1%}  "
+                         f"{where}")  # fmt: skip
     return "\n".join(lines)
 
 
 @sim_app.command()
 def validate(
-    run: Annotated[Path, typer.Argument(help="A real probe run directory.")],
+    run: Annotated[Path, typer.Argument(help="A real run directory: a probe run or a sweep.")],
     calibration: Annotated[
         Path | None,
-        typer.Option("--calibration", help="Calibration file; default: fit one on the lengths not held out."),
+        typer.Option(
+            "--calibration",
+            help="Calibration file; default: probe runs fit one on the lengths not held out, sweeps use the "
+            "run's own simulator settings or the datasheet profile.",
+        ),
     ] = None,
     holdout: Annotated[
         str | None,
-        typer.Option("--holdout", help="Lengths to simulate and compare (and, without --calibration, not to fit)."),
+        typer.Option(
+            "--holdout", help="Probe runs: lengths to simulate and compare (and, without --calibration, not to fit)."
+        ),
     ] = None,
-    conversations: Annotated[int, typer.Option(help="Conversations per length in the simulator run.")] = 1,
-    max_error: Annotated[float, typer.Option("--max-error", help="Largest |sim/measured - 1| per cell.")] = 0.15,
+    conversations: Annotated[int, typer.Option(help="Probe runs: conversations per length in the simulator.")] = 1,
+    max_error: Annotated[
+        float, typer.Option("--max-error", help="Largest |sim/measured - 1| per cell (TTFT; sweeps: per point metric).")
+    ] = 0.15,
+    max_capacity_error: Annotated[
+        float, typer.Option("--max-capacity-error", help="Sweeps: largest error of an arm's capacity within the SLO.")
+    ] = 0.15,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where the simulator run goes.")] = Path("runs/validate"),
 ) -> None:
-    """Re-run a real run's scenario on the (calibrated) simulator; exit 0 within --max-error, 1 beyond, 2 no compare."""
-    from harness.runs.validate import validate as run_validation
+    """Re-run a real run's scenario (probe run or sweep) on the (calibrated) simulator and compare per cell;
+    exit 0 within the thresholds, 1 beyond, 2 cannot compare."""
+    from harness.runs.validate import validate_run
     from kvbench.errors import KvbenchError
 
     try:
-        result = run_validation(run, out, calibration, _lengths(holdout), conversations, max_error)
+        result = validate_run(run, out, calibration, _lengths(holdout), conversations, max_error, max_capacity_error)
     except KvbenchError as error:
         raise _fail(str(error)) from None
-    typer.echo(f"Simulated {result.sim_run} against measured {result.run}")
-    typer.echo(f"Calibration {result.calibration}: fitted on lengths {result.fit_lengths}")
-    held = [n for n in result.validated_lengths if n not in result.fit_lengths]
-    typer.echo(
-        f"Validated on lengths {result.validated_lengths} (held out of the fit: {held or 'none'}), "
-        f"{result.conversations} conversation(s) per length in the simulator"
-    )
-    typer.echo(f"  {'arm':<22} {'tokens':>8} {'turn':>4} {'measured ms':>12} {'simulated ms':>12} {'error':>8}  set")
-    for c in result.cells:
-        flag = "" if c.context_tokens >= result.min_tokens else "  (not judged)"
-        mark = " !" if c.context_tokens >= result.min_tokens and abs(c.error) > result.max_error else ""
-        typer.echo(f"  {c.arm:<22} {c.context_tokens:>8} {c.turn:>4} {c.measured_ms:>12.1f} {c.simulated_ms:>12.1f} "
-                   f"{c.error:>+8.1%}  {'fit' if c.in_fit else 'held out'}{flag}{mark}")  # fmt: skip
+    typer.echo(f"Simulated {result.sim_run} against measured {result.run} ({result.kind})")
+    for line in result.context:
+        typer.echo(line)
+    typer.echo(_validation_table(result))
+    for line in result.notes:
+        typer.echo(line)
+    for line in result.skipped:
+        typer.echo(f"skipped: {line}")
+    for line in result.one_sided:
+        typer.echo(f"BEYOND: {line}")
     worst = result.worst
     typer.echo(
-        f"median |error| {result.median_abs_error:.1%}; worst {abs(worst.error) if worst else 0:.1%}; "
-        f"threshold {result.max_error:.0%} per cell at >= {result.min_tokens:,} tokens: "
+        f"{len(result.judged)} cells judged; median |error| {result.median_abs_error:.1%}; worst "
+        f"{abs(worst.error) if worst else 0:.1%}"
+        + (f" ({' '.join(worst.key)})" if worst else "")
+        + f"; {result.threshold}: "
         + ("within" if result.passed else "BEYOND")
     )
+    beyond = [" ".join(c.key) for c in result.cells if c.beyond]
+    if beyond:
+        typer.echo("beyond: " + "; ".join(beyond))
     raise typer.Exit(0 if result.passed else 1)
+
+
+def _validation_table(result: object) -> str:
+    """The cells, one line each: key columns, measured, simulated, error, note; ``!`` marks a cell beyond."""
+    from harness.runs.validate import Validation
+
+    assert isinstance(result, Validation)
+    widths = [max(len(name), *(len(c.key[i]) for c in result.cells)) for i, name in enumerate(result.columns)]
+
+    def cols(parts: tuple[str, ...]) -> str:
+        first, *rest = parts
+        return f"{first:<{widths[0]}} " + " ".join(f"{p:>{w}}" for p, w in zip(rest, widths[1:], strict=True))
+
+    def num(value: float) -> str:
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3f}"
+
+    lines = [f"  {cols(result.columns)} {'measured':>12} {'simulated':>12} {'error':>8}  note"]
+    for c in result.cells:
+        mark = " !" if c.beyond else ""
+        lines.append(f"  {cols(c.key)} {num(c.measured):>12} {num(c.simulated):>12} {c.error:>+8.1%}  {c.note}{mark}")
+    return "\n".join(lines)
 
 
 @sim_app.command("fleet-whatif")

@@ -51,7 +51,12 @@ def chosen(hardware: str = "h100-sxm") -> Calibration:
         hbm_efficiency=_p(0.70),
         backends={
             "lmcache": BackendCalibration(
-                version="0.0.1", tier="cpu", load_gbps=_p(12.0), load_latency_s=_p(0.020), store_s_per_gb=_p(0.05)
+                version="0.0.1",
+                tier="cpu",
+                load_gbps=_p(12.0),
+                load_latency_s=_p(0.020),
+                store_s_per_gb=_p(0.05),
+                store_latency_s=_p(0.015),
             )
         },
     )
@@ -133,6 +138,8 @@ def test_fit_recovers_the_parameters_the_simulator_ran_with(tmp_path: Path) -> N
     assert lmc.load_gbps.value == pytest.approx(want_lmc.load_gbps.value, rel=0.03)
     assert lmc.load_latency_s.value == pytest.approx(want_lmc.load_latency_s.value, rel=0.05)
     assert lmc.store_s_per_gb.value == pytest.approx(want_lmc.store_s_per_gb.value, rel=0.05)
+    assert lmc.store_latency_s.fitted
+    assert lmc.store_latency_s.value == pytest.approx(want_lmc.store_latency_s.value, rel=0.05)
     # no request was served from the HBM prefix cache: the growth term is not determined
     assert not fitted.request_overhead_s_per_ktoken.fitted
     assert all(abs(r.error) < 0.02 for r in fitted.residuals)
@@ -177,17 +184,31 @@ def test_calibration_file_round_trips(tmp_path: Path) -> None:
         Calibration.load(path)
 
 
-def _decoding(start_ms: int, end_ms: int) -> RequestRecord:
+def _decoding(name: str, start_ms: float, ttft_ms: float, gaps_ms: list[float], prompt: int = 1000) -> RequestRecord:
+    ms = 1_000_000
     return RequestRecord(
         arm="A", attempt=0, phase="measure", repetition=0, context_tokens=1000, conversation=0, turn=1,
-        request_id=f"r{start_ms}", api="chat", started_ns=start_ms * 1_000_000, ttft_ns=0,
-        e2e_ns=(end_ms - start_ms) * 1_000_000, ok=True,
+        request_id=name, api="chat", started_ns=int(start_ms * ms), ttft_ns=int(ttft_ms * ms),
+        e2e_ns=int((ttft_ms + sum(gaps_ms)) * ms), itl_ns=[int(g * ms) for g in gaps_ms],
+        output_chunks=len(gaps_ms) + 1, prompt_tokens=prompt, completion_tokens=len(gaps_ms) + 1, ok=True,
     )  # fmt: skip
 
 
-def test_decode_batch_is_the_time_averaged_number_of_requests_decoding_together() -> None:
-    from harness.results.calibrate import decode_batches
+def test_decode_steps_come_from_gaps_while_no_other_request_prefills() -> None:
+    from harness.results.calibrate import decode_samples
 
-    # A decodes 0-100 ms; B 50-150 ms overlaps half of A's window; C 200-300 ms is alone
-    batches = decode_batches([_decoding(0, 100), _decoding(50, 150), _decoding(200, 300)])
-    assert batches == pytest.approx([1.5, 1.5, 1.0])
+    # A: first token at 10 ms, then 10 gaps of 10 ms (decodes 10-110 ms). B is sent at 35 ms and
+    # prefills until 60 ms: A's gaps overlapping 35-60 ms (30-40, 40-50, 50-60) may hold B's prefill
+    # and are left out. B decodes 60-160, with A until 110 (batch 2), then alone.
+    a = _decoding("a", 0, 10, [10.0] * 10)
+    b = _decoding("b", 35, 25, [10.0] * 10, prompt=3000)
+    c = _decoding("c", 500, 10, [4.0] * 5)  # alone: batch 1, 4 ms steps
+    samples = decode_samples([a, b, c], [a, b, c])
+    assert [s.step_s for s in samples] == pytest.approx([0.010, 0.010, 0.004])
+    # A's clean gaps: 10-30 alone, 60-110 with B decoding: (20 x 1 + 50 x 2) / 70
+    assert samples[0].batch == pytest.approx((20 * 1 + 50 * 2) / 70)
+    # B decodes 60-160: with A until 110
+    assert samples[1].batch == pytest.approx((50 * 2 + 50 * 1) / 100)
+    assert samples[2].batch == pytest.approx(1.0)
+    # C's context grows from its prompt by the 6 tokens it generates: time-averaged, the middle
+    assert samples[2].context_tokens == 1000 + 3

@@ -1,0 +1,150 @@
+"""``kvbench sim validate`` and ``kvbench sim calibrate`` on a sweep, end to end.
+
+The "measured" sweep is a real ``kvbench sweep`` of the simulator (Llama-3.1-8B on one H100,
+datasheet profile, two arms, two load points of 4 s). Then:
+
+* validating it re-runs the same scenario on the simulator: every point metric and capacity is
+  within 15 % (exit 0);
+* calibrating from it fits the decode step against batch size from the records' inter-token
+  gaps, and must find the simulator profile's step time again;
+* that calibration with the HBM efficiency lowered so that a decode step takes ``SLOW`` times as
+  long (computed from the time model) makes TPS/user miss by about ``1/SLOW - 1``: exit 1, naming
+  those cells;
+* a sweep given ``--holdout`` cannot be compared (exit 2).
+
+About 80 s on 2 cores (three short sweeps).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.results.sweep import aggregate_sweep
+from harness.runs.kinds import launch
+from harness.runs.validate import sweep_cells
+from harness.scenario.spec import parse_scenario
+from harness.sim.calibration import Calibration, FitParam
+from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, TimeModel
+from harness.store.rundir import RunDir
+from kvbench.cli.sim import sim_app
+from offload.shapes import Deployment
+from tests.integration import test_sweep_sim
+
+pytestmark = pytest.mark.integration
+
+runner = CliRunner()
+SLOW = 1.5
+"""The wrong calibration's decode step, as a multiple of the simulator profile's."""
+
+BASE = test_sweep_sim.SCENARIO
+SCENARIO = {
+    **BASE,
+    "name": "validate-sweep",
+    "workload": {
+        **cast(dict[str, object], BASE["workload"]),
+        "answer_tokens": 32,
+        "think_time_s": {"dist": "exponential", "mean": 0.2},
+    },
+    # below the load where queueing makes a TTFT p90 of ~50 requests swing between identical runs
+    "sweep": {"mode": "concurrency", "values": [2, 5], "warmup": 1, "duration": 4, "ramp_up": 1},
+}
+DEPLOYMENT = Deployment.resolve("llama-3.1-8b", "h100-sxm", 1, "bf16")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sweep")
+    run_dir, _ = launch("sweep", parse_scenario(SCENARIO, "test"), source=None, output_dir=root / "runs")
+    return run_dir.path
+
+
+def _rows(output: str, metric: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines() if f" {metric} " in line and line.startswith("  AMG-")]
+
+
+def test_a_sweep_validates_against_the_same_simulator(measured: Path, tmp_path: Path) -> None:
+    ok = runner.invoke(sim_app, ["validate", str(measured), "-o", str(tmp_path)])
+    assert ok.exit_code == 0, ok.output
+    assert "within" in ok.output and "No calibration: the run's own simulator settings" in ok.output
+    for arm in ("AMG-OFF", "AMG-ON"):
+        for load in ("2", "5"):
+            for metric in ("RPS/GPU", "TPS/user", "TTFT p90 ms"):
+                assert any(line.startswith(f"  {arm}") and f" {load} " in line and metric in line
+                           for line in ok.output.splitlines()), (arm, load, metric, ok.output)  # fmt: skip
+        assert any(line.startswith(f"  {arm}") and "capacity RPS/GPU" in line for line in ok.output.splitlines())
+    assert "GPUs saved by AMG-ON vs AMG-OFF at 50 req/s" in ok.output
+
+    held = runner.invoke(sim_app, ["validate", str(measured), "--holdout", "2000", "-o", str(tmp_path / "h")])
+    assert held.exit_code == 2 and "a sweep has no context lengths" in held.output
+
+
+def test_points_without_successes_are_skipped_with_the_reason(measured: Path) -> None:
+    run_dir = RunDir.open(measured)
+    result = aggregate_sweep(run_dir.scenario(), run_dir.run_id, run_dir.records(), run_dir.points())
+    points = [p.model_copy(update={"ok": 0}) if (p.arm, p.load) == ("AMG-ON", 5) else p for p in result.points]
+    broken = result.model_copy(update={"points": points})
+    cells, skipped, one_sided, _ = sweep_cells(broken, result, 0.15, 0.15)
+    assert "AMG-ON at load 5: zero successful requests (measured)" in skipped
+    assert not any(c.key[:2] == ("AMG-ON", "5") for c in cells)
+    assert all(abs(c.error) < 1e-9 for c in cells) and not one_sided
+
+
+def _truth_step(batch: float, context: int) -> float:
+    timing = TimeModel(DEPLOYMENT)
+    low = int(batch)
+    step = timing.decode_step_seconds(low, context)
+    return step + (batch - low) * (timing.decode_step_seconds(low + 1, context) - step)
+
+
+def test_calibrate_fits_the_decode_step_from_the_sweep_and_a_slow_decode_fails_validation(
+    measured: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "calibration.yaml"
+    fitted = runner.invoke(sim_app, ["calibrate", str(measured), "-o", str(out)])
+    assert fitted.exit_code == 0, fitted.output
+    assert "Decode residuals" in fitted.output
+    calibration = Calibration.load(out)
+    assert [s.path for s in calibration.sources] == [str(measured)]
+    assert calibration.step_overhead_s.fitted
+    # the weights dominate every step of these short contexts: the overhead takes what the
+    # datasheet HBM efficiency does not explain, and must come out as the profile's
+    assert not calibration.hbm_efficiency.fitted
+    assert calibration.hbm_efficiency.value == DEPLOYMENT.hardware.hbm_efficiency
+    assert calibration.step_overhead_s.value == pytest.approx(STEP_OVERHEAD_S, abs=0.4e-3)
+    residuals = calibration.decode_residuals
+    assert {(r.arm, r.load) for r in residuals} == {(a, n) for a in ("AMG-OFF", "AMG-ON") for n in (2.0, 5.0)}
+    assert max(r.batch for r in residuals) > 2.0 > min(r.batch for r in residuals)
+    fitted_timing = TimeModel(DEPLOYMENT, calibration.efficiencies(DEPLOYMENT, None))
+    for r in residuals:
+        truth = _truth_step(r.batch, r.context_tokens)
+        assert r.measured_ms / 1e3 == pytest.approx(truth, rel=0.05), r  # the samples are decode steps
+        low = int(r.batch)
+        base = fitted_timing.decode_step_seconds(low, r.context_tokens)
+        predicted = base + (r.batch - low) * (fitted_timing.decode_step_seconds(low + 1, r.context_tokens) - base)
+        assert predicted == pytest.approx(truth, rel=0.05), r
+
+    # an HBM efficiency that makes a step at the sweep's typical batch and context SLOW times as long
+    batch, context = 2, round(sum(r.context_tokens for r in residuals) / len(residuals))
+    overhead = calibration.step_overhead_s.value
+    memory_at_datasheet = fitted_timing.decode_step_seconds(batch, context) - overhead
+    target = SLOW * (memory_at_datasheet + overhead)
+    slow_hbm = calibration.hbm_efficiency.value * memory_at_datasheet / (target - overhead)
+    slow = calibration.model_copy(update={"hbm_efficiency": FitParam(value=slow_hbm, unit="", fitted=True,
+                                                                     source="wrong on purpose")})  # fmt: skip
+    check = TimeModel(DEPLOYMENT, Efficiencies(hbm=slow_hbm, step_overhead_s=overhead))
+    assert check.decode_step_seconds(batch, context) == pytest.approx(target)
+    wrong = slow.save(tmp_path / "slow-decode.yaml")
+    beyond = runner.invoke(sim_app, ["validate", str(measured), "--calibration", str(wrong), "-o", str(tmp_path / "v")])
+    assert beyond.exit_code == 1, beyond.output
+    assert "BEYOND" in beyond.output
+    tps = _rows(beyond.output, "TPS/user")
+    assert len(tps) == 4
+    for row in tps:
+        error = float(row[-3].rstrip("%")) / 100
+        assert row[-1] == "!" and error == pytest.approx(1 / SLOW - 1, abs=0.1), row
+    named = next(line for line in beyond.output.splitlines() if line.startswith("beyond: "))
+    assert all(f"{arm} {load} TPS/user" in named for arm in ("AMG-OFF", "AMG-ON") for load in ("2", "5")), named
