@@ -40,7 +40,8 @@ def main(
 
 
 COMMANDS = (
-    runs.run, runs.sweep, runs.soak, runs.replay, runs.report, gate.compare, scenarios.validate, scenarios.scenarios,
+    runs.run, runs.sweep, runs.soak, runs.replay, runs.report, runs.versus, gate.compare, scenarios.validate,
+    scenarios.scenarios,
 )  # fmt: skip
 for command in COMMANDS:
     app.command()(command)

@@ -201,6 +201,29 @@ def report(
     verdict_exit(outcomes)
 
 
+def versus(
+    spec: Annotated[Path, typer.Argument(help="A published table and the runs that measure its columns (YAML).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write the Markdown here (default: print it).")
+    ] = None,
+) -> None:
+    """A published TTFT table beside kvbench's runs, with the analytical model's expectation per length."""
+    from kvbench.errors import KvbenchError
+    from reports.published import render_published
+
+    try:
+        text = render_published(spec)
+        if out is None:
+            console.print(text, markup=False, highlight=False)
+            return
+        out.write_text(text, encoding="utf-8")
+    except KvbenchError as error:
+        raise fail(str(error)) from None
+    except OSError as error:
+        raise fail(os_error(error)) from None
+    console.print(f"wrote {out}", highlight=False, markup=False)
+
+
 def replay(
     scenario: Annotated[
         str | None, typer.Argument(help="Scenario with workload kind trace (file or bundled name).")
