@@ -82,7 +82,9 @@ class ProbeRunner(Runner[RunResult]):
     async def run_arm(self, session: ArmSession) -> None:
         w = self.workload
         self.progress.describe(f"{session.arm.name}: warming up")
-        await session.warm_up(w.warmup_requests, api=w.api, ignore_eos=w.ignore_eos, tag="warmup")
+        await session.warm_up(
+            w.warmup_requests, api=w.api, ignore_eos=w.ignore_eos, tag="warmup", prompt_tokens=w.warmup_prompt_tokens
+        )
         if w.between_turns.mode == "reset_prefix_cache":
             await session.reset_prefix_cache(required=True)
         self.progress.describe(f"{session.arm.name}: measuring")

@@ -162,8 +162,17 @@ class ArmSession:
                 raise TypeError("the completions API takes a text prompt")
             return await self.client.completion(prompt, max_tokens, ignore_eos=ignore_eos)
 
-    async def warm_up(self, count: int, *, api: str, ignore_eos: bool, tag: str) -> None:
-        """``count`` unmeasured short requests (kernels, allocators, connections), recorded as ``warmup``.
+    async def warm_up(
+        self,
+        count: int,
+        *,
+        api: str,
+        ignore_eos: bool,
+        tag: str,
+        prompt_tokens: Sequence[int] = (WARMUP_PROMPT_TOKENS,),
+    ) -> None:
+        """``count`` unmeasured requests (kernels, allocators, connections), recorded as ``warmup``; request
+        i has ``prompt_tokens[i % len(prompt_tokens)]`` prompt tokens (default: short ones).
 
         A failed one is recorded and retried, up to :data:`WARMUP_ATTEMPTS` times with a pause of
         :data:`WARMUP_RETRY_S` (one blip of a staging engine must not abort a soak); when every try
@@ -172,15 +181,14 @@ class ArmSession:
         """
         scenario = self.runner.scenario
         for index in range(count):
-            prompt = await build_filler(
-                self.tokenizer, seed=scenario.seed, tag=f"{tag}-{index}", tokens=WARMUP_PROMPT_TOKENS
-            )
+            tokens = prompt_tokens[index % len(prompt_tokens)]
+            prompt = await build_filler(self.tokenizer, seed=scenario.seed, tag=f"{tag}-{index}", tokens=tokens)
             for attempt in range(1, WARMUP_ATTEMPTS + 1):
                 outcome = await self.send(prompt, WARMUP_ANSWER_TOKENS, api=api, ignore_eos=ignore_eos)
                 self.append(
                     record_from(
                         outcome, arm=self.arm.name, attempt=self.attempt, phase="warmup", api=api, repetition=-1,
-                        context_tokens=WARMUP_PROMPT_TOKENS, conversation=index, turn=attempt,
+                        context_tokens=tokens, conversation=index, turn=attempt,
                     )
                 )  # fmt: skip
                 if outcome.ok:

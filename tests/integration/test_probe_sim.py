@@ -135,7 +135,13 @@ def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
 
 def test_one_arm_per_invocation_then_resume_runs_the_rest(tmp_path: Path) -> None:
     """``--arm`` is how a time-limited GPU session runs one arm per call: the other arms stay pending."""
-    scenario = write_scenario(tmp_path, workload={**SCENARIO["workload"], "context_tokens": [2000]})  # type: ignore[dict-item]
+    workload = {
+        **SCENARIO["workload"],
+        "context_tokens": [2000],
+        "warmup_requests": 2,
+        "warmup_prompt_tokens": [128, 1000],
+    }  # type: ignore[dict-item]
+    scenario = write_scenario(tmp_path, workload=workload)
     runs = tmp_path / "runs"
     unknown = kvbench("run", str(scenario), "-o", str(runs), "--arm", "AMG-MAYBE", cwd=tmp_path)
     assert unknown.returncode == 2
@@ -147,6 +153,9 @@ def test_one_arm_per_invocation_then_resume_runs_the_rest(tmp_path: Path) -> Non
     assert "--resume" in first.stdout + first.stderr
     measured = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
     assert {r.arm for r in measured} == {"AMG-ON"}
+    warmups = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "warmup"]
+    assert [r.context_tokens for r in warmups] == [128, 1000]  # warm-up at the lengths the scenario asks
+    assert all(r.ok and r.prompt_tokens is not None and r.prompt_tokens >= r.context_tokens for r in warmups)
     assert not RunResult.read_file(run_dir / "summary.json").complete
 
     second = kvbench("run", "--resume", str(run_dir), "--arm", "AMG-OFF", cwd=tmp_path)
