@@ -135,12 +135,9 @@ def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
 
 def test_one_arm_per_invocation_then_resume_runs_the_rest(tmp_path: Path) -> None:
     """``--arm`` is how a time-limited GPU session runs one arm per call: the other arms stay pending."""
-    workload = {
-        **SCENARIO["workload"],
-        "context_tokens": [2000],
-        "warmup_requests": 2,
-        "warmup_prompt_tokens": [128, 1000],
-    }  # type: ignore[dict-item]
+    base = SCENARIO["workload"]
+    assert isinstance(base, dict)
+    workload = {**base, "context_tokens": [2000], "warmup_requests": 2, "warmup_prompt_tokens": [128, 1000]}
     scenario = write_scenario(tmp_path, workload=workload)
     runs = tmp_path / "runs"
     unknown = kvbench("run", str(scenario), "-o", str(runs), "--arm", "AMG-MAYBE", cwd=tmp_path)
