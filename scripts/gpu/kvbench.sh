@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${KVBENCH_RUNS:-/tmp/kvruns}
 
-if [ ! -f /tmp/site/.kvbench-ok ]; then
+# KVBENCH_SKIP_INSTALL=1: vLLM is already importable (or the run needs no engine venv, e.g. the simulator)
+if [ -z "${KVBENCH_SKIP_INSTALL:-}" ] && [ ! -f /tmp/site/.kvbench-ok ]; then
   bash /tmp/wb/install.sh
   touch /tmp/site/.kvbench-ok
 fi
@@ -33,8 +34,8 @@ fi
 export PYTHONPATH="$PWD:/tmp/site:/tmp/kvsite" PYTHONUNBUFFERED=1
 python3 -m kvbench --version
 python3 -c "import vllm, lmcache, tokenizers, transformers, torch; print('vllm', vllm.__version__, 'tokenizers', \
-  tokenizers.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+  tokenizers.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)" || true
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
 env | grep -E '^(NCCL_|TORCH_SYMM|NVSHMEM_|CUDA_VISIBLE)' || true
 mkdir -p "$runs"
 status=0

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Starts `scripts/gpu/kvbench.sh ARGS...` detached from the device call, so one run can outlive the 10-minute
+# limit of a call: a >= 20-minute soak window or a whole sweep in ONE engine process, with no restart between
+# calls. A warm machine keeps the process (verified 2026-11-26: a detached process went on writing between two
+# calls); it is given back 30 s after a call ends, so follow at once with back-to-back
+# `scripts/gpu/wait.sh 540` calls until it reports the run finished.
+#   usage: scripts/gpu/detach.sh soak scenarios/gpu-sweep-llama8b.yaml --arm AMG-ON-LMCache --window 20m --load 12
+# Output goes to /tmp/kvbench-detached.log, the pid to /tmp/kvbench-detached.pid, the exit status (when it ends)
+# to /tmp/kvbench-detached.rc. KVBENCH_RUN_TIMEOUT is not applied here: the run is meant to outlive a call.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -f /tmp/kvbench-detached.pid ] && kill -0 "$(cat /tmp/kvbench-detached.pid)" 2>/dev/null; then
+  echo "a detached kvbench is still running (pid $(cat /tmp/kvbench-detached.pid)): wait for it first" >&2
+  exit 2
+fi
+rm -f /tmp/kvbench-detached.rc
+# setsid: its own session and process group, so the end of this call does not signal it; OUT is unset so the
+# archive is made by wait.sh in the call that has an $OUT
+setsid nohup env -u OUT bash -c '"$0" "$@"; echo $? > /tmp/kvbench-detached.rc' "$here/kvbench.sh" "$@" \
+  > /tmp/kvbench-detached.log 2>&1 < /dev/null &
+echo $! > /tmp/kvbench-detached.pid
+sleep 5
+echo "detached kvbench pid $(cat /tmp/kvbench-detached.pid); log /tmp/kvbench-detached.log"
+tail -n 5 /tmp/kvbench-detached.log
