@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import Field, ValidationError
 
 from harness.results.capacity import engine_shapes
@@ -42,6 +41,7 @@ from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
 from kvbench.errors import KvbenchError
 from kvbench.schema import StrictModel
+from kvbench.yamlfile import read_yaml_mapping
 from offload import analytical
 
 _TURN = re.compile(r"\bturn (\d+)\b")
@@ -90,12 +90,7 @@ class _Run:
 
 
 def load_spec(path: Path) -> PublishedSpec:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise PublishedError(f"{path}: cannot read ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise PublishedError(f"{path}: not YAML ({error})") from None
+    data = read_yaml_mapping(path, PublishedError)
     try:
         spec = PublishedSpec.model_validate(data)
     except ValidationError as error:

@@ -29,6 +29,7 @@ from harness.scenario.spec import Duration
 from harness.store.rundir import RunDir, RunKind
 from kvbench.errors import KvbenchError, RunDirError
 from kvbench.schema import StrictModel
+from kvbench.yamlfile import read_yaml_mapping
 
 PLAYBOOK_SCHEMA_VERSION = 1
 
@@ -160,16 +161,7 @@ def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
 
 def load_playbook(path: Path) -> Playbook:
     """Read and validate a playbook file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise PlaybookError(f"{path}: cannot read: {error.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise PlaybookError(f"{path}: not valid YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise PlaybookError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = read_yaml_mapping(path, PlaybookError)
     try:
         return Playbook.model_validate(data)
     except ValidationError as error:

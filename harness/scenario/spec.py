@@ -13,7 +13,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from harness.engines import kinds
@@ -22,6 +21,7 @@ from harness.engines.replicas import PrometheusSpec, RoutingSpec
 from harness.sim.config import SimEngineConfig
 from kvbench.errors import ScenarioError
 from kvbench.schema import StrictModel
+from kvbench.yamlfile import read_yaml_mapping
 from offload.profiles import OffloadProfile, resolve_profile
 from workloads.config import (
     ChoiceDist,
@@ -538,16 +538,4 @@ def parse_scenario(data: object, source: str) -> Scenario:
 def load_scenario(ref: str | Path) -> tuple[Scenario, Path]:
     """Read and validate a scenario file (or bundled scenario name)."""
     path = resolve_scenario_path(str(ref))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ScenarioError(f"{path}: cannot read: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise ScenarioError(
-            f"{path}: not UTF-8 text (byte {error.start}: {error.reason}); save the scenario file as UTF-8"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ScenarioError(f"{path}: not valid YAML: {error}") from None
-    return parse_scenario(data, str(path)), path
+    return parse_scenario(read_yaml_mapping(path, ScenarioError), str(path)), path

@@ -36,6 +36,7 @@ from pydantic import Field, ValidationError
 
 from kvbench.errors import CalibrationError
 from kvbench.schema import StrictModel
+from kvbench.yamlfile import read_yaml_mapping
 from offload.profiles import OffloadProfile, TierKind
 from offload.shapes import Deployment, Dtype
 
@@ -153,14 +154,7 @@ class Calibration(StrictModel):
     # -- reading and writing ---------------------------------------------------------------
     @classmethod
     def load(cls, path: Path) -> Calibration:
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as error:
-            raise CalibrationError(f"{path}: cannot read the calibration: {error.strerror}") from None
-        except yaml.YAMLError as error:
-            raise CalibrationError(f"{path}: not YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise CalibrationError(f"{path}: a calibration is a mapping (kvbench sim calibrate writes one)")
+        data = read_yaml_mapping(path, CalibrationError, hint="kvbench sim calibrate writes one")
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise CalibrationError(f"{path}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")

@@ -94,3 +94,27 @@ def test_soak_window_flag_inf_names_the_field() -> None:
     scenario, _ = load_scenario("soak-sim")
     with pytest.raises((ScenarioError, ValueError), match="window"):
         soak_scenario(scenario, window_s=float("inf"))
+
+
+def test_every_yaml_input_fails_as_its_own_kind_naming_the_file(tmp_path: Path) -> None:
+    """Scenarios, playbooks, calibrations and published-table specs share one reader (kvbench.yamlfile)."""
+    from harness.gate.playbook import PlaybookError, load_playbook
+    from harness.sim.calibration import Calibration
+    from kvbench.errors import CalibrationError
+    from reports.published import PublishedError, load_spec
+
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    for load, kind in (
+        (load_playbook, PlaybookError),
+        (Calibration.load, CalibrationError),
+        (load_spec, PublishedError),
+    ):
+        with pytest.raises(kind, match=r"list\.yaml: expected a mapping at the top level, got list"):
+            load(listed)
+        with pytest.raises(kind, match=r"empty\.yaml: expected a mapping at the top level, got nothing"):
+            load(empty)
+        with pytest.raises(kind, match=r"missing\.yaml: cannot read"):
+            load(tmp_path / "missing.yaml")
