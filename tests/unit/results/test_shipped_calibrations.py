@@ -53,3 +53,14 @@ def test_the_simulator_takes_the_fp8_70b_calibration_for_its_run() -> None:
     for arm in RunDir.open(run).scenario().arms:
         settings = SimSettings.from_engine_config(engine, resolve_profile(arm.offload), True)
         assert settings.deployment().label == "llama-3.1-70b fp8 weights, bf16 KV on 4x h200-sxm"
+
+
+def test_serve_refuses_the_fp8_70b_calibration_for_an_fp8_kv_cache() -> None:
+    from typer.testing import CliRunner
+
+    from kvbench.cli.sim import sim_app
+
+    argv = ["serve", "--model", "llama-3.1-70b", "--hardware", "h200-sxm", "--tp", "4", "--dtype", "fp8"]
+    result = CliRunner().invoke(sim_app, [*argv, "--offload", "cpu", "--calibration", str(FP8_70B)])
+    assert result.exit_code == 2
+    assert "fp8 weights, bf16 KV on 4x h200-sxm" in result.output and "fp8 on 4x h200-sxm" in result.output
