@@ -236,6 +236,11 @@ SHIPPED_DEPLOYMENTS: tuple[tuple[str, str, int, Dtype], ...] = (
 RUNTIME_RESERVE_BYTES = 1.5 * GIB
 
 
+def dtype_label(dtype: str, kv_dtype: str | None) -> str:
+    """``bf16``, or ``fp8 weights, bf16 KV`` when the KV cache has its own dtype."""
+    return dtype if kv_dtype is None or kv_dtype == dtype else f"{dtype} weights, {kv_dtype} KV"
+
+
 def get_model(name: str) -> ModelProfile:
     try:
         return MODELS[name]
@@ -253,17 +258,29 @@ def get_hardware(name: str) -> HardwareProfile:
 
 @dataclass(frozen=True)
 class Deployment:
-    """A model on ``tp`` GPUs of one hardware kind, in one dtype: all derived sizes live here."""
+    """A model on ``tp`` GPUs of one hardware kind: all derived sizes live here.
+
+    ``dtype`` is the weights' dtype (it sets the GEMM peak and the weight bytes); ``kv_dtype`` the
+    KV cache's (it sets KV bytes per token: HBM capacity, KV reads, tier loads and stores). ``None``
+    keeps the KV cache in the weights' dtype. vLLM's ``--quantization fp8`` is FP8 weights with the
+    KV cache in ``--dtype`` (``dtype="fp8", kv_dtype="bf16"``); ``--kv-cache-dtype fp8`` is FP8 KV.
+    """
 
     model: ModelProfile
     hardware: HardwareProfile
     tp: int = 1
     dtype: Dtype = "bf16"
+    kv_dtype: Dtype | None = None
 
     @classmethod
-    def resolve(cls, model: str, hardware: str, tp: int = 1, dtype: Dtype | None = None) -> Deployment:
+    def resolve(
+        cls, model: str, hardware: str, tp: int = 1, dtype: Dtype | None = None, kv_dtype: Dtype | None = None
+    ) -> Deployment:
         profile = get_model(model)
-        deployment = cls(get_model(model), get_hardware(hardware), tp, dtype or profile.dtype)
+        weights = dtype or profile.dtype
+        # a KV dtype equal to the weights' is the default: one spelling per deployment
+        kv = None if kv_dtype == weights else kv_dtype
+        deployment = cls(get_model(model), get_hardware(hardware), tp, weights, kv)
         deployment.validate()
         return deployment
 
@@ -276,11 +293,21 @@ class Deployment:
 
     @property
     def dtype_bytes(self) -> int:
+        """Bytes per weight."""
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def kv_cache_dtype(self) -> Dtype:
+        return self.kv_dtype or self.dtype
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes per KV-cache element."""
+        return DTYPE_BYTES[self.kv_cache_dtype]
+
+    @property
     def label(self) -> str:
-        return f"{self.model.name} {self.dtype} on {self.tp}x {self.hardware.name}"
+        return f"{self.model.name} {dtype_label(self.dtype, self.kv_dtype)} on {self.tp}x {self.hardware.name}"
 
     @property
     def weight_bytes_per_gpu(self) -> float:
@@ -296,7 +323,7 @@ class Deployment:
     def kv_bytes_per_token(self) -> int:
         """K and V of one token over all layers and all KV heads (the whole deployment)."""
         m = self.model
-        return 2 * m.layers * m.kv_heads * m.head_dim * self.dtype_bytes
+        return 2 * m.layers * m.kv_heads * m.head_dim * self.kv_dtype_bytes
 
     @property
     def kv_heads_per_gpu(self) -> int:
@@ -306,7 +333,7 @@ class Deployment:
     @property
     def kv_bytes_per_token_per_gpu(self) -> int:
         m = self.model
-        return 2 * m.layers * self.kv_heads_per_gpu * m.head_dim * self.dtype_bytes
+        return 2 * m.layers * self.kv_heads_per_gpu * m.head_dim * self.kv_dtype_bytes
 
     def activation_bytes_per_gpu(self, max_batch_tokens: int) -> float:
         """Peak activation memory of one forward pass over ``max_batch_tokens`` tokens.

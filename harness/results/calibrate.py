@@ -2,8 +2,9 @@
 
 ``calibrate([RUN_DIR, ...])`` reads each run's scenario, manifest, ``records.jsonl`` and
 ``engine_metrics.jsonl`` and fits the parameters of :class:`harness.sim.calibration.Calibration`
-for the one deployment they share (model, hardware, TP, dtype, engine and version; runs of two
-deployments are an error naming both).
+for the one deployment they share (model, hardware, TP, weight dtype -- FP8 with
+``engine.quantization: fp8`` --, KV-cache dtype, engine and version; runs of two deployments are an
+error naming both).
 
 What is fitted, from what (all by least squares on *relative* residuals ``predicted/measured - 1``,
 so a 50 ms and a 10 s request weigh the same; ``soft_l1`` loss, so a request whose TTFT includes a
@@ -82,6 +83,8 @@ overhead; the efficiency keeps its datasheet value and the overhead takes the re
 
 DTYPES: dict[str, Dtype] = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                             "fp8": "fp8"}  # fmt: skip
+QUANTIZED_WEIGHTS: dict[str, Dtype] = {"fp8": "fp8"}
+"""Engine ``quantization`` -> the simulator's weight dtype (the KV cache keeps the engine's dtype)."""
 GPU_NAMES: tuple[tuple[str, str], ...] = (("H200", "h200-sxm"), ("H100", "h100-sxm"))
 """Substring of the GPU name in the manifest -> simulator hardware profile."""
 
@@ -180,6 +183,27 @@ def run_model_shape(scenario: Scenario) -> ModelProfile | None:
         return None
 
 
+def run_dtypes(scenario: Scenario, default: Dtype, where: str) -> tuple[Dtype, Dtype | None]:
+    """(weight dtype, KV-cache dtype or None when the same) of a run's engine.
+
+    ``engine.dtype`` is the activations' and the KV cache's dtype (``auto``/absent: the model's);
+    ``engine.quantization`` quantizes the weights only (vLLM's ``--quantization fp8``: FP8 GEMMs,
+    the KV cache stays in ``dtype``); a simulator engine's ``kv_dtype`` sets the KV cache's.
+    """
+    value = _engine_attr(scenario, "dtype")
+    dtype = DTYPES.get(str(value), default) if value is not None else default
+    kv_value = _engine_attr(scenario, "kv_dtype")
+    kv = DTYPES.get(str(kv_value), dtype) if kv_value is not None else dtype
+    quantization = _engine_attr(scenario, "quantization")
+    if quantization is not None:
+        weights = QUANTIZED_WEIGHTS.get(str(quantization))
+        if weights is None:
+            known = ", ".join(sorted(QUANTIZED_WEIGHTS))
+            raise CalibrationError(f"{where}: engine.quantization {quantization!r}: no simulator dtype; known: {known}")
+        dtype = weights
+    return dtype, (None if kv == dtype else kv)
+
+
 def _gpu_names(manifest: dict[str, object]) -> list[str]:
     host = manifest.get("host")
     gpus = host.get("gpus") if isinstance(host, dict) else None
@@ -225,8 +249,7 @@ def run_facts(path: Path, model: str | None = None, hardware: str | None = None)
     name = _model_name(scenario, where, model)
     tp_value = getattr(_engine_attr(scenario, "parallelism"), "tp", 1)
     tp = tp_value if isinstance(tp_value, int) else 1
-    dtype_value = _engine_attr(scenario, "dtype")
-    dtype: Dtype = DTYPES.get(str(dtype_value), MODELS[name].dtype) if dtype_value is not None else MODELS[name].dtype
+    dtype, kv_dtype = run_dtypes(scenario, MODELS[name].dtype, where)
     chunk = _engine_attr(scenario, "max_batch_tokens") or _engine_attr(scenario, "max_num_batched_tokens")
     arms: dict[str, ArmFacts] = {}
     for arm in scenario.arms:
@@ -253,6 +276,7 @@ def run_facts(path: Path, model: str | None = None, hardware: str | None = None)
             hardware=_hardware_name(first_details, manifest, where, hardware),
             tp=tp,
             dtype=dtype,
+            kv_dtype=kv_dtype,
             engine=engine,
             engine_version=version,
         ),
@@ -555,7 +579,7 @@ def calibrate(
                 f"{first.deployment.label}: calibrate one deployment at a time"
             )
     dep = first.deployment
-    deployment = Deployment.resolve(dep.model, dep.hardware, dep.tp, dep.dtype)
+    deployment = dep.resolve()
     chunk = first.max_batch_tokens
     fit, held = FitData(), FitData()
     backend_facts: dict[str, ArmFacts] = {}
@@ -797,7 +821,7 @@ def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str,
             f"calibration {calibration_file} is for {calibration.deployment.label}; the run is {facts.deployment.label}"
         )
     dep = calibration.deployment
-    deployment = Deployment.resolve(dep.model, dep.hardware, dep.tp, dep.dtype)
+    deployment = dep.resolve()
     samples, _ = collect(run, facts, ())
     usable = [s for s in samples.ttft if s.backend is None or s.backend in calibration.backends]
     cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)

@@ -133,11 +133,11 @@ def engine_shapes(engine: EngineConfig) -> Shapes:
 
 
 def _sim_shapes(engine: SimEngineConfig) -> Shapes:
-    from offload.shapes import DTYPE_BYTES, Deployment
+    from offload.shapes import Deployment
 
     tp = engine.parallelism.tp
     try:
-        deployment = Deployment.resolve(engine.model, engine.hardware, tp, engine.dtype)
+        deployment = Deployment.resolve(engine.model, engine.hardware, tp, engine.dtype, engine.kv_dtype)
     except ValueError as error:
         return Shapes(None, None, tp, (f"simulator profiles: {error}",))
     m = deployment.model
@@ -150,7 +150,7 @@ def _sim_shapes(engine: SimEngineConfig) -> Shapes:
         hidden=m.hidden_size,
         kv_heads=m.kv_heads,
         head_dim=m.head_dim,
-        dtype_bytes=DTYPE_BYTES[deployment.dtype],
+        dtype_bytes=deployment.kv_dtype_bytes,  # the analytical model's dtype is the KV cache's
         attention_dim=m.heads * m.head_dim,
     )
     hardware = analytical.Hardware(

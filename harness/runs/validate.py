@@ -133,6 +133,7 @@ def sim_engine(scenario: Scenario, facts: RunFacts, calibration: Calibration | N
         "hardware": dep.hardware,
         "parallelism": {"tp": dep.tp},
         "dtype": dep.dtype,
+        **({"kv_dtype": dep.kv_dtype} if dep.kv_dtype is not None else {}),
         "max_batch_tokens": calibration.max_batch_tokens if calibration is not None else facts.max_batch_tokens,
     }
     if calibration_file is not None:

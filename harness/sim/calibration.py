@@ -2,7 +2,8 @@
 
 A calibration file (``kvbench sim calibrate`` writes it, see :mod:`harness.results.calibrate`)
 replaces the datasheet efficiency factors of one deployment -- model profile, hardware profile,
-tensor-parallel degree, dtype, and the real engine and version it was measured on -- with values
+tensor-parallel degree, weight dtype (FP8 with vLLM's ``--quantization fp8``), KV-cache dtype, and
+the real engine and version it was measured on -- with values
 fitted to real runs. Every parameter is physical and says where it came from (:class:`FitParam`):
 
 * ``request_overhead_s`` + ``request_overhead_s_per_ktoken`` x prompt/1000: time a real server
@@ -32,13 +33,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from kvbench.errors import CalibrationError
 from kvbench.schema import StrictModel
 from kvbench.yamlfile import read_yaml_mapping
 from offload.profiles import OffloadProfile, TierKind
-from offload.shapes import Deployment, Dtype
+from offload.shapes import Deployment, Dtype, dtype_label
 
 from .timemodel import Efficiencies, TimeModel
 
@@ -64,25 +65,46 @@ class SourceRun(StrictModel):
 
 
 class CalibratedDeployment(StrictModel):
-    """What a calibration applies to: the simulator's deployment and the engine it imitates."""
+    """What a calibration applies to: the simulator's deployment and the engine it imitates.
+
+    ``dtype`` is the weights' dtype (vLLM's ``--quantization fp8`` makes it ``fp8``), ``kv_dtype``
+    the KV cache's when it differs (``None``: the same; files written before the field read so).
+    FP8 weights with a BF16 KV cache and BF16 weights are different deployments: the GEMM peak, the
+    weights and the fitted efficiencies all differ, so one's calibration is refused for the other.
+    """
 
     model: str
     hardware: str
     tp: int
     dtype: Dtype
+    kv_dtype: Dtype | None = Field(default=None, description="KV-cache dtype when it differs from dtype.")
     engine: str = Field(description="Engine kind the runs measured, e.g. 'vllm'.")
     engine_version: str
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: object) -> object:
+        # a KV dtype equal to the weights' is the default: written as absent, so equal deployments compare equal
+        if isinstance(data, dict) and data.get("kv_dtype") is not None and data.get("kv_dtype") == data.get("dtype"):
+            return {k: v for k, v in data.items() if k != "kv_dtype"}
+        return data
+
     @property
     def label(self) -> str:
-        return f"{self.model} {self.dtype} on {self.tp}x {self.hardware} ({self.engine} {self.engine_version})"
+        weights = dtype_label(self.dtype, self.kv_dtype)
+        return f"{self.model} {weights} on {self.tp}x {self.hardware} ({self.engine} {self.engine_version})"
+
+    def resolve(self) -> Deployment:
+        """The simulator's deployment of these profiles."""
+        return Deployment.resolve(self.model, self.hardware, self.tp, self.dtype, self.kv_dtype)
 
     def matches(self, deployment: Deployment) -> bool:
-        return (self.model, self.hardware, self.tp, self.dtype) == (
+        return (self.model, self.hardware, self.tp, self.dtype, self.kv_dtype or self.dtype) == (
             deployment.model.name,
             deployment.hardware.name,
             deployment.tp,
             deployment.dtype,
+            deployment.kv_cache_dtype,
         )
 
 

@@ -22,7 +22,11 @@ class SimEngineConfig(ReplicaFields):
     hardware: str = Field(description="Simulator hardware profile, e.g. 'h100-sxm'.")
     parallelism: Parallelism = Parallelism()
     dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
-        default=None, description="Weight/KV dtype; default: the model profile's."
+        default=None, description="Weight dtype (and the KV cache's unless kv_dtype); default: the model profile's."
+    )
+    kv_dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
+        default=None,
+        description="KV-cache dtype; default: dtype. vLLM's --quantization fp8 is dtype fp8 with kv_dtype bf16.",
     )
     max_batch_tokens: int = Field(default=8192, ge=64, description="Per-step token budget (chunked prefill).")
     block_tokens: int = Field(default=16, ge=1, description="Tokens per KV block in the prefix cache.")

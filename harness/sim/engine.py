@@ -132,6 +132,7 @@ class SimEngine:
                 "hardware": settings.hardware,
                 "tp": str(settings.tp),
                 "dtype": deployment.dtype,
+                "kv_dtype": deployment.kv_cache_dtype,
                 "offload_profile": context.profile.name,
                 "prefix_caching": str(settings.hbm_prefix_caching).lower(),
                 "max_batch_tokens": str(settings.max_batch_tokens),

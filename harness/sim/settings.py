@@ -34,7 +34,11 @@ class SimSettings(StrictModel):
     hardware: str = Field(description="Simulator hardware profile.")
     tp: int = Field(default=1, ge=1, le=8, description="Tensor parallel degree.")
     dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
-        default=None, description="Weight/KV dtype; default: the model profile's."
+        default=None, description="Weight dtype (and the KV cache's unless kv_dtype); default: the model profile's."
+    )
+    kv_dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
+        default=None,
+        description="KV-cache dtype; default: dtype. vLLM's --quantization fp8 is dtype fp8 with kv_dtype bf16.",
     )
     served_model_name: str | None = Field(default=None, description="Model name in the API; default: model.")
     max_batch_tokens: int = Field(default=8192, ge=64, description="Per-step token budget (chunked prefill).")
@@ -77,7 +81,7 @@ class SimSettings(StrictModel):
         return self
 
     def deployment(self) -> Deployment:
-        return Deployment.resolve(self.model, self.hardware, self.tp, self.dtype)
+        return Deployment.resolve(self.model, self.hardware, self.tp, self.dtype, self.kv_dtype)
 
     @property
     def name(self) -> str:
@@ -110,7 +114,7 @@ class SimSettings(StrictModel):
         if config.calibration is not None:
             where = f"calibration {config.calibration}"
             calibration = Calibration.load(config.calibration)
-            deployment = Deployment.resolve(config.model, config.hardware, parallel.tp, config.dtype)
+            deployment = Deployment.resolve(config.model, config.hardware, parallel.tp, config.dtype, config.kv_dtype)
             calibration.check_deployment(deployment, where)
             calibration.backend_for(profile, where)
         return cls(
@@ -118,6 +122,7 @@ class SimSettings(StrictModel):
             hardware=config.hardware,
             tp=config.parallelism.tp,
             dtype=config.dtype,
+            kv_dtype=config.kv_dtype,
             max_batch_tokens=config.max_batch_tokens,
             block_tokens=config.block_tokens,
             gpu_memory_utilization=config.gpu_memory_utilization,

@@ -39,7 +39,10 @@ def serve(
     model: Annotated[str, typer.Option(help="Model profile (see `kvbench sim profiles`).")] = "llama-3.1-8b",
     hardware: Annotated[str, typer.Option(help="Hardware profile.")] = "h100-sxm",
     tp: Annotated[int, typer.Option(help="Tensor parallel degree.")] = 1,
-    dtype: Annotated[str | None, typer.Option(help="bf16, fp16 or fp8; default: the model's.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Weights: bf16, fp16 or fp8; default: the model's.")] = None,
+    kv_dtype: Annotated[
+        str | None, typer.Option("--kv-dtype", help="KV cache: bf16, fp16 or fp8; default: --dtype.")
+    ] = None,
     offload: Annotated[str, typer.Option(help="Built-in offload profile: off, hbm, cpu, disk, shared.")] = "hbm",
     no_prefix_caching: Annotated[
         bool, typer.Option("--no-prefix-caching", help="Force the HBM prefix cache off.")
@@ -73,6 +76,7 @@ def serve(
                     "hardware": hardware,
                     "tp": tp,
                     "dtype": dtype,
+                    "kv_dtype": kv_dtype,
                     "offload": resolve_profile(offload),
                     "prefix_caching": not no_prefix_caching,
                 }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results.calibrate import calibrate
+from harness.results.calibrate import calibrate, run_facts
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import BackendCalibration, CalibratedDeployment, Calibration, FitParam
 from harness.sim.scheduler import EngineCore, SimRequest
@@ -24,6 +24,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.errors import CalibrationError
 from offload.profiles import OffloadProfile, OffloadTier
+from offload.shapes import Deployment
 
 LENGTHS = (1000, 4000, 16000, 64000)
 OUTPUT_TOKENS = 8
@@ -74,13 +75,18 @@ def write_run(
     gpu: str = "NVIDIA H100 80GB HBM3",
     arms: dict[str, OffloadProfile] | None = None,
     keep_hbm: frozenset[str] = frozenset(),
+    engine: dict[str, str] | None = None,
 ) -> Path:
-    """A probe run directory whose records the simulator's engine core produced under ``truth``."""
+    """A probe run directory whose records the simulator's engine core produced under ``truth``.
+
+    ``engine``: more fields of the run's vLLM engine section (they change its deployment, not the records).
+    """
     arms = arms if arms is not None else ARMS
+    engine_section: dict[str, str] = {"kind": "vllm", "model": "synth:llama-3.1-8b", **(engine or {})}
     scenario = parse_scenario(
         {
             "name": "calib-truth",
-            "engine": {"kind": "vllm", "model": "synth:llama-3.1-8b"},
+            "engine": engine_section,
             "arms": [{"name": name, "offload": profile.model_dump(mode="json")} for name, profile in arms.items()],
             "workload": {"kind": "multi_round_qa", "context_tokens": list(LENGTHS), "conversations": 1, "turns": 2},
         },
@@ -173,6 +179,27 @@ def test_runs_of_two_deployments_are_an_error_naming_both(tmp_path: Path) -> Non
         calibrate([h100, h200])
     message = str(error.value)
     assert "h100-sxm" in message and "h200-sxm" in message and str(h100) in message and str(h200) in message
+
+
+def test_fp8_weights_are_another_deployment_than_bf16(tmp_path: Path) -> None:
+    bf16 = write_run(tmp_path / "bf16", chosen(), engine={"dtype": "bfloat16"})
+    fp8 = write_run(tmp_path / "fp8", chosen(), engine={"dtype": "bfloat16", "quantization": "fp8"})
+    dep = run_facts(fp8).deployment
+    # --quantization fp8 quantizes the weights; the KV cache stays in --dtype
+    assert (dep.dtype, dep.kv_dtype) == ("fp8", "bf16")
+    assert (run_facts(bf16).deployment.dtype, run_facts(bf16).deployment.kv_dtype) == ("bf16", None)
+    with pytest.raises(CalibrationError) as error:
+        calibrate([bf16, fp8])
+    message = str(error.value)
+    assert "llama-3.1-8b bf16 on 1x h100-sxm" in message and "llama-3.1-8b fp8 weights, bf16 KV on 1x" in message
+    fitted = calibrate([fp8])
+    assert fitted.deployment == dep
+    with pytest.raises(CalibrationError) as refused:
+        fitted.check_deployment(run_facts(bf16).deployment.resolve())
+    assert "fp8 weights, bf16 KV" in str(refused.value) and "bf16 on 1x h100-sxm" in str(refused.value)
+    with pytest.raises(CalibrationError, match=r"cannot be used for llama-3\.1-8b fp8 on 1x"):  # FP8 KV too
+        fitted.check_deployment(Deployment.resolve("llama-3.1-8b", "h100-sxm", 1, "fp8"))
+    fitted.check_deployment(Deployment.resolve("llama-3.1-8b", "h100-sxm", 1, "fp8", "bf16"))
 
 
 def test_calibration_file_round_trips(tmp_path: Path) -> None:

@@ -101,3 +101,27 @@ def test_settings_from_engine_config() -> None:
     # refused when the scenario is validated (kvbench validate), not when the simulator starts
     with pytest.raises(ValueError, match="tensor parallelism only"):
         SimEngineConfig.model_validate({**config.model_dump(), "parallelism": Parallelism(tp=8, dp=2)})
+
+
+def test_fp8_weights_with_a_bf16_kv_cache() -> None:
+    # vLLM's --quantization fp8: weights and GEMMs in FP8, the KV cache in --dtype (bf16)
+    mixed = Deployment.resolve("llama-3.1-70b", "h200-sxm", 4, "fp8", "bf16")
+    fp8 = Deployment.resolve("llama-3.1-70b", "h200-sxm", 4, "fp8")
+    bf16 = Deployment.resolve("llama-3.1-70b", "h200-sxm", 4, "bf16")
+    m = MODELS["llama-3.1-70b"]
+    assert mixed.kv_bytes_per_token == bf16.kv_bytes_per_token == 2 * m.layers * m.kv_heads * m.head_dim * 2
+    assert fp8.kv_bytes_per_token == mixed.kv_bytes_per_token // 2
+    assert mixed.weight_bytes_per_gpu == fp8.weight_bytes_per_gpu == m.params / 4
+    # bf16 KV holds half the tokens of fp8 KV in the same (fp8-weight) free memory
+    free = mixed.kv_cache_bytes_per_gpu(0.9, 8192)
+    assert mixed.kv_cache_tokens(0.9, 8192) == int(free // (2 * m.layers * 2 * m.head_dim * 2))
+    assert mixed.label == "llama-3.1-70b fp8 weights, bf16 KV on 4x h200-sxm"
+    # a KV dtype equal to the weights' is the default spelling
+    assert Deployment.resolve("llama-3.1-70b", "h200-sxm", 4, "bf16", "bf16") == bf16
+    # GEMMs at the FP8 rate (as fp8), attention KV reads at the bf16 size
+    work = StepWork()
+    work.add_prefill(8192, 0)
+    assert TimeModel(mixed).cost(work).compute_s == pytest.approx(TimeModel(fp8).cost(work).compute_s)
+    decode = StepWork()
+    decode.add_decode(100_000)
+    assert TimeModel(mixed).cost(decode).memory_s > TimeModel(fp8).cost(decode).memory_s
