@@ -221,14 +221,17 @@ HARDWARE: dict[str, HardwareProfile] = {
     )
 }
 
-SHIPPED_DEPLOYMENTS: tuple[tuple[str, str, int, Dtype], ...] = (
-    # (model, hardware, tp, dtype): the combinations bundled scenarios use.
-    ("llama-3.1-8b", "h100-sxm", 1, "bf16"),
-    ("llama-3.1-8b", "h200-sxm", 1, "bf16"),
-    ("llama-3.1-70b", "h100-sxm", 8, "fp16"),
-    ("llama-3.1-70b", "h100-sxm", 8, "fp8"),
-    ("qwen3-14b", "h100-sxm", 1, "bf16"),
-    ("tiny", "h100-sxm", 1, "bf16"),
+SHIPPED_DEPLOYMENTS: tuple[tuple[str, str, int, Dtype, Dtype | None], ...] = (
+    # (model, hardware, tp, weights dtype, KV dtype or None = the weights'): the combinations bundled
+    # scenarios and shipped calibrations use
+    ("llama-3.1-8b", "h100-sxm", 1, "bf16", None),
+    ("llama-3.1-8b", "h200-sxm", 1, "bf16", None),
+    ("llama-3.1-70b", "h100-sxm", 8, "fp16", None),
+    ("llama-3.1-70b", "h100-sxm", 8, "fp8", None),
+    ("llama-3.1-70b", "h200-sxm", 4, "bf16", None),
+    ("llama-3.1-70b", "h200-sxm", 4, "fp8", "bf16"),  # vLLM --quantization fp8: FP8 weights, BF16 KV
+    ("qwen3-14b", "h100-sxm", 1, "bf16", None),
+    ("tiny", "h100-sxm", 1, "bf16", None),
 )
 
 # CUDA context, NCCL buffers and captured CUDA graphs: memory vLLM's profiling run finds in use

@@ -115,7 +115,7 @@ def profiles() -> None:
     from rich.table import Table
 
     from harness.sim.timemodel import TimeModel
-    from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment
+    from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment, dtype_label
 
     console = Console()
     models = Table(title="Model profiles")
@@ -141,8 +141,8 @@ def profiles() -> None:
     shipped = Table(title="Shipped deployments (gpu_memory_utilization 0.9, 8192-token steps)")
     for column in ("model", "hardware", "tp", "dtype", "KV tokens", "TTFT 8k", "TTFT 32k", "TTFT 128k", "TPOT"):
         shipped.add_column(column, justify="left" if column in ("model", "hardware", "dtype") else "right")
-    for model, hw_name, tp, dtype in SHIPPED_DEPLOYMENTS:
-        deployment = Deployment.resolve(model, hw_name, tp, dtype)
+    for model, hw_name, tp, dtype, kv_dtype in SHIPPED_DEPLOYMENTS:
+        deployment = Deployment.resolve(model, hw_name, tp, dtype, kv_dtype)
         timing = TimeModel(deployment)
         limit = deployment.model.max_position_embeddings
 
@@ -150,7 +150,7 @@ def profiles() -> None:
             return f"{timing.prefill_seconds(tokens):.2f} s" if tokens <= limit else "-"
 
         shipped.add_row(
-            model, hw_name, str(tp), dtype, f"{deployment.kv_cache_tokens(0.9, 8192):,}",
+            model, hw_name, str(tp), dtype_label(dtype, kv_dtype), f"{deployment.kv_cache_tokens(0.9, 8192):,}",
             ttft(8192), ttft(32768), ttft(131072), f"{timing.decode_step_seconds(1, 8192) * 1e3:.1f} ms",
         )  # fmt: skip
     console.print(shipped)

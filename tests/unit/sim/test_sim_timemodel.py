@@ -33,9 +33,11 @@ def test_kv_sizes_of_llama_8b() -> None:
     assert fp8.kv_bytes_per_token_per_gpu == 2 * 80 * 1 * 128 * 1  # one KV head per GPU at tp 8
 
 
-@pytest.mark.parametrize(("model", "hardware", "tp", "dtype"), SHIPPED_DEPLOYMENTS)
-def test_shipped_deployments_fit_their_context(model: str, hardware: str, tp: int, dtype: Dtype) -> None:
-    deployment = Deployment.resolve(model, hardware, tp, dtype)
+@pytest.mark.parametrize(("model", "hardware", "tp", "dtype", "kv_dtype"), SHIPPED_DEPLOYMENTS)
+def test_shipped_deployments_fit_their_context(
+    model: str, hardware: str, tp: int, dtype: Dtype, kv_dtype: Dtype | None
+) -> None:
+    deployment = Deployment.resolve(model, hardware, tp, dtype, kv_dtype)
     assert deployment.kv_cache_tokens(0.9, 8192) >= deployment.model.max_position_embeddings
 
 
