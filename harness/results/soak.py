@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from harness.scenario.soak import describe_load, soak_arm, soak_scenario
-from harness.scenario.spec import Scenario, SoakSpec
+from harness.scenario.spec import Scenario, SoakSpec, SweepSpec
 from harness.store.events import FaultEvent, IntervalStats
 from harness.store.manifest import read_manifest
 from harness.store.records import read_records
@@ -40,7 +40,7 @@ def build_result(
         scenario_name=scenario.name,
         arm=arm,
         engine_kind=scenario.engine.kind,
-        load=describe_load(sweep, load) if sweep else "unknown",
+        load=_load_words(sweep, load, spec.load_source),
         window_s=spec.window,
         interval_s=spec.interval,
         planned_intervals=planned,
@@ -75,3 +75,9 @@ def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
     result = build_result(run_dir, scenario, arm_name, intervals, attempts=attempts, events=events, faults=faults)
     result.write_file(run_dir.soak_file)
     return result
+
+
+def _load_words(sweep: SweepSpec | None, load: float, source: str | None) -> str:
+    if sweep is None:
+        return "unknown"
+    return describe_load(sweep, load) + (f"; {source}" if source else "")

@@ -15,6 +15,7 @@ from harness.results.fleet import summarize_fleet
 from harness.results.replay import summarize_replay
 from harness.results.soak import summarize_soak
 from harness.results.sweep import summarize_sweep
+from harness.results.sweep_result import SweepResult
 from harness.scenario.soak import SoakError, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario
 from harness.store.rundir import RunDir, RunKind
@@ -28,6 +29,9 @@ from .spine import Runner, run_sync
 from .sweep import SweepRunner
 from .trace import TraceRunner, load_replayed_trace
 
+DEFAULT_LOAD_FRACTION = 0.7
+"""``kvbench soak --load-from``: the share of the measured capacity a stability window runs at by default."""
+
 
 @dataclass(frozen=True)
 class LaunchOverrides:
@@ -40,10 +44,52 @@ class LaunchOverrides:
     load: float | None = None
     arm: str | None = None
     arms: tuple[str, ...] = ()
+    load_from: Path | None = None
+    load_fraction: float = DEFAULT_LOAD_FRACTION
 
     @property
     def changes_window(self) -> bool:
-        return self.window_s is not None or self.interval_s is not None or self.load is not None
+        return (
+            self.window_s is not None
+            or self.interval_s is not None
+            or self.load is not None
+            or self.load_from is not None
+        )
+
+
+def load_from_sweep(scenario: Scenario, arm: str, sweep_dir: Path, fraction: float) -> tuple[float, str]:
+    """(load, where it came from): ``fraction`` of the load at which ``arm`` reached its best RPS/GPU within
+    the SLO in the sweep stored in ``sweep_dir`` (its ``sweep.json``); whole users in concurrency mode."""
+    if not 0 < fraction <= 1:
+        raise SoakError(f"--load-fraction {fraction:g}: must be in (0, 1]")
+    run_dir = RunDir.open(sweep_dir)
+    if run_dir.kind != "sweep":
+        raise SoakError(f"--load-from {sweep_dir}: a {run_dir.kind} run, not a sweep (kvbench sweep makes one)")
+    result = SweepResult.read_file(run_dir.sweep_file) if run_dir.sweep_file.exists() else summarize_sweep(run_dir)
+    capacity = result.capacity_of(arm)
+    if capacity is None:
+        raise SoakError(f"--load-from {sweep_dir}: the sweep has no arm {arm!r} (arms: {', '.join(result.arms)})")
+    if capacity.at_load is None:
+        raise SoakError(
+            f"--load-from {sweep_dir}: arm {arm} met the SLO at no load point of the sweep, so it has no capacity "
+            "to take a share of; give --load"
+        )
+    modes = {point.mode for point in result.points if point.arm == arm}
+    assert scenario.sweep is not None  # soak_scenario requires it
+    if modes != {scenario.sweep.mode}:
+        raise SoakError(
+            f"--load-from {sweep_dir}: the sweep's load is in {', '.join(sorted(modes))} but this scenario's sweep "
+            f"mode is {scenario.sweep.mode}"
+        )
+    load = fraction * capacity.at_load
+    if scenario.sweep.mode == "concurrency":
+        load = float(max(1, round(load)))
+    unit = "users" if scenario.sweep.mode == "concurrency" else "requests/s"
+    source = (
+        f"{fraction:.0%} of {arm}'s capacity within the SLO ({capacity.at_load:g} {unit}, "
+        f"{capacity.max_rps_per_gpu_at_slo:.3g} RPS/GPU) in sweep {sweep_dir} (run {result.run_id})"
+    )
+    return load, source
 
 
 def _check_arms(scenario: Scenario, source: str, overrides: LaunchOverrides) -> None:
@@ -66,8 +112,20 @@ def _sweep_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides)
 
 
 def _soak_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides) -> Scenario:
+    load, load_source = overrides.load, None
+    if overrides.load_from is not None:
+        if load is not None:
+            raise SoakError("give --load or --load-from, not both")
+        soak_scenario(scenario, source=source)  # the workload and sweep checks first
+        arm = soak_arm(scenario, overrides.arm).name
+        load, load_source = load_from_sweep(scenario, arm, overrides.load_from, overrides.load_fraction)
     effective = soak_scenario(
-        scenario, window_s=overrides.window_s, interval_s=overrides.interval_s, load=overrides.load, source=source
+        scenario,
+        window_s=overrides.window_s,
+        interval_s=overrides.interval_s,
+        load=load,
+        load_source=load_source,
+        source=source,
     )
     soak_arm(effective, overrides.arm)  # fail before creating a directory
     return effective

@@ -18,6 +18,7 @@ def soak_scenario(
     window_s: float | None = None,
     interval_s: float | None = None,
     load: float | None = None,
+    load_source: str | None = None,
     source: str = "scenario",
 ) -> Scenario:
     """The scenario with its effective soak section (flags override the file), validated for a soak."""
@@ -36,6 +37,7 @@ def soak_scenario(
         updates["interval"] = interval_s
     if load is not None:
         updates["load"] = load
+        updates["load_source"] = load_source
     try:
         spec = SoakSpec.model_validate(base.model_dump() | updates)
     except ValueError as error:

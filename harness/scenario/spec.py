@@ -203,6 +203,10 @@ class SoakSpec(StrictModel):
         default=None, gt=0,
         description="Target load in the sweep section's mode (users or requests/s); default: its highest value.",
     )  # fmt: skip
+    load_source: str | None = Field(
+        default=None,
+        description="Where the load came from when kvbench derived it (kvbench soak --load-from SWEEP_DIR).",
+    )
     warmup_intervals: int = Field(
         default=0, ge=0, description="Leading intervals kept in the time series but left out of the verdict."
     )

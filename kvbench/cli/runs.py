@@ -128,6 +128,15 @@ def soak(
         float | None, typer.Option("--load", help="Target load in the sweep section's mode (users or req/s).")
     ] = None,
     arm: Annotated[str | None, typer.Option("--arm", help="Arm to run (default: the offload arm).")] = None,
+    load_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--load-from", help="Sweep directory: run at --load-fraction of the arm's measured capacity within the SLO."
+        ),
+    ] = None,
+    load_fraction: Annotated[
+        float, typer.Option("--load-fraction", help="With --load-from: the share of that capacity (default 0.7).")
+    ] = 0.7,
     output_dir: Annotated[
         Path | None, typer.Option("--output-dir", "-o", help="Parent of the soak directory (default: scenario).")
     ] = None,
@@ -142,7 +151,9 @@ def soak(
         interval_s = parse_duration(interval) if interval is not None else None
     except ValueError as error:
         raise fail(f"--window/--interval: {error}") from None
-    overrides = LaunchOverrides(window_s=window_s, interval_s=interval_s, load=load, arm=arm)
+    overrides = LaunchOverrides(
+        window_s=window_s, interval_s=interval_s, load=load, arm=arm, load_from=load_from, load_fraction=load_fraction
+    )
     run_dir = launch_kind("soak", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
     path = console_text(run_dir.path)
     console.print(f"Soak directory: [bold]{path}[/]  (HTML: kvbench report --html {path})", highlight=False)
