@@ -140,6 +140,12 @@ class VllmEngineConfig(ReplicaFields):
     enforce_eager: bool = Field(default=False, description="--enforce-eager (no CUDA graphs / compilation).")
     max_num_batched_tokens: int | None = Field(default=None, ge=16, description="--max-num-batched-tokens.")
     block_size: int | None = Field(default=None, ge=1, description="--block-size (tokens per KV block).")
+    num_gpu_blocks_override: int | None = Field(
+        default=None,
+        ge=1,
+        description="--num-gpu-blocks-override: HBM KV blocks instead of what memory allows, so a sweep puts the "
+        "same pressure on the GPU prefix cache on an 80 GB and a 141 GB GPU.",
+    )
     parallelism: Parallelism = Parallelism()
     hardware: str = Field(default="unknown", description="Free-text hardware label for reports.")
     extra_args: list[str] = Field(default_factory=list, description="More vLLM arguments, appended as given.")

@@ -133,6 +133,8 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
         args += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
     if config.block_size is not None:
         args += ["--block-size", str(config.block_size)]
+    if config.num_gpu_blocks_override is not None:
+        args += ["--num-gpu-blocks-override", str(config.num_gpu_blocks_override)]
     parallel = config.parallelism
     if parallel.tp != 1:
         args += ["--tensor-parallel-size", str(parallel.tp)]

@@ -4,7 +4,7 @@ One path for every run kind it compares (probe runs and sweeps):
 
 1. **The simulator run** is a real run through the spine (:func:`harness.runs.kinds.launch`) of the
    run's own scenario with its engine replaced by ``kind: sim`` (:func:`sim_scenario`): the
-   calibration's deployment and file, the run's ``gpu_memory_utilization`` / block size / replicas
+   calibration's deployment and file, the run's ``gpu_memory_utilization`` / block size / HBM block count / replicas
    where its engine had them (they size the HBM prefix cache), each arm's offload profile given the
    backend the real run used (from its manifest), the same seed.
 2. **Cells**: one per compared quantity, ``error = simulated / measured - 1``; a cell is judged
@@ -56,6 +56,7 @@ CALIBRATION_FILE = "calibration.yaml"
 CARRIED_ENGINE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpu_memory_utilization", ("gpu_memory_utilization",)),
     ("block_tokens", ("block_tokens", "block_size")),
+    ("num_gpu_blocks_override", ("num_gpu_blocks_override",)),
     ("replicas", ("replicas",)),
 )
 """Simulator engine field <- the run's engine fields it is read from: they size the HBM prefix

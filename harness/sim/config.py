@@ -31,6 +31,9 @@ class SimEngineConfig(ReplicaFields):
     max_batch_tokens: int = Field(default=8192, ge=64, description="Per-step token budget (chunked prefill).")
     block_tokens: int = Field(default=16, ge=1, description="Tokens per KV block in the prefix cache.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    num_gpu_blocks_override: int | None = Field(
+        default=None, ge=1, description="HBM KV blocks instead of what the memory allows (vLLM's flag of that name)."
+    )
     startup_timeout_s: float = Field(default=60.0, gt=0)
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535, description="Default: a free port.")

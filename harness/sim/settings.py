@@ -126,6 +126,7 @@ class SimSettings(StrictModel):
             max_batch_tokens=config.max_batch_tokens,
             block_tokens=config.block_tokens,
             gpu_memory_utilization=config.gpu_memory_utilization,
+            num_gpu_blocks_override=config.num_gpu_blocks_override,
             offload=profile,
             prefix_caching=prefix_caching,
             faults=list(config.faults),

@@ -287,6 +287,7 @@ def test_argv_module_launcher_with_everything(tmp_path: Path) -> None:
         enforce_eager=True,
         max_num_batched_tokens=8192,
         block_size=16,
+        num_gpu_blocks_override=20000,
         parallelism={"tp": 2, "pp": 2},
         extra_args=["--api-key", "sk-secret-value-1234", "--seed", "1"],
     )
@@ -309,7 +310,7 @@ def test_argv_module_launcher_with_everything(tmp_path: Path) -> None:
         "--load-format dummy",
         "--enforce-eager",
         "--max-num-batched-tokens 8192",
-        "--block-size 16",
+        "--block-size 16 --num-gpu-blocks-override 20000",
         "--tensor-parallel-size 2",
         "--pipeline-parallel-size 2",
         "--enable-prefix-caching --kv-transfer-config",

@@ -64,3 +64,19 @@ def test_serve_refuses_the_fp8_70b_calibration_for_an_fp8_kv_cache() -> None:
     result = CliRunner().invoke(sim_app, [*argv, "--offload", "cpu", "--calibration", str(FP8_70B)])
     assert result.exit_code == 2
     assert "fp8 weights, bf16 KV on 4x h200-sxm" in result.output and "fp8 on 4x h200-sxm" in result.output
+
+
+def test_a_fixed_hbm_block_count_travels_from_the_vllm_run_to_the_simulator() -> None:
+    """A sweep that fixes vLLM's KV blocks (engine.num_gpu_blocks_override) is validated on a simulator
+    with the same HBM prefix cache, not with what the simulator's memory model would allow."""
+    from harness.scenario.spec import load_scenario
+    from harness.sim.scheduler import EngineCore
+
+    run = ROOT / "docs" / "results" / "gpu-llama8b-lmcache-h100"
+    scenario, _ = load_scenario("gpu-sweep-llama8b")
+    assert scenario.engine.kind == "vllm" and scenario.engine.num_gpu_blocks_override is not None
+    engine = SimEngineConfig.model_validate(sim_engine(scenario, run_facts(run), None, None))
+    assert engine.num_gpu_blocks_override == scenario.engine.num_gpu_blocks_override
+    settings = SimSettings.from_engine_config(engine, resolve_profile("hbm"), True)
+    core = EngineCore(settings)
+    assert core.kv_cache_tokens == scenario.engine.num_gpu_blocks_override * settings.block_tokens
