@@ -413,6 +413,7 @@ def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
             ["Scenario", manifest.get("scenario_name") or (scenario.name if scenario else "—")],
             ["Engine", f"{engine_cfg.get('kind', '—')} (model {engine_cfg.get('model', '—')})"],
             ["Engine versions", ", ".join(versions)],
+            ["Precision", _precision(engine_cfg)],
             ["Hardware", f"{engine_cfg.get('hardware', '—')}; GPUs on the host: {gpus}"],
             ["Parallelism", ", ".join(f"{k}={v}" for k, v in (engine_cfg.get("parallelism") or {}).items()) or "—"],
             ["kvbench", f"{manifest.get('kvbench_version', '—')} (git {sha})"],
@@ -673,6 +674,16 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
         x_label="context length (tokens)", y_label="speedup (×)", log=True,
     )  # fmt: skip
     return PredictionView(table, chart, "")
+
+
+def _precision(engine: dict[str, Any]) -> str:
+    """Weights and KV-cache dtypes as the scenario set them: FP8 weights and BF16 weights are different setups."""
+    text = str(engine.get("dtype") or "the model's dtype")
+    if engine.get("quantization"):
+        text += f", weights quantized to {engine['quantization']}"
+    if engine.get("kv_dtype"):
+        text += f", KV cache {engine['kv_dtype']}"
+    return text
 
 
 def methodology(sources: ReportSources) -> list[str]:

@@ -113,3 +113,17 @@ def test_simulated_cards_say_so_and_different_setups_warn(tmp_path: Path) -> Non
     assert 'id="different-setups"' in html and "Different setups" in text
     alone = render_html(collect_sources([probe]), tmp_path)
     assert 'id="different-setups"' not in alone
+
+
+def test_fp8_and_bf16_weights_are_different_setups(tmp_path: Path) -> None:
+    """The committed 70B runs (4x H200): the same model, host and engine, FP8 vs BF16 weights."""
+    results = Path(__file__).resolve().parents[3] / "docs" / "results"
+    fp8 = results / "gpu-seed-llama70b-tp4-fp8-h200"
+    bf16 = results / "gpu-seed-llama70b-tp4-fp16-h200-hash-miss"
+    alone = render_html(collect_sources([fp8]), tmp_path)
+    text = " ".join(parse(alone).text)
+    assert "bfloat16, weights quantized to fp8" in text
+    assert "measured: vLLM 0.26.0 + LMCache 0.5.3, 4× NVIDIA H200" in text
+    assert 'id="different-setups"' not in alone
+    both = render_html(collect_sources([fp8, bf16]), tmp_path)
+    assert 'id="different-setups"' in both
