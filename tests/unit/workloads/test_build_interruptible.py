@@ -13,7 +13,11 @@ ROOT = Path(__file__).resolve().parents[3]
 # 40 conversations of 1M tokens: several seconds per conversation of pure CPU with the simulator's
 # local tokenizer, whose async methods never suspend.
 BUILD = """
+import signal
 import sys
+# Ctrl-C as a terminal delivers it: a test runner started in the background (``cmd &`` in a script)
+# has SIGINT ignored, which every child inherits, and Python then never installs its handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from harness.runs.interrupt import Interrupted, run_interruptible
 from harness.sim.tokenizer import SimTokenizer
 from workloads.config import MultiRoundQAProbe
