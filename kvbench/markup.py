@@ -8,6 +8,7 @@ Markdown report or break its tables.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from rich.markup import escape as _rich_escape
 
@@ -22,3 +23,15 @@ def console_text(text: object) -> str:
 def md_text(text: object) -> str:
     """``text`` as literal characters in Markdown prose or a table cell (one line)."""
     return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def md_table(header: Sequence[object], body: Sequence[Sequence[str]]) -> list[str]:
+    """A right-aligned Markdown table: ``header`` escaped (:func:`md_text`), ``body`` cells as given
+    (numbers and marks the caller formatted); ``(none)`` when there is no row."""
+    if not body:
+        return ["(none)"]
+    return [
+        "| " + " | ".join(md_text(title) for title in header) + " |",
+        "|" + "|".join("---:" for _ in header) + "|",
+        *("| " + " | ".join(row) + " |" for row in body),
+    ]

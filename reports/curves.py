@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
-from kvbench.markup import console_text, md_text
+from kvbench.markup import console_text, md_table, md_text
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 
@@ -347,16 +347,6 @@ def analytical_lines(result: SweepResult) -> list[str]:
     return lines
 
 
-def _markdown_table(header: list[str], body: list[list[str]]) -> list[str]:
-    if not body:
-        return ["(none)"]
-    return [
-        "| " + " | ".join(md_text(title) for title in header) + " |",
-        "|" + "|".join("---:" for _ in header) + "|",
-        *("| " + " | ".join(row) + " |" for row in body),
-    ]
-
-
 def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Path:
     header, body = points_rows(result)
     text = [
@@ -366,7 +356,7 @@ def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Pat
         f"{_title(result)}; {_slo_text(result)}; baseline {md_text(result.baseline_arm)}. Latencies in ms; RPS/GPU = "
         f"completed requests/s in the window / {result.gpus} GPU(s); TPS/user = mean decode tokens/s per request.",
         "",
-        *_markdown_table(header, body),
+        *md_table(header, body),
         "",
         "## Capacity within the SLO",
         "",
@@ -374,7 +364,7 @@ def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Pat
         "",
         "## Analytical prefill model vs measurement (rounds ≥ 2; TTFT in ms)",
         "",
-        *_markdown_table(*analytical_rows(result)),
+        *md_table(*analytical_rows(result)),
         "",
         *(f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}" for line in analytical_lines(result)),
         "",

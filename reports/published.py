@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from harness.results.verdict import outcome_of_result
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
 from kvbench.errors import KvbenchError
+from kvbench.markup import md_table
 from kvbench.schema import StrictModel
 from kvbench.yamlfile import read_yaml_mapping
 from offload import analytical
@@ -221,24 +221,15 @@ def expectation(spec: PublishedSpec, base: Path, wanted: ExpectedRun) -> tuple[l
     return headers, rows, notes
 
 
-def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    align = ["---:"] * len(headers)
-    return [
-        "| " + " | ".join(headers) + " |",
-        "|" + "|".join(align) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
-
-
 def render_published(spec_path: Path) -> str:
     """The Markdown page: side-by-side table, then one expectation table per listed run."""
     spec = load_spec(spec_path)
     base = spec_path.parent
     headers, rows, notes = side_by_side(spec, base)
-    lines = [f"## {spec.title}", "", f"Published: {spec.source}", "", *_markdown(headers, rows), ""]
+    lines = [f"## {spec.title}", "", f"Published: {spec.source}", "", *md_table(headers, rows), ""]
     lines += [f"- {note}" for note in notes]
     for wanted in spec.expectation:
         headers, rows, notes = expectation(spec, base, wanted)
-        lines += ["", f"### {wanted.label}: measured vs the analytical expectation", "", *_markdown(headers, rows), ""]
+        lines += ["", f"### {wanted.label}: measured vs the analytical expectation", "", *md_table(headers, rows), ""]
         lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
