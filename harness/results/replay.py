@@ -26,6 +26,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import RunDirError
+from offload.hits import counter_hit_rate
 
 from .replay_result import ArmReplay, ReplayComparison, ReplayResult, TimelinePoint
 from .run_result import pct_diff
@@ -56,12 +57,6 @@ def _total(samples: Sequence[ReplaySample], tag: str) -> float | None:
 def _prompt_total(samples: Sequence[ReplaySample]) -> float | None:
     prompt = _total(samples, "prompt_tokens")
     return prompt if prompt else _total(samples, "gpu_prefix_queries")
-
-
-def _hit_rate(prompt: float | None, gpu: float | None, external: float | None) -> float | None:
-    if not prompt:
-        return None
-    return ((gpu or 0.0) + (external or 0.0)) / prompt
 
 
 def _rate(sample: ReplaySample, tag: str) -> float | None:
@@ -106,7 +101,7 @@ def _arm_result(
         tpot=quantiles(ok["tpot_ns"]) if not ok.empty else None, e2e=quantiles(ok["e2e_ns"]) if not ok.empty else None,
         slo_attainment=slo_attainment(df, slo), lag=lag, late=late,
         fell_behind=lag is not None and lag.p99_ms > behind_ms, prompt_tokens=prompt, gpu_hit_tokens=gpu,
-        external_hit_tokens=external, hit_rate=_hit_rate(prompt, gpu, external), cached_share=cached_share,
+        external_hit_tokens=external, hit_rate=counter_hit_rate(prompt, gpu, external), cached_share=cached_share,
         prompt_tokens_off=off,
     )  # fmt: skip
 

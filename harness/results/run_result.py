@@ -13,6 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvbench.schema import VersionedFile
+from offload.hits import counter_hit_rate
 
 from .verdict import Outcome, Validity, outcome_of
 
@@ -86,11 +87,7 @@ class CacheStats(Frozen):
         The denominator is the engine's prompt-token counter, which counts with the prefix cache
         off too (then hit counters stay at zero and the rate is 0, not unknown).
         """
-        total = self.prompt_tokens or self.gpu_queries
-        if not total:
-            return None
-        hits = (self.gpu_hits or 0.0) + (self.external_hits or 0.0)
-        return hits / total
+        return counter_hit_rate(self.prompt_tokens or self.gpu_queries, self.gpu_hits, self.external_hits)
 
 
 def _rate(hits: float | None, queries: float | None) -> float | None:

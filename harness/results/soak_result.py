@@ -45,6 +45,7 @@ from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
 from harness.store.events import FaultEvent, IntervalStats
 from harness.store.records import RequestRecord
 from kvbench.schema import VersionedFile
+from offload.hits import usage_hit_rate
 
 from .run_result import Frozen
 
@@ -240,13 +241,13 @@ class IntervalAccumulator:
         http_statuses = {str(k): int(v) for k, v in statuses.value_counts().items()}
         hit_rate: float | None = None
         source: Literal["metrics", "usage"] | None = None
-        if metrics is not None and metrics.hit_rate is not None:
+        # the requests' own usage first: /metrics counters overlap under asynchronous tier loads (offload.hits)
+        usable = ok[ok["prompt"].notna() & ok["cached"].notna()]
+        usage = usage_hit_rate(zip(usable["prompt"].astype("float64"), usable["cached"].astype("float64"), strict=True))
+        if usage is not None:
+            hit_rate, source = usage, "usage"
+        elif metrics is not None and metrics.hit_rate is not None:
             hit_rate, source = metrics.hit_rate, "metrics"
-        else:
-            usable = ok[ok["prompt"].notna() & ok["cached"].notna()]
-            prompt_total = float(usable["prompt"].sum()) if not usable.empty else 0.0
-            if prompt_total > 0:
-                hit_rate, source = float(usable["cached"].sum()) / prompt_total, "usage"
         return IntervalStats(
             index=index,
             attempt=attempt,

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from harness.store.events import PointDone
+from offload.hits import counter_hit_rate
 
 from .sweep_result import PointResult, Quantiles, SloLimits
 
@@ -298,12 +299,13 @@ def _external_hit_rate(data: PointData) -> float | None:
 
 @_scalar("hit_rate", "fraction")
 def _hit_rate(data: PointData) -> float | None:
-    """(Δ gpu_prefix_hits + Δ external_prefix_hits) / Δ gpu_prefix_queries: prompt tokens served from any cache."""
-    queries = _metric(data, "gpu_prefix_queries")
-    if queries is None or queries <= 0:
-        return None
-    hits = (_metric(data, "gpu_prefix_hits") or 0.0) + (_metric(data, "external_prefix_hits") or 0.0)
-    return hits / queries
+    """Prompt tokens served from any cache (:mod:`offload.hits`): ``cached_share`` when the requests report
+    usage, else (Δ gpu_prefix_hits + Δ external_prefix_hits) / Δ prompt_tokens, unknown where they overlap."""
+    share = _cached_share(data)
+    if share is not None:
+        return share
+    prompt = _metric(data, "prompt_tokens") or _metric(data, "gpu_prefix_queries")
+    return counter_hit_rate(prompt, _metric(data, "gpu_prefix_hits"), _metric(data, "external_prefix_hits"))
 
 
 @_scalar("lag_p99_ms", "ms")

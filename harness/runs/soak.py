@@ -37,6 +37,7 @@ from harness.store.events import FaultEvent, IntervalStats
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.errors import EngineStartError
+from offload.hits import counter_hit_rate
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
@@ -53,10 +54,7 @@ def interval_hit_rate(before: MetricsSnapshot, after: MetricsSnapshot) -> float 
     """Prompt tokens served from a cache (GPU prefix cache + offload tier) / prompt tokens, over the interval."""
     diff = delta(before, after)
     prompt = metric_value(diff, "prompt_tokens") or metric_value(diff, "gpu_prefix_queries")
-    if not prompt:
-        return None
-    hits = (metric_value(diff, "gpu_prefix_hits") or 0.0) + (metric_value(diff, "external_prefix_hits") or 0.0)
-    return min(hits / prompt, 1.0)
+    return counter_hit_rate(prompt, metric_value(diff, "gpu_prefix_hits"), metric_value(diff, "external_prefix_hits"))
 
 
 class MetricsTracker:

@@ -230,6 +230,17 @@ def test_metrics_hit_rate_and_restart_detection() -> None:
     reset = counter_totals(parse_metrics(PAGE.format(prompt=10, hits=0, ext=0)))
     assert restarted(second, reset)
     assert restarted({"process_start_time_seconds": 100.0}, {"process_start_time_seconds": 250.0})
+    # hits beyond the prompt tokens: vLLM re-counted lookups of requests waiting for a tier load
+    overlapping = parse_metrics(PAGE.format(prompt=3000, hits=1900, ext=900))
+    assert interval_hit_rate(before, overlapping) is None
+
+
+def test_the_requests_usage_outranks_the_metrics_counters() -> None:
+    acc = IntervalAccumulator(SLO_TARGETS)
+    acc.add(record(10.0, cached=900))
+    acc.add(record(10.0, cached=0))
+    stats = acc.close(index=0, attempt=0, start_unix_ns=0, duration_ns=10**9, metrics=MetricsReading(hit_rate=1.0))
+    assert stats.hit_rate == pytest.approx(900 / 2000) and stats.hit_rate_source == "usage"
 
 
 def soak_data() -> dict[str, object]:
