@@ -391,14 +391,19 @@ def _profile_rows(profiles: dict[str, OffloadProfile]) -> list[list[str]]:
 def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
     out: list[tuple[str, TableView]] = []
     seen: set[Path] = set()
-    entries: list[tuple[str, Path, dict[str, Any], Scenario | None]] = []
+    # (label, run directory, manifest, scenario, the arms it ran: None for all of the scenario's)
+    entries: list[tuple[str, Path, dict[str, Any], Scenario | None, set[str] | None]] = []
     for label, probe in (("POC", sources.poc), ("Baseline", sources.baseline), ("Production", sources.production)):
         if probe is not None and probe.path not in seen:
             seen.add(probe.path)
-            entries.append((label, probe.path, probe.manifest, probe.scenario))
+            entries.append((label, probe.path, probe.manifest, probe.scenario, None))
+    for index, path in enumerate(sources.sweeps):
+        label = "Capacity" if len(sources.sweeps) == 1 else f"Capacity {index + 1}"
+        entries.append((label, path, read_manifest(path / "manifest.json"), _scenario_of(path), None))
     if sources.soak is not None:
-        entries.append(("Stability window", sources.soak.path, sources.soak.manifest, sources.soak.scenario))
-    for label, path, manifest, scenario in entries:
+        soak = sources.soak
+        entries.append(("Stability window", soak.path, soak.manifest, soak.scenario, {soak.result.arm}))
+    for label, path, manifest, scenario, arms_run in entries:
         host = manifest.get("host", {})
         engines = manifest.get("engines", {})
         if scenario is not None:
@@ -425,7 +430,7 @@ def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
             rows.append(["Engine command (redacted)", commands[0]])
         out.append((label, TableView(["", ""], rows, [False, False])))
         if scenario is not None:
-            profiles = {arm.name: arm.profile for arm in scenario.arms}
+            profiles = {arm.name: arm.profile for arm in scenario.arms if arms_run is None or arm.name in arms_run}
             columns = ["Arm", "Profile", "GPU prefix cache", "Tiers"]
             table = TableView(columns, _profile_rows(profiles), [False] * len(columns))
             out.append((f"{label}: offload profiles", table))

@@ -127,3 +127,20 @@ def test_fp8_and_bf16_weights_are_different_setups(tmp_path: Path) -> None:
     assert 'id="different-setups"' not in alone
     both = render_html(collect_sources([fp8, bf16]), tmp_path)
     assert 'id="different-setups"' in both
+
+
+def test_the_measured_h100_case_study_shows_every_setup(tmp_path: Path) -> None:
+    """The committed 1x H100 POC, sweep and soak: each has its setup, and the soak lists only the arm it ran."""
+    results = Path(__file__).resolve().parents[3] / "docs" / "results"
+    runs = [
+        results / name
+        for name in ("gpu-llama8b-lmcache-h100", "gpu-sweep-llama8b-h100", "gpu-soak-llama8b-lmcache-h100")
+    ]
+    html = render_html(collect_sources(runs), tmp_path)
+    text = " ".join(parse(html).text)
+    assert "SIMULATED" not in text and 'id="different-setups"' not in html
+    capacity = text[text.index("Capacity: offload profiles") : text.index("Stability window: offload profiles")]
+    assert "vllm-native-cpu-60g" in capacity and "lmcache-cpu-100g" in capacity
+    soak = text[text.index("Stability window: offload profiles") : text.index("POC: turn-1")]
+    assert "AMG-ON-LMCache" in soak and "AMG-OFF" not in soak and "AMG-ON-native" not in soak
+    assert "2 GPUs saved" in text and "PASS" in text
