@@ -49,6 +49,7 @@ from .common import (
     start_server,
 )
 from .configs import VllmEngineConfig
+from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
 from .process import ManagedProcess, free_port
 from .vllm_fleet import use_shared_server
@@ -277,6 +278,11 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         plan = render_vllm_launch(context.profile, config, context.prefix_caching, self._workdir)
         if context.shared_tier is not None:  # a fleet's replica: connect to the arm's one LMCache server
             plan = use_shared_server(plan, context.shared_tier)
+        check_host_memory(
+            plan.pinned_host_bytes,
+            f"arm {context.arm}: offload profile {context.profile.name!r} ({plan.backend})",
+            available_host_bytes(),
+        )
         self._materialize(plan)
 
         started = time.monotonic()

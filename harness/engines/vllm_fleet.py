@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .base import EngineConfigModel, LaunchContext, SharedTierHandle
 from .configs import VllmEngineConfig
+from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
 from .vllm_offload import LMCACHE_MP_CONNECTOR, VllmLaunchPlan, render_vllm_launch, resolve_backend
 
@@ -48,6 +49,11 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
     workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-fleet-"))
     try:
         plan = render_vllm_launch(context.profile, config, context.prefix_caching, workdir)
+        check_host_memory(
+            plan.pinned_host_bytes,
+            f"arm {context.arm}: the shared LMCache server of offload profile {context.profile.name!r}",
+            available_host_bytes(),
+        )
         spec = plan.sidecars[0]
         context.log_dir.mkdir(parents=True, exist_ok=True)
         server = LmcacheServer(
@@ -80,4 +86,5 @@ def use_shared_server(plan: VllmLaunchPlan, shared: SharedTierHandle) -> VllmLau
     transfer["kv_connector_extra_config"] = {"lmcache.mp.host": f"tcp://{shared.host}", "lmcache.mp.port": shared.port}
     args[index] = json.dumps(transfer, separators=(",", ":"))
     notes = (*plan.notes, f"shared tier: {shared.description}")
-    return dataclasses.replace(plan, args=tuple(args), sidecars=(), notes=notes)
+    # the arm's one server pins the tier, started and checked once (shared_tier), not per replica
+    return dataclasses.replace(plan, args=tuple(args), sidecars=(), notes=notes, pinned_host_bytes=0)

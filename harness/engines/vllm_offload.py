@@ -42,6 +42,7 @@ import yaml
 from offload.profiles import OffloadProfile, OffloadTier
 
 from .configs import VllmEngineConfig
+from .hostmem import NATIVE_PIN_FACTOR
 
 RenderedBackend = Literal["none", "lmcache", "lmcache-mp", "native"]
 
@@ -138,6 +139,8 @@ class VllmLaunchPlan:
     sidecars: tuple[LmcacheServerSpec, ...] = ()
     notes: tuple[str, ...] = ()
     """Caveats worth recording in the manifest (e.g. a capacity the backend does not enforce)."""
+    pinned_host_bytes: int = 0
+    """Host DRAM the offload tier pins, at least (:mod:`harness.engines.hostmem`); 0 for none."""
 
     @property
     def uses_lmcache(self) -> bool:
@@ -240,6 +243,7 @@ def _render_native(args: list[str], cpu: OffloadTier) -> VllmLaunchPlan:
         backend="native",
         args=tuple(args),
         notes=(f"cpu tier {cpu.capacity_gb:g} GB = {size_gib:.3f} GiB (--kv-offloading-size is in GiB)",),
+        pinned_host_bytes=int(cpu.capacity_gb * 1e9 * NATIVE_PIN_FACTOR),
     )
 
 
@@ -283,6 +287,7 @@ def _render_lmcache(
         files=(LaunchFile(config_path, yaml.safe_dump(config, sort_keys=True)),),
         dirs=tuple(dirs),
         notes=tuple(notes),
+        pinned_host_bytes=int(cpu_gb * 1e9),
     )
 
 
@@ -333,6 +338,7 @@ def _render_lmcache_mp(
         must_exist=tuple(must_exist),
         sidecars=(server,),
         notes=tuple(notes),
+        pinned_host_bytes=int(server.l1_size_gb * 1e9),
     )
 
 
