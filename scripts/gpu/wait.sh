@@ -15,7 +15,7 @@ while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$limit" ]; do
 done
 grep -v '━━' /tmp/kvbench-detached.log | tail -n 30 || true
 if [ -n "${OUT:-}" ] && [ -d "$runs" ]; then
-  tar czf "$OUT/kvruns.tar.gz" -C "$runs" .
+  tar czf "$OUT/kvruns.tar.gz" -C "$runs" . || [ $? -eq 1 ]  # 1: a file grew while read (a live run)
 fi
 if kill -0 "$pid" 2>/dev/null; then
   echo "still running after ${waited}s (pid $pid): call scripts/gpu/wait.sh again"
