@@ -15,6 +15,7 @@ The figures use matplotlib's object API (no pyplot global state) and the Agg/SVG
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,8 +64,14 @@ def _load_label(result: SweepResult) -> str:
     return "concurrency (active users)" if result.mode == "concurrency" else "offered load (requests/s)"
 
 
+GPU_COUNT_PREFIX = re.compile(r"^\s*\d+\s*[x×]\s", re.IGNORECASE)
+"""A hardware text that already counts its GPUs ("1x NVIDIA H100 (see manifest)")."""
+
+
 def _title(result: SweepResult) -> str:
-    return f"{result.scenario_name} — {result.model} on {result.gpus}× {result.hardware} ({result.engine_kind})"
+    counted = GPU_COUNT_PREFIX.match(result.hardware) is not None
+    hardware = result.hardware if counted else f"{result.gpus}× {result.hardware}"
+    return f"{result.scenario_name} — {result.model} on {hardware} ({result.engine_kind})"
 
 
 def _slo_text(result: SweepResult) -> str:

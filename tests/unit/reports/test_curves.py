@@ -130,3 +130,10 @@ def test_console_summary_names_capacity_and_savings() -> None:
     text = console.export_text()
     assert "AMG-ON: max 4 RPS/GPU within the SLO (at load 32" in text
     assert "24 GPUs" in text and "note: a note" in text
+
+
+def test_a_hardware_text_that_counts_its_gpus_is_not_counted_again() -> None:
+    from reports.curves import GPU_COUNT_PREFIX
+
+    assert GPU_COUNT_PREFIX.match("1x NVIDIA H100 (see manifest)") and GPU_COUNT_PREFIX.match("4× H200 ")
+    assert not GPU_COUNT_PREFIX.match("h100-sxm") and not GPU_COUNT_PREFIX.match("H100 x2")
