@@ -81,7 +81,8 @@ def test_vllm_router_session_and_round_robin(tmp_path: Path) -> None:
     decisions = [(m["key"], worker_index[m["worker"].rstrip("/")]) for m in DECISION.finditer(log)]
     measured = [(f"0:4000:{r.conversation}", r.replica) for r in sorted(session, key=lambda r: r.started_ns)]
     assert decisions == measured  # warm-up requests carry no session id: the router logs them with a body key
-    assert len({replica for _, replica in measured}) == 2, "five conversations hash onto both replicas"
+    # which replica a key hashes to depends on the replicas' (free, random) ports, so all five may land on one:
+    # the round-robin arm below is the one that must attribute requests to both
 
     # round robin: with an odd number of conversations every turn 2 lands on the other replica
     rr = [r for r in records if r.arm == "VR-rr"]
