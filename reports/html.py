@@ -388,6 +388,10 @@ def _profile_rows(profiles: dict[str, OffloadProfile]) -> list[list[str]]:
     return rows
 
 
+HIT_SOURCE_WORDS = {"usage": "requests' usage", "metrics": "/metrics counters"}
+"""How the soak chart names where an interval's hit rate came from (IntervalStats.hit_rate_source)."""
+
+
 def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
     out: list[tuple[str, TableView]] = []
     seen: set[Path] = set()
@@ -533,12 +537,15 @@ def soak_charts(soak: SoakSource) -> list[Chart]:
         for x, item in (by_index[index],)
     ]
     floor = soak.result.criteria_spec.hit_rate_floor
+    # say where the hit rate came from: /metrics counters can overlap where the requests' usage cannot
+    hit_sources = sorted({i.hit_rate_source for i in intervals if i.hit_rate is not None and i.hit_rate_source})
+    hit_label = f"hit rate ({', '.join(HIT_SOURCE_WORDS[s] for s in hit_sources)})" if hit_sources else "hit rate"
     health = line_chart(
         "chart-soak-health", "Errors, cache hit rate and KV usage per interval",
         "Per-interval error rate, prefix-cache hit rate and KV-cache usage in percent.",
         [
             LineSeries("error rate", xs, [_pct_or_none(i.error_rate) for i in intervals], PALETTE[1], unit="%"),
-            LineSeries("hit rate", xs, [_pct_or_none(i.hit_rate) for i in intervals], PALETTE[2], unit="%"),
+            LineSeries(hit_label, xs, [_pct_or_none(i.hit_rate) for i in intervals], PALETTE[2], unit="%"),
             LineSeries("KV usage", xs, [_pct_or_none(i.kv_usage) for i in intervals], PALETTE[6], dashed=True,
                        unit="%"),
         ],
@@ -717,7 +724,9 @@ def methodology(sources: ReportSources) -> list[str]:
         spec = sources.soak.result.criteria_spec
         notes.append(
             f"Stability window: {sources.soak.result.window_s:g} s in {sources.soak.result.interval_s:g} s intervals; "
-            f"per interval TTFT/TPOT p50 and p99, RPS, errors by kind, cache hit rate and KV usage from /metrics. "
+            "per interval TTFT/TPOT p50 and p99, RPS, errors by kind, KV usage from /metrics, and the cache hit "
+            "rate: the requests' usage (cached / prompt tokens), or /metrics counters where responses carry no "
+            "usage (the counters can overlap under asynchronous tier loads, see offload/hits.py). "
             f"Drift of {spec.drift_metric.replace('_', ' ')}: one-sided Mann-Kendall test at "
             f"{spec.drift_confidence:.0%} confidence and a Theil-Sen slope (both robust to outliers); the window "
             f"fails only when the trend is significant and rises by more than {spec.drift_min_increase_pct:g}%."

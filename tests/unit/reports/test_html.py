@@ -144,3 +144,4 @@ def test_the_measured_h100_case_study_shows_every_setup(tmp_path: Path) -> None:
     soak = text[text.index("Stability window: offload profiles") : text.index("POC: turn-1")]
     assert "AMG-ON-LMCache" in soak and "AMG-OFF" not in soak and "AMG-ON-native" not in soak
     assert "2 GPUs saved" in text and "PASS" in text
+    assert "hit rate (/metrics counters)" in text  # recorded during the window, before usage came first
