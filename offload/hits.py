@@ -17,20 +17,13 @@ Two sources, in order of trust:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 OVERLAP_TOLERANCE = 1e-9
 """A counter ratio this far above 1 is still rounding, not overlapping counters."""
 
 
-def usage_hit_rate(pairs: Iterable[tuple[float, float]]) -> float | None:
-    """``Σ cached / Σ prompt`` over ``(prompt_tokens, cached_tokens)`` of requests reporting both; None
-    without any prompt tokens."""
-    prompt = cached = 0.0
-    for prompt_tokens, cached_tokens in pairs:
-        prompt += prompt_tokens
-        cached += cached_tokens
-    return cached / prompt if prompt > 0 else None
+def usage_hit_rate(prompt_tokens: float, cached_tokens: float) -> float | None:
+    """``Σ cached / Σ prompt``, both summed over the requests reporting both; None without prompt tokens."""
+    return cached_tokens / prompt_tokens if prompt_tokens > 0 else None
 
 
 def counter_hit_rate(prompt_tokens: float | None, gpu_hits: float | None, external_hits: float | None) -> float | None:

@@ -26,7 +26,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import RunDirError
-from offload.hits import counter_hit_rate
+from offload.hits import counter_hit_rate, usage_hit_rate
 
 from .replay_result import ArmReplay, ReplayComparison, ReplayResult, TimelinePoint
 from .run_result import pct_diff
@@ -81,9 +81,9 @@ def _arm_result(
     if not df.empty:
         wall = float((df["end_ns"].max() - df["started_ns"].min()) / NS_PER_S)
     cached_share = None
-    both = ok.dropna(subset=["cached_tokens", "prompt_tokens"]) if not ok.empty else ok
-    if not both.empty and float(both["prompt_tokens"].sum()) > 0:
-        cached_share = float(both["cached_tokens"].sum()) / float(both["prompt_tokens"].sum())
+    if not ok.empty:
+        both = ok.dropna(subset=["cached_tokens", "prompt_tokens"])
+        cached_share = usage_hit_rate(float(both["prompt_tokens"].sum()), float(both["cached_tokens"].sum()))
     off = 0
     if not ok.empty:
         checked = ok.dropna(subset=["expected_prompt_tokens", "prompt_tokens"])

@@ -243,7 +243,7 @@ class IntervalAccumulator:
         source: Literal["metrics", "usage"] | None = None
         # the requests' own usage first: /metrics counters overlap under asynchronous tier loads (offload.hits)
         usable = ok[ok["prompt"].notna() & ok["cached"].notna()]
-        usage = usage_hit_rate(zip(usable["prompt"].astype("float64"), usable["cached"].astype("float64"), strict=True))
+        usage = usage_hit_rate(float(usable["prompt"].sum()), float(usable["cached"].sum()))
         if usage is not None:
             hit_rate, source = usage, "usage"
         elif metrics is not None and metrics.hit_rate is not None:

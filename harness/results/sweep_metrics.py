@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from harness.store.events import PointDone
-from offload.hits import counter_hit_rate
+from offload.hits import counter_hit_rate, usage_hit_rate
 
 from .sweep_result import PointResult, Quantiles, SloLimits
 
@@ -239,8 +239,7 @@ def _cached_share(data: PointData) -> float | None:
     if ok.empty:
         return None
     both = ok.dropna(subset=["cached_tokens", "prompt_tokens"])
-    total = float(both["prompt_tokens"].sum()) if not both.empty else 0.0
-    return float(both["cached_tokens"].sum()) / total if total > 0 else None
+    return usage_hit_rate(float(both["prompt_tokens"].sum()), float(both["cached_tokens"].sum()))
 
 
 @_scalar("cached_share_later", "fraction")
@@ -250,8 +249,7 @@ def _cached_share_later(data: PointData) -> float | None:
     if ok.empty:
         return None
     later = ok[ok["turn"] >= 2].dropna(subset=["cached_tokens", "prompt_tokens"])
-    total = float(later["prompt_tokens"].sum()) if not later.empty else 0.0
-    return float(later["cached_tokens"].sum()) / total if total > 0 else None
+    return usage_hit_rate(float(later["prompt_tokens"].sum()), float(later["cached_tokens"].sum()))
 
 
 @_scalar("prompt_tokens_later_mean", "tokens")

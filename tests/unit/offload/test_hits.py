@@ -12,10 +12,9 @@ from offload.hits import counter_hit_rate, usage_hit_rate
 SOAK = Path(__file__).resolve().parents[3] / "docs" / "results" / "gpu-soak-llama8b-lmcache-h100"
 
 
-def test_usage_hit_rate_weights_by_prompt_tokens() -> None:
-    assert usage_hit_rate([(1000.0, 900.0), (3000.0, 0.0)]) == pytest.approx(0.225)
-    assert usage_hit_rate([]) is None
-    assert usage_hit_rate([(0.0, 0.0)]) is None
+def test_usage_hit_rate_is_the_share_of_summed_prompt_tokens() -> None:
+    assert usage_hit_rate(1000.0 + 3000.0, 900.0 + 0.0) == pytest.approx(0.225)
+    assert usage_hit_rate(0.0, 0.0) is None
 
 
 def test_counter_hit_rate_sums_gpu_and_tier_hits() -> None:
