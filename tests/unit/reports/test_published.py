@@ -14,6 +14,8 @@ from reports.published import PublishedError, expectation, load_spec, render_pub
 ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "docs" / "published" / "seed-llama70b.yaml"
 FP8 = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp8-h200"
+BF16 = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp16-h200"
+HASH_MISS = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp16-h200-hash-miss"
 
 
 def test_the_committed_page_is_what_the_spec_renders_today() -> None:
@@ -30,7 +32,20 @@ def test_columns_carry_the_runs_medians_and_reject_the_turns_the_verdict_rejects
     assert on_t2 is not None and on_t2.ttft is not None
     assert by_tokens["128,000"][5] == f"254.8 / {on_t2.ttft.median_ms:,.1f}"
     assert by_tokens["2,000"][5].startswith("— / ")  # measured where the seed printed nothing
-    # the FP16 LMCache arm's turn 2 never hit the tier: rejected; its turn 1 (a real turn 1) is kept
+    bf16 = RunResult.read_file(BF16 / "summary.json").cell("AMG-ON-LMCache", 128000, 2)
+    assert bf16 is not None and bf16.ttft is not None
+    assert by_tokens["128,000"][2] == f"301.5 / {bf16.ttft.median_ms:,.1f}"
+    assert not any("✗" in cell for row in rows for cell in row) and not any(n.startswith("✗") for n in notes)
+
+
+def test_turns_the_verdict_rejects_are_crossed_out(tmp_path: Path) -> None:
+    """The first BF16 run's LMCache arm never hit the tier (hash seeds per process): its turn 2 is
+    rejected, its turn 1 (a real turn 1) is kept."""
+    text = SPEC.read_text(encoding="utf-8").replace("../results/gpu-seed-llama70b-tp4-fp16-h200", str(HASH_MISS))
+    text = text.replace("../results/", str(ROOT / "docs" / "results") + "/")
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(text, encoding="utf-8")
+    _headers, rows, notes = side_by_side(load_spec(spec_path), tmp_path)
     assert all(row[2].endswith("/ ✗") for row in rows)
     assert not any(row[1].endswith("✗") for row in rows)
     assert any(note.startswith("✗ FP16 ON t2") and "external prefix hits 0" in note for note in notes)
