@@ -104,6 +104,9 @@ def resolve_python(config: VllmEngineConfig) -> str:
     return common.resolve_python(config.python, PYTHON_ENV_VAR)
 
 
+USAGE_DETAILS_FLAG = "--enable-prompt-tokens-details"
+
+
 def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: VllmLaunchPlan) -> tuple[str, ...]:
     """The full vLLM command line (no shell): launcher, model, engine flags, offload flags, extra_args."""
     if config.launcher == "module":
@@ -136,6 +139,10 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
         args += ["--block-size", str(config.block_size)]
     if config.num_gpu_blocks_override is not None:
         args += ["--num-gpu-blocks-override", str(config.num_gpu_blocks_override)]
+    if USAGE_DETAILS_FLAG not in config.extra_args:
+        # usage.prompt_tokens_details.cached_tokens per request: the hit rate kvbench reports first
+        # (the /metrics counters overlap while the connector loads asynchronously; offload/hits.py)
+        args.append(USAGE_DETAILS_FLAG)
     parallel = config.parallelism
     if parallel.tp != 1:
         args += ["--tensor-parallel-size", str(parallel.tp)]

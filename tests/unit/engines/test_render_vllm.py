@@ -314,6 +314,7 @@ def test_argv_module_launcher_with_everything(tmp_path: Path) -> None:
         "--tensor-parallel-size 2",
         "--pipeline-parallel-size 2",
         "--enable-prefix-caching --kv-transfer-config",
+        "--enable-prompt-tokens-details",
     ):
         assert expected in text
     assert "--data-parallel-size" not in text
@@ -342,6 +343,13 @@ def test_argv_script_launcher_and_cpu_env(tmp_path: Path) -> None:
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+
+
+def test_usage_details_are_asked_for_once(tmp_path: Path) -> None:
+    plan = render_vllm_launch(BUILTIN_PROFILES["off"], vllm_config(), True, tmp_path)
+    assert build_vllm_argv(vllm_config(), "/venv/bin/python", 9000, plan).count("--enable-prompt-tokens-details") == 1
+    given = vllm_config(extra_args=["--enable-prompt-tokens-details"])
+    assert build_vllm_argv(given, "/venv/bin/python", 9000, plan).count("--enable-prompt-tokens-details") == 1
 
 
 def test_resolve_python(monkeypatch: pytest.MonkeyPatch) -> None:
