@@ -67,7 +67,8 @@ class ReplicaLoad(Frozen):
     requests: int
     busy_s: float
     share: float
-    usage_cached_tokens: int = 0
+    usage_cached_tokens: int | None = None
+    """Σ cached_tokens of the replica's requests; None when none of them reported usage details."""
     """Σ usage.prompt_tokens_details.cached_tokens of the requests it served (the cross-check of the hits)."""
     own_gpu_hits: float | None = None
     own_tier_hits: float | None = None
@@ -147,6 +148,8 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
     arms: list[ArmFleet] = []
     for arm in scenario.arms:
         mine = [record for record in records if record.arm == arm.name]
+        if not mine:  # an arm not run yet (--arm, or a run stopped early) has nothing to split
+            continue
         cells: list[MovedCell] = []
         # a probe splits by context length; a load run's users have many lengths, so by load level
         probe = isinstance(scenario.workload, MultiRoundQAProbe)
@@ -176,7 +179,7 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
             load.append(ReplicaLoad(
                 replica=replica, requests=len(own), busy_s=sum((r.e2e_ns or 0) for r in own) / 1e9,
                 share=len(own) / len(served) if served else 0.0,
-                usage_cached_tokens=sum(r.cached_tokens or 0 for r in own),
+                usage_cached_tokens=_usage_cached(own),
                 own_gpu_hits=None if source is None else source["own_gpu"],
                 own_tier_hits=None if source is None else source["own_tier"],
                 shared_tier_hits=None if source is None else source["shared_tier"],
@@ -196,6 +199,11 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
     result = FleetResult(scenario=scenario.name, arms=arms)
     result.write_file(run_dir.fleet_file)
     return result
+
+
+def _usage_cached(records: list[RequestRecord]) -> int | None:
+    reported = [r.cached_tokens for r in records if r.cached_tokens is not None]
+    return sum(reported) if reported else None
 
 
 def _ms(value: float | None) -> str:
@@ -231,7 +239,7 @@ def markdown(result: FleetResult) -> str:
             lines.append(
                 f"| {arm.arm} | {entry.replica} | {entry.requests} | {entry.share:.0%} | {entry.busy_s:.2f} "
                 f"| {_tokens(entry.own_gpu_hits)} | {_tokens(entry.own_tier_hits)} "
-                f"| {_tokens(entry.shared_tier_hits)} | {entry.usage_cached_tokens:,} |"
+                f"| {_tokens(entry.shared_tier_hits)} | {_tokens(entry.usage_cached_tokens)} |"
             )
     unknown = [f"{arm.arm} {arm.unattributed} of {sum(e.requests for e in arm.load) + arm.unattributed}"
                for arm in result.arms if arm.unattributed]  # fmt: skip

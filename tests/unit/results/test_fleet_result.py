@@ -100,3 +100,17 @@ def test_requests_without_a_known_replica_are_counted_not_hidden(tmp_path: Path)
     assert arm.unattributed == 1 and sum(entry.requests for entry in arm.load) == 2
     assert (arm.moved[0].same_count, arm.moved[0].moved_count) == (1, 0)
     assert "Requests with no known replica (in no column above): A 1 of 3." in markdown(result)
+
+
+def test_an_arm_not_run_is_left_out_and_unreported_usage_is_unknown(tmp_path: Path) -> None:
+    """A run made with --arm has pending arms (no rows of zeros for them), and an engine that reported no
+    usage details (cached_tokens None) has unknown, not zero, cached tokens."""
+    data = dict(SCENARIO, arms=[{"name": "A", "offload": "shared"}, {"name": "B", "offload": "shared"}])
+    run_dir = RunDir.create(tmp_path, parse_scenario(data, "unit"))
+    with RecordWriter(run_dir.records_file) as writer:
+        writer.append(_record(0, 1, 0, None, 100).model_copy(update={"cached_tokens": None}))
+        writer.append(_record(0, 2, 1, True, 50))
+    result = summarize_fleet(run_dir)
+    assert result is not None and [arm.arm for arm in result.arms] == ["A"]
+    first, second = result.arms[0].load
+    assert first.usage_cached_tokens is None and second.usage_cached_tokens == 20
