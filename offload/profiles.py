@@ -30,10 +30,28 @@ tokens' KV, ``compute(x)`` the seconds to prefill ``x`` tokens and ``L`` model l
 * ``bidirectional`` (Cake, Jin et al. 2024): the cached prefix is computed chunk by chunk from its
   head while its tail is loaded chunk by chunk, until they meet:
   ``TTFT = min over s of max(compute(s), load(C - s)) + compute(M)``.
+
+Tier directories. A ``disk`` or ``shared`` tier's ``path`` is a base directory, not the directory
+engines write to: every engine session (one arm's engine start, or its fleet's, in one run attempt)
+writes into a fresh subdirectory of it (:func:`tier_dir`), so turn 1 is cold in every arm whatever
+an earlier arm, run or engine start left under the base:
+
+* ``shared``: ``<path>/<session>``, one per session, the same for every replica of the fleet and
+  for the fleet's one cache server;
+* ``disk``: ``<path>/<session>/<owner>``, one per engine (``replica-<i>``, or the one server a fleet
+  shares), so replicas on one host never read each other's disk tier.
+
+``<session>`` is ``kvbench-<run>-<arm>-a<attempt>s<n>-<token>`` (:func:`session_dir_name`). The
+runner removes ``<path>/<session>`` when the session's engines have stopped. ``fresh_per_arm:
+false`` uses ``path`` as given (a tier that is meant to be warm) and nothing is removed. A
+``remote_url`` tier is a cache server the user runs: kvbench cannot empty it.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -62,7 +80,16 @@ class OffloadTier(StrictModel):
     write_gbps: float | None = Field(default=None, gt=0, description="Write bandwidth in GB/s.")
     latency_us: float | None = Field(default=None, ge=0, description="Per-request access latency.")
     remote_url: str | None = Field(
-        default=None, description="For shared tiers served by a cache server (lm://, redis://)."
+        default=None,
+        description="For shared tiers served by a cache server (lm://, redis://). kvbench cannot empty a "
+        "server it does not run: turn 1 may hit KV that an earlier arm or run left there.",
+    )
+    fresh_per_arm: bool = Field(
+        default=True,
+        description="With a path: each engine session (one arm's engine start in one run) writes into its "
+        "own new subdirectory of path (kvbench-<run>-<arm>-..., removed when the session ends), so turn 1 "
+        "is cold whatever ran before. false: use path as given, e.g. to attach to a tier that is already "
+        "warm on purpose; nothing is removed.",
     )
 
     @property
@@ -76,6 +103,103 @@ class OffloadTier(StrictModel):
     @property
     def effective_latency_us(self) -> float:
         return self.latency_us if self.latency_us is not None else TIER_DEFAULTS[self.kind][2]
+
+
+SESSION_DIR_PREFIX = "kvbench-"
+SESSION_NAME_PART_CHARS = 48
+"""At most this many characters of the run and arm names go into a session directory's name."""
+SHARED_TIER_KINDS = frozenset({"shared"})
+"""Tier kinds every engine of a session shares (one directory per session); the others are per engine."""
+
+
+@dataclass(frozen=True)
+class TierScope:
+    """Where one engine of one engine session writes its tiers' KV (see the module docstring)."""
+
+    session: str
+    """The session's directory name (:func:`session_dir_name`), the same for every engine of the session."""
+    owner: str = "replica-0"
+    """The engine whose per-engine (``disk``) tiers these are: ``replica-<i>``, or a fleet's one server."""
+
+    def __post_init__(self) -> None:
+        # a session or owner name is joined under a user's directory and later removed: one plain path
+        # component that is kvbench's own, never '..', an absolute path or a separator
+        for name in (self.session, self.owner):
+            if name in ("", ".", "..") or "/" in name or "\\" in name:
+                raise ValueError(f"tier scope: {name!r} is not a single directory name")
+        if not self.session.startswith(SESSION_DIR_PREFIX):
+            raise ValueError(f"tier scope: session directory {self.session!r} must start with {SESSION_DIR_PREFIX!r}")
+
+
+def _name_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip(".-")[:SESSION_NAME_PART_CHARS] or "x"
+
+
+def session_dir_name(run: str, arm: str, attempt: int, session: int, token: str) -> str:
+    """``kvbench-<run>-<arm>-a<attempt>s<session>-<token>``: unique per run attempt, arm and engine
+    session; ``token`` (random per invocation) keeps two runs whose directories share a name apart."""
+    return f"{SESSION_DIR_PREFIX}{_name_part(run)}-{_name_part(arm)}-a{attempt}s{session}-{_name_part(token)}"
+
+
+def is_scoped(tier: OffloadTier, scope: TierScope | None) -> bool:
+    """Whether ``tier`` gets a fresh subdirectory under ``scope`` (it has a path and did not opt out)."""
+    return scope is not None and bool(tier.path) and tier.fresh_per_arm
+
+
+def tier_dir(tier: OffloadTier, scope: TierScope | None) -> str | None:
+    """The directory an engine writes ``tier``'s KV to: ``None`` without a path; ``path`` as given
+    without a scope or with ``fresh_per_arm: false``; else the session's (``shared``) or the engine's
+    (``disk``) subdirectory of ``path``."""
+    if not tier.path:
+        return None
+    if scope is None or not is_scoped(tier, scope):  # (scope is None) narrows the type for what follows
+        return tier.path
+    session = PurePath(tier.path) / scope.session
+    return str(session if tier.kind in SHARED_TIER_KINDS else session / scope.owner)
+
+
+def session_dirs(profile: OffloadProfile, session: str) -> tuple[PurePath, ...]:
+    """What an engine session may have created under its profile's tier paths: ``<path>/<session>`` of
+    every tier that :func:`tier_dir` scopes (every engine's subdirectory lies inside it)."""
+    scope = TierScope(session)
+    return tuple(PurePath(str(tier.path)) / session for tier in profile.tiers if is_scoped(tier, scope))
+
+
+MOUNTED_TIER_KINDS = frozenset({"shared"})
+"""Tier kinds whose ``path`` must already exist (a mount kvbench must not invent); the others' are created."""
+
+
+@dataclass(frozen=True)
+class TierDirs:
+    """A tier's directory for one engine (:func:`tier_dir`) and what to do about it before the start."""
+
+    used: str
+    """The directory the engine writes the tier's KV to."""
+    create: tuple[str, ...]
+    """Directories to create (with their parents)."""
+    must_exist: tuple[str, ...]
+    """Directories that must exist already (a shared tier's base: a mount)."""
+    note: str
+    """What the manifest says about it."""
+
+
+def tier_dirs(tier: OffloadTier, scope: TierScope | None) -> TierDirs | None:
+    """:func:`tier_dir` of ``tier`` with what to create and check first; None for a tier without a path."""
+    used = tier_dir(tier, scope)
+    if used is None or tier.path is None:
+        return None
+    mounted = tier.kind in MOUNTED_TIER_KINDS
+    if is_scoped(tier, scope):
+        note = f"{tier.kind} tier directory {used} (new for this engine session under {tier.path}, removed at its end)"
+    else:
+        why = "fresh_per_arm: false" if not tier.fresh_per_arm else "no engine session given"
+        note = f"{tier.kind} tier directory {used} used as given ({why}): it may hold KV from earlier arms or runs"
+    return TierDirs(
+        used=used,
+        create=() if mounted and used == tier.path else (used,),
+        must_exist=(tier.path,) if mounted else (),
+        note=note,
+    )
 
 
 OffloadBackend = Literal["auto", "lmcache", "lmcache-mp", "native"]

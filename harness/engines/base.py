@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from harness.client.endpoint import Endpoint
-from offload.profiles import OffloadProfile
+from offload.profiles import OffloadProfile, TierScope
 from workloads.tokenizer import Tokenizer
 
 
@@ -56,6 +56,15 @@ class LaunchContext:
     """Which replica of the arm's fleet this engine is (0 for a single engine)."""
     shared_tier: SharedTierHandle | None = None
     """The fleet's shared tier, when the arm has one and the engine kind shares it across replicas."""
+    tier_session: str | None = None
+    """The engine session's directory name under every disk/shared tier path
+    (:func:`offload.profiles.session_dir_name`); None: tier paths are used as given."""
+
+    @property
+    def tier_scope(self) -> TierScope | None:
+        """Where this engine writes its tiers' KV (:func:`offload.profiles.tier_dir`): the session's
+        directory, and this replica's own one below it for per-engine tiers."""
+        return None if self.tier_session is None else TierScope(self.tier_session, owner=f"replica-{self.replica}")
 
 
 class PrefixCacheResetUnsupported(Exception):

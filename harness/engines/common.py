@@ -15,7 +15,9 @@ particular to its engine:
   an optional temporary directory), and :func:`start_server` / :func:`open_session` for its steps;
 * :func:`served_model_name`, :func:`resolve_served_model`, :func:`resolve_python`,
   :func:`probe_python`, :func:`make_offload_dirs` and :func:`server_version`: small steps more
-  than one engine takes the same way.
+  than one engine takes the same way;
+* :func:`remove_session_dirs`: the runner's cleanup of an engine session's tier subdirectories
+  (:func:`offload.profiles.tier_dir`) once its engines have stopped.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -37,12 +40,15 @@ import aiohttp
 from harness.client.endpoint import Endpoint
 from kvbench.errors import EngineStartError, KvbenchError
 from kvbench.redact import redact_text
+from offload.profiles import OffloadProfile, session_dirs
 from workloads.tokenizer import Tokenizer
 
 from .base import EngineFacts, FaultUnsupported, LaunchContext, PrefixCacheResetUnsupported
 from .configs import SglangEngineConfig, VllmEngineConfig
 from .modeldir import SYNTH_PREFIX, resolve_model_ref
 from .process import ManagedProcess, ProcessSpec
+
+log = logging.getLogger(__name__)
 
 LOG_FILE = "engine.log"
 TOKENIZER_FILE = "tokenizer.json"
@@ -484,3 +490,25 @@ def make_offload_dirs(must_exist: Sequence[Path], dirs: Sequence[Path]) -> None:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise EngineStartError(f"cannot create offload directory {path}: {error.strerror}") from None
+
+
+def remove_session_dirs(profile: OffloadProfile, session: str) -> tuple[Path, ...]:
+    """Remove ``<path>/<session>`` under every tier path the engine session was scoped to
+    (:func:`offload.profiles.session_dirs`), with the KV its engines wrote there; return what was removed.
+
+    Call it after the session's engines stopped. Nothing else under a user's path is touched: not the
+    base, not a symlink that happens to carry the session's name. A failure is logged, not raised (the
+    run's records are what matter, and the next session writes to a directory of another name).
+    """
+    removed: list[Path] = []
+    for pure in session_dirs(profile, session):
+        path = Path(pure)
+        if path.is_symlink() or not path.is_dir():
+            continue  # never created (an engine kind without tier paths, a failed start), or not ours
+        try:
+            shutil.rmtree(path)
+        except OSError as error:
+            log.warning("cannot remove the engine session's tier directory %s: %s", path, error.strerror or error)
+            continue
+        removed.append(path)
+    return tuple(removed)

@@ -226,7 +226,7 @@ class SglangEngine(ProcessEngine[RunningSglang]):
         python = resolve_python(config)
         context.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            plan = render_sglang_launch(context.profile, config, context.prefix_caching)
+            plan = render_sglang_launch(context.profile, config, context.prefix_caching, context.tier_scope)
         except ValueError as error:
             raise EngineStartError(f"SGLang ({context.arm}): {error}") from None
         make_offload_dirs(plan.must_exist, plan.dirs)

@@ -16,7 +16,8 @@ SGLang's offload layer is HiCache, its hierarchical radix cache (``profile.backe
   pool, or when the host lacks the memory (it keeps 10 GB free);
 * a ``disk`` tier, or a ``shared`` tier given as a directory, is HiCache's storage layer with the
   ``file`` backend: ``--hicache-storage-backend file``, its directory in
-  ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` (SGLang's own variable; default ``/tmp/hicache``).
+  ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` (SGLang's own variable; default ``/tmp/hicache``): the
+  engine session's subdirectory of the tier's ``path`` (:func:`offload.profiles.tier_dir`).
   The file backend enforces no capacity. One storage backend per server: disk or shared, not both.
 
 Checked against SGLang's ``server_args.py`` and ``mem_cache`` sources (0.5.x); not yet run on a GPU
@@ -37,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from offload.profiles import OffloadProfile, OffloadTier
+from offload.profiles import OffloadProfile, OffloadTier, TierScope, tier_dirs
 
 from .configs import SglangEngineConfig
 
@@ -148,9 +149,13 @@ def check_supported(profile: OffloadProfile, config: SglangEngineConfig, between
         )
 
 
-def render_sglang_launch(profile: OffloadProfile, config: SglangEngineConfig, prefix_caching: bool) -> SglangLaunchPlan:
+def render_sglang_launch(
+    profile: OffloadProfile, config: SglangEngineConfig, prefix_caching: bool, scope: TierScope | None = None
+) -> SglangLaunchPlan:
     """Render ``profile`` for ``config``. ``prefix_caching`` is the runner's word (False when the scenario
-    disables the GPU prefix cache); the profile's own ``prefix_caching`` must agree for the cache to be on."""
+    disables the GPU prefix cache); the profile's own ``prefix_caching`` must agree for the cache to be on.
+    ``scope`` puts the storage directory in the engine session's own subdirectory of the tier's path
+    (:func:`offload.profiles.tier_dir`)."""
     check_supported(profile, config)
     caching = prefix_caching and profile.prefix_caching
     if not profile.tiers:
@@ -181,15 +186,18 @@ def render_sglang_launch(profile: OffloadProfile, config: SglangEngineConfig, pr
     must_exist: list[Path] = []
     for kind in ("disk", "shared"):
         tier = tiers.get(kind)
-        if tier is None or not tier.path:
+        placed = tier_dirs(tier, scope) if tier is not None else None
+        if tier is None or placed is None:
             continue
         args += ["--hicache-storage-backend", STORAGE_BACKEND]
         if config.hicache_storage_prefetch_policy is not None:
             args += ["--hicache-storage-prefetch-policy", config.hicache_storage_prefetch_policy]
-        env[STORAGE_DIR_ENV] = tier.path
-        (dirs if kind == "disk" else must_exist).append(Path(tier.path))
+        env[STORAGE_DIR_ENV] = placed.used
+        dirs += [Path(path) for path in placed.create]
+        must_exist += [Path(path) for path in placed.must_exist]
+        notes.append(placed.note)
         notes.append(
-            f"{kind} tier {tier.path}: SGLang's file storage backend does not enforce capacity_gb "
+            f"{kind} tier {placed.used}: SGLang's file storage backend does not enforce capacity_gb "
             f"({tier.capacity_gb:g} GB)"
         )
     notes.append(f"chunk_tokens ({profile.chunk_tokens}) is not used: HiCache moves KV in SGLang pages (--page-size)")

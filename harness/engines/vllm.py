@@ -282,7 +282,9 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         python = resolve_python(config)
         context.log_dir.mkdir(parents=True, exist_ok=True)
         self._workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-"))
-        plan = render_vllm_launch(context.profile, config, context.prefix_caching, self._workdir)
+        plan = render_vllm_launch(
+            context.profile, config, context.prefix_caching, self._workdir, scope=context.tier_scope
+        )
         if context.shared_tier is not None:  # a fleet's replica: connect to the arm's one LMCache server
             plan = use_shared_server(plan, context.shared_tier)
         check_host_memory(

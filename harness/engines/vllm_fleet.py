@@ -4,8 +4,10 @@ Row ``vllm`` of :data:`harness.engines.kinds.KINDS` names :func:`shared_tier`. F
 profile renders to the ``lmcache-mp`` backend and has a ``shared`` tier, the fleet starts ONE
 ``lmcache server`` for the arm (log ``lmcache-server-shared.log`` in the arm's log directory): its L1
 is the profile's cpu tier (host DRAM, now seen by every replica), its filesystem L2 the shared
-tier's ``path``. Each replica's launch plan is then pointed at that server
-(:func:`use_shared_server`) instead of starting a sidecar of its own. What each backend shares:
+tier's directory for the arm's engine session (``<path>/<session>``, :func:`offload.profiles.tier_dir`;
+a disk tier in the same server gets ``<path>/<session>/shared-server``), created here before the
+server starts. Each replica's launch plan is then pointed at that server (:func:`use_shared_server`)
+instead of starting a sidecar of its own, and creates no tier directories. What each backend shares:
 
 * ``lmcache-mp`` + ``shared`` tier: everything in the one server (L1 DRAM and the fs L2) -- shared;
 * ``lmcache-mp`` without a ``shared`` tier: one server per replica -- nothing shared;
@@ -25,12 +27,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from .base import EngineConfigModel, LaunchContext, SharedTierHandle
+from .common import make_offload_dirs
 from .configs import VllmEngineConfig
 from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
 from .vllm_offload import LMCACHE_MP_CONNECTOR, VllmLaunchPlan, render_vllm_launch, resolve_backend
 
 SHARED_LOG = "lmcache-server-shared.log"
+SERVER_OWNER = "shared-server"
+"""Whose disk tier the one server's is (:attr:`offload.profiles.TierScope.owner`): no replica's."""
 
 
 def shares_server(context: LaunchContext, config: VllmEngineConfig) -> bool:
@@ -48,13 +53,17 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
 
     workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-fleet-"))
     try:
-        plan = render_vllm_launch(context.profile, config, context.prefix_caching, workdir)
+        scope = context.tier_scope
+        if scope is not None:
+            scope = dataclasses.replace(scope, owner=SERVER_OWNER)
+        plan = render_vllm_launch(context.profile, config, context.prefix_caching, workdir, scope=scope)
         check_host_memory(
             plan.pinned_host_bytes,
             f"arm {context.arm}: the shared LMCache server of offload profile {context.profile.name!r}",
             available_host_bytes(),
         )
         spec = plan.sidecars[0]
+        make_offload_dirs(plan.must_exist, plan.dirs)
         context.log_dir.mkdir(parents=True, exist_ok=True)
         server = LmcacheServer(
             spec,
@@ -65,7 +74,8 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
         )
         async with server:
             yield SharedTierHandle(
-                description=f"one LMCache server for every replica: {' '.join(server.redacted_argv)}",
+                description=f"one LMCache server for every replica: {' '.join(server.redacted_argv)}"
+                + "".join(f" | {note}" for note in plan.notes),
                 host=spec.host,
                 port=spec.port,
                 serves_all_tiers=True,
@@ -85,6 +95,14 @@ def use_shared_server(plan: VllmLaunchPlan, shared: SharedTierHandle) -> VllmLau
         return plan
     transfer["kv_connector_extra_config"] = {"lmcache.mp.host": f"tcp://{shared.host}", "lmcache.mp.port": shared.port}
     args[index] = json.dumps(transfer, separators=(",", ":"))
-    notes = (*plan.notes, f"shared tier: {shared.description}")
-    # the arm's one server pins the tier, started and checked once (shared_tier), not per replica
-    return dataclasses.replace(plan, args=tuple(args), sidecars=(), notes=notes, pinned_host_bytes=0)
+    # the arm's one server pins the tiers and owns their directories, made and checked once (shared_tier), not
+    # per replica; the replica's own notes were about its dropped sidecar's tiers, the server's say where they are
+    return dataclasses.replace(
+        plan,
+        args=tuple(args),
+        sidecars=(),
+        notes=(f"shared tier: {shared.description}",),
+        pinned_host_bytes=0,
+        dirs=(),
+        must_exist=(),
+    )

@@ -12,11 +12,13 @@ Backends (``profile.backend``; ``auto`` picks ``lmcache-mp`` on device ``cpu`` a
   ``LMCacheConnectorV1`` and an LMCache YAML (``LMCACHE_CONFIG_FILE``): ``chunk_size``,
   ``local_cpu``/``max_local_cpu_size`` (cpu tier; each of the tp x pp ranks gets capacity / ranks,
   since every rank keeps its own buffer of its KV shard), ``local_disk``/``max_local_disk_size`` (disk
-  tier), ``remote_url`` (shared tier served by a cache server), ``save_unfull_chunk``.
+  tier, in the engine's own subdirectory of its path), ``remote_url`` (shared tier served by a cache
+  server the user runs, which kvbench cannot empty between arms), ``save_unfull_chunk``.
   ``PROMETHEUS_MULTIPROC_DIR`` points at a fresh directory so LMCache's metrics reach vLLM's
   ``/metrics``. CUDA only (the in-process connector does not run on vLLM-CPU).
 * ``lmcache-mp``: an LMCache server (``lmcache server``) started by kvbench beside vLLM, L1 = the
-  cpu tier, disk/shared tiers with a ``path`` as filesystem L2 adapters; vLLM connects with
+  cpu tier, disk/shared tiers with a ``path`` as filesystem L2 adapters (``base_path``: the engine
+  session's subdirectory of the path, :func:`offload.profiles.tier_dir`); vLLM connects with
   ``LMCacheMPConnector``. Works on CPU (``--supported-transfer-mode engine_driven``) and CUDA
   (``auto``: vLLM's CUDA connector registers its KV caches for server-driven transfer and hangs
   for 300 s against an engine_driven-only server). The filesystem L2 adapter does not enforce a
@@ -39,7 +41,7 @@ from typing import Literal
 
 import yaml
 
-from offload.profiles import OffloadProfile, OffloadTier
+from offload.profiles import OffloadProfile, OffloadTier, TierScope, tier_dirs
 
 from .configs import VllmEngineConfig
 from .hostmem import NATIVE_PIN_FACTOR
@@ -213,11 +215,13 @@ def render_vllm_launch(
     workdir: Path,
     *,
     port_factory: Callable[[], int] | None = None,
+    scope: TierScope | None = None,
 ) -> VllmLaunchPlan:
     """Render ``profile`` for ``config``. ``prefix_caching`` is the runner's word (False when the
     scenario disables the GPU prefix cache); the profile's own ``prefix_caching`` must agree for
     the cache to be on. ``workdir`` holds the files kvbench writes (a fresh temporary directory);
-    ``port_factory`` gives free ports for sidecars (default: ask the OS)."""
+    ``port_factory`` gives free ports for sidecars (default: ask the OS); ``scope`` puts disk and
+    shared tiers' KV in the engine session's own subdirectories (:func:`offload.profiles.tier_dir`)."""
     check_supported(profile, config)
     backend = resolve_backend(profile, config)
     caching = prefix_caching and profile.prefix_caching
@@ -228,12 +232,13 @@ def render_vllm_launch(
     if backend == "native":
         return _render_native(args, tiers["cpu"])
     if backend == "lmcache":
-        return _render_lmcache(args, profile, tiers, workdir, ranks=config.parallelism.tp * config.parallelism.pp)
+        ranks = config.parallelism.tp * config.parallelism.pp
+        return _render_lmcache(args, profile, tiers, workdir, ranks=ranks, scope=scope)
     if port_factory is None:
         from .process import free_port
 
         port_factory = free_port
-    return _render_lmcache_mp(args, profile, tiers, config.device, port_factory)
+    return _render_lmcache_mp(args, profile, tiers, config.device, port_factory, scope)
 
 
 def _render_native(args: list[str], cpu: OffloadTier) -> VllmLaunchPlan:
@@ -248,7 +253,13 @@ def _render_native(args: list[str], cpu: OffloadTier) -> VllmLaunchPlan:
 
 
 def _render_lmcache(
-    args: list[str], profile: OffloadProfile, tiers: Mapping[str, OffloadTier], workdir: Path, *, ranks: int
+    args: list[str],
+    profile: OffloadProfile,
+    tiers: Mapping[str, OffloadTier],
+    workdir: Path,
+    *,
+    ranks: int,
+    scope: TierScope | None,
 ) -> VllmLaunchPlan:
     # every TP/PP rank runs its own LMCache engine with its own CPU buffer of max_local_cpu_size GB,
     # holding its shard of each chunk: split the profile's tier (the whole deployment's) between them
@@ -260,12 +271,14 @@ def _render_lmcache(
         "save_unfull_chunk": True,
     }
     dirs: list[Path] = []
+    notes: list[str] = []
     disk = tiers.get("disk")
-    if disk is not None and disk.path:
-        path = Path(disk.path)
-        config["local_disk"] = "file://" + str(path).rstrip("/") + "/"
+    placed = tier_dirs(disk, scope) if disk is not None else None
+    if disk is not None and placed is not None:
+        config["local_disk"] = "file://" + placed.used.rstrip("/") + "/"
         config["max_local_disk_size"] = disk.capacity_gb
-        dirs.append(path)
+        dirs += [Path(path) for path in placed.create]
+        notes.append(placed.note)
     shared = tiers.get("shared")
     if shared is not None and shared.remote_url:
         config["remote_url"] = shared.remote_url
@@ -275,11 +288,13 @@ def _render_lmcache(
     dirs.append(prometheus_dir)
     transfer = {"kv_connector": LMCACHE_CONNECTOR, "kv_role": "kv_both"}
     args += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
-    notes = []
     if ranks > 1:
         notes.append(f"cpu tier {cpu_gb:g} GB over {ranks} ranks: max_local_cpu_size {cpu_gb / ranks:g} GB per rank")
     if shared is not None:
-        notes.append(f"shared tier served by {shared.remote_url}; its capacity_gb is the server's to enforce")
+        notes.append(
+            f"shared tier served by {shared.remote_url}; its capacity_gb is the server's to enforce, and kvbench "
+            "cannot empty it between arms or runs (turn 1 may hit KV left there)"
+        )
     return VllmLaunchPlan(
         backend="lmcache",
         args=tuple(args),
@@ -297,6 +312,7 @@ def _render_lmcache_mp(
     tiers: Mapping[str, OffloadTier],
     device: str,
     port_factory: Callable[[], int],
+    scope: TierScope | None,
 ) -> VllmLaunchPlan:
     host = "127.0.0.1"
     adapters: list[str] = []
@@ -305,12 +321,15 @@ def _render_lmcache_mp(
     notes: list[str] = []
     for kind in ("disk", "shared"):
         tier = tiers.get(kind)
-        if tier is None or not tier.path:
+        placed = tier_dirs(tier, scope) if tier is not None else None
+        if tier is None or placed is None:
             continue
-        adapters.append(json.dumps({"type": "fs", "base_path": tier.path}, separators=(",", ":")))
-        (dirs if kind == "disk" else must_exist).append(Path(tier.path))
+        adapters.append(json.dumps({"type": "fs", "base_path": placed.used}, separators=(",", ":")))
+        dirs += [Path(path) for path in placed.create]
+        must_exist += [Path(path) for path in placed.must_exist]
+        notes.append(placed.note)
         notes.append(
-            f"{kind} tier {tier.path}: LMCache's fs L2 adapter does not enforce capacity_gb ({tier.capacity_gb:g} GB)"
+            f"{kind} tier {placed.used}: LMCache's fs L2 adapter does not enforce capacity_gb ({tier.capacity_gb:g} GB)"
         )
     port, http_port, prometheus_port = _distinct_ports(port_factory, 3)
     server = LmcacheServerSpec(

@@ -59,6 +59,9 @@ def fleet_facts(fleet: RunningFleet, routing: RoutingSpec, router: RunningRouter
     for index, replica in enumerate(fleet.replicas):
         details[f"replica_{index}_command"] = " ".join(replica.facts.command)
         details[f"replica_{index}_base_url"] = replica.endpoint.base_url
+        notes = replica.facts.details.get("notes")
+        if notes and notes != first.details.get("notes"):  # e.g. its own disk-tier directory
+            details[f"replica_{index}_notes"] = notes
     if fleet.shared_tier is not None:
         details["shared_tier"] = fleet.shared_tier.description
         details["shared_tier_serves"] = "all tiers" if fleet.shared_tier.serves_all_tiers else "shared tier"

