@@ -17,8 +17,13 @@ kvbench, picks the replica. What differs per router kind is one row of :data:`RO
 ``vllm-router`` is PyPI's ``vllm-router`` (0.1.x: the Rust router of github.com/vllm-project/router,
 derived from SGLang's router; not the production-stack router, whose flags are
 ``--static-backends``/``--routing-logic``). Its ``consistent_hash`` policy keys on the
-``X-Session-ID`` header first. It names the serving replica in no response header, so kvbench
-attributes requests from per-replica ``/metrics`` deltas (:mod:`harness.client.fleet`).
+``X-Session-ID`` header first. Its ``cache_aware`` policy keeps a character prefix tree per worker:
+a prompt whose longest match in a worker's tree exceeds ``--cache-threshold`` (0.3 of its characters)
+goes there, otherwise to the worker with the fewest requests in flight, which also wins outright when
+the loads are imbalanced (max - min > ``--balance-abs-threshold`` and max > min x
+``--balance-rel-threshold``); it logs its decisions only at ``--log-level debug`` (``extra_args``).
+It names the serving replica in no response header, so kvbench attributes requests from per-replica
+``/metrics`` deltas (:mod:`harness.client.fleet`).
 """
 
 from __future__ import annotations
