@@ -11,12 +11,20 @@ so a 50 ms and a 10 s request weigh the same; ``soft_l1`` loss, so a request who
 few decode steps does not drag the fit):
 
 1. Decode (every run kind, every request with two or more output tokens): one step per token is
-   ``step_overhead + max(compute, (weights + batch x context x KV bytes) / (HBM bw x hbm_eff))``.
-   The step time of a request is the median gap between content chunks, or -- when the stream
-   carried fewer content chunks than tokens (outputs that decode to no text) -- the time from
-   the first to the last chunk over ``completion_tokens - 1`` (a lower bound). ``batch`` is the
-   time-averaged number of requests of the same arm decoding at once (1 in a probe run). The HBM
-   efficiency is fitted only when the contexts or batches differ by 4x or more.
+   ``step_overhead + per_seq x batch + max(compute, (weights + batch x context x KV bytes) /
+   (HBM bw x hbm_eff))``. Per request, its *clean* gaps (no other request of its window between send
+   and first token, :func:`decode_samples`); per (run, arm, load point or probe length) the *mean*
+   step over them (:func:`decode_groups`: clean time / clean steps), fitted with squared residuals:
+   TPS/user and RPS are means, and a real engine's steps have a long tail (on the measured 1x H100
+   sweep, vLLM 0.26.0, the clean steps' median is 15-18 ms and their mean 17-21 ms, slow stretches
+   lasting seconds). When the stream carried fewer content chunks than tokens (outputs that decode
+   to no text), the whole decode window over ``completion_tokens - 1`` is used (a lower bound).
+   ``batch`` is the time-averaged number of requests of the same window decoding at once (1 in a
+   probe run). The HBM efficiency and a first step overhead come from probe runs (batch 1, contexts
+   that differ; the efficiency only when the KV read per step varies by half the weights' bytes);
+   with a sweep, the step overhead and ``per_seq`` (``step_s_per_seq``, when batches differ 2x) are
+   then fitted on its load points alone: a probe's steps ran on an otherwise idle engine, a sweep's
+   beside arrivals and other streams, which is where capacity is decided.
 2. TTFT (probe runs only: an unloaded request's TTFT, no queueing): each measured request is
    ``overhead(P) + [latency_b + loaded x KV bytes / load_bw_b] + prefill(P | cached)``, the
    simulator's own unloaded formula (:func:`harness.sim.calibration.unloaded_ttft_s`), where the
@@ -24,6 +32,17 @@ few decode steps does not drag the fit):
    blocking store per computed token. Per request, HBM hits and tier hits (``loaded``) are the
    group's ``/metrics`` deltas (``gpu_prefix_hits``, ``external_prefix_hits``) divided by its
    requests, or ``cached_tokens`` when no deltas exist.
+3. Engine-blocking share (sweeps): the engine's steps are rebuilt from the records
+   (:mod:`.engine_steps`), and with the other parameters fixed, the share ``beta`` of the per-request
+   overhead that stalls the running requests is fitted from the measured requests' whole decode
+   windows: each window is predicted as the sum of its steps' modelled times (decodes, prefill
+   chunks, stores, per-sequence cost) plus ``beta x overhead(P)`` of every request whose intake is
+   charged to one of its steps (the first step that starts after it was sent, as the simulator
+   charges it).
+
+Steps 1-2 alternate (decode, TTFT, decode: the prefill efficiencies enter large-batch decode
+steps and the step overhead enters prefill steps), then 3. ``holdout_loads`` leaves sweep load
+points out of every step (``decode_residuals`` and ``tpot_residuals`` mark them held out).
 
 Some parameters are not determined by some runs; they keep their default and say why:
 
@@ -32,7 +51,9 @@ Some parameters are not determined by some runs; they keep their default and say
 * the store cost needs an arm without a tier (otherwise it is indistinguishable from prefill), and
   its fixed part per request (``store_latency_s``) also computed prompts whose sizes differ 4x;
 * a backend's load latency needs loads of sizes that differ by 4x or more, its rate any load;
-* the attention efficiency needs prompts of 16k tokens or more.
+* the attention efficiency needs prompts of 16k tokens or more;
+* the per-sequence step cost needs decode batches that differ 2x (a sweep), the engine-blocking
+  share a sweep whose schedule can be reconstructed (every token streamed as its own chunk).
 """
 
 from __future__ import annotations
@@ -67,6 +88,7 @@ from offload.profiles import TierKind, resolve_profile
 from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, known_model, model_from_hf_config
 
 from .aggregate import chosen_attempts
+from .engine_steps import EngineSteps, reconstruct
 from .modelshape import hf_config
 
 DEFAULT_MAX_BATCH_TOKENS = 8192
@@ -75,6 +97,8 @@ DEFAULT_MAX_BATCH_TOKENS = 8192
 ATTENTION_MIN_TOKENS = 16_000
 SPREAD = 4.0
 """Sizes (loads) must differ by this factor for a slope to be determined."""
+BATCH_SPREAD = 2.0
+"""Decode batches must differ by this factor for the per-sequence step cost to be determined."""
 KV_SPREAD = 0.5
 """The KV bytes the decode steps read must differ by this share of the weights' bytes for the HBM
 efficiency to be determined: the step then grows visibly with batch x context. Below it (a sweep
@@ -128,19 +152,74 @@ class DecodeSample:
     context_tokens: int
     """Their time-averaged context per request (prompt + tokens generated so far)."""
     step_s: float
-    """Median step (seconds) over the request's clean gaps."""
+    """Mean step (seconds) over the request's clean gaps."""
     run: str = ""
     arm: str = ""
     load: float | None = None
     """The sweep point's load (None: a probe run)."""
     length: int = 0
     """A probe run's context length (0 in sweeps)."""
+    span_s: float = 0.0
+    """Seconds of clean gaps the step is the mean of."""
+    requests: int = 1
+    """Requests pooled into this sample (:func:`decode_groups`)."""
+
+
+def decode_groups(samples: Sequence[DecodeSample]) -> list[DecodeSample]:
+    """One sample per (run, arm, load point or probe length): the requests' clean time over their clean steps.
+
+    Batch and context are time-weighted over the same clean gaps. A group's mean step weighs every
+    step alike, as a load point's TPS/user does, whether its requests ran in a slow or a fast stretch.
+    """
+    groups: dict[tuple[str, str, float, int], list[DecodeSample]] = defaultdict(list)
+    for s in samples:
+        groups[(s.run, s.arm, -1.0 if s.load is None else s.load, s.length)].append(s)
+    out: list[DecodeSample] = []
+    for (run, arm, load, length), group in sorted(groups.items()):
+        span = sum(s.span_s for s in group)
+        steps = sum(s.span_s / s.step_s for s in group)
+        batch_time = sum(s.batch * s.span_s for s in group)
+        context = sum(s.context_tokens * s.batch * s.span_s for s in group) / batch_time
+        out.append(DecodeSample(batch_time / span, round(context), span / steps, run, arm,
+                                None if load < 0 else load, length, span, len(group)))  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True)
+class StepsWindow:
+    """One load point's records (every request its engine served), whose engine steps can be rebuilt."""
+
+    run: str
+    arm: str
+    load: float | None
+    backend: str | None
+    records: tuple[RequestRecord, ...]
+    sampled: frozenset[str]
+    """Request ids of the measured requests whose decode windows are fitted."""
+    max_batch_tokens: int
+    _cache: dict[tuple[float, float], EngineSteps] = field(default_factory=dict, compare=False, repr=False)
+
+    def steps(self, params: Params) -> EngineSteps:
+        """The steps, with prefill chunks placed as the simulator would under ``params``' request overhead."""
+        key = (params.overhead_s, params.overhead_s_per_ktoken)
+        if key not in self._cache:
+            steps = reconstruct(self.records, self.max_batch_tokens, *key)
+            assert steps is not None  # collect() keeps only windows that can be rebuilt
+            self._cache.clear()
+            self._cache[key] = steps
+        return self._cache[key]
 
 
 @dataclass
 class FitData:
     ttft: list[TtftSample] = field(default_factory=list)
     decode: list[DecodeSample] = field(default_factory=list)
+    windows: list[StepsWindow] = field(default_factory=list)
+
+    def add(self, other: FitData) -> None:
+        self.ttft += other.ttft
+        self.decode += other.decode
+        self.windows += other.windows
 
 
 # -- what a run directory is ---------------------------------------------------------------------
@@ -344,8 +423,8 @@ def decode_samples(group: Sequence[RequestRecord], sampled: Sequence[RequestReco
     one load point of a sweep, warm-up included), ``sampled`` those of them to sample. A gap between
     two chunks is *clean* when no other request of the group was between its send and its first
     token (then the engine's steps were decode steps; a step that also computes another request's
-    prefill chunk is the prefill's cost, not decode's). Per request: step = median clean gap
-    (per step), batch = the time-averaged number of requests decoding during its clean gaps, context
+    prefill chunk is the prefill's cost, not decode's). Per request: step = mean clean gap
+    (clean time / clean steps), batch = the time-averaged number of requests decoding during its clean gaps, context
     = the time-averaged context of those requests (prompt + tokens generated so far). A request
     without clean gaps gives no sample.
     """
@@ -360,7 +439,7 @@ def decode_samples(group: Sequence[RequestRecord], sampled: Sequence[RequestReco
         i = index.get(id(record))
         if i is None or not record.ok or tokens < 2 or not record.itl_ns:
             continue
-        steps: list[float] = []
+        steps = 0
         batch_time = context_time = span = 0.0
         for a, b, n in _gaps(record, first[i]):
             prefilling = (start < b) & (first > a)
@@ -371,17 +450,21 @@ def decode_samples(group: Sequence[RequestRecord], sampled: Sequence[RequestReco
             overlap[i] = b - a
             mid = (a + b) / 2
             contexts = sum(overlap[j] * windows[j].context_at(mid) for j in np.nonzero(overlap)[0])
-            steps.append((b - a) / n / 1e9)
+            steps += n
             batch_time += float(overlap.sum())
             context_time += contexts
             span += b - a
         if steps and span > 0:
-            out.append(DecodeSample(batch_time / span, round(context_time / batch_time), float(np.median(steps))))
+            out.append(DecodeSample(batch_time / span, round(context_time / batch_time), span / steps / 1e9,
+                                    span_s=span / 1e9))  # fmt: skip
     return out
 
 
-def collect(path: Path, facts: RunFacts, holdout: Sequence[int]) -> tuple[FitData, FitData]:
-    """(fit samples, held-out samples) of one run."""
+def collect(
+    path: Path, facts: RunFacts, holdout: Sequence[int], holdout_loads: Sequence[float] = ()
+) -> tuple[FitData, FitData]:
+    """(fit samples, held-out samples) of one run: probe lengths in ``holdout`` and sweep loads in
+    ``holdout_loads`` are held out."""
     run_dir = RunDir.open(path)
     records = [r for r in _measured(run_dir) if r.ok and r.ttft_ns is not None and r.prompt_tokens]
     per_group: dict[tuple[str, int, int, int, int], int] = defaultdict(int)
@@ -406,12 +489,20 @@ def collect(path: Path, facts: RunFacts, holdout: Sequence[int]) -> tuple[FitDat
     for (name, attempt, point), mine in sampled.items():
         group = served[(name, attempt, point)]
         by_id = {r.request_id: r for r in group}
+        load = mine[0].load
+        held_point = point is not None and load in holdout_loads
         for length in sorted({r.context_tokens for r in mine}):
             chosen = [by_id[r.request_id] for r in mine if r.context_tokens == length and r.request_id in by_id]
-            target = held if length in holdout else fit
-            target.decode += [replace(s, run=facts.source.run_id, arm=name, load=chosen[0].load,
+            target = held if held_point or (point is None and length in holdout) else fit
+            target.decode += [replace(s, run=facts.source.run_id, arm=name, load=load,
                                       length=length if point is None else 0)
                               for s in decode_samples(group, chosen)]  # fmt: skip
+        arm_facts = facts.arms.get(name)
+        steps = reconstruct(group, facts.max_batch_tokens) if point is not None and arm_facts else None
+        if steps is not None and arm_facts is not None:
+            window = StepsWindow(facts.source.run_id, name, load, arm_facts.backend, steps.records,
+                                 frozenset(r.request_id for r in mine), facts.max_batch_tokens)  # fmt: skip
+            (held if held_point else fit).windows.append(window)
     if facts.kind != "probe":
         return fit, held  # queueing under load: TTFT is not an unloaded request's
     for r in records:
@@ -450,10 +541,21 @@ class Params:
     attention: float = 0.65
     hbm: float = 0.85
     step_overhead_s: float = STEP_OVERHEAD_S
+    step_s_per_seq: float = 0.0
+    blocking_share: float = 0.0
     load_s_per_gb: dict[str, float] = field(default_factory=dict)
     load_latency_s: dict[str, float] = field(default_factory=dict)
     store_s_per_gb: dict[str, float] = field(default_factory=dict)
     store_latency_s: dict[str, float] = field(default_factory=dict)
+
+
+def timing_of(deployment: Deployment, params: Params, backend: str | None) -> TimeModel:
+    """The simulator's time model with these parameters, for an arm with ``backend`` (None: no tier)."""
+    store = params.store_s_per_gb.get(backend, 0.0) * deployment.kv_bytes_per_token / 1e9 if backend else 0.0
+    fixed = params.store_latency_s.get(backend, 0.0) if backend else 0.0
+    eff = Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s, store, fixed,
+                       params.step_s_per_seq)  # fmt: skip
+    return TimeModel(deployment, eff)
 
 
 def predict_ttft(deployment: Deployment, params: Params, chunk: int, samples: Sequence[TtftSample]) -> np.ndarray:
@@ -464,11 +566,7 @@ def predict_ttft(deployment: Deployment, params: Params, chunk: int, samples: Se
     for i, s in enumerate(samples):
         timing = timings.get(s.backend)
         if timing is None:
-            store = params.store_s_per_gb.get(s.backend, 0.0) if s.backend else 0.0
-            fixed = params.store_latency_s.get(s.backend, 0.0) if s.backend else 0.0
-            eff = Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s, store * kv_gb,
-                               fixed)  # fmt: skip
-            timing = timings[s.backend] = TimeModel(deployment, eff)
+            timing = timings[s.backend] = timing_of(deployment, params, s.backend)
         load = 0.0
         if s.backend is not None and s.loaded_tokens > 0:
             rate = params.load_s_per_gb.get(s.backend, 1 / 25.0)
@@ -483,7 +581,7 @@ def predict_decode(deployment: Deployment, params: Params, samples: Sequence[Dec
 
     A fractional batch b is the time-weighted mix of steps of floor(b) and ceil(b) sequences.
     """
-    timing = TimeModel(deployment, Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s))
+    timing = timing_of(deployment, params, None)
     out = np.empty(len(samples))
     for i, s in enumerate(samples):
         low = max(1, int(s.batch))
@@ -493,6 +591,45 @@ def predict_decode(deployment: Deployment, params: Params, samples: Sequence[Dec
             step += share * (timing.decode_step_seconds(low + 1, s.context_tokens) - step)
         out[i] = step
     return out
+
+
+@dataclass(frozen=True)
+class DecodeWindows:
+    """Per measured request of some windows: its decode window, measured and as the model's two parts."""
+
+    requests: list[tuple[StepsWindow, int]]
+    measured_s: np.ndarray
+    modelled_s: np.ndarray
+    """Sum of the window's steps' modelled times, intake left out."""
+    intake_s: np.ndarray
+    """Sum of the per-request overheads whose intake is charged to the window's steps."""
+    steps: np.ndarray
+
+
+def decode_windows(deployment: Deployment, params: Params, windows: Sequence[StepsWindow]) -> DecodeWindows:
+    """The decode windows (first token's step + 1 .. last token's step) of the windows' sampled requests
+    with 2+ steps, each predicted as ``modelled + blocking_share x intake``."""
+    requests: list[tuple[StepsWindow, int]] = []
+    measured: list[float] = []
+    modelled: list[float] = []
+    intake: list[float] = []
+    count: list[int] = []
+    for w in windows:
+        steps = w.steps(params)
+        base = steps.modelled_s(timing_of(deployment, params, w.backend))
+        charge = steps.intake_overhead_s(params.overhead_s, params.overhead_s_per_ktoken)
+        for i, record in enumerate(steps.records):
+            if record.request_id not in w.sampled:
+                continue
+            first, last = int(steps.first[i]), int(steps.last[i])
+            if last - first < 2:
+                continue
+            requests.append((w, i))
+            measured.append(float(steps.ends_ns[last] - steps.ends_ns[first]) / 1e9)
+            modelled.append(float(base[first + 1 : last + 1].sum()))
+            intake.append(float(charge[first + 1 : last + 1].sum()))
+            count.append(last - first)
+    return DecodeWindows(requests, np.array(measured), np.array(modelled), np.array(intake), np.array(count))
 
 
 @dataclass(frozen=True)
@@ -506,10 +643,15 @@ class Free:
     high: float
 
 
-def _solve(frees: Sequence[Free], params: Params, residuals: Callable[[Params], np.ndarray]) -> None:
+def _solve(
+    frees: Sequence[Free], params: Params, residuals: Callable[[Params], np.ndarray], robust: bool = True
+) -> None:
+    """Least squares on ``residuals`` over ``frees``; ``robust``: a ``soft_l1`` loss (outliers pull less)."""
     if not frees:
         return
-    start = np.array([min(max(f.get(params), f.low), f.high) for f in frees])
+    # a start on a bound can stay stuck there (the trust region's scaling); start just inside
+    inset = [1e-3 * (f.high - f.low) for f in frees]
+    start = np.array([min(max(f.get(params), f.low + d), f.high - d) for f, d in zip(frees, inset, strict=True)])
 
     def apply(vector: np.ndarray) -> Params:
         for f, value in zip(frees, vector, strict=True):
@@ -523,12 +665,18 @@ def _solve(frees: Sequence[Free], params: Params, residuals: Callable[[Params], 
         objective,
         start,
         bounds=([f.low for f in frees], [f.high for f in frees]),
-        loss="soft_l1",
+        loss="soft_l1" if robust else "linear",
         f_scale=0.05,
         x_scale="jac",
         diff_step=[1e-4] * len(frees),
     )
     apply(result.x)
+
+
+def _kv_spread(deployment: Deployment, groups: Sequence[DecodeSample]) -> bool:
+    """Whether the KV the groups' steps read varies by ``KV_SPREAD`` of the weights' bytes (HBM rate determined)."""
+    kv_read = [g.context_tokens * g.batch * deployment.kv_bytes_per_token_per_gpu for g in groups]
+    return max(kv_read) - min(kv_read) >= KV_SPREAD * deployment.streamed_weight_bytes_per_gpu
 
 
 def _spread(values: Sequence[float]) -> bool:
@@ -566,8 +714,10 @@ def calibrate(
     holdout: Sequence[int] = (),
     model: str | None = None,
     hardware: str | None = None,
+    holdout_loads: Sequence[float] = (),
 ) -> Calibration:
-    """Fit a calibration from run directories (all of one deployment); ``holdout`` lengths are not fitted."""
+    """Fit a calibration from run directories (all of one deployment); ``holdout`` lengths (probe runs) and
+    ``holdout_loads`` (sweep load points) are not fitted."""
     if not paths:
         raise CalibrationError("give at least one run directory")
     facts = [run_facts(path, model, hardware) for path in paths]
@@ -584,15 +734,14 @@ def calibrate(
     fit, held = FitData(), FitData()
     backend_facts: dict[str, ArmFacts] = {}
     for path, fact in zip(paths, facts, strict=True):
-        part_fit, part_held = collect(path, fact, holdout)
-        fit.ttft += part_fit.ttft
-        fit.decode += part_fit.decode
-        held.ttft += part_held.ttft
-        held.decode += part_held.decode
+        part_fit, part_held = collect(path, fact, holdout, holdout_loads)
+        fit.add(part_fit)
+        held.add(part_held)
         backend_facts.update({a.backend: a for a in fact.arms.values() if a.backend is not None})
     if not fit.ttft and not fit.decode:
         raise CalibrationError(
             f"{', '.join(map(str, paths))}: no measured requests to fit outside the held-out lengths {list(holdout)}"
+            + (f" and loads {list(holdout_loads)}" if holdout_loads else "")
         )
     hw = deployment.hardware
     params = Params(linear=hw.mfu, attention=hw.mfu, hbm=hw.hbm_efficiency)
@@ -603,20 +752,41 @@ def calibrate(
         params.store_s_per_gb[b] = 0.0
         params.store_latency_s[b] = 0.0
 
-    # 1. decode
-    decode_frees: list[Free] = []
-    kv_read = [s.context_tokens * s.batch * deployment.kv_bytes_per_token_per_gpu for s in fit.decode]
-    decode_hbm = bool(kv_read) and max(kv_read) - min(kv_read) >= KV_SPREAD * deployment.streamed_weight_bytes_per_gpu
-    if fit.decode:
-        decode_frees.append(Free("step_overhead_s", _getter("step_overhead_s"), _setter("step_overhead_s"), 0.0, 0.5))
-        if decode_hbm:
-            decode_frees.append(Free("hbm", _getter("hbm"), _setter("hbm"), 0.05, 1.0))
-    measured_decode = np.array([s.step_s for s in fit.decode])
+    # 1. decode: the GPU's HBM rate from the probe runs' batch-1 steps (their contexts span 1k-128k), then
+    # the host's step overhead and per-sequence cost from the sweeps' load points, where capacity is decided
+    # (a probe's steps ran on an otherwise idle engine: on the 1x H100, 14.6 ms mean at batch 1 against
+    # 17-23 ms, 30 in slow stretches, at batch 2.5-9 in the sweep, nearly flat in the batch)
+    probe_groups = decode_groups([s for s in fit.decode if s.load is None])
+    sweep_groups = decode_groups([s for s in fit.decode if s.load is not None])
+    decode_stages: list[tuple[list[DecodeSample], list[Free]]] = []
+    overhead_free = Free("step_overhead_s", _getter("step_overhead_s"), _setter("step_overhead_s"), 0.0, 0.5)
+    hbm_free = Free("hbm", _getter("hbm"), _setter("hbm"), 0.05, 1.0)
+    per_seq_free = Free("step_s_per_seq", _getter("step_s_per_seq"), _setter("step_s_per_seq"), 0.0, 0.05)
+    if probe_groups:
+        decode_stages.append((probe_groups, [overhead_free, *([hbm_free] if _kv_spread(deployment, probe_groups)
+                                                                else [])]))  # fmt: skip
+    if sweep_groups:
+        batches = [g.batch for g in sweep_groups]
+        frees_sweep = [overhead_free]
+        if max(batches) >= BATCH_SPREAD * min(batches):
+            frees_sweep.append(per_seq_free)
+        if not probe_groups and _kv_spread(deployment, sweep_groups):
+            frees_sweep.append(hbm_free)
+        decode_stages.append((sweep_groups, frees_sweep))
+    decode_frees = [f for _, stage in decode_stages for f in stage]
 
-    def decode_residuals(p: Params) -> np.ndarray:
-        return np.asarray(predict_decode(deployment, p, fit.decode) / measured_decode - 1.0, dtype=float)
+    def fit_decode() -> None:
+        for groups, stage in decode_stages:
+            measured_steps = np.array([g.step_s for g in groups])
 
-    _solve(decode_frees, params, decode_residuals)
+            def decode_residuals(p: Params, groups: list[DecodeSample] = groups,
+                                 measured_steps: np.ndarray = measured_steps) -> np.ndarray:  # fmt: skip
+                return np.asarray(predict_decode(deployment, p, groups) / measured_steps - 1.0, dtype=float)
+
+            # squared loss: a group's mean step already pools its requests, and slow stretches are real steps
+            _solve(stage, params, decode_residuals, robust=False)
+
+    fit_decode()
 
     # 2. TTFT
     samples = fit.ttft
@@ -653,10 +823,23 @@ def calibrate(
 
     _solve(frees, params, ttft_residuals)
     # the prefill efficiencies enter large-batch decode steps: refit decode with them
-    _solve(decode_frees, params, decode_residuals)
-    free_names = {f.name for f in frees} | {f.name for f in decode_frees}
+    fit_decode()
+
+    # 3. the engine-blocking share of the request overhead, from sweep requests' decode windows
+    windows_fit = decode_windows(deployment, params, fit.windows)
+    blocking_frees: list[Free] = []
+    if windows_fit.requests and float(windows_fit.intake_s.sum()) > 0:
+        blocking_frees.append(Free("blocking_share", _getter("blocking_share"), _setter("blocking_share"), 0.0, 1.0))
+
+    def window_residuals(p: Params) -> np.ndarray:
+        predicted = windows_fit.modelled_s + p.blocking_share * windows_fit.intake_s
+        return np.asarray(predicted / windows_fit.measured_s - 1.0, dtype=float)
+
+    _solve(blocking_frees, params, window_residuals)
+    free_names = {f.name for f in frees} | {f.name for f in decode_frees} | {f.name for f in blocking_frees}
 
     runs = ", ".join(f.source.run_id for f in facts)
+    probe_runs = ", ".join(f.source.run_id for f in facts if f.kind == "probe") or "no probe run"
     no_tier_samples = [s for s in samples if s.backend is None]
 
     def param(name: str, value: float, unit: str, source: str, default_why: str) -> FitParam:
@@ -672,7 +855,8 @@ def calibrate(
             version=arm_fact.version if arm_fact else None,
             tier=(arm_fact.tier if arm_fact and arm_fact.tier else "cpu"),
             load_gbps=param(f"load_s_per_gb[{b}]", 1.0 / params.load_s_per_gb[b], "GB/s",
-                            f"tier hits of {_span(hits)} ({runs})", "no tier hits in the fitted requests: default"),
+                            f"tier hits of {_span(hits)} ({probe_runs})",
+                            "no tier hits in the fitted requests: default"),
             load_latency_s=param(f"load_latency_s[{b}]", params.load_latency_s[b], "s",
                                  f"intercept of load time vs loaded bytes, {_span(hits)}",
                                  "loads of one size only: the latency is folded into the load rate"),
@@ -686,14 +870,17 @@ def calibrate(
                                   "folded into the request overhead"),
         )  # fmt: skip
     decode_span = f"{_decode_span(fit.decode)} ({runs})"
+    held_loads = sorted({float(x) for x in holdout_loads})
     calibration = Calibration(
         deployment=dep,
         sources=[f.source for f in facts],
         fit_context_tokens=sorted({s.context_tokens for s in samples} | set()),
         holdout_context_tokens=sorted(set(holdout)),
+        holdout_loads=held_loads,
         max_batch_tokens=chunk,
         request_overhead_s=param("overhead_s", params.overhead_s, "s",
-                                 f"intercept of TTFT vs prompt length, {_span(samples)} ({runs})", "no probe requests"),
+                                 f"intercept of TTFT vs prompt length, {_span(samples)} ({probe_runs})",
+                                 "no probe requests"),
         request_overhead_s_per_ktoken=param(
             "overhead_s_per_ktoken", params.overhead_s_per_ktoken, "s per 1000 prompt tokens",
             "requests served from the HBM prefix cache",
@@ -706,8 +893,15 @@ def calibrate(
                                    f"no prompts of {ATTENTION_MIN_TOKENS:,}+ tokens: datasheet"),
         step_overhead_s=param("step_overhead_s", params.step_overhead_s, "s", decode_span,
                               "no output of 2+ tokens: default"),
+        step_s_per_seq=param("step_s_per_seq", params.step_s_per_seq, "s per sequence in the step", decode_span,
+                             f"decode batches differ by less than {BATCH_SPREAD:g}x (no sweep): in the step overhead"),
         hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span,
                              f"KV read per step varies by less than {KV_SPREAD:g}x the weights: datasheet"),
+        engine_blocking_share=param(
+            "blocking_share", params.blocking_share, "fraction of the request overhead",
+            f"decode windows of {len(windows_fit.requests)} sweep requests (every step, arrivals' overheads "
+            f"charged) ({runs})",
+            "no sweep whose engine steps can be reconstructed: the overhead blocks nobody"),
         backends=backend_out,
         residuals=[],
     )  # fmt: skip
@@ -715,8 +909,42 @@ def calibrate(
         update={
             "residuals": residuals(calibration, deployment, fit.ttft, held.ttft),
             "decode_residuals": decode_fit_residuals(calibration, deployment, fit.decode, held.decode),
+            "tpot_residuals": window_fit_residuals(calibration, deployment, fit.windows, held.windows),
         }
     )
+
+
+def window_fit_residuals(
+    calibration: Calibration, deployment: Deployment, fitted: Sequence[StepsWindow], held: Sequence[StepsWindow]
+) -> list[DecodeResidual]:
+    """Per (run, arm, load point): median over its requests of the mean step of their whole decode windows,
+    measured vs predicted (every step's modelled time plus the intake charged to it), fitted and held out."""
+    params = params_of(calibration)
+    out: list[DecodeResidual] = []
+    for used, windows in ((True, fitted), (False, held)):
+        for w in sorted(windows, key=lambda w: (w.run, w.arm, w.load or 0.0)):
+            got = decode_windows(deployment, params, [w])
+            if not got.requests:
+                continue
+            predicted = got.modelled_s + params.blocking_share * got.intake_s
+            steps = w.steps(params)
+            batch = [float(np.mean([len(steps.decodes[k]) for k in range(steps.first[i] + 1, steps.last[i] + 1)]))
+                     for _, i in got.requests]  # fmt: skip
+            contexts = [steps.records[i].prompt_tokens or 0 for _, i in got.requests]
+            out.append(
+                DecodeResidual(
+                    run=w.run,
+                    arm=w.arm,
+                    load=w.load,
+                    requests=len(got.requests),
+                    batch=float(np.mean(batch)),
+                    context_tokens=round(float(np.mean(contexts))),
+                    measured_ms=float(np.median(got.measured_s / got.steps)) * 1e3,
+                    predicted_ms=float(np.median(predicted / got.steps)) * 1e3,
+                    used_in_fit=used,
+                )
+            )
+    return out
 
 
 def _decode_span(samples: Sequence[DecodeSample]) -> str:
@@ -733,25 +961,22 @@ def _decode_span(samples: Sequence[DecodeSample]) -> str:
 def decode_fit_residuals(
     calibration: Calibration, deployment: Deployment, fitted: Sequence[DecodeSample], held: Sequence[DecodeSample]
 ) -> list[DecodeResidual]:
-    """Median predicted vs measured decode step per (run, arm, load point or probe length), fitted and held out."""
+    """Mean decode step per (run, arm, load point or probe length), measured vs predicted, fitted and held out."""
     params = params_of(calibration)
     out: list[DecodeResidual] = []
     for used, samples in ((True, fitted), (False, held)):
-        groups: dict[tuple[str, str, float, int], list[DecodeSample]] = defaultdict(list)
-        for s in samples:
-            groups[(s.run, s.arm, -1.0 if s.load is None else s.load, s.length)].append(s)
-        for (run, arm, load, _), group in sorted(groups.items()):
-            predicted = predict_decode(deployment, params, group)
+        groups = decode_groups(samples)
+        for group, predicted in zip(groups, predict_decode(deployment, params, groups), strict=True):
             out.append(
                 DecodeResidual(
-                    run=run,
-                    arm=arm,
-                    load=None if load < 0 else load,
-                    requests=len(group),
-                    batch=float(np.mean([s.batch for s in group])),
-                    context_tokens=round(float(np.mean([s.context_tokens for s in group]))),
-                    measured_ms=float(np.median([s.step_s for s in group])) * 1e3,
-                    predicted_ms=float(np.median(predicted)) * 1e3,
+                    run=group.run,
+                    arm=group.arm,
+                    load=group.load,
+                    requests=group.requests,
+                    batch=group.batch,
+                    context_tokens=group.context_tokens,
+                    measured_ms=group.step_s * 1e3,
+                    predicted_ms=float(predicted) * 1e3,
                     used_in_fit=used,
                 )
             )
@@ -794,6 +1019,8 @@ def params_of(calibration: Calibration) -> Params:
         attention=calibration.attention_efficiency.value,
         hbm=calibration.hbm_efficiency.value,
         step_overhead_s=calibration.step_overhead_s.value,
+        step_s_per_seq=calibration.step_s_per_seq.value,
+        blocking_share=calibration.engine_blocking_share.value,
         load_s_per_gb={b: 1.0 / c.load_gbps.value for b, c in calibration.backends.items()},
         load_latency_s={b: c.load_latency_s.value for b, c in calibration.backends.items()},
         store_s_per_gb={b: c.store_s_per_gb.value for b, c in calibration.backends.items()},

@@ -28,11 +28,14 @@ RPS/GPU, TPS/user (mean output tokens/s per user while decoding) and TTFT p90 ar
 of GPUs moves in steps). A load point with no successful request on either side is skipped. Without
 a calibration file a simulator sweep is re-run with its own engine settings, and a sweep of a real
 engine with the datasheet profile of its deployment (a sweep's TTFTs include queueing, so no
-calibration is fitted from it).
+calibration is fitted from it). When the calibration names the sweep among its source runs, each
+cell says whether its load point was in the fit or held out (``kvbench sim calibrate
+--holdout-loads``), and a context line lists both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -218,6 +221,15 @@ def _source(prepared: _Prepared) -> str:
     return f"No calibration: the datasheet profile of {prepared.facts.deployment.label}"
 
 
+def _fit_line(roles: dict[float, str]) -> str:
+    if not roles:
+        return "This sweep is not among the calibration's source runs: every load point is out of sample"
+    fitted = [f"{load:g}" for load, role in roles.items() if role == "fit"]
+    held = [f"{load:g}" for load, role in roles.items() if role != "fit"]
+    return (f"The calibration was fitted on this sweep's load points {fitted or 'none'}; held out (out of sample): "
+            f"{held or 'none'}")  # fmt: skip
+
+
 # -- probe runs ----------------------------------------------------------------------------------------
 
 
@@ -305,9 +317,16 @@ def _point_values(point: PointResult) -> dict[str, float | None]:
     }
 
 
-def sweep_cells(measured: SweepResult, simulated: SweepResult, max_error: float,
-                max_capacity_error: float) -> tuple[list[Cell], list[str], list[str], list[str]]:  # fmt: skip
-    """(cells, skipped, one-sided, notes) of two sweep results of the same scenario."""
+def sweep_cells(
+    measured: SweepResult,
+    simulated: SweepResult,
+    max_error: float,
+    max_capacity_error: float,
+    fit_roles: dict[float, str] | None = None,
+) -> tuple[list[Cell], list[str], list[str], list[str]]:
+    """(cells, skipped, one-sided, notes) of two sweep results of the same scenario; ``fit_roles`` notes per
+    load whether the calibration was fitted on it (:func:`load_roles`)."""
+    roles = fit_roles or {}
     cells: list[Cell] = []
     skipped: list[str] = []
     one_sided: list[str] = []
@@ -328,7 +347,8 @@ def sweep_cells(measured: SweepResult, simulated: SweepResult, max_error: float,
                 if a is None or b is None or a <= 0:
                     skipped.append(f"{where} {metric}: {'no value' if a is None or b is None else 'measured 0'}")
                     continue
-                cells.append(Cell((arm, f"{load:g}", metric), a, b, max_error, f"n={real.ok}/{sim.ok}"))
+                role = f" {roles[load]}" if load in roles else ""
+                cells.append(Cell((arm, f"{load:g}", metric), a, b, max_error, f"n={real.ok}/{sim.ok}{role}"))
         real_cap, sim_cap = measured.capacity_of(arm), simulated.capacity_of(arm)
         a = real_cap.max_rps_per_gpu_at_slo if real_cap is not None else None
         b = sim_cap.max_rps_per_gpu_at_slo if sim_cap is not None else None
@@ -344,6 +364,8 @@ def sweep_cells(measured: SweepResult, simulated: SweepResult, max_error: float,
             )
         else:
             at = f"load {_num(real_cap.at_load if real_cap else None)}/{_num(sim_cap.at_load if sim_cap else None)}"
+            real_at = real_cap.at_load if real_cap else None
+            at += f" ({roles[real_at]} at the measured knee)" if real_at in roles else ""
             cells.append(Cell((arm, "SLO", "capacity RPS/GPU"), a, b, max_capacity_error, at))
     notes = [
         f"GPUs saved by {s.arm} vs {s.baseline} at {s.target_rps:g} req/s: measured {_num(s.gpus_saved)}, "
@@ -357,6 +379,18 @@ def sweep_cells(measured: SweepResult, simulated: SweepResult, max_error: float,
 
 def _num(value: float | None) -> str:
     return "none" if value is None else f"{value:g}"
+
+
+def load_roles(calibration: Calibration | None, run_dir: RunDir, loads: Sequence[float]) -> dict[float, str]:
+    """Per load point: ``fit`` when the calibration was fitted on this sweep's point, ``held out`` when it
+    names the sweep but left the load out; empty when the sweep is not one of its sources."""
+    if calibration is None or not run_dir.manifest_file.exists():
+        return {}
+    digest = hashlib.sha256(run_dir.manifest_file.read_bytes()).hexdigest()
+    if not any(source.manifest_sha256 == digest for source in calibration.sources):
+        return {}
+    held = set(calibration.holdout_loads)
+    return {load: "held out" if load in held else "fit" for load in loads}
 
 
 def validate_sweep(
@@ -378,7 +412,8 @@ def validate_sweep(
         raise CalibrationError(f"{run}: no finished load point to compare (points.jsonl is empty)")
     sim_dir = _simulate(prepared, "sweep", out)
     simulated = aggregate_sweep(sim_dir.scenario(), sim_dir.run_id, sim_dir.records(), sim_dir.points())
-    cells, skipped, one_sided, notes = sweep_cells(measured, simulated, max_error, max_capacity_error)
+    roles = load_roles(prepared.calibration, prepared.run_dir, measured.loads)
+    cells, skipped, one_sided, notes = sweep_cells(measured, simulated, max_error, max_capacity_error, roles)
     if not cells:
         raise CalibrationError(f"{run}: no load point with successful requests on both sides to compare")
     spec = prepared.scenario.sweep
@@ -397,6 +432,7 @@ def validate_sweep(
             "Cells: "
             + "; ".join(f"{name} = {what}" for name, what in SWEEP_METRICS)
             + "; capacity = best RPS/GPU within the SLO. n = successful requests measured/simulated",
+            _fit_line(roles),
         ],
         skipped=skipped,
         one_sided=one_sided,

@@ -8,15 +8,24 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
 
 * ``request_overhead_s`` + ``request_overhead_s_per_ktoken`` x prompt/1000: time a real server
   spends on a request before its first engine step can start (HTTP, JSON, tokenisation,
-  scheduling). The simulator holds the request back until that long after it arrived; its own
-  HTTP and tokenisation time counts towards it.
+  scheduling, prefix-block hashing). The simulator holds the request back until that long after it
+  arrived; its own HTTP and tokenisation time counts towards it.
+* ``engine_blocking_share``: the fraction of that overhead that is CPU work inside the engine's own
+  loop (hashing the prompt's blocks for the prefix cache, a connector's chunk lookups) and so
+  stalls every running request. The simulator charges ``share x overhead`` as engine-busy time to
+  the first step that starts after the request arrived (less any time the engine sat idle since,
+  when the work ran in the idle time): the request's own TTFT is unchanged (the work overlaps its
+  overhead), the others' next token is that much later. 0 (files written before it was fitted):
+  the overhead blocks nobody.
 * ``linear_efficiency`` / ``attention_efficiency``: achieved fraction of the dense peak of the
   GEMM term (``2 x params x tokens``) and of the attention term (``4 x L x heads x head_dim x
   pairs``) of prefill; together they get both 1k (linear-dominated) and 128k (attention-dominated)
   prompts right.
-* ``step_overhead_s`` and ``hbm_efficiency``: a decode step is ``overhead + (weights + batch x
-  context x KV bytes) / (HBM bandwidth x efficiency)`` (from inter-token latencies of probe runs and
-  sweeps; ``decode_residuals`` shows the fit per run, arm and load point).
+* ``step_overhead_s``, ``step_s_per_seq`` and ``hbm_efficiency``: a decode step is ``overhead +
+  per_seq x batch + (weights + batch x context x KV bytes) / (HBM bandwidth x efficiency)`` (from
+  inter-token latencies of probe runs and sweeps; ``decode_residuals`` shows the fit per run, arm and
+  load point; ``tpot_residuals`` the decode windows of sweep requests, every step included).
+  ``step_s_per_seq`` is 0 in files written before it was fitted.
 * per offload backend (``lmcache``, ``native``, ...): ``load_gbps`` and ``load_latency_s``, the
   effective rate and fixed cost of loading a turn-2 hit from the tier (these replace the tier's
   read bandwidth, latency and the host-link cap), and ``store_s_per_gb``, the seconds per GB of
@@ -152,6 +161,9 @@ class DecodeResidual(_Predicted):
     context_tokens: int = Field(description="Mean context per decoding request.")
 
 
+_OLD_FILE = "not in this calibration file (written before it was fitted)"
+
+
 class Calibration(StrictModel):
     """The calibration file (``kvbench sim calibrate -o FILE``)."""
 
@@ -160,17 +172,29 @@ class Calibration(StrictModel):
     sources: list[SourceRun]
     fit_context_tokens: list[int] = Field(description="Context lengths whose requests the fit used.")
     holdout_context_tokens: list[int] = Field(description="Context lengths left out of the fit (for validation).")
+    holdout_loads: list[float] = Field(
+        default_factory=list, description="Sweep load points left out of the fit (for validation); absent: none."
+    )
     max_batch_tokens: int = Field(description="Prefill chunk (tokens per step) the fit assumed.")
     request_overhead_s: FitParam
     request_overhead_s_per_ktoken: FitParam
     linear_efficiency: FitParam
     attention_efficiency: FitParam
     step_overhead_s: FitParam
+    step_s_per_seq: FitParam = FitParam(value=0.0, unit="s per sequence", fitted=False, source=_OLD_FILE)
     hbm_efficiency: FitParam
+    engine_blocking_share: FitParam = FitParam(
+        value=0.0, unit="fraction of the request overhead", fitted=False, source=f"{_OLD_FILE}: it blocks nobody"
+    )
     backends: dict[str, BackendCalibration] = Field(default_factory=dict)
     residuals: list[Residual] = Field(default_factory=list)
     decode_residuals: list[DecodeResidual] = Field(
         default_factory=list, description="Decode steps per (run, arm, load point); absent in older files."
+    )
+    tpot_residuals: list[DecodeResidual] = Field(
+        default_factory=list,
+        description="Mean step over sweep requests' whole decode windows (prefill chunks and intake included) "
+        "per (run, arm, load point); absent in older files.",
     )
 
     # -- reading and writing ---------------------------------------------------------------
@@ -231,11 +255,16 @@ class Calibration(StrictModel):
             step_overhead_s=self.step_overhead_s.value,
             store_s_per_token=store,
             store_latency_s=backend.store_latency_s.value if backend else 0.0,
+            step_s_per_seq=self.step_s_per_seq.value,
         )
 
     def request_overhead(self, prompt_tokens: int) -> float:
         """Seconds from a request's arrival until the engine may schedule it."""
         return self.request_overhead_s.value + self.request_overhead_s_per_ktoken.value * prompt_tokens / 1000.0
+
+    def request_intake(self, prompt_tokens: int) -> float:
+        """Seconds of that overhead that stall the engine's running requests (its engine-blocking share)."""
+        return self.engine_blocking_share.value * self.request_overhead(prompt_tokens)
 
     def calibrated_profile(self, profile: OffloadProfile, where: str = "calibration") -> OffloadProfile:
         """The profile with the backend's effective load rate and latency on its tier."""

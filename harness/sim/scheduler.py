@@ -18,6 +18,12 @@
    while its tail loads. All blocks of the prompt are allocated at admission (a request that does
    not fit waits: ``num_requests_waiting``).
 
+A calibrated engine holds a request back for its per-request overhead before it can be admitted,
+and charges the overhead's engine-blocking share (``Calibration.engine_blocking_share``: prompt
+hashing and connector lookups in the engine's own process) to the first step that starts after the
+request arrived, less the time the engine was idle since (:meth:`EngineCore._charge_intake`): it
+delays every running request's next token, not the arriving request's own first token.
+
 :meth:`EngineCore.plan` returns the step and its modelled duration; :meth:`EngineCore.complete`
 applies it at the step's end time: KV is now computed, full blocks enter the prefix cache, first
 and next tokens are sampled and handed to each request's sink, finished requests are written to
@@ -101,8 +107,8 @@ class SimRequest:
 
     __slots__ = (
         "arrival", "blocks", "cached_tokens", "chunk_keys", "external_tokens", "first_token_at",
-        "hashes", "hbm_hit_tokens", "load_from", "load_ready_at", "load_to", "max_tokens", "num_computed", "outputs",
-        "phase",
+        "hashes", "hbm_hit_tokens", "intake_from", "intake_s", "load_from", "load_ready_at", "load_to", "max_tokens",
+        "num_computed", "outputs", "phase",
         "prefill_target", "prompt_tokens", "received_at", "registered", "request_id", "rng", "schedulable_at", "sink",
         "tokens",
     )  # fmt: skip
@@ -135,6 +141,10 @@ class SimRequest:
         """When the server received the request (monotonic s); None: when it was submitted."""
         self.schedulable_at = 0.0
         """Arrival plus the calibrated per-request overhead: not admitted before."""
+        self.intake_s = 0.0
+        """Engine-blocking share of that overhead not yet charged to a step (seconds)."""
+        self.intake_from = 0.0
+        """When that engine work started: when the server received the request."""
         self.first_token_at: float | None = None
         self.num_computed = 0
         """Tokens whose KV is in HBM."""
@@ -265,6 +275,10 @@ class EngineCore:
         self.running: list[SimRequest] = []
         self.stats = Stats()
         self._now = 0.0
+        self._last_end = -math.inf
+        """When the last step ended (the engine is idle from then until the next step starts)."""
+        self._intake: list[SimRequest] = []
+        """Requests whose engine-blocking intake work is not yet charged to a step."""
         # hash of the HBM block holding the end of an offload chunk -> that chunk's key, for the
         # write-on-eviction path (filled when requests finish, emptied by eviction and reset)
         self._chunk_of_block: dict[int, int] = {}
@@ -283,6 +297,10 @@ class EngineCore:
         # counted from when the server received it, so the simulator's own Python time is part of it
         received = request.received_at if request.received_at is not None else now
         request.schedulable_at = received + self.settings.request_overhead_s(request.prompt_tokens)
+        request.intake_s = self.settings.request_intake_s(request.prompt_tokens)
+        request.intake_from = received
+        if request.intake_s > 0:
+            self._intake.append(request)
         self.waiting.append(request)
 
     def abort(self, request: SimRequest) -> None:
@@ -378,11 +396,13 @@ class EngineCore:
             budget -= self._add_prefill_chunk(request, budget, work, prefills)
         if not prefills and not decodes:
             return None
+        work.intake_s = self._charge_intake(now)
         return Plan(prefills, decodes, work, self.time_model.step_seconds(work))
 
     def complete(self, plan: Plan, end: float) -> None:
         """Apply a planned step that ended at ``end``."""
         self._now = end
+        self._last_end = end
         self.stats.steps += 1
         self.stats.busy_s += plan.seconds
         for request, chunk in plan.prefills:
@@ -402,6 +422,29 @@ class EngineCore:
             self._sample(request, end)
 
     # -- internals --------------------------------------------------------------------------
+
+    def _charge_intake(self, now: float) -> float:
+        """Seconds of intake work that stall the step starting at ``now`` (calibrated engines only).
+
+        Every request that arrived by ``now`` and whose intake is not yet charged adds its
+        engine-blocking seconds, less the time the engine sat idle since it arrived (that part of
+        the work ran in the idle time). An unloaded request is never charged: the engine was idle
+        for its whole overhead, which is at least its intake. Requests that arrive after ``now``
+        (the step was chained to the previous one's end) wait for the next step.
+        """
+        if not self._intake:
+            return 0.0
+        charged = 0.0
+        later: list[SimRequest] = []
+        for request in self._intake:
+            if request.intake_from > now:
+                later.append(request)
+                continue
+            idle = max(0.0, now - max(request.intake_from, self._last_end))
+            charged += max(0.0, request.intake_s - idle)
+            request.intake_s = 0.0
+        self._intake = later
+        return charged
 
     @staticmethod
     def _add_prefill_chunk(

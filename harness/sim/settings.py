@@ -106,6 +106,10 @@ class SimSettings(StrictModel):
         """Calibrated time from a request's arrival to its first schedulable moment (0 uncalibrated)."""
         return 0.0 if self.calibration is None else self.calibration.request_overhead(prompt_tokens)
 
+    def request_intake_s(self, prompt_tokens: int) -> float:
+        """Calibrated engine-blocking part of that overhead (0 uncalibrated): stalls the running requests."""
+        return 0.0 if self.calibration is None else self.calibration.request_intake(prompt_tokens)
+
     @classmethod
     def from_engine_config(cls, config: SimEngineConfig, profile: OffloadProfile, prefix_caching: bool) -> SimSettings:
         # SimEngineConfig already refused pp, dp and replicas other than 1 at validation

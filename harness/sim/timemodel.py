@@ -2,7 +2,7 @@
 
 A step runs one forward pass over a batch that mixes prefill chunks and decode tokens. Its time is
 
-    max(compute, memory) + all-reduce + step overhead
+    max(compute, memory) + all-reduce + step overhead + host x sequences + store + intake
 
 * compute: the transformer layers cost ``2 x body_params`` FLOPs per token and the LM head
   ``2 x vocab x hidden`` per *sampled* token (the last prompt token, each decode token), at the
@@ -20,6 +20,15 @@ A step runs one forward pass over a batch that mixes prefill chunks and decode t
   ``2(tp-1)/tp x tokens x hidden x 2 bytes`` at the NCCL bus bandwidth. vLLM does not overlap it
   with compute, so it adds.
 * step overhead: scheduling, input preparation and kernel launches of one engine step.
+* host x sequences (calibrated only, ``step_s_per_seq``; 0 otherwise): host seconds per sequence the
+  step runs (one per decode token, one per prefill chunk). Without CUDA graphs (vLLM's
+  ``--enforce-eager``) the engine prepares inputs, samples and processes outputs in Python per
+  running request, so this part grows with the batch; it is fitted from a sweep's inter-token gaps
+  against the number of requests decoding at once.
+* intake (calibrated only): the engine-blocking share of newly arrived requests' per-request
+  overhead (prefix-block hashing of their prompts, connector lookups: CPU work in the engine's own
+  process that stalls the step of every running request), charged by the scheduler to the first
+  step that starts after each request arrived (:attr:`StepWork.intake_s`).
 * store (calibrated offload backends only): seconds per prefilled token that a backend such as
   LMCache blocks the step while it copies the new KV to its tier (``store_s_per_token``; 0 for
   the datasheet model, where tier writes run in the background after a request finishes), plus a
@@ -62,6 +71,8 @@ class Efficiencies:
     """Seconds a step is blocked per prefilled token while the offload backend stores its KV."""
     store_latency_s: float = 0.0
     """Seconds a step is blocked per request whose prefill it completes (the backend's per-request save cost)."""
+    step_s_per_seq: float = 0.0
+    """Host seconds per sequence in a step (eager mode's per-request Python work; 0: all in the overhead)."""
 
 
 @dataclass
@@ -80,6 +91,10 @@ class StepWork:
     """Prompt tokens computed in this step (what a blocking offload store copies out)."""
     prompts_done: int = 0
     """Requests whose prefill this step completes (each pays the backend's per-request store latency)."""
+    sequences: int = 0
+    """Sequences in the step: one per prefill chunk, one per decode token (each costs ``step_s_per_seq``)."""
+    intake_s: float = 0.0
+    """Seconds of engine-blocking intake work of newly arrived requests charged to this step."""
 
     def add_prefill(self, new_tokens: int, cached_tokens: int, last: bool = True) -> None:
         """A prefill chunk of ``new_tokens`` after ``cached_tokens`` already in the KV cache.
@@ -90,6 +105,7 @@ class StepWork:
         self.prefill_tokens += new_tokens
         self.sampled += 1 if last else 0
         self.prompts_done += 1 if last else 0
+        self.sequences += 1
         self.attention_pairs += new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
         self.kv_tokens += cached_tokens + new_tokens
 
@@ -97,6 +113,7 @@ class StepWork:
         """One decode token whose sequence has ``context_tokens`` tokens in the KV cache."""
         self.tokens += 1
         self.sampled += 1
+        self.sequences += 1
         self.attention_pairs += context_tokens + 1
         self.kv_tokens += context_tokens + 1
 
@@ -110,10 +127,21 @@ class StepCost:
     allreduce_s: float
     overhead_s: float
     store_s: float = 0.0
+    host_s: float = 0.0
+    """Per-sequence host work (``step_s_per_seq`` x sequences)."""
+    intake_s: float = 0.0
+    """Engine-blocking intake work of newly arrived requests."""
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.allreduce_s + self.overhead_s + self.store_s
+        return (
+            max(self.compute_s, self.memory_s)
+            + self.allreduce_s
+            + self.overhead_s
+            + self.host_s
+            + self.store_s
+            + self.intake_s
+        )
 
 
 class TimeModel:
@@ -142,6 +170,7 @@ class TimeModel:
         self._overhead_s = eff.step_overhead_s
         self._store_s_per_token = eff.store_s_per_token
         self._store_latency_s = eff.store_latency_s
+        self._host_s_per_seq = eff.step_s_per_seq
 
     def cost(self, work: StepWork) -> StepCost:
         compute = (
@@ -152,7 +181,8 @@ class TimeModel:
         memory = self._weights_s + work.kv_tokens * self._kv_s_per_token
         allreduce = self._allreduce_fixed_s + work.tokens * self._allreduce_s_per_token if work.tokens else 0.0
         store = work.prefill_tokens * self._store_s_per_token + work.prompts_done * self._store_latency_s
-        return StepCost(compute, memory, allreduce, self._overhead_s, store)
+        host = work.sequences * self._host_s_per_seq
+        return StepCost(compute, memory, allreduce, self._overhead_s, store, host, work.intake_s)
 
     def step_seconds(self, work: StepWork) -> float:
         return self.cost(work).total_s

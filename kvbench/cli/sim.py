@@ -198,13 +198,26 @@ def whatif(
     typer.echo(f"Wrote {out / 'whatif.csv'} and {out / 'whatif.png'}")
 
 
-def _lengths(text: str | None) -> list[int]:
+def _numbers(text: str | None, option: str, what: str) -> list[float]:
+    """A comma-separated option's numbers; a clear error naming the option and an example otherwise."""
     if not text:
         return []
     try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
+        return [float(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
-        raise _fail(f"--holdout {text!r}: give context lengths separated by commas, e.g. 2000,16000,96000") from None
+        raise _fail(f"{option} {text!r}: give {what} separated by commas") from None
+
+
+def _lengths(text: str | None) -> list[int]:
+    what = "whole context lengths, e.g. 2000,16000,96000"
+    numbers = _numbers(text, "--holdout", what)
+    if not all(n.is_integer() for n in numbers):
+        raise _fail(f"--holdout {text!r}: give {what} separated by commas")
+    return [int(n) for n in numbers]
+
+
+def _loads(text: str | None) -> list[float]:
+    return _numbers(text, "--holdout-loads", "sweep loads, e.g. 16,24,32,48")
 
 
 @sim_app.command()
@@ -218,6 +231,10 @@ def calibrate(
     holdout: Annotated[
         str | None, typer.Option("--holdout", help="Context lengths to leave out of the fit, e.g. 2000,16000,96000.")
     ] = None,
+    holdout_loads: Annotated[
+        str | None,
+        typer.Option("--holdout-loads", help="Sweep load points to leave out of the fit, e.g. 16,24,32,48."),
+    ] = None,
     model: Annotated[str | None, typer.Option(help="Simulator model profile, if the run's model is not one.")] = None,
     hardware: Annotated[str | None, typer.Option(help="Simulator hardware profile, if the GPU is not known.")] = None,
 ) -> None:
@@ -226,7 +243,7 @@ def calibrate(
     from kvbench.errors import KvbenchError
 
     try:
-        calibration = fit(runs, _lengths(holdout), model, hardware)
+        calibration = fit(runs, _lengths(holdout), model, hardware, _loads(holdout_loads))
     except KvbenchError as error:
         raise _fail(str(error)) from None
     calibration.save(out)
@@ -244,14 +261,16 @@ def _describe(calibration: object) -> str:
     lines.append(
         f"  fitted on lengths {calibration.fit_context_tokens}; held out {calibration.holdout_context_tokens or 'none'}"
     )
+    if calibration.holdout_loads:
+        lines.append(f"  sweep load points held out: {[f'{v:g}' for v in calibration.holdout_loads]}")
 
     def show(name: str, p: FitParam) -> str:
         state = "fitted " if p.fitted else "default"
         return f"  {name:<32} {p.value:>12.5g} {p.unit:<28} {state}  {p.source}"
 
     lines.append("Parameters:")
-    for name in ("request_overhead_s", "request_overhead_s_per_ktoken", "linear_efficiency",
-                 "attention_efficiency", "step_overhead_s", "hbm_efficiency"):  # fmt: skip
+    for name in ("request_overhead_s", "request_overhead_s_per_ktoken", "engine_blocking_share", "linear_efficiency",
+                 "attention_efficiency", "step_overhead_s", "step_s_per_seq", "hbm_efficiency"):  # fmt: skip
         value = getattr(calibration, name)
         assert isinstance(value, FitParam)
         lines.append(show(name, value))
@@ -270,13 +289,20 @@ def _describe(calibration: object) -> str:
         where = "fit" if r.used_in_fit else "held out"
         lines.append(f"  {r.arm:<22} {r.context_tokens:>8} {r.turn:>4} {r.measured_ms:>12.1f} "
                      f"{r.predicted_ms:>12.1f} {r.error:>+8.1%}  {where}")  # fmt: skip
-    if calibration.decode_residuals:
-        lines.append("Decode residuals (median step per run, arm and load point or probe length; batch = requests "
-                     "decoding at once, context = their mean context):")  # fmt: skip
-        width = max(len(d.run) for d in calibration.decode_residuals)
+    titles = (
+        (calibration.decode_residuals, "Decode residuals (mean clean step per run, arm and load point or probe length; "
+         "batch = requests decoding at once, context = their mean context):"),
+        (calibration.tpot_residuals, "Decode-window residuals (sweeps: median over requests of the mean step of "
+         "the whole decode window, prefill chunks and arrivals' intake included):"),
+    )  # fmt: skip
+    for rows, title in titles:
+        if not rows:
+            continue
+        lines.append(title)
+        width = max(len(d.run) for d in rows)
         lines.append(f"  {'run':<{width}} {'arm':<18} {'load':>6} {'reqs':>5} {'batch':>6} {'context':>8} "
                      f"{'measured ms':>12} {'predicted ms':>12} {'error':>8}  set")  # fmt: skip
-        for d in calibration.decode_residuals:
+        for d in rows:
             load = "probe" if d.load is None else f"{d.load:g}"
             where = "fit" if d.used_in_fit else "held out"
             lines.append(f"  {d.run:<{width}} {d.arm:<18} {load:>6} {d.requests:>5} {d.batch:>6.2f} "

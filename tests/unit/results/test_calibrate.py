@@ -8,6 +8,8 @@ with a chosen calibration applied; the fit must find that calibration again.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,158 @@ def test_decode_steps_come_from_gaps_while_no_other_request_prefills() -> None:
     assert samples[2].batch == pytest.approx(1.0)
     # C's context grows from its prompt by the 6 tokens it generates: time-averaged, the middle
     assert samples[2].context_tokens == 1000 + 3
+
+
+# -- sweeps: the decode step against the batch, and the engine-blocking share of the request overhead ---
+
+SWEEP_LOADS = (2.0, 4.0, 8.0)
+SWEEP_OUTPUT = 24
+
+
+def _with_load_terms(truth: Calibration, per_seq: float, share: float) -> Calibration:
+    return truth.model_copy(update={"step_s_per_seq": _p(per_seq, "s"), "engine_blocking_share": _p(share)})
+
+
+def _sweep_point(core: EngineCore, load: float, point: int, t0: float, seconds: float,
+                 seed: int) -> tuple[list[RequestRecord], float]:  # fmt: skip
+    """``load`` closed-loop users on a virtual clock from ``t0``: each sends a request of 2,000-4,000 new
+    tokens, waits for its last token, thinks (exponential, 50 ms mean) and sends the next, until ``seconds``
+    have passed; returns their records and when the engine drained."""
+    import random
+
+    from harness.sim.scheduler import Event, FinishEvent, TokenEvent
+
+    rng = random.Random(seed)
+    clock = [t0]
+    ready = [t0 + 0.01 * u for u in range(int(load))]
+    tokens: dict[str, list[float]] = {}
+    sent: dict[str, tuple[float, SimRequest, int]] = {}
+    records: list[RequestRecord] = []
+
+    def sink_for(name: str, user: int) -> Callable[[Event], None]:
+        def sink(event: Event) -> None:
+            if isinstance(event, TokenEvent):
+                tokens[name].append(clock[0])
+            elif isinstance(event, FinishEvent):
+                at, request, _ = sent[name]
+                times = tokens[name]
+                records.append(RequestRecord(
+                    arm="OFF", attempt=0, phase="measure", repetition=0, context_tokens=request.prompt_tokens,
+                    conversation=user, turn=1, request_id=name, api="chat", started_ns=int(at * 1e9),
+                    ttft_ns=int((times[0] - at) * 1e9), e2e_ns=int((times[-1] - at) * 1e9),
+                    itl_ns=[int((b - a) * 1e9) for a, b in pairwise(times)],
+                    output_chunks=len(times), prompt_tokens=request.prompt_tokens, completion_tokens=len(times),
+                    cached_tokens=event.usage.cached_tokens, ok=True, point=point, load=load, user=user,
+                ))  # fmt: skip
+                ready[user] = clock[0] + rng.expovariate(1 / 0.05)
+
+        return sink
+
+    def submit(now: float) -> None:
+        for user, due in enumerate(ready):
+            if due <= now and due < t0 + seconds:
+                name = f"p{point}-u{user}-{len(sent)}"
+                prompt = [rng.randrange(1000, 60000) for _ in range(rng.randrange(2000, 4000))]
+                request = SimRequest(name, prompt, SWEEP_OUTPUT, sink_for(name, user))
+                tokens[name] = []
+                sent[name] = (due, request, user)
+                core.add_request(request, due)
+                ready[user] = float("inf")
+
+    now = t0
+    while True:
+        submit(now)
+        plan = core.plan(now)
+        if plan is None:
+            upcoming = [t for t in (core.next_wakeup(), min(ready)) if t is not None and t < t0 + seconds]
+            if not upcoming and not core.has_work:
+                return records, now
+            now = max(now, min(upcoming)) if upcoming else now
+            continue
+        end = now + plan.seconds
+        submit(end)  # requests sent while the step ran: their intake goes to the next step
+        clock[0] = end
+        core.complete(plan, end)
+        now = end
+
+
+def write_sweep(path: Path, truth: Calibration, seconds: float = 3.0) -> Path:
+    """A sweep run directory (one arm with the HBM prefix cache, loads 2-8) that the engine core produced
+    under ``truth`` on a virtual clock."""
+    from harness.store.events import PointDone
+
+    scenario = parse_scenario(
+        {
+            "name": "calib-sweep", "engine": {"kind": "vllm", "model": "synth:llama-3.1-8b"},
+            "arms": [{"name": "OFF", "offload": "hbm"}],
+            "workload": {"kind": "multi_user_qa", "users": 8, "rounds": 3, "context_tokens": 3000,
+                         "answer_tokens": SWEEP_OUTPUT},
+            "sweep": {"mode": "concurrency", "values": list(SWEEP_LOADS), "warmup": 0.5, "duration": seconds},
+        },
+        "test",
+    )  # fmt: skip
+    run_dir = RunDir.create(path, scenario)
+    t0 = 1.0
+    for point, load in enumerate(SWEEP_LOADS):
+        core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", calibration=truth))
+        records, end = _sweep_point(core, load, point, t0, seconds, seed=point)
+        for record in records:
+            append_jsonl(run_dir.records_file, record)
+        ns = int(1e9)
+        append_jsonl(run_dir.points_file, PointDone(
+            arm="OFF", point=point, load=load, attempt=0, start_ns=int(t0 * ns), window_start_ns=int(t0 * ns),
+            window_end_ns=int((t0 + seconds) * ns), end_ns=int(end * ns), sent=len(records), measured=len(records),
+            errors=0, sessions=int(load), max_in_flight=int(load), late_arrivals=0, cancelled=0,
+        ))  # fmt: skip
+        t0 = end + 1.0
+    engines = {"OFF": {"kind": "vllm", "version": "9.9.9", "details": {"offload_backend": "none"}}}
+    manifest = {"run_id": run_dir.run_id, "engines": engines, "host": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}}
+    run_dir.manifest_file.write_text(json.dumps(manifest), encoding="utf-8")
+    assert run_dir.kind == "sweep"
+    return run_dir.path
+
+
+@pytest.mark.parametrize("share", [0.0, 0.4])
+def test_a_sweep_fits_the_per_sequence_step_cost_and_the_engine_blocking_share(tmp_path: Path, share: float) -> None:
+    truth = _with_load_terms(chosen(), per_seq=0.6e-3, share=share)
+    probe = write_run(tmp_path / "probe", truth)
+    sweep = write_sweep(tmp_path / "sweep", truth)
+    fitted = calibrate([probe, sweep])
+    assert [s.path for s in fitted.sources] == [str(probe), str(sweep)]
+    assert fitted.step_overhead_s.fitted and fitted.step_s_per_seq.fitted and fitted.engine_blocking_share.fitted
+    assert fitted.step_overhead_s.value == pytest.approx(truth.step_overhead_s.value, rel=0.05)
+    assert fitted.step_s_per_seq.value == pytest.approx(0.6e-3, rel=0.1)
+    assert fitted.engine_blocking_share.value == pytest.approx(share, abs=0.03)
+    # the probe's parameters are found as without a sweep
+    for name in ("request_overhead_s", "linear_efficiency", "attention_efficiency", "hbm_efficiency"):
+        assert getattr(fitted, name).value == pytest.approx(getattr(truth, name).value, rel=0.03), name
+    # the decode windows (every step: prefill chunks and other requests' intake included) are predicted
+    windows = fitted.tpot_residuals
+    assert {r.load for r in windows} == set(SWEEP_LOADS) and all(r.used_in_fit for r in windows)
+    assert all(abs(r.error) < 0.03 for r in windows), windows
+    assert max(r.batch for r in windows) > 2 * min(r.batch for r in windows)
+
+
+def test_sweep_loads_held_out_stay_out_of_the_fit(tmp_path: Path) -> None:
+    truth = _with_load_terms(chosen(), per_seq=0.6e-3, share=0.4)
+    probe = write_run(tmp_path / "probe", truth)
+    sweep = write_sweep(tmp_path / "sweep", truth)
+    fitted = calibrate([probe, sweep], holdout_loads=[8.0])
+    assert fitted.holdout_loads == [8.0]
+    for rows in (fitted.decode_residuals, fitted.tpot_residuals):
+        swept = [r for r in rows if r.load is not None]
+        assert {r.load for r in swept if not r.used_in_fit} == {8.0}
+        assert {r.load for r in swept if r.used_in_fit} == {2.0, 4.0}
+    # the held-out load is predicted from the others
+    assert all(abs(r.error) < 0.05 for r in fitted.tpot_residuals if not r.used_in_fit)
+
+
+def test_an_old_calibration_file_reads_with_the_load_terms_off() -> None:
+    root = Path(__file__).resolve().parents[3]
+    old = Calibration.load(root / "docs" / "results" / "calibration-llama8b-h200-vllm0.26.yaml")
+    assert old.engine_blocking_share.value == 0.0 and not old.engine_blocking_share.fitted
+    assert old.step_s_per_seq.value == 0.0 and not old.step_s_per_seq.fitted
+    assert old.holdout_loads == [] and old.tpot_residuals == []
+    deployment = old.deployment.resolve()
+    assert old.request_intake(9000) == 0.0
+    assert old.efficiencies(deployment, None).step_s_per_seq == 0.0

@@ -127,3 +127,30 @@ def test_fp8_weights_with_a_bf16_kv_cache() -> None:
     decode = StepWork()
     decode.add_decode(100_000)
     assert TimeModel(mixed).cost(decode).memory_s > TimeModel(fp8).cost(decode).memory_s
+
+
+def test_the_host_term_grows_with_the_sequences_in_a_step_and_intake_adds() -> None:
+    from harness.sim.timemodel import Efficiencies
+
+    deployment = Deployment.resolve("llama-3.1-8b", "h100-sxm")
+    per_seq, overhead = 0.7e-3, 9e-3
+    bare = TimeModel(deployment, Efficiencies(step_overhead_s=overhead))
+    host = TimeModel(deployment, Efficiencies(step_overhead_s=overhead, step_s_per_seq=per_seq))
+    for batch in (1, 4, 11):
+        assert host.decode_step_seconds(batch, 9000) - bare.decode_step_seconds(batch, 9000) == pytest.approx(
+            batch * per_seq
+        )
+    # a prefill chunk is one sequence, whatever its length; so is each decode beside it
+    mixed = StepWork()
+    mixed.add_prefill(4000, 2000)
+    mixed.add_decode(9000)
+    mixed.add_decode(9000)
+    assert mixed.sequences == 3
+    assert host.cost(mixed).host_s == pytest.approx(3 * per_seq)
+    assert host.step_seconds(mixed) - bare.step_seconds(mixed) == pytest.approx(3 * per_seq)
+    # intake work charged to a step adds to it as it is
+    mixed.intake_s = 0.0123
+    assert host.cost(mixed).total_s == pytest.approx(bare.step_seconds(mixed) + 3 * per_seq)
+    assert host.cost(mixed).intake_s == 0.0123
+    # the datasheet model has no host term
+    assert TimeModel(deployment).cost(mixed).host_s == 0.0
