@@ -67,14 +67,27 @@ class TokenizerUnavailable(KvbenchError):
 
 
 async def post_text(session: aiohttp.ClientSession, url: str, payload: object = None) -> tuple[int, str]:
-    """POST (a JSON body unless ``payload`` is None); (status, body text). Transport failures: EngineRequestError."""
+    """POST (a JSON body unless ``payload`` is None); (status, body text). Transport failures: EngineRequestError.
+
+    Only idempotent control calls come here (prefix-cache reset, tokenize), so a POST the server
+    dropped unanswered (:class:`aiohttp.ServerDisconnectedError`) is sent once more: that is how a
+    pooled keep-alive connection looks when the server closed it while idle (uvicorn does after
+    5 s), which happens to a replica that a router left without traffic for a while (seen on
+    vLLM 0.26.0 behind vllm-router, 2026-11-26). aiohttp drops the dead connection, so the second
+    try opens a new one.
+    """
     try:
-        async with session.post(url, json=payload) as response:
-            status = response.status
-            text = await response.text()
+        try:
+            return await _post_once(session, url, payload)
+        except aiohttp.ServerDisconnectedError:
+            return await _post_once(session, url, payload)
     except (aiohttp.ClientError, TimeoutError) as error:
         raise EngineRequestError(f"POST {url} failed: {type(error).__name__}: {error}") from None
-    return status, text
+
+
+async def _post_once(session: aiohttp.ClientSession, url: str, payload: object) -> tuple[int, str]:
+    async with session.post(url, json=payload) as response:
+        return response.status, await response.text()
 
 
 def _decode_body(text: str) -> object:
