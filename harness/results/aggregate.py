@@ -62,6 +62,25 @@ def chosen_attempts(records_df: pd.DataFrame, done: Iterable[GroupDone]) -> dict
     return chosen
 
 
+def chosen_measured(run_dir: RunDir) -> list[RequestRecord]:
+    """A probe run's measured records from the attempt chosen for each group (:func:`keep_chosen`)."""
+    return keep_chosen([r for r in run_dir.records() if r.phase == "measure"], run_dir.groups_done())
+
+
+def keep_chosen(measured: Sequence[RequestRecord], done: Iterable[GroupDone]) -> list[RequestRecord]:
+    """The ``measured`` records of the attempt chosen for their group (:func:`chosen_attempts`).
+
+    What every probe result counts: a group re-run after a failure (``--resume``) keeps only its
+    completing attempt's requests; the superseded ones stay on disk.
+    """
+    if not measured:
+        return []
+    frame = pd.DataFrame([{"arm": r.arm, "repetition": r.repetition, "context_tokens": r.context_tokens,
+                           "attempt": r.attempt} for r in measured])  # fmt: skip
+    chosen = chosen_attempts(frame, done)
+    return [r for r in measured if chosen.get((r.arm, r.repetition, r.context_tokens)) == r.attempt]
+
+
 def _median_or_none(series: pd.Series) -> float | None:
     clean = series.dropna()
     return None if clean.empty else float(clean.median())

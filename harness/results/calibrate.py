@@ -87,7 +87,7 @@ from kvbench.errors import CalibrationError, RunDirError
 from offload.profiles import TierKind, resolve_profile
 from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, known_model, model_from_hf_config
 
-from .aggregate import chosen_attempts
+from .aggregate import chosen_measured
 from .engine_steps import EngineSteps, reconstruct
 from .modelshape import hf_config
 
@@ -368,18 +368,6 @@ def run_facts(path: Path, model: str | None = None, hardware: str | None = None)
 # -- samples -------------------------------------------------------------------------------------
 
 
-def _measured(run_dir: RunDir) -> list[RequestRecord]:
-    records = [r for r in run_dir.records() if r.phase == "measure"]
-    if not records:
-        return []
-    import pandas as pd
-
-    frame = pd.DataFrame([{"arm": r.arm, "repetition": r.repetition, "context_tokens": r.context_tokens,
-                           "attempt": r.attempt} for r in records])  # fmt: skip
-    chosen = chosen_attempts(frame, run_dir.groups_done())
-    return [r for r in records if chosen.get((r.arm, r.repetition, r.context_tokens)) == r.attempt]
-
-
 @dataclass(frozen=True)
 class _Window:
     """When one request was prefilling (sent .. first token) and decoding (first token .. last byte), in ns."""
@@ -466,7 +454,7 @@ def collect(
     """(fit samples, held-out samples) of one run: probe lengths in ``holdout`` and sweep loads in
     ``holdout_loads`` are held out."""
     run_dir = RunDir.open(path)
-    records = [r for r in _measured(run_dir) if r.ok and r.ttft_ns is not None and r.prompt_tokens]
+    records = [r for r in chosen_measured(run_dir) if r.ok and r.ttft_ns is not None and r.prompt_tokens]
     per_group: dict[tuple[str, int, int, int, int], int] = defaultdict(int)
     for r in records:
         per_group[(r.arm, r.attempt, r.repetition, r.context_tokens, r.turn)] += 1

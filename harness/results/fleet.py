@@ -2,7 +2,9 @@
 
 A pure function of the run directory's files (:func:`summarize_fleet`): ``records.jsonl``
 (``replica``, ``moved``), ``replica_metrics.jsonl`` (per-replica counter totals at each scrape),
-``points.jsonl`` (sweeps) and the scenario. Definitions, per arm (measured records only):
+``points.jsonl`` (sweeps) and the scenario. Definitions, per arm (measured records only; of a probe,
+those of the attempt that completed each context length, as in the TTFT table -- a length re-run by
+``--resume`` after a failure counts once, and scrape deltas spanning a superseded request are left out):
 
 * **same vs moved** (turns >= 2, per context length of a probe or per load level of a sweep/soak):
   median TTFT (ms) and count of the turns served
@@ -39,6 +41,7 @@ from harness.store.rundir import RunDir
 from kvbench.schema import VersionedFile
 from workloads.config import MultiRoundQAProbe
 
+from .aggregate import keep_chosen
 from .run_result import Frozen
 
 NS_PER_MS = 1_000_000
@@ -107,15 +110,24 @@ def _median_ms(values: list[int]) -> float | None:
     return statistics.median(values) / NS_PER_MS if values else None
 
 
-def _hits_by_source(run_dir: RunDir, arm: str, shared_only: bool, replicas: int) -> list[dict[str, float] | None]:
-    """Per replica: Σ over consecutive scrapes of Δ hits, by source (None: no counters for it)."""
+def _hits_by_source(
+    run_dir: RunDir, arm: str, shared_only: bool, replicas: int, superseded: list[RequestRecord]
+) -> list[dict[str, float] | None]:
+    """Per replica: Σ over consecutive scrapes of Δ hits, by source (None: no counters for it).
+
+    A Δ whose window (the two scrapes' ``at_ns``, same attempt: the monotonic clock restarts with
+    the machine) saw a ``superseded`` request start is left out, as those requests are.
+    """
     totals: list[dict[str, float] | None] = [None] * replicas
-    by_attempt: dict[int, list[list[dict[str, float] | None]]] = defaultdict(list)
+    by_attempt: dict[int, list[tuple[int, list[dict[str, float] | None]]]] = defaultdict(list)
     for event in run_dir.replica_counters():
         if event.arm == arm:
-            by_attempt[event.attempt].append(event.counters)
-    for snapshots in by_attempt.values():
-        for before, after in itertools.pairwise(snapshots):
+            by_attempt[event.attempt].append((event.at_ns, event.counters))
+    for attempt, scrapes in by_attempt.items():
+        dropped = [r.started_ns for r in superseded if r.attempt == attempt]
+        for (start_ns, before), (end_ns, after) in itertools.pairwise(scrapes):
+            if any(start_ns < started <= end_ns for started in dropped):
+                continue
             for replica in range(min(replicas, len(before), len(after))):
                 old, new = before[replica], after[replica]
                 if old is None or new is None:
@@ -142,7 +154,12 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
     if not isinstance(engine, ReplicaFields) or engine.fleet_size <= 1:
         return None
     replicas, gpus = engine.fleet_size, engine.fleet_gpus
-    records = [record for record in run_dir.records() if record.phase == "measure"]
+    measured = [record for record in run_dir.records() if record.phase == "measure"]
+    # a probe counts each group's completing attempt only (as its TTFT table does); a load run's
+    # points are its own account of what a resumed attempt re-ran
+    probe = isinstance(scenario.workload, MultiRoundQAProbe)
+    records = keep_chosen(measured, run_dir.groups_done()) if probe else measured
+    kept = {id(record) for record in records}
     points = run_dir.points()
     manifest = read_manifest(run_dir.manifest_file)
     arms: list[ArmFleet] = []
@@ -152,7 +169,6 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
             continue
         cells: list[MovedCell] = []
         # a probe splits by context length; a load run's users have many lengths, so by load level
-        probe = isinstance(scenario.workload, MultiRoundQAProbe)
         groups: dict[tuple[int | None, float | None], list[RequestRecord]] = defaultdict(list)
         for r in mine:
             if r.turn >= 2 and r.ok and r.ttft_ns is not None:
@@ -170,7 +186,8 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
         shared_only = bool(arm.profile.tiers) and (
             all(tier.kind == "shared" for tier in arm.profile.tiers) or details.get("shared_tier_serves") == "all tiers"
         )
-        hits = _hits_by_source(run_dir, arm.name, shared_only, replicas)
+        superseded = [r for r in measured if r.arm == arm.name and id(r) not in kept]
+        hits = _hits_by_source(run_dir, arm.name, shared_only, replicas, superseded)
         served = [r for r in mine if r.replica is not None]
         load: list[ReplicaLoad] = []
         for replica in range(replicas):

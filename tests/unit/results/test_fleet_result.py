@@ -114,3 +114,46 @@ def test_an_arm_not_run_is_left_out_and_unreported_usage_is_unknown(tmp_path: Pa
     assert result is not None and [arm.arm for arm in result.arms] == ["A"]
     first, second = result.arms[0].load
     assert first.usage_cached_tokens is None and second.usage_cached_tokens == 20
+
+
+def test_a_length_re_run_by_resume_counts_once_as_in_the_ttft_table(tmp_path: Path) -> None:
+    """A probe that failed mid-length (the vllm-router arm on 2x H200: a reset failed before 2,000's turn 2) and was
+    resumed: attempt 0 completed 1,000 tokens and sent 2,000's turn 1s to replica 1; attempt 1 re-ran 2,000 on
+    replica 0. The superseded turn 1s are in no column, and a scrape delta over them is left out."""
+    from harness.store.events import GroupDone
+
+    data = dict(SCENARIO, workload=dict(SCENARIO["workload"], context_tokens=[1000, 2000]))  # type: ignore[arg-type]
+    run_dir = RunDir.create(tmp_path, parse_scenario(data, "unit"))
+
+    def at(attempt: int, context: int, conversation: int, turn: int, replica: int, started_ns: int) -> RequestRecord:
+        return _record(conversation, turn, replica, False if turn > 1 else None, 10.0).model_copy(
+            update={"attempt": attempt, "context_tokens": context, "started_ns": started_ns}
+        )
+
+    records = [
+        at(0, 1000, 0, 1, 0, 10), at(0, 1000, 0, 2, 0, 20),  # kept: 1,000 completed in attempt 0
+        at(0, 2000, 0, 1, 1, 40), at(0, 2000, 1, 1, 1, 41),  # superseded: 2,000 did not complete
+        at(1, 2000, 0, 1, 0, 10), at(1, 2000, 0, 2, 0, 20),  # kept: 2,000 completed in attempt 1
+    ]  # fmt: skip
+    with RecordWriter(run_dir.records_file) as writer:
+        for record in records:
+            writer.append(record)
+    run_dir.mark_group_done(GroupDone(arm="A", repetition=0, context_tokens=1000, attempt=0))
+    run_dir.mark_group_done(GroupDone(arm="A", repetition=0, context_tokens=2000, attempt=1))
+
+    def hits(replica0: float, replica1: float) -> list[dict[str, float] | None]:
+        return [{"gpu_prefix_hits": replica0}, {"gpu_prefix_hits": replica1}]
+
+    # attempt 0: 7 hits on replica 0 over 1,000 (window 0-30), then 1,000 on replica 1 over the superseded turn 1s
+    # (window 30-50); attempt 1 (a new machine: its clock starts again) 3 hits on replica 0
+    scrapes = [(0, 0, hits(0, 0)), (0, 30, hits(7, 0)), (0, 50, hits(7, 1000)), (1, 0, hits(0, 0)), (1, 30, hits(3, 0))]
+    for attempt, at_ns, counters in scrapes:
+        run_dir.append_replica_counters(ReplicaCounters(arm="A", attempt=attempt, at_ns=at_ns, counters=counters))
+
+    result = summarize_fleet(run_dir)
+    assert result is not None
+    [arm] = result.arms
+    first, second = arm.load
+    assert (first.requests, second.requests) == (4, 0)
+    assert (first.own_gpu_hits, second.own_gpu_hits) == (7 + 3, 0)
+    assert [(cell.context_tokens, cell.same_count) for cell in arm.moved] == [(1000, 1), (2000, 1)]

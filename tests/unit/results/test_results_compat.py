@@ -49,7 +49,15 @@ def test_kept_run_loads_rebuilds_and_renders(stored: Path, tmp_path: Path) -> No
     ]
     assert new.requests == old.requests
 
-    measured = [r for r in records if r.phase == "measure" and r.ok and r.completion_tokens]
+    # a length re-run by --resume counts in its completing attempt only (every kept run completed its lengths)
+    completing: dict[tuple[str, int, int], int] = {}
+    for event in RunDir.open(stored).groups_done():
+        completing[event.key] = max(event.attempt, completing.get(event.key, -1))
+    measured = [
+        r for r in records
+        if r.phase == "measure" and r.ok and r.completion_tokens
+        and completing.get((r.arm, r.repetition, r.context_tokens or 0)) == r.attempt
+    ]  # fmt: skip
     assert new.stream is not None
     chunks = sum(r.output_chunks for r in measured)
     tokens = sum(r.completion_tokens or 0 for r in measured)
