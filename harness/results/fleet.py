@@ -12,7 +12,9 @@ those of the attempt that completed each context length, as in the TTFT table --
   served by another (``moved = true``); ``moved share`` = moved / (same + moved);
 * **per-replica load**: requests served, ``busy_s`` = Σ e2e seconds of those requests (time the
   replica spent on kvbench's requests, overlapping ones counted each), ``share`` = requests /
-  all the arm's requests (1/N everywhere = no hotspot), ``imbalance`` = max share × N (1 = even);
+  all the arm's requests (1/N everywhere = no hotspot), ``imbalance`` = max share × N (1 = even),
+  ``peak_in_flight`` = most of its requests open at once (queued or running: the queue a hotspot
+  builds) and ``ttft_p90_ms`` = the 90th percentile of their TTFT (linear interpolation, as in sweeps);
 * **hit tokens by source** per replica, from consecutive scrapes of that arm and attempt
   (Δ of running totals): ``own_gpu`` = Δ gpu_prefix_hits; tier hits = Δ external_prefix_hits, split
   by the engine's per-tier counters where it has them (``tier_hits:<kind>``: the ``shared`` kind is
@@ -32,6 +34,7 @@ import statistics
 from collections import defaultdict
 from typing import Literal
 
+import pandas as pd
 from pydantic import Field
 
 from harness.engines.replicas import ReplicaFields
@@ -71,8 +74,14 @@ class ReplicaLoad(Frozen):
     busy_s: float
     share: float
     usage_cached_tokens: int | None = None
-    """Σ cached_tokens of the replica's requests; None when none of them reported usage details."""
-    """Σ usage.prompt_tokens_details.cached_tokens of the requests it served (the cross-check of the hits)."""
+    """Σ usage.prompt_tokens_details.cached_tokens of the requests it served (the cross-check of the hits);
+    None when none of them reported usage details."""
+    peak_in_flight: int = 0
+    """Most of its requests in flight at once (each from ``started_ns`` to ``started_ns + e2e_ns``; one
+    attempt at a time, as each has its own clock): queued, prefilling or decoding there. A hotspot's
+    queue shows here, and in its TTFT p90."""
+    ttft_p90_ms: float | None = None
+    """90th percentile TTFT of its successful requests; None when it served none."""
     own_gpu_hits: float | None = None
     own_tier_hits: float | None = None
     shared_tier_hits: float | None = None
@@ -197,6 +206,7 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
                 replica=replica, requests=len(own), busy_s=sum((r.e2e_ns or 0) for r in own) / 1e9,
                 share=len(own) / len(served) if served else 0.0,
                 usage_cached_tokens=_usage_cached(own),
+                peak_in_flight=_peak_in_flight(own), ttft_p90_ms=_p90_ms([r.ttft_ns for r in own if r.ok]),
                 own_gpu_hits=None if source is None else source["own_gpu"],
                 own_tier_hits=None if source is None else source["own_tier"],
                 shared_tier_hits=None if source is None else source["shared_tier"],
@@ -216,6 +226,26 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
     result = FleetResult(scenario=scenario.name, arms=arms)
     result.write_file(run_dir.fleet_file)
     return result
+
+
+def _peak_in_flight(records: list[RequestRecord]) -> int:
+    """Most requests open at once, per attempt (a sweep over start +1 / end −1 events; an end sorts first)."""
+    peak = 0
+    by_attempt: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for r in records:
+        by_attempt[r.attempt] += [(r.started_ns, 1), (r.started_ns + (r.e2e_ns or 0), -1)]
+    for events in by_attempt.values():
+        open_now = 0
+        for _, step in sorted(events):
+            open_now += step
+            peak = max(peak, open_now)
+    return peak
+
+
+def _p90_ms(ttfts: list[int | None]) -> float | None:
+    """The 90th percentile as every other kvbench table takes it (pandas' linear interpolation)."""
+    values = pd.Series([t for t in ttfts if t is not None], dtype="float64")
+    return None if values.empty else float(values.quantile(0.9)) / NS_PER_MS
 
 
 def _usage_cached(records: list[RequestRecord]) -> int | None:
@@ -247,14 +277,15 @@ def markdown(result: FleetResult) -> str:
             )
     lines += [
         "",
-        "| Arm | Replica | Requests | Share | Busy s | Own-GPU hits | Own-tier hits | Shared-tier hits "
-        "| cached_tokens (usage) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| Arm | Replica | Requests | Share | Busy s | Peak in flight | TTFT p90 ms | Own-GPU hits | Own-tier hits "
+        "| Shared-tier hits | cached_tokens (usage) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in result.arms:
         for entry in arm.load:
             lines.append(
                 f"| {arm.arm} | {entry.replica} | {entry.requests} | {entry.share:.0%} | {entry.busy_s:.2f} "
+                f"| {entry.peak_in_flight} | {_ms(entry.ttft_p90_ms)} "
                 f"| {_tokens(entry.own_gpu_hits)} | {_tokens(entry.own_tier_hits)} "
                 f"| {_tokens(entry.shared_tier_hits)} | {_tokens(entry.usage_cached_tokens)} |"
             )

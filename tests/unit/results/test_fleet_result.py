@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import pytest
+
 from harness.results.fleet import summarize_fleet
 from harness.scenario.spec import parse_scenario
 from harness.store.events import ReplicaCounters
@@ -157,3 +159,21 @@ def test_a_length_re_run_by_resume_counts_once_as_in_the_ttft_table(tmp_path: Pa
     assert (first.requests, second.requests) == (4, 0)
     assert (first.own_gpu_hits, second.own_gpu_hits) == (7 + 3, 0)
     assert [(cell.context_tokens, cell.same_count) for cell in arm.moved] == [(1000, 1), (2000, 1)]
+
+
+def test_peak_in_flight_and_ttft_p90_show_a_hotspot(tmp_path: Path) -> None:
+    """Replica 0 has three requests open at once (a queue); replica 1 two back to back, which never overlap."""
+    run_dir = RunDir.create(tmp_path, parse_scenario(SCENARIO, "unit"))
+    spans = {0: [(0, 10, 100.0), (5, 10, 300.0), (8, 12, 500.0)], 1: [(0, 10, 50.0), (10, 10, 60.0)]}
+    with RecordWriter(run_dir.records_file) as writer:
+        for replica, requests in spans.items():
+            for index, (start, length, ttft_ms) in enumerate(requests):
+                record = _record(index, 1, replica, None, ttft_ms)
+                writer.append(record.model_copy(update={"started_ns": start, "e2e_ns": length}))
+    result = summarize_fleet(run_dir)
+    assert result is not None
+    first, second = result.arms[0].load
+    assert (first.peak_in_flight, second.peak_in_flight) == (3, 1)
+    for entry, requests in ((first, spans[0]), (second, spans[1])):
+        ttfts = [ttft for _, _, ttft in requests]
+        assert entry.ttft_p90_ms == pytest.approx(statistics.quantiles(ttfts, n=10, method="inclusive")[8])
