@@ -54,6 +54,8 @@ class LaunchContext:
     """False when the scenario disables the GPU prefix cache (between_turns=disable_prefix_cache)."""
     replica: int = 0
     """Which replica of the arm's fleet this engine is (0 for a single engine)."""
+    fleet_size: int = 1
+    """Replicas in the arm's fleet (1: a single engine, which names no replica in its responses)."""
     shared_tier: SharedTierHandle | None = None
     """The fleet's shared tier, when the arm has one and the engine kind shares it across replicas."""
     tier_session: str | None = None

@@ -54,7 +54,7 @@ def fleet_size(config: EngineConfigModel) -> int:
 
 def replica_context(context: LaunchContext, index: int, size: int, shared: SharedTierHandle | None) -> LaunchContext:
     log_dir = context.log_dir if size == 1 else context.log_dir / f"replica-{index}"
-    return dataclasses.replace(context, log_dir=log_dir, replica=index, shared_tier=shared)
+    return dataclasses.replace(context, log_dir=log_dir, replica=index, fleet_size=size, shared_tier=shared)
 
 
 def replica_config(config: EngineConfigModel, index: int) -> EngineConfigModel:

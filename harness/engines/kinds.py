@@ -55,6 +55,9 @@ class EngineKind:
     starts_process: bool = True
     fleet_shared_tier: str | None = None
     """``"module:attribute"`` of the fleet shared-tier starter (see the module docstring)."""
+    names_replica: bool = False
+    """A fleet's replica of this kind names itself in every response (``X-Kvbench-Replica``,
+    :mod:`harness.engines.kvbench_replica_header`), so requests through a router are attributed by header."""
 
 
 KINDS: Mapping[str, EngineKind] = MappingProxyType(
@@ -63,12 +66,12 @@ KINDS: Mapping[str, EngineKind] = MappingProxyType(
         for row in (
             EngineKind("sim", "harness.sim.config:SimEngineConfig", "harness.sim.engine:SimEngine", None, VLLM,
                        "kvbench simulator", simulated=True,
-                       fleet_shared_tier="harness.sim.fleet:shared_tier"),
+                       fleet_shared_tier="harness.sim.fleet:shared_tier", names_replica=True),
             EngineKind("openai", "harness.engines.configs:OpenAIEngineConfig", "harness.engines.openai:OpenAIEngine",
                        None, AUTO, "OpenAI-compatible endpoint", starts_process=False),
             EngineKind("vllm", "harness.engines.configs:VllmEngineConfig", "harness.engines.vllm:VllmEngine",
                        "harness.engines.vllm_offload:check_supported", VLLM, "vLLM",
-                       fleet_shared_tier="harness.engines.vllm_fleet:shared_tier"),
+                       fleet_shared_tier="harness.engines.vllm_fleet:shared_tier", names_replica=True),
             EngineKind("sglang", "harness.engines.configs:SglangEngineConfig", "harness.engines.sglang:SglangEngine",
                        "harness.engines.sglang_offload:check_supported", SGLANG, "SGLang"),
             EngineKind("trtllm", "harness.engines.configs:TrtllmEngineConfig", "harness.engines.trtllm:TrtllmEngine",

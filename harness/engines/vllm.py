@@ -52,7 +52,7 @@ from .configs import VllmEngineConfig
 from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
 from .process import ManagedProcess, free_port
-from .vllm_fleet import use_shared_server
+from .vllm_fleet import name_replica, use_shared_server
 from .vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch
 
 PYTHON_ENV_VAR = "KVBENCH_VLLM_PYTHON"
@@ -181,6 +181,8 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
         env[SYMM_MEM_ALLREDUCE_ENV] = "0"
     env.update(plan.env)
     env.update(config.env)
+    if "PYTHONPATH" in plan.env:  # the plan's (name_replica) already ends with the config's own PYTHONPATH
+        env["PYTHONPATH"] = plan.env["PYTHONPATH"]
     return env
 
 
@@ -287,6 +289,9 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         )
         if context.shared_tier is not None:  # a fleet's replica: connect to the arm's one LMCache server
             plan = use_shared_server(plan, context.shared_tier)
+        if context.fleet_size > 1:  # a fleet's replica names itself in every response (through a router too)
+            inherited = config.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+            plan = name_replica(plan, self._workdir, context.replica, context.fleet_size, inherited)
         check_host_memory(
             plan.pinned_host_bytes,
             f"arm {context.arm}: offload profile {context.profile.name!r} ({plan.backend})",

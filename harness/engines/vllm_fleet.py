@@ -14,6 +14,10 @@ instead of starting a sidecar of its own, and creates no tier directories. What 
 * ``lmcache`` (in-process) + ``shared`` tier with ``remote_url``: each replica's own CPU/disk tiers,
   plus the remote server the user runs at ``remote_url`` -- shared by construction, kvbench starts nothing;
 * ``native``: vLLM's CPU offload is per process -- nothing shared.
+
+Every replica of a fleet also names itself in a response header (:func:`name_replica`, module
+:mod:`harness.engines.kvbench_replica_header`), so that requests through a router are attributed
+exactly even when they overlap.
 """
 
 from __future__ import annotations
@@ -21,17 +25,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from . import kvbench_replica_header
 from .base import EngineConfigModel, LaunchContext, SharedTierHandle
 from .common import make_offload_dirs
 from .configs import VllmEngineConfig
 from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
-from .vllm_offload import LMCACHE_MP_CONNECTOR, VllmLaunchPlan, render_vllm_launch, resolve_backend
+from .vllm_offload import LMCACHE_MP_CONNECTOR, LaunchFile, VllmLaunchPlan, render_vllm_launch, resolve_backend
 
 SHARED_LOG = "lmcache-server-shared.log"
 SERVER_OWNER = "shared-server"
@@ -82,6 +88,26 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def name_replica(
+    plan: VllmLaunchPlan, workdir: Path, replica: int, fleet_size: int, inherited_pythonpath: str | None
+) -> VllmLaunchPlan:
+    """``plan`` whose server adds ``X-Kvbench-Replica: <replica>`` to every response.
+
+    vLLM's ``--middleware`` imports a module by name in the engine's own Python, which has no
+    kvbench: the middleware's file (standard library only) is written into the replica's working
+    directory, put first on its ``PYTHONPATH`` (after it the inherited one, which vLLM may need).
+    """
+    source = Path(kvbench_replica_header.__file__).read_text(encoding="utf-8")
+    module = kvbench_replica_header.MIDDLEWARE.rsplit(".", 1)[0]
+    path = str(workdir) if not inherited_pythonpath else f"{workdir}{os.pathsep}{inherited_pythonpath}"
+    return dataclasses.replace(
+        plan,
+        args=(*plan.args, "--middleware", kvbench_replica_header.MIDDLEWARE),
+        env={**plan.env, "PYTHONPATH": path, **kvbench_replica_header.replica_env(replica, fleet_size)},
+        files=(*plan.files, LaunchFile(workdir / f"{module}.py", source)),
+    )
 
 
 def use_shared_server(plan: VllmLaunchPlan, shared: SharedTierHandle) -> VllmLaunchPlan:

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -27,10 +28,12 @@ import aiohttp
 from harness.client.fleet import FleetClient, page_counters
 from harness.client.openai import OpenAIClient
 from harness.client.prometheus import PrometheusReader
-from harness.client.router import Router
+from harness.client.router import Attribution, Router
 from harness.engines.base import EngineFacts, LaunchContext
 from harness.engines.configs import OpenAIEngineConfig
 from harness.engines.fleet import Fleet, RunningFleet
+from harness.engines.kinds import engine_kind
+from harness.engines.kvbench_replica_header import REPLICA_HEADER
 from harness.engines.replicas import RoutingSpec
 from harness.engines.router_process import RunningRouter, check_router, start_router
 from harness.scenario.spec import Arm
@@ -44,13 +47,36 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def fleet_facts(fleet: RunningFleet, routing: RoutingSpec, router: RunningRouter | None = None) -> EngineFacts:
+@dataclass(frozen=True)
+class Attributing:
+    """How an arm learns which replica served a request: ``how`` (None: kvbench picked it itself) and
+    the response header naming it (``header`` attribution only)."""
+
+    how: Attribution | None
+    header: str | None = None
+
+
+def attributing(routing: RoutingSpec, engine_kind_name: str, replicas: int) -> Attributing:
+    """The scenario's attribution; for a router kvbench starts in front of replicas that name themselves
+    (the kinds table's ``names_replica``: a fleet's replicas, two or more) and no attribution set, their
+    ``X-Kvbench-Replica`` header, which is exact under concurrent load (``metrics`` attribution is not)."""
+    if routing.policy != "external":
+        return Attributing(None)
+    unset = routing.attribution is None and routing.replica_header is None
+    if unset and routing.router is not None and replicas > 1 and engine_kind(engine_kind_name).names_replica:
+        return Attributing("header", REPLICA_HEADER)
+    return Attributing(routing.attributed_by, routing.replica_header)
+
+
+def fleet_facts(
+    fleet: RunningFleet, routing: RoutingSpec, attribution: Attributing, router: RunningRouter | None = None
+) -> EngineFacts:
     first = fleet.first.facts
     details = dict(first.details)
     details["replicas"] = str(fleet.size)
     details["routing"] = routing.policy
-    if routing.policy == "external":
-        details["attribution"] = routing.attributed_by
+    if attribution.how is not None:
+        details["attribution"] = attribution.how if attribution.header is None else f"header {attribution.header}"
     if router is not None:
         details["router"] = f"{router.label} {router.version}"
         details["router_policy"] = router.policy
@@ -98,7 +124,8 @@ async def open_fleet(
         if install is not None:  # after every replica is healthy; stopped before them
             workers = [server_root(replica.endpoint.base_url) for replica in fleet.replicas]
             router = await router_stack.enter_async_context(start_router(install, workers, context.log_dir))
-        manifest.record_engine(arm.name, fleet_facts(fleet, routing, router))
+        attribution = attributing(routing, engine.kind, fleet.size)
+        manifest.record_engine(arm.name, fleet_facts(fleet, routing, attribution, router))
         external = routing.policy == "external"
         if router is not None:
             targets = [dataclasses.replace(fleet.first.endpoint, base_url=router.base_url)]
@@ -144,7 +171,7 @@ async def open_fleet(
                     OpenAIClient(
                         endpoint, timeout_s=runner.request_timeout_s(), read_timeout_s=runner.stall_timeout_s(),
                         max_connections=runner.connections(),
-                        capture_header=routing.replica_header if external else None,
+                        capture_header=attribution.header,
                         session_header=routing.router.header if routing.router is not None else None,
                     )
                 )
@@ -152,6 +179,6 @@ async def open_fleet(
             ]  # fmt: skip
             yield fleet, FleetClient(
                 clients, picker, metrics_urls=metrics_urls,
-                attribution=routing.attributed_by if external else None,
+                attribution=attribution.how,
                 pages_source=pages_source, on_pages=on_pages, replica_names=names,
             )  # fmt: skip

@@ -21,6 +21,7 @@ import kvbench
 from harness.client.endpoint import Endpoint
 from harness.engines.base import EngineConfigModel, EngineFacts, LaunchContext
 from harness.engines.common import RunningProcess
+from harness.engines.kvbench_replica_header import replica_env
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
 from kvbench.errors import EngineStartError
 from workloads.tokenizer import Tokenizer
@@ -112,7 +113,7 @@ class SimEngine:
             ProcessSpec(
                 name=f"simulator ({context.arm}, replica {context.replica})",
                 argv=argv,
-                env={"PYTHONUNBUFFERED": "1"},
+                env={"PYTHONUNBUFFERED": "1", **replica_env(context.replica, context.fleet_size)},
                 log_path=self.log_path,
                 health_url=base_url + "/health",
                 startup_timeout_s=config.startup_timeout_s,

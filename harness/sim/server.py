@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 import kvbench
+from harness.engines.kvbench_replica_header import REPLICA_ENV, REPLICA_HEADER
 from harness.engines.process import LAUNCH_TOKEN_ENV, LAUNCH_TOKEN_HEADER
 
 from .engine import url_host
@@ -115,6 +116,7 @@ class SimServer:
         # the per-launch token kvbench gave this process: echoed on every answer so that kvbench can
         # tell its own simulator from another server on the same port (harness.engines.process)
         self.launch_token = os.environ.get(LAUNCH_TOKEN_ENV)
+        self.replica = os.environ.get(REPLICA_ENV)  # set for a fleet's replica: named in every response
 
     # -- application ------------------------------------------------------------------------
 
@@ -137,6 +139,8 @@ class SimServer:
     async def _identify(self, request: web.Request, response: web.StreamResponse) -> None:
         if self.launch_token is not None:
             response.headers[LAUNCH_TOKEN_HEADER] = self.launch_token
+        if self.replica is not None:
+            response.headers[REPLICA_HEADER] = self.replica
 
     async def _on_startup(self, app: web.Application) -> None:
         self.loop.start()

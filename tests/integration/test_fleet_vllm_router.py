@@ -2,9 +2,11 @@
 
 Two ``kvbench sim serve`` replicas (real processes, started by kvbench as the fleet of each arm),
 then ``vllm-router`` from its own virtualenv (``$KVBENCH_ROUTER_PYTHON``, made by
-``scripts/install-router.sh``) pointed at them; kvbench sends every request to the router and
-learns the serving replica from per-replica ``/metrics`` deltas (the router names it nowhere in
-its response). One run of three arms (the fixture), one test per arm:
+``scripts/install-router.sh``) pointed at them; kvbench sends every request to the router. The
+router names no replica itself, but forwards its workers' response headers: by default kvbench
+learns the serving replica from the ``X-Kvbench-Replica`` header each replica adds; the
+consistent_hash arm is set to ``attribution: metrics`` instead (per-replica ``/metrics`` deltas,
+exact for sequential requests). One run of three arms (the fixture), one test per arm:
 
 * ``consistent_hash`` (the router's session affinity, keyed on the ``X-Session-ID`` header kvbench
   fills with the conversation id): every turn 2 lands on its turn-1 replica. The router's own log
@@ -34,11 +36,13 @@ Afterwards the routers and replicas are gone: their ports are free again.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -47,6 +51,7 @@ from harness.engines.process import port_busy
 from harness.results.fleet import FleetResult
 from harness.runs.probe import ProbeRunner
 from harness.runs.spine import run_sync
+from harness.runs.sweep import SweepRunner
 from harness.scenario.spec import parse_scenario
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
@@ -59,6 +64,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 HASH_DECISION = re.compile(
     r"Consistent hash routing: key='header:x-session-id:(?P<key>[^']+)' -> worker='(?P<worker>[^']+)'"
 )
+ANY_HASH_DECISION = re.compile(r"Consistent hash routing: key='[^']+' -> worker='(?P<worker>[^']+)'")
 CACHE_DECISION = re.compile(
     r'Cache prefix decision stage="regular" selected="(?P<worker>[^"]+)" match_rate=(?P<rate>[0-9.e+-]+)'
 )
@@ -69,15 +75,18 @@ CACHE_CONFIG = re.compile(
 
 
 def scenario_for(python: str) -> dict[str, object]:
-    def router(policy: str, *extra: str) -> dict[str, object]:
+    def router(policy: str, *extra: str, attribution: str | None = None) -> dict[str, object]:
         spec = {"kind": "vllm-router", "policy": policy, "python": python, "extra_args": list(extra)}
-        return {"policy": "external", "router": spec}
+        routing: dict[str, object] = {"policy": "external", "router": spec}
+        if attribution is not None:
+            routing["attribution"] = attribution
+        return routing
 
     return {
         "name": "fleet-vllm-router", "seed": 5,
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 2},
         "arms": [
-            {"name": "VR-session", "offload": "cpu", "routing": router("consistent_hash")},
+            {"name": "VR-session", "offload": "cpu", "routing": router("consistent_hash", attribution="metrics")},
             {"name": "VR-rr", "offload": "cpu", "routing": router("round_robin")},
             # debug: the router logs cache_aware decisions (worker, match rate) only at debug level
             {"name": "VR-cache", "offload": "cpu", "routing": router("cache_aware", "--log-level", "debug")},
@@ -119,7 +128,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     records = sorted(run_dir.records(), key=lambda r: r.started_ns)
     measured = [r for r in records if r.phase == "measure"]
     assert len(measured) == len(ARMS) * 2 * CONVERSATIONS and all(r.ok for r in measured)
-    assert all(r.replica in (0, 1) for r in records), "every sequential request is attributed from /metrics deltas"
+    assert all(r.replica in (0, 1) for r in records), "every request is attributed (header, or /metrics deltas)"
     engines = json.loads(run_dir.manifest_file.read_text())["engines"]
     yield Run(run_dir, records, {arm: {k: str(v) for k, v in engines[arm]["details"].items()} for arm in ARMS})
 
@@ -148,6 +157,7 @@ def test_round_robin_moves_every_turn_2(run: Run) -> None:
         assert record.moved is expect_moved
         assert record.replica != first[record.conversation]
     assert run.details["VR-rr"]["router_policy"] == "round_robin"
+    assert run.details["VR-rr"]["attribution"] == "header X-Kvbench-Replica"
 
 
 def test_cache_aware_returns_turn_2_to_its_cache(run: Run) -> None:
@@ -210,3 +220,53 @@ def test_routers_and_replicas_are_stopped(run: Run) -> None:
         router_port = int(command[command.index("--port") + 1])
         replica_ports = [urlsplit(url).port for url in run.worker_index(arm)]
         assert not any(port_busy(port) for port in (router_port, *replica_ports) if port is not None)
+
+
+SWEEP_USERS = 6
+
+
+def test_overlapping_requests_are_attributed_by_the_replicas_header(tmp_path: Path) -> None:
+    """A sweep behind the router (``consistent_hash``, 6 users at once): requests overlap, which ``/metrics``
+    attribution cannot split, and every one is attributed from the header its replica added. The router's own
+    log is the independent account: per worker, the number of requests it routed there equals the number
+    kvbench attributed to that replica, and every request went to the worker the router hashed its
+    conversation (the session key) to."""
+    python = support.router_python()
+    assert python is not None
+    data = {
+        "name": "fleet-vllm-router-sweep", "seed": 3,
+        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 2},
+        "arms": [{"name": "VR-hash", "offload": "cpu", "routing": {"policy": "external", "router": {
+            "kind": "vllm-router", "policy": "consistent_hash", "python": python}}}],
+        "workload": {
+            "kind": "multi_user_qa", "users": SWEEP_USERS, "rounds": {"dist": "fixed", "value": 3},
+            "context_tokens": {"dist": "fixed", "value": 2000}, "question_tokens": 20, "answer_tokens": 16,
+            "think_time_s": {"dist": "fixed", "value": 0.0}, "warmup_requests": 1,
+        },
+        "sweep": {"mode": "concurrency", "values": [SWEEP_USERS], "warmup": 1, "duration": 4, "ramp_up": 0.2},
+    }  # fmt: skip
+    scenario = parse_scenario(data, "inline")
+    run_dir = RunDir.create(tmp_path, scenario)
+    run_sync(SweepRunner(scenario, run_dir))
+    records = list(run_dir.records())
+    assert records and all(r.ok for r in records)
+    assert all(r.replica in (0, 1) for r in records), "every request, overlapping or not, is attributed"
+    spans = sorted((r.started_ns, r.started_ns + (r.e2e_ns or 0)) for r in records)
+    overlapping = sum(1 for (_, end), (start, _) in itertools.pairwise(spans) if start < end)
+    assert overlapping >= len(records) // 2  # concurrency, or the test would prove nothing metrics could not
+
+    engines = json.loads(run_dir.manifest_file.read_text())["engines"]
+    details = {k: str(v) for k, v in engines["VR-hash"]["details"].items()}
+    assert details["attribution"] == "header X-Kvbench-Replica"
+    workers = {details[f"replica_{i}_base_url"].rstrip("/"): i for i in range(2)}
+    log = ANSI.sub("", (run_dir.log_dir("VR-hash") / "router.log").read_text())
+    # every decision, the warm-up's too (no session id: the router hashes its body)
+    routed = collections.Counter(workers[m["worker"].rstrip("/")] for m in ANY_HASH_DECISION.finditer(log))
+    attributed = collections.Counter(r.replica for r in records)
+    assert routed == attributed, (routed, attributed)
+    # the session key is the conversation: the router hashed each to one worker, the one kvbench names for all of it
+    decisions = [(m["key"], workers[m["worker"].rstrip("/")]) for m in HASH_DECISION.finditer(log)]
+    worker_of = dict(decisions)
+    records = [r for r in records if r.conversation is not None and r.phase == "measure"]
+    assert {str(r.conversation) for r in records} <= set(worker_of)
+    assert all(worker_of[str(r.conversation)] == r.replica for r in records)

@@ -11,6 +11,12 @@ offload tier only where it is shared -- the fleet total from the merged /metrics
 replica's own share from its per-replica deltas. TTFTs are not asserted: on the shared 2-core
 machine one request's TTFT varies several-fold with other load; the hits are the mechanism.
 
+``own-rr`` goes through the real vLLM Router instead (``round_robin``, started by kvbench in front of
+the replicas; test tier ``router``): the router names no replica, so every record's replica comes from
+the ``X-Kvbench-Replica`` header each vLLM replica adds through the ASGI middleware kvbench loads into
+it (``--middleware``) and the router forwards -- an unattributed or mis-attributed turn 2 breaks the
+parity check below, as does a replica that fails to load the middleware (it would not start).
+
 About 2.5 minutes on 2 cores (four vLLM start-ups, two per arm in parallel).
 """
 
@@ -27,7 +33,7 @@ from harness.results.run_result import RunResult
 from harness.store.rundir import RunDir
 from tests.support import REPO, kvbench, kvbench_env
 
-pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+pytestmark = [pytest.mark.vllm, pytest.mark.router, pytest.mark.integration]
 
 
 def test_moved_turns_hit_only_a_shared_lmcache_server(tmp_path: Path) -> None:
@@ -35,6 +41,8 @@ def test_moved_turns_hit_only_a_shared_lmcache_server(tmp_path: Path) -> None:
     shared_dir = tmp_path / "shared-tier"
     shared_dir.mkdir()
     (shared_dir / "users-own-file").write_text("not kvbench's")
+    own = next(arm for arm in data["arms"] if arm["name"] == "own-rr")
+    own["routing"] = {"policy": "external", "router": {"kind": "vllm-router", "policy": "round_robin"}}
     for arm in data["arms"]:
         for tier in arm["offload"]["tiers"]:
             if tier["kind"] == "shared":
@@ -83,7 +91,10 @@ def test_moved_turns_hit_only_a_shared_lmcache_server(tmp_path: Path) -> None:
     assert (logs("shared-rr") / "lmcache-server-shared.log").exists()
     assert not list(logs("shared-rr").glob("replica-*/lmcache-server.log"))
     assert len(list(logs("own-rr").glob("replica-*/lmcache-server.log"))) == 2
-    details = json.loads(run_dir.manifest_file.read_text())["engines"]["shared-rr"]["details"]
+    engines = json.loads(run_dir.manifest_file.read_text())["engines"]
+    assert engines["own-rr"]["details"]["attribution"] == "header X-Kvbench-Replica"
+    assert "--middleware kvbench_replica_header.ReplicaHeader" in engines["own-rr"]["details"]["replica_1_command"]
+    details = engines["shared-rr"]["details"]
     assert details["shared_tier_serves"] == "all tiers" and "lmcache" in details["shared_tier"]
     # the shared server's fs L2 was the arm's own subdirectory of the shared path, removed at the arm's end
     assert f"shared tier directory {shared_dir}/kvbench-" in details["shared_tier"]
