@@ -38,7 +38,10 @@ few decode steps does not drag the fit):
    windows: each window is predicted as the sum of its steps' modelled times (decodes, prefill
    chunks, stores, per-sequence cost) plus ``beta x overhead(P)`` of every request whose intake is
    charged to one of its steps (the first step that starts after it was sent, as the simulator
-   charges it).
+   charges it); jointly, per offload backend, ``busy_intake_s``: seconds of engine-loop work per
+   request that arrives while the engine is busy, fitted from that backend's arm's windows alone
+   (each arrival charged to a step of the window adds it). On the 1x H100 sweep native's decode
+   steps slow with the load beyond what the shared share (0 there) predicts, LMCache's do not.
 
 Steps 1-2 alternate (decode, TTFT, decode: the prefill efficiencies enter large-batch decode
 steps and the step overhead enters prefill steps), then 3. ``holdout_loads`` leaves sweep load
@@ -535,6 +538,7 @@ class Params:
     load_latency_s: dict[str, float] = field(default_factory=dict)
     store_s_per_gb: dict[str, float] = field(default_factory=dict)
     store_latency_s: dict[str, float] = field(default_factory=dict)
+    busy_intake_s: dict[str, float] = field(default_factory=dict)
 
 
 def timing_of(deployment: Deployment, params: Params, backend: str | None) -> TimeModel:
@@ -592,6 +596,16 @@ class DecodeWindows:
     intake_s: np.ndarray
     """Sum of the per-request overheads whose intake is charged to the window's steps."""
     steps: np.ndarray
+    arrivals: np.ndarray
+    """Requests whose intake is charged to the window's steps (each adds its backend's ``busy_intake_s``)."""
+    backends: tuple[str | None, ...]
+    """The offload backend of each request's arm (None: no tier)."""
+
+    def predicted_s(self, params: Params) -> np.ndarray:
+        """Each window: its steps' modelled times, the blocking share of the charged overheads, and the
+        backend's ``busy_intake_s`` per charged arrival."""
+        busy = np.array([params.busy_intake_s.get(b, 0.0) if b else 0.0 for b in self.backends])
+        return np.asarray(self.modelled_s + params.blocking_share * self.intake_s + busy * self.arrivals, dtype=float)
 
 
 def decode_windows(deployment: Deployment, params: Params, windows: Sequence[StepsWindow]) -> DecodeWindows:
@@ -602,10 +616,12 @@ def decode_windows(deployment: Deployment, params: Params, windows: Sequence[Ste
     modelled: list[float] = []
     intake: list[float] = []
     count: list[int] = []
+    arrivals: list[float] = []
     for w in windows:
         steps = w.steps(params)
         base = steps.modelled_s(timing_of(deployment, params, w.backend))
         charge = steps.intake_overhead_s(params.overhead_s, params.overhead_s_per_ktoken)
+        arrived = steps.intake_arrivals()
         for i, record in enumerate(steps.records):
             if record.request_id not in w.sampled:
                 continue
@@ -616,8 +632,10 @@ def decode_windows(deployment: Deployment, params: Params, windows: Sequence[Ste
             measured.append(float(steps.ends_ns[last] - steps.ends_ns[first]) / 1e9)
             modelled.append(float(base[first + 1 : last + 1].sum()))
             intake.append(float(charge[first + 1 : last + 1].sum()))
+            arrivals.append(float(arrived[first + 1 : last + 1].sum()))
             count.append(last - first)
-    return DecodeWindows(requests, np.array(measured), np.array(modelled), np.array(intake), np.array(count))
+    return DecodeWindows(requests, np.array(measured), np.array(modelled), np.array(intake), np.array(count),
+                         np.array(arrivals), tuple(w.backend for w, _ in requests))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -739,6 +757,7 @@ def calibrate(
         params.load_latency_s[b] = 0.0
         params.store_s_per_gb[b] = 0.0
         params.store_latency_s[b] = 0.0
+        params.busy_intake_s[b] = 0.0
 
     # 1. decode: the GPU's HBM rate from the probe runs' batch-1 steps (their contexts span 1k-128k), then
     # the host's step overhead and per-sequence cost from the sweeps' load points, where capacity is decided
@@ -818,10 +837,12 @@ def calibrate(
     blocking_frees: list[Free] = []
     if windows_fit.requests and float(windows_fit.intake_s.sum()) > 0:
         blocking_frees.append(Free("blocking_share", _getter("blocking_share"), _setter("blocking_share"), 0.0, 1.0))
+    for b in backends:
+        if float(windows_fit.arrivals[[x == b for x in windows_fit.backends]].sum()) > 0:
+            blocking_frees.append(Free(f"busy_intake_s[{b}]", *_keyed("busy_intake_s", b), 0.0, 0.5))
 
     def window_residuals(p: Params) -> np.ndarray:
-        predicted = windows_fit.modelled_s + p.blocking_share * windows_fit.intake_s
-        return np.asarray(predicted / windows_fit.measured_s - 1.0, dtype=float)
+        return np.asarray(windows_fit.predicted_s(p) / windows_fit.measured_s - 1.0, dtype=float)
 
     _solve(blocking_frees, params, window_residuals)
     free_names = {f.name for f in frees} | {f.name for f in decode_frees} | {f.name for f in blocking_frees}
@@ -856,6 +877,11 @@ def calibrate(
                                   f"{_span(no_tier_samples)} without a tier",
                                   f"no arm without a tier, or computed prompts differ by less than {SPREAD:g}x: "
                                   "folded into the request overhead"),
+            busy_intake_s=param(f"busy_intake_s[{b}]", params.busy_intake_s[b],
+                                "s per request arriving at a busy engine",
+                                f"decode windows of {sum(x == b for x in windows_fit.backends)} sweep requests of "
+                                f"the arm with this backend (arrivals charged) ({runs})",
+                                "no sweep of an arm with this backend whose engine steps can be reconstructed: 0"),
         )  # fmt: skip
     decode_span = f"{_decode_span(fit.decode)} ({runs})"
     held_loads = sorted({float(x) for x in holdout_loads})
@@ -914,7 +940,7 @@ def window_fit_residuals(
             got = decode_windows(deployment, params, [w])
             if not got.requests:
                 continue
-            predicted = got.modelled_s + params.blocking_share * got.intake_s
+            predicted = got.predicted_s(params)
             steps = w.steps(params)
             batch = [float(np.mean([len(steps.decodes[k]) for k in range(steps.first[i] + 1, steps.last[i] + 1)]))
                      for _, i in got.requests]  # fmt: skip
@@ -1013,6 +1039,7 @@ def params_of(calibration: Calibration) -> Params:
         load_latency_s={b: c.load_latency_s.value for b, c in calibration.backends.items()},
         store_s_per_gb={b: c.store_s_per_gb.value for b, c in calibration.backends.items()},
         store_latency_s={b: c.store_latency_s.value for b, c in calibration.backends.items()},
+        busy_intake_s={b: c.busy_intake_s.value for b, c in calibration.backends.items()},
     )
 
 

@@ -98,6 +98,12 @@ class EngineSteps:
                 out[k] = sum(overhead_s + overhead_s_per_ktoken * p / 1000.0 for p in prompts)
         return out
 
+    def intake_arrivals(self) -> np.ndarray:
+        """Per step, how many requests' intake it is charged (0 while idle): each adds its backend's
+        ``busy_intake_s``."""
+        return np.array([len(prompts) if prompts and self.busy[k] else 0 for k, prompts in enumerate(self.intake)],
+                        dtype=float)  # fmt: skip
+
 
 def _admission(budget: np.ndarray, first: int, new: int, earliest: int, full: int) -> tuple[int, int]:
     """(step, tokens before the window): where a prefill of ``new`` tokens began, taking every step's budget

@@ -30,7 +30,14 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
   effective rate and fixed cost of loading a turn-2 hit from the tier (these replace the tier's
   read bandwidth, latency and the host-link cap), and ``store_s_per_gb``, the seconds per GB of
   new KV that storing it to the tier adds to the prefill (0: stored in the background), and
-  ``store_latency_s``, the fixed time the backend's save path adds to every request's prefill.
+  ``store_latency_s``, the fixed time the backend's save path adds to every request's prefill;
+  and ``busy_intake_s``, seconds of engine-loop work the backend adds per request that arrives while
+  the engine is busy (its lookups and store scheduling beside running requests). The simulator
+  charges it to the first step after the arrival, like the blocking share (that step may also hold
+  the request's own first prefill chunk, when its overhead is shorter than it); a request that arrives
+  at an idle engine pays nothing (its fixed cost on an idle engine is ``store_latency_s``, fitted
+  from probe runs). Fitted per backend from a sweep's decode windows of that backend's arm; 0 in
+  files written before it was fitted (then the backend blocks as the deployment's share says).
 
 Using a calibration for another deployment is an error naming both (:func:`check_deployment`).
 The file is YAML (JSON is YAML too) with ``schema_version``.
@@ -128,6 +135,10 @@ class BackendCalibration(StrictModel):
     store_latency_s: FitParam = FitParam(
         value=0.0, unit="s", fitted=False, source="not in this calibration file (written before it was fitted)"
     )
+    busy_intake_s: FitParam = FitParam(
+        value=0.0, unit="s per request arriving at a busy engine", fitted=False,
+        source="not in this calibration file (written before it was fitted)",
+    )  # fmt: skip
 
 
 class _Predicted(StrictModel):
@@ -262,9 +273,12 @@ class Calibration(StrictModel):
         """Seconds from a request's arrival until the engine may schedule it."""
         return self.request_overhead_s.value + self.request_overhead_s_per_ktoken.value * prompt_tokens / 1000.0
 
-    def request_intake(self, prompt_tokens: int) -> float:
-        """Seconds of that overhead that stall the engine's running requests (its engine-blocking share)."""
-        return self.engine_blocking_share.value * self.request_overhead(prompt_tokens)
+    def request_intake(self, prompt_tokens: int, backend: BackendCalibration | None = None, busy: bool = True) -> float:
+        """Seconds of engine-loop work of an arriving request that stall the running requests: the
+        engine-blocking share of its overhead, plus the backend's ``busy_intake_s`` when the engine was
+        busy at the arrival (``busy``)."""
+        extra = backend.busy_intake_s.value if backend is not None and busy else 0.0
+        return self.engine_blocking_share.value * self.request_overhead(prompt_tokens) + extra
 
     def calibrated_profile(self, profile: OffloadProfile, where: str = "calibration") -> OffloadProfile:
         """The profile with the backend's effective load rate and latency on its tier."""

@@ -22,7 +22,9 @@ A calibrated engine holds a request back for its per-request overhead before it 
 and charges the overhead's engine-blocking share (``Calibration.engine_blocking_share``: prompt
 hashing and connector lookups in the engine's own process) to the first step that starts after the
 request arrived, less the time the engine was idle since (:meth:`EngineCore._charge_intake`): it
-delays every running request's next token, not the arriving request's own first token.
+delays every running request's next token, not the arriving request's own first token. A request
+that arrives while requests are running also adds its offload backend's ``busy_intake_s`` to that
+charge (the backend's lookups and store scheduling beside the running requests).
 
 :meth:`EngineCore.plan` returns the step and its modelled duration; :meth:`EngineCore.complete`
 applies it at the step's end time: KV is now computed, full blocks enter the prefix cache, first
@@ -297,7 +299,8 @@ class EngineCore:
         # counted from when the server received it, so the simulator's own Python time is part of it
         received = request.received_at if request.received_at is not None else now
         request.schedulable_at = received + self.settings.request_overhead_s(request.prompt_tokens)
-        request.intake_s = self.settings.request_intake_s(request.prompt_tokens)
+        # the backend's per-request intake stalls running requests only: none when the engine was idle
+        request.intake_s = self.settings.request_intake_s(request.prompt_tokens, busy=bool(self.running))
         request.intake_from = received
         if request.intake_s > 0:
             self._intake.append(request)

@@ -106,9 +106,15 @@ class SimSettings(StrictModel):
         """Calibrated time from a request's arrival to its first schedulable moment (0 uncalibrated)."""
         return 0.0 if self.calibration is None else self.calibration.request_overhead(prompt_tokens)
 
-    def request_intake_s(self, prompt_tokens: int) -> float:
-        """Calibrated engine-blocking part of that overhead (0 uncalibrated): stalls the running requests."""
-        return 0.0 if self.calibration is None else self.calibration.request_intake(prompt_tokens)
+    def request_intake_s(self, prompt_tokens: int, busy: bool = True) -> float:
+        """Calibrated engine-blocking work of an arriving request (0 uncalibrated): stalls the running requests.
+
+        ``busy``: the engine was running requests when it arrived (the offload backend's per-request
+        intake counts only then).
+        """
+        if self.calibration is None:
+            return 0.0
+        return self.calibration.request_intake(prompt_tokens, self.calibration.backend_for(self.offload), busy)
 
     @classmethod
     def from_engine_config(cls, config: SimEngineConfig, profile: OffloadProfile, prefix_caching: bool) -> SimSettings:

@@ -27,8 +27,9 @@ A step runs one forward pass over a batch that mixes prefill chunks and decode t
   against the number of requests decoding at once.
 * intake (calibrated only): the engine-blocking share of newly arrived requests' per-request
   overhead (prefix-block hashing of their prompts, connector lookups: CPU work in the engine's own
-  process that stalls the step of every running request), charged by the scheduler to the first
-  step that starts after each request arrived (:attr:`StepWork.intake_s`).
+  process that stalls the step of every running request), plus the offload backend's
+  ``busy_intake_s`` for a request that arrived while others were running, charged by the scheduler
+  to the first step that starts after each request arrived (:attr:`StepWork.intake_s`).
 * store (calibrated offload backends only): seconds per prefilled token that a backend such as
   LMCache blocks the step while it copies the new KV to its tier (``store_s_per_token``; 0 for
   the datasheet model, where tier writes run in the background after a request finishes), plus a

@@ -254,7 +254,7 @@ def _with_load_terms(truth: Calibration, per_seq: float, share: float) -> Calibr
 
 
 def _sweep_point(core: EngineCore, load: float, point: int, t0: float, seconds: float,
-                 seed: int) -> tuple[list[RequestRecord], float]:  # fmt: skip
+                 seed: int, arm: str = "OFF") -> tuple[list[RequestRecord], float]:  # fmt: skip
     """``load`` closed-loop users on a virtual clock from ``t0``: each sends a request of 2,000-4,000 new
     tokens, waits for its last token, thinks (exponential, 50 ms mean) and sends the next, until ``seconds``
     have passed; returns their records and when the engine drained."""
@@ -277,7 +277,7 @@ def _sweep_point(core: EngineCore, load: float, point: int, t0: float, seconds: 
                 at, request, _ = sent[name]
                 times = tokens[name]
                 records.append(RequestRecord(
-                    arm="OFF", attempt=0, phase="measure", repetition=0, context_tokens=request.prompt_tokens,
+                    arm=arm, attempt=0, phase="measure", repetition=0, context_tokens=request.prompt_tokens,
                     conversation=user, turn=1, request_id=name, api="chat", started_ns=int(at * 1e9),
                     ttft_ns=int((times[0] - at) * 1e9), e2e_ns=int((times[-1] - at) * 1e9),
                     itl_ns=[int((b - a) * 1e9) for a, b in pairwise(times)],
@@ -304,7 +304,9 @@ def _sweep_point(core: EngineCore, load: float, point: int, t0: float, seconds: 
         submit(now)
         plan = core.plan(now)
         if plan is None:
-            upcoming = [t for t in (core.next_wakeup(), min(ready)) if t is not None and t < t0 + seconds]
+            # new sends stop at the window's end; a held-back or loading request still wakes the engine after it
+            wakeup = core.next_wakeup()
+            upcoming = [t for t in (min(ready),) if t < t0 + seconds] + ([wakeup] if wakeup is not None else [])
             if not upcoming and not core.has_work:
                 return records, now
             now = max(now, min(upcoming)) if upcoming else now
@@ -316,15 +318,17 @@ def _sweep_point(core: EngineCore, load: float, point: int, t0: float, seconds: 
         now = end
 
 
-def write_sweep(path: Path, truth: Calibration, seconds: float = 3.0) -> Path:
-    """A sweep run directory (one arm with the HBM prefix cache, loads 2-8) that the engine core produced
-    under ``truth`` on a virtual clock."""
+def write_sweep(path: Path, truth: Calibration, seconds: float = 3.0, arms: dict[str, OffloadProfile] | None = None,
+                ) -> Path:  # fmt: skip
+    """A sweep run directory (by default one arm with the HBM prefix cache; loads 2-8) that the engine core
+    produced under ``truth`` on a virtual clock."""
     from harness.store.events import PointDone
 
+    arms = arms if arms is not None else {"OFF": OffloadProfile(name="hbm")}
     scenario = parse_scenario(
         {
             "name": "calib-sweep", "engine": {"kind": "vllm", "model": "synth:llama-3.1-8b"},
-            "arms": [{"name": "OFF", "offload": "hbm"}],
+            "arms": [{"name": name, "offload": profile.model_dump(mode="json")} for name, profile in arms.items()],
             "workload": {"kind": "multi_user_qa", "users": 8, "rounds": 3, "context_tokens": 3000,
                          "answer_tokens": SWEEP_OUTPUT},
             "sweep": {"mode": "concurrency", "values": list(SWEEP_LOADS), "warmup": 0.5, "duration": seconds},
@@ -333,19 +337,23 @@ def write_sweep(path: Path, truth: Calibration, seconds: float = 3.0) -> Path:
     )  # fmt: skip
     run_dir = RunDir.create(path, scenario)
     t0 = 1.0
-    for point, load in enumerate(SWEEP_LOADS):
-        core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", calibration=truth))
-        records, end = _sweep_point(core, load, point, t0, seconds, seed=point)
-        for record in records:
-            append_jsonl(run_dir.records_file, record)
-        ns = int(1e9)
-        append_jsonl(run_dir.points_file, PointDone(
-            arm="OFF", point=point, load=load, attempt=0, start_ns=int(t0 * ns), window_start_ns=int(t0 * ns),
-            window_end_ns=int((t0 + seconds) * ns), end_ns=int(end * ns), sent=len(records), measured=len(records),
-            errors=0, sessions=int(load), max_in_flight=int(load), late_arrivals=0, cancelled=0,
-        ))  # fmt: skip
-        t0 = end + 1.0
-    engines = {"OFF": {"kind": "vllm", "version": "9.9.9", "details": {"offload_backend": "none"}}}
+    engines = {}
+    for arm, profile in arms.items():
+        details = {"offload_backend": profile.backend if profile.tiers else "none", "lmcache_version": "0.0.1"}
+        engines[arm] = {"kind": "vllm", "version": "9.9.9", "details": details}
+        for point, load in enumerate(SWEEP_LOADS):
+            settings = SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=profile, calibration=truth)
+            records, end = _sweep_point(EngineCore(settings), load, point, t0, seconds, seed=point, arm=arm)
+            for record in records:
+                append_jsonl(run_dir.records_file, record)
+            ns = int(1e9)
+            append_jsonl(run_dir.points_file, PointDone(
+                arm=arm, point=point, load=load, attempt=0, start_ns=int(t0 * ns), window_start_ns=int(t0 * ns),
+                window_end_ns=int((t0 + seconds) * ns), end_ns=int(end * ns), sent=len(records),
+                measured=len(records), errors=0, sessions=int(load), max_in_flight=int(load), late_arrivals=0,
+                cancelled=0,
+            ))  # fmt: skip
+            t0 = end + 1.0
     manifest = {"run_id": run_dir.run_id, "engines": engines, "host": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]}}
     run_dir.manifest_file.write_text(json.dumps(manifest), encoding="utf-8")
     assert run_dir.kind == "sweep"
@@ -373,6 +381,28 @@ def test_a_sweep_fits_the_per_sequence_step_cost_and_the_engine_blocking_share(t
     assert max(r.batch for r in windows) > 2 * min(r.batch for r in windows)
 
 
+def test_a_sweep_fits_each_offload_backends_intake_per_request_arriving_at_a_busy_engine(tmp_path: Path) -> None:
+    """The backend's ``busy_intake_s`` slows the running requests of its arm only; the fit finds it from that
+    arm's decode windows, leaves the shared blocking share at 0, and the probe (an idle engine at every
+    arrival: nothing charged) still gives its TTFT parameters."""
+    lmcache = chosen().backends["lmcache"].model_copy(update={"busy_intake_s": _p(0.008, "s")})
+    truth = _with_load_terms(chosen(), per_seq=0.6e-3, share=0.0).model_copy(update={"backends": {"lmcache": lmcache}})
+    probe = write_run(tmp_path / "probe", truth)
+    sweep = write_sweep(tmp_path / "sweep", truth, arms={"OFF": OffloadProfile(name="hbm"), "LMC": ARMS["LMC"]})
+    fitted = calibrate([probe, sweep])
+    got = fitted.backends["lmcache"].busy_intake_s
+    assert got.fitted and got.value == pytest.approx(0.008, rel=0.1)
+    assert fitted.engine_blocking_share.value == pytest.approx(0.0, abs=0.03)
+    for name in ("request_overhead_s", "linear_efficiency", "attention_efficiency"):
+        assert getattr(fitted, name).value == pytest.approx(getattr(truth, name).value, rel=0.03), name
+    assert fitted.backends["lmcache"].store_latency_s.value == pytest.approx(0.015, rel=0.05)
+    # both arms' decode windows are predicted: the OFF arm's without the term, the LMC arm's with it
+    for arm in ("OFF", "LMC"):
+        windows = [r for r in fitted.tpot_residuals if r.arm == arm]
+        assert {r.load for r in windows} == set(SWEEP_LOADS) and all(abs(r.error) < 0.03 for r in windows), windows
+    assert truth.request_intake(3000, lmcache, busy=False) == 0.0
+
+
 def test_sweep_loads_held_out_stay_out_of_the_fit(tmp_path: Path) -> None:
     truth = _with_load_terms(chosen(), per_seq=0.6e-3, share=0.4)
     probe = write_run(tmp_path / "probe", truth)
@@ -395,4 +425,6 @@ def test_an_old_calibration_file_reads_with_the_load_terms_off() -> None:
     assert old.holdout_loads == [] and old.tpot_residuals == []
     deployment = old.deployment.resolve()
     assert old.request_intake(9000) == 0.0
+    assert all(b.busy_intake_s.value == 0.0 and not b.busy_intake_s.fitted for b in old.backends.values())
+    assert all(old.request_intake(9000, b) == 0.0 for b in old.backends.values())
     assert old.efficiencies(deployment, None).step_s_per_seq == 0.0
