@@ -22,8 +22,10 @@ a prompt whose longest match in a worker's tree exceeds ``--cache-threshold`` (0
 goes there, otherwise to the worker with the fewest requests in flight, which also wins outright when
 the loads are imbalanced (max - min > ``--balance-abs-threshold`` and max > min x
 ``--balance-rel-threshold``); it logs its decisions only at ``--log-level debug`` (``extra_args``).
-It names the serving replica in no response header, so kvbench attributes requests from per-replica
-``/metrics`` deltas (:mod:`harness.client.fleet`).
+It names the serving replica in no header of its own but forwards its workers' response headers, so
+kvbench attributes requests by the ``X-Kvbench-Replica`` header its simulator and vLLM replicas add
+(:mod:`harness.engines.kvbench_replica_header`; :func:`harness.runs.fleet.attributing`), and from
+per-replica ``/metrics`` deltas for replicas that name nothing (:mod:`harness.client.fleet`).
 """
 
 from __future__ import annotations
