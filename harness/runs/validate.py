@@ -233,6 +233,16 @@ def _fit_line(roles: dict[float, str]) -> str:
 # -- probe runs ----------------------------------------------------------------------------------------
 
 
+def length_roles(calibration: Calibration, run_dir: RunDir, lengths: Sequence[int]) -> dict[int, str]:
+    """Per context length: ``fit`` when the calibration was fitted on this run's requests of that length,
+    ``held out`` when it names the run but left the length out, ``other run`` when the run is not one of
+    its sources (every cell out of sample)."""
+    if not is_source(calibration, run_dir):
+        return dict.fromkeys(lengths, "other run")
+    fitted = set(calibration.fit_context_tokens)
+    return {n: "fit" if n in fitted else "held out" for n in lengths}
+
+
 def _medians(records: Sequence[RequestRecord]) -> dict[tuple[str, int, int], float]:
     cells: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     for r in records:
@@ -268,6 +278,7 @@ def validate(
     measured = _medians(prepared.run_dir.records())
     simulated = _medians(sim_dir.records())
     fit_lengths = sorted(prepared.calibration.fit_context_tokens)
+    roles = length_roles(prepared.calibration, prepared.run_dir, lengths)
     cells: list[Cell] = []
     skipped: list[str] = []
     for (arm, context, turn), value in sorted(simulated.items()):
@@ -276,11 +287,18 @@ def validate(
             skipped.append(f"{arm} {context} t{turn}: no successful measured request")
             continue
         judged = context >= min_tokens
-        note = ("fit" if context in fit_lengths else "held out") + ("" if judged else "  (not judged)")
+        note = roles[context] + ("" if judged else "  (not judged)")
         cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
-    held = [n for n in lengths if n not in fit_lengths]
+    if is_source(prepared.calibration, prepared.run_dir):
+        held = [n for n in lengths if roles[n] != "fit"]
+        fitted_on = f"fitted on lengths {fit_lengths}"
+        validated_on = f"Validated on lengths {lengths} (held out of the fit: {held or 'none'})"
+    else:
+        runs = ", ".join(source.run_id for source in prepared.calibration.sources)
+        fitted_on = f"fitted on other runs ({runs}), lengths {fit_lengths}: every cell is out of sample"
+        validated_on = f"Validated on lengths {lengths}"
     return Validation(
         run=run,
         kind="probe",
@@ -289,9 +307,8 @@ def validate(
         columns=("arm", "tokens", "turn"),
         cells=cells,
         context=[
-            f"{_source(prepared)}: fitted on lengths {fit_lengths}",
-            f"Validated on lengths {lengths} (held out of the fit: {held or 'none'}), "
-            f"{conversations} conversation(s) per length in the simulator",
+            f"{_source(prepared)}: {fitted_on}",
+            f"{validated_on}, {conversations} conversation(s) per length in the simulator",
             "Cells: median TTFT in ms per (arm, length, turn)",
         ],
         skipped=skipped,
@@ -381,13 +398,18 @@ def _num(value: float | None) -> str:
     return "none" if value is None else f"{value:g}"
 
 
+def is_source(calibration: Calibration, run_dir: RunDir) -> bool:
+    """Whether the calibration was fitted on this run (a source whose manifest has the same hash)."""
+    if not run_dir.manifest_file.exists():
+        return False
+    digest = hashlib.sha256(run_dir.manifest_file.read_bytes()).hexdigest()
+    return any(source.manifest_sha256 == digest for source in calibration.sources)
+
+
 def load_roles(calibration: Calibration | None, run_dir: RunDir, loads: Sequence[float]) -> dict[float, str]:
     """Per load point: ``fit`` when the calibration was fitted on this sweep's point, ``held out`` when it
     names the sweep but left the load out; empty when the sweep is not one of its sources."""
-    if calibration is None or not run_dir.manifest_file.exists():
-        return {}
-    digest = hashlib.sha256(run_dir.manifest_file.read_bytes()).hexdigest()
-    if not any(source.manifest_sha256 == digest for source in calibration.sources):
+    if calibration is None or not is_source(calibration, run_dir):
         return {}
     held = set(calibration.holdout_loads)
     return {load: "held out" if load in held else "fit" for load in loads}

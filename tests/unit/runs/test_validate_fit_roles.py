@@ -1,4 +1,4 @@
-"""``kvbench sim validate`` on a sweep says, per load point, whether the calibration was fitted on it."""
+"""``kvbench sim validate`` says, per sweep load point or probe length, whether the calibration was fitted on it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from harness.runs.validate import load_roles
+from harness.runs.validate import length_roles, load_roles
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import SourceRun
 from harness.store.rundir import RunDir
@@ -38,3 +38,12 @@ def test_loads_of_a_source_sweep_are_fit_or_held_out_and_another_sweep_is_out_of
     }
     assert load_roles(calibration, other, [4.0, 16.0]) == {}
     assert load_roles(None, mine, [4.0]) == {}
+
+
+def test_lengths_of_a_source_probe_are_fit_or_held_out_and_another_run_is_out_of_sample(tmp_path: Path) -> None:
+    mine, other = _run(tmp_path / "a", "mine"), _run(tmp_path / "b", "other")
+    digest = hashlib.sha256(mine.manifest_file.read_bytes()).hexdigest()
+    source = SourceRun(path=str(mine.path), run_id="mine", manifest_sha256=digest, gpu="H200")
+    calibration = chosen().model_copy(update={"sources": [source], "fit_context_tokens": [1000, 8000]})
+    assert length_roles(calibration, mine, [1000, 2000, 8000]) == {1000: "fit", 2000: "held out", 8000: "fit"}
+    assert length_roles(calibration, other, [1000, 2000]) == {1000: "other run", 2000: "other run"}
