@@ -166,6 +166,8 @@ class DecodeSample:
     """Seconds of clean gaps the step is the mean of."""
     requests: int = 1
     """Requests pooled into this sample (:func:`decode_groups`)."""
+    backend: str | None = None
+    """The offload backend of the sample's arm (None: no tier)."""
 
 
 def decode_groups(samples: Sequence[DecodeSample]) -> list[DecodeSample]:
@@ -184,7 +186,7 @@ def decode_groups(samples: Sequence[DecodeSample]) -> list[DecodeSample]:
         batch_time = sum(s.batch * s.span_s for s in group)
         context = sum(s.context_tokens * s.batch * s.span_s for s in group) / batch_time
         out.append(DecodeSample(batch_time / span, round(context), span / steps, run, arm,
-                                None if load < 0 else load, length, span, len(group)))  # fmt: skip
+                                None if load < 0 else load, length, span, len(group), group[0].backend))  # fmt: skip
     return out
 
 
@@ -482,13 +484,14 @@ def collect(
         by_id = {r.request_id: r for r in group}
         load = mine[0].load
         held_point = point is not None and load in holdout_loads
+        arm_facts = facts.arms.get(name)
         for length in sorted({r.context_tokens for r in mine}):
             chosen = [by_id[r.request_id] for r in mine if r.context_tokens == length and r.request_id in by_id]
             target = held if held_point or (point is None and length in holdout) else fit
             target.decode += [replace(s, run=facts.source.run_id, arm=name, load=load,
-                                      length=length if point is None else 0)
+                                      length=length if point is None else 0,
+                                      backend=arm_facts.backend if arm_facts else None)
                               for s in decode_samples(group, chosen)]  # fmt: skip
-        arm_facts = facts.arms.get(name)
         steps = reconstruct(group, facts.max_batch_tokens) if point is not None and arm_facts else None
         if steps is not None and arm_facts is not None:
             window = StepsWindow(facts.source.run_id, name, load, arm_facts.backend, steps.records,
@@ -539,14 +542,15 @@ class Params:
     store_s_per_gb: dict[str, float] = field(default_factory=dict)
     store_latency_s: dict[str, float] = field(default_factory=dict)
     busy_intake_s: dict[str, float] = field(default_factory=dict)
+    step_extra_s: dict[str, float] = field(default_factory=dict)
 
 
 def timing_of(deployment: Deployment, params: Params, backend: str | None) -> TimeModel:
     """The simulator's time model with these parameters, for an arm with ``backend`` (None: no tier)."""
     store = params.store_s_per_gb.get(backend, 0.0) * deployment.kv_bytes_per_token / 1e9 if backend else 0.0
     fixed = params.store_latency_s.get(backend, 0.0) if backend else 0.0
-    eff = Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s, store, fixed,
-                       params.step_s_per_seq)  # fmt: skip
+    step = params.step_overhead_s + (params.step_extra_s.get(backend, 0.0) if backend else 0.0)
+    eff = Efficiencies(params.linear, params.attention, params.hbm, step, store, fixed, params.step_s_per_seq)
     return TimeModel(deployment, eff)
 
 
@@ -573,9 +577,12 @@ def predict_decode(deployment: Deployment, params: Params, samples: Sequence[Dec
 
     A fractional batch b is the time-weighted mix of steps of floor(b) and ceil(b) sequences.
     """
-    timing = timing_of(deployment, params, None)
+    timings: dict[str | None, TimeModel] = {}
     out = np.empty(len(samples))
     for i, s in enumerate(samples):
+        timing = timings.get(s.backend)
+        if timing is None:
+            timing = timings[s.backend] = timing_of(deployment, params, s.backend)
         low = max(1, int(s.batch))
         share = max(0.0, s.batch - low)
         step = timing.decode_step_seconds(low, s.context_tokens)
@@ -758,6 +765,7 @@ def calibrate(
         params.store_s_per_gb[b] = 0.0
         params.store_latency_s[b] = 0.0
         params.busy_intake_s[b] = 0.0
+        params.step_extra_s[b] = 0.0
 
     # 1. decode: the GPU's HBM rate from the probe runs' batch-1 steps (their contexts span 1k-128k), then
     # the host's step overhead and per-sequence cost from the sweeps' load points, where capacity is decided
@@ -769,9 +777,16 @@ def calibrate(
     overhead_free = Free("step_overhead_s", _getter("step_overhead_s"), _setter("step_overhead_s"), 0.0, 0.5)
     hbm_free = Free("hbm", _getter("hbm"), _setter("hbm"), 0.05, 1.0)
     per_seq_free = Free("step_s_per_seq", _getter("step_s_per_seq"), _setter("step_s_per_seq"), 0.0, 0.05)
+    # a backend's own per-step work (its connector's bookkeeping in every engine step), against the arm
+    # without a tier of the same runs
+    extra_frees = [
+        Free(f"step_extra_s[{b}]", *_keyed("step_extra_s", b), 0.0, 0.5)
+        for b in backends
+        if any(g.backend is None for g in probe_groups) and any(g.backend == b for g in probe_groups)
+    ]
     if probe_groups:
         decode_stages.append((probe_groups, [overhead_free, *([hbm_free] if _kv_spread(deployment, probe_groups)
-                                                                else [])]))  # fmt: skip
+                                                                else []), *extra_frees]))  # fmt: skip
     if sweep_groups:
         batches = [g.batch for g in sweep_groups]
         frees_sweep = [overhead_free]
@@ -877,6 +892,10 @@ def calibrate(
                                   f"{_span(no_tier_samples)} without a tier",
                                   f"no arm without a tier, or computed prompts differ by less than {SPREAD:g}x: "
                                   "folded into the request overhead"),
+            step_extra_s=param(f"step_extra_s[{b}]", params.step_extra_s[b], "s per engine step",
+                               f"decode steps of the arm with this backend against the arm without a tier "
+                               f"({probe_runs})",
+                               "no probe run with this backend's arm and an arm without a tier: 0"),
             busy_intake_s=param(f"busy_intake_s[{b}]", params.busy_intake_s[b],
                                 "s per request arriving at a busy engine",
                                 f"decode windows of {sum(x == b for x in windows_fit.backends)} sweep requests of "
@@ -1040,6 +1059,7 @@ def params_of(calibration: Calibration) -> Params:
         store_s_per_gb={b: c.store_s_per_gb.value for b, c in calibration.backends.items()},
         store_latency_s={b: c.store_latency_s.value for b, c in calibration.backends.items()},
         busy_intake_s={b: c.busy_intake_s.value for b, c in calibration.backends.items()},
+        step_extra_s={b: c.step_extra_s.value for b, c in calibration.backends.items()},
     )
 
 

@@ -19,7 +19,8 @@ A step runs one forward pass over a batch that mixes prefill chunks and decode t
   layer (after attention and after the MLP); each costs a latency plus the ring volume
   ``2(tp-1)/tp x tokens x hidden x 2 bytes`` at the NCCL bus bandwidth. vLLM does not overlap it
   with compute, so it adds.
-* step overhead: scheduling, input preparation and kernel launches of one engine step.
+* step overhead: scheduling, input preparation and kernel launches of one engine step (calibrated: plus the
+  offload backend's ``step_extra_s``, its connector's own work in every step).
 * host x sequences (calibrated only, ``step_s_per_seq``; 0 otherwise): host seconds per sequence the
   step runs (one per decode token, one per prefill chunk). Without CUDA graphs (vLLM's
   ``--enforce-eager``) the engine prepares inputs, samples and processes outputs in Python per

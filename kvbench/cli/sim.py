@@ -281,6 +281,7 @@ def _describe(calibration: object) -> str:
         lines.append(show(f"{label}: store_s_per_gb", entry.store_s_per_gb))
         lines.append(show(f"{label}: store_latency_s", entry.store_latency_s))
         lines.append(show(f"{label}: busy_intake_s", entry.busy_intake_s))
+        lines.append(show(f"{label}: step_extra_s", entry.step_extra_s))
     if calibration.residuals:
         lines.append("Residuals (median TTFT per arm, length, turn; error = predicted/measured - 1):")
         lines.append(

@@ -148,12 +148,29 @@ def test_fit_recovers_the_parameters_the_simulator_ran_with(tmp_path: Path) -> N
     assert lmc.store_s_per_gb.value == pytest.approx(want_lmc.store_s_per_gb.value, rel=0.05)
     assert lmc.store_latency_s.fitted
     assert lmc.store_latency_s.value == pytest.approx(want_lmc.store_latency_s.value, rel=0.05)
+    # the arm's steps are the arm without a tier's: no per-step cost of the backend
+    assert lmc.step_extra_s.fitted and lmc.step_extra_s.value < 1e-4
     # no request was served from the HBM prefix cache: the growth term is not determined
     assert not fitted.request_overhead_s_per_ktoken.fitted
     assert all(abs(r.error) < 0.02 for r in fitted.residuals)
     assert {(r.arm, r.context_tokens, r.turn) for r in fitted.residuals} == {
         (arm, n, t) for arm in ARMS for n in LENGTHS for t in (1, 2)
     }
+
+
+def test_a_backends_per_step_cost_is_fitted_against_the_arm_without_a_tier(tmp_path: Path) -> None:
+    """A backend whose connector adds work to every engine step (LMCache at TP=4: +17 to +74 % per decode
+    step, measured) slows its arm's steps only; the fit finds it and keeps the shared step overhead."""
+    truth = chosen()
+    lmcache = truth.backends["lmcache"].model_copy(update={"step_extra_s": _p(0.003, "s")})
+    truth = truth.model_copy(update={"backends": {"lmcache": lmcache}})
+    fitted = calibrate([write_run(tmp_path, truth)])
+    got = fitted.backends["lmcache"]
+    assert got.step_extra_s.fitted
+    assert got.step_extra_s.value == pytest.approx(0.003, rel=0.05)
+    assert fitted.step_overhead_s.value == pytest.approx(truth.step_overhead_s.value, rel=0.03)
+    assert got.store_latency_s.value == pytest.approx(lmcache.store_latency_s.value, rel=0.1)
+    assert all(abs(r.error) < 0.02 for r in fitted.decode_residuals)
 
 
 def test_overhead_growth_is_fitted_from_requests_served_from_the_hbm_prefix_cache(tmp_path: Path) -> None:
@@ -426,5 +443,8 @@ def test_an_old_calibration_file_reads_with_the_load_terms_off() -> None:
     deployment = old.deployment.resolve()
     assert old.request_intake(9000) == 0.0
     assert all(b.busy_intake_s.value == 0.0 and not b.busy_intake_s.fitted for b in old.backends.values())
+    assert all(b.step_extra_s.value == 0.0 and not b.step_extra_s.fitted for b in old.backends.values())
+    assert all(old.efficiencies(deployment, b).step_overhead_s == old.step_overhead_s.value
+               for b in old.backends.values())  # fmt: skip
     assert all(old.request_intake(9000, b) == 0.0 for b in old.backends.values())
     assert old.efficiencies(deployment, None).step_s_per_seq == 0.0
