@@ -24,7 +24,9 @@ few decode steps does not drag the fit):
    that differ; the efficiency only when the KV read per step varies by half the weights' bytes);
    with a sweep, the step overhead and ``per_seq`` (``step_s_per_seq``, when batches differ 2x) are
    then fitted on its load points alone: a probe's steps ran on an otherwise idle engine, a sweep's
-   beside arrivals and other streams, which is where capacity is decided.
+   beside arrivals and other streams, which is where capacity is decided. An arm with an offload
+   backend adds the backend's ``step_extra_s`` to every step, fitted jointly from a probe run's
+   steps of that arm and of an arm without a tier (both are needed to tell it from the overhead).
 2. TTFT (probe runs only: an unloaded request's TTFT, no queueing): each measured request is
    ``overhead(P) + [latency_b + loaded x KV bytes / load_bw_b] + prefill(P | cached)``, the
    simulator's own unloaded formula (:func:`harness.sim.calibration.unloaded_ttft_s`), where the
