@@ -291,14 +291,14 @@ def validate(
         cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
-    if is_source(prepared.calibration, prepared.run_dir):
-        held = [n for n in lengths if roles[n] != "fit"]
-        fitted_on = f"fitted on lengths {fit_lengths}"
-        validated_on = f"Validated on lengths {lengths} (held out of the fit: {held or 'none'})"
-    else:
+    if "other run" in roles.values():  # all lengths or none: the run is a source of the calibration or not
         runs = ", ".join(source.run_id for source in prepared.calibration.sources)
         fitted_on = f"fitted on other runs ({runs}), lengths {fit_lengths}: every cell is out of sample"
         validated_on = f"Validated on lengths {lengths}"
+    else:
+        held = [n for n in lengths if roles[n] != "fit"]
+        fitted_on = f"fitted on lengths {fit_lengths}"
+        validated_on = f"Validated on lengths {lengths} (held out of the fit: {held or 'none'})"
     return Validation(
         run=run,
         kind="probe",
