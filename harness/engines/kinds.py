@@ -14,7 +14,11 @@ simulator run never import vLLM's renderers):
 * ``fleet_shared_tier``: ``f(config, context)`` returning an async context manager that starts the
   arm's shared tier once for a fleet and yields a :class:`~harness.engines.base.SharedTierHandle`
   (or None when the profile has no shared tier); None: the kind's replicas share nothing
-  (each replica realises its profile on its own).
+  (each replica realises its profile on its own);
+* ``host_link``: ``f(config)`` returning the :class:`~harness.engines.host_link.HostLinkTarget` (the
+  engine's python and the GPUs it will use) that the host-link probe runs with at the start of every
+  run attempt, or None for a config that does not run on this machine's GPUs (vLLM on ``device: cpu``);
+  None: the kind never does (the simulator, attached endpoints, kinds started without a python).
 
 Adding an engine is adding a row here and the modules it names; no other stage branches on kind.
 """
@@ -32,6 +36,7 @@ from harness.client.scrape import AUTO, SGLANG, TRTLLM, VLLM, EngineFamily
 from offload.profiles import OffloadProfile
 
 from .base import Engine, EngineConfigModel, LaunchContext, SharedTierHandle
+from .host_link import HostLinkTarget
 
 
 class EngineFactory(Protocol):
@@ -58,6 +63,8 @@ class EngineKind:
     names_replica: bool = False
     """A fleet's replica of this kind names itself in every response (``X-Kvbench-Replica``,
     :mod:`harness.engines.kvbench_replica_header`), so requests through a router are attributed by header."""
+    host_link: str | None = None
+    """``"module:attribute"`` of the host-link target of a config (see the module docstring)."""
 
 
 KINDS: Mapping[str, EngineKind] = MappingProxyType(
@@ -71,9 +78,11 @@ KINDS: Mapping[str, EngineKind] = MappingProxyType(
                        None, AUTO, "OpenAI-compatible endpoint", starts_process=False),
             EngineKind("vllm", "harness.engines.configs:VllmEngineConfig", "harness.engines.vllm:VllmEngine",
                        "harness.engines.vllm_offload:check_supported", VLLM, "vLLM",
-                       fleet_shared_tier="harness.engines.vllm_fleet:shared_tier", names_replica=True),
+                       fleet_shared_tier="harness.engines.vllm_fleet:shared_tier", names_replica=True,
+                       host_link="harness.engines.vllm:host_link_target"),
             EngineKind("sglang", "harness.engines.configs:SglangEngineConfig", "harness.engines.sglang:SglangEngine",
-                       "harness.engines.sglang_offload:check_supported", SGLANG, "SGLang"),
+                       "harness.engines.sglang_offload:check_supported", SGLANG, "SGLang",
+                       host_link="harness.engines.sglang:host_link_target"),
             EngineKind("trtllm", "harness.engines.configs:TrtllmEngineConfig", "harness.engines.trtllm:TrtllmEngine",
                        "harness.engines.trtllm_offload:check_supported", TRTLLM, "TensorRT-LLM"),
         )
@@ -123,6 +132,19 @@ def shared_tier_starter(kind: str) -> SharedTierStarter | None:
     """The kind's fleet shared-tier starter, or None when its replicas share nothing."""
     target = engine_kind(kind).fleet_shared_tier
     return None if target is None else load_attribute(target)  # type: ignore[return-value]
+
+
+class HostLinkTargetOf(Protocol):
+    def __call__(self, config: EngineConfigModel) -> HostLinkTarget | None: ...
+
+
+def host_link_target(config: EngineConfigModel) -> HostLinkTarget | None:
+    """What the host-link probe runs with for ``config`` (None: it does not run on this machine's GPUs)."""
+    row = KINDS.get(config.kind)
+    if row is None or row.host_link is None:
+        return None
+    target: HostLinkTargetOf = load_attribute(row.host_link)  # type: ignore[assignment]
+    return target(config)
 
 
 def create_engine(config: EngineConfigModel, context: LaunchContext) -> Engine:

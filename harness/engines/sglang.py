@@ -57,6 +57,7 @@ from .common import (
     start_server,
 )
 from .configs import SglangEngineConfig
+from .host_link import HostLinkTarget, engine_target
 from .process import ManagedProcess, free_port
 from .sglang_offload import SglangLaunchPlan, check_supported, render_sglang_launch
 
@@ -70,6 +71,7 @@ __all__ = [
     "TokenizerUnavailable",
     "build_sglang_argv",
     "build_sglang_env",
+    "host_link_target",
     "probe_version",
     "resolve_python",
     "served_model_name",
@@ -87,6 +89,13 @@ _VERSION_SCRIPT = f"import sglang; print({_VERSION_MARK!r} + str(getattr(sglang,
 def resolve_python(config: SglangEngineConfig) -> str:
     """The python that runs SGLang: ``config.python``, else $KVBENCH_SGLANG_PYTHON, else kvbench's own."""
     return common.resolve_python(config.python, PYTHON_ENV_VAR)
+
+
+def host_link_target(config: EngineConfigModel) -> HostLinkTarget:
+    """The host-link probe's python and GPUs: SGLang's own, on the GPUs its replicas take."""
+    if not isinstance(config, SglangEngineConfig):
+        raise TypeError(f"an SGLang host link needs a SglangEngineConfig, got {type(config).__name__}")
+    return engine_target(resolve_python(config), gpus=config.gpus, fleet_gpus=config.fleet_gpus, env=config.env)
 
 
 def build_sglang_argv(config: SglangEngineConfig, python: str, port: int, plan: SglangLaunchPlan) -> tuple[str, ...]:

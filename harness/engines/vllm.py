@@ -49,6 +49,7 @@ from .common import (
     start_server,
 )
 from .configs import VllmEngineConfig
+from .host_link import HostLinkTarget, engine_target
 from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
 from .process import ManagedProcess, free_port
@@ -74,6 +75,7 @@ __all__ = [
     "VllmTokenizer",
     "build_vllm_argv",
     "build_vllm_env",
+    "host_link_target",
     "probe_versions",
     "resolve_python",
     "served_model_name",
@@ -102,6 +104,15 @@ print("KVBENCH_VERSIONS=" + json.dumps(out))
 def resolve_python(config: VllmEngineConfig) -> str:
     """The python that runs vLLM: ``config.python``, else $KVBENCH_VLLM_PYTHON, else kvbench's own."""
     return common.resolve_python(config.python, PYTHON_ENV_VAR)
+
+
+def host_link_target(config: EngineConfigModel) -> HostLinkTarget | None:
+    """The host-link probe's python and GPUs: vLLM's own, on the GPUs its replicas take (none on ``device: cpu``)."""
+    if not isinstance(config, VllmEngineConfig):
+        raise TypeError(f"a vLLM host link needs a VllmEngineConfig, got {type(config).__name__}")
+    if config.device != "cuda":
+        return None
+    return engine_target(resolve_python(config), gpus=config.gpus, fleet_gpus=config.fleet_gpus, env=config.env)
 
 
 USAGE_DETAILS_FLAG = "--enable-prompt-tokens-details"
