@@ -26,6 +26,9 @@ class RunProgress(Protocol):
     def describe(self, text: str) -> None:
         """What is happening now (starting an engine, warming up, building user contexts...)."""
 
+    def note(self, text: str) -> None:
+        """A line that stays on the console above the bars (what the attempt ran on, e.g. its host link)."""
+
     def advance(self, detail: str = "") -> None:
         """One unit finished; ``detail`` summarises it (e.g. the last interval's TTFT p99)."""
 
@@ -46,6 +49,9 @@ class NoProgress:
         return None
 
     def describe(self, text: str) -> None:
+        return None
+
+    def note(self, text: str) -> None:
         return None
 
     def advance(self, detail: str = "") -> None:
@@ -97,6 +103,9 @@ class RichProgress:
     def describe(self, text: str) -> None:
         if self._overall is not None:
             self._progress.update(self._overall, description=console_text(text))
+
+    def note(self, text: str) -> None:
+        self._progress.console.print(console_text(text), highlight=False)
 
     def advance(self, detail: str = "") -> None:
         if self._overall is not None:

@@ -6,7 +6,10 @@ with a started engine; everything else happens here, once:
 1. the attempt number comes from the run directory (:meth:`RunDir.next_attempt`), the manifest
    records the attempt's start, and its end as ``completed``, ``failed`` or ``interrupted`` --
    or, when the result file's verdict (:mod:`harness.results.verdict`) says the run measured
-   nothing trustworthy, ``failed`` / ``inconclusive`` with the reasons;
+   nothing trustworthy, ``failed`` / ``inconclusive`` with the reasons; before any engine starts,
+   an attempt whose engine kind runs on this machine's GPUs with a python (the ``host_link`` column
+   of :mod:`harness.engines.kinds`), on a host where ``nvidia-smi`` lists a GPU, measures the host
+   link (:mod:`harness.engines.host_link`) into the manifest and shows a one-line summary;
 2. for each block of work (:meth:`Runner.blocks`: one, or ABBA blocks of repetitions) and each arm
    with work in it, an :class:`ArmSession` starts the engine (one process per arm and block, so
    caches never leak between arms; disk and shared tiers write to the session's own new
@@ -46,7 +49,8 @@ from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
 from harness.engines.common import remove_session_dirs
 from harness.engines.fleet import RunningFleet, fleet_size
-from harness.engines.kinds import create_engine
+from harness.engines.host_link import probe_host_link
+from harness.engines.kinds import create_engine, host_link_target
 from harness.results.fleet import summarize_fleet
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
@@ -364,6 +368,17 @@ class Runner(ABC, Generic[ResultT]):
             remove_session_dirs(arm.profile, session)
 
 
+async def record_host_link(runner: Runner[ResultT], manifest: Manifest) -> None:
+    """Measure the attempt's host link into the manifest, when its engines will run on this host's GPUs."""
+    target = host_link_target(runner.scenario.engine)
+    if target is None or manifest.host_gpus == 0 or not any(arms for _, arms in runner.blocks()):
+        return
+    runner.progress.describe("measuring the host link (pinned host <-> GPU copies)")
+    link = await probe_host_link(target)
+    manifest.record_host_link(link)
+    runner.progress.note(link.console_line())
+
+
 async def execute(runner: Runner[ResultT]) -> ResultT:
     """Run every arm with work left through an :class:`ArmSession`; return the kind's result."""
     total, done = runner.work()
@@ -375,6 +390,7 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
         raise RunDirError(f"{run_dir.manifest_file}: cannot write: {error.strerror or error}") from None
     status, reason = "interrupted", ""
     try:
+        await record_host_link(runner, manifest)
         with RecordWriter(run_dir.records_file) as writer:
             if writer.repaired_bytes:
                 runner.progress.describe(

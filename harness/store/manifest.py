@@ -4,6 +4,12 @@ Written when a run starts and rewritten (atomically) as engines start and attemp
 lines, environment values and the scenario copy are redacted (:mod:`kvbench.redact`) before they
 get here, and the file is created 0600.
 
+Each attempt records the host link it ran on (``attempts[i].host_link``,
+:class:`harness.engines.host_link.HostLink`: pinned host <-> GPU copy rates per GPU in GB/s, or why
+they were not measured) when its engine kind runs on this machine's GPUs; per attempt, because a
+resumed run may run on another host. Attempts without it (simulator, attached endpoints, no GPU,
+files written before it) have no such key.
+
 An attempt ends ``completed``, ``interrupted`` or ``failed`` with a one-line ``reason``. That last
 write must succeed on a full disk too: the file carries :data:`SLACK_BYTES` of trailing blanks
 (JSON allows them), and when the atomic replace cannot get space the manifest is rewritten in
@@ -25,7 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from harness.engines.base import EngineFacts
+from harness.engines.host_link import HostLink
 from harness.scenario.spec import Scenario
 from kvbench import __version__
 from kvbench.errors import RunDirError
@@ -151,6 +160,17 @@ class Manifest:
         self.data["engines"][arm] = redact_data(json.loads(json.dumps(entry, default=str)))
         self.save()
 
+    def record_host_link(self, link: HostLink) -> None:
+        """The current attempt's host link (measured before its first engine starts)."""
+        self.data["attempts"][-1]["host_link"] = link.model_dump(mode="json")
+        self.save()
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs ``nvidia-smi`` listed on this attempt's host."""
+        gpus = self.data.get("host", {}).get("gpus")
+        return len(gpus) if isinstance(gpus, list) else 0
+
     def finish(self, status: str, reason: str | None = None) -> None:
         """End the attempt: ``completed``, ``failed``, ``inconclusive`` or ``interrupted``, and why."""
         update: dict[str, Any] = {"ended_at": now_iso(), "status": status}
@@ -198,3 +218,22 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RunDirError(f"{path}: not a JSON manifest: expected an object, got {type(data).__name__}")
     return data
+
+
+def attempt_host_links(manifest: Mapping[str, Any], where: str) -> list[HostLink]:
+    """The host link of every attempt that recorded one, in attempt order.
+
+    RunDirError naming ``where`` (the manifest's path) and the field when one is not a host link.
+    """
+    attempts = manifest.get("attempts")
+    links: list[HostLink] = []
+    for index, attempt in enumerate(attempts if isinstance(attempts, list) else []):
+        if not isinstance(attempt, dict) or attempt.get("host_link") is None:
+            continue
+        try:
+            links.append(HostLink.model_validate(attempt["host_link"]))
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(map(str, (f"attempts[{index}].host_link", *first["loc"])))
+            raise RunDirError(f"{where}: {field}: {first['msg']}") from None
+    return links
