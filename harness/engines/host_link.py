@@ -131,6 +131,11 @@ class HostLinkSummary(StrictModel):
         )
 
 
+def summary_text(summary: HostLinkSummary | None) -> str:
+    """A run's host link in one phrase (``not recorded`` when the run has none)."""
+    return "not recorded" if summary is None else summary.text()
+
+
 def summarize_host_links(links: Sequence[HostLink]) -> HostLinkSummary | None:
     """Median and minimum over every measured GPU of ``links`` (None when none measured the link)."""
     gpus = [gpu for link in links for gpu in link.gpus]

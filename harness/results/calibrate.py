@@ -73,6 +73,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from harness.engines.host_link import summarize_host_links
 from harness.scenario.spec import Scenario
 from harness.sim.calibration import (
     BackendCalibration,
@@ -85,7 +86,7 @@ from harness.sim.calibration import (
     unloaded_ttft_s,
 )
 from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, TimeModel
-from harness.store.manifest import read_manifest
+from harness.store.manifest import attempt_host_links, read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.errors import CalibrationError, RunDirError
@@ -356,6 +357,7 @@ def run_facts(path: Path, model: str | None = None, hardware: str | None = None)
             run_id=str(manifest.get("run_id", path.name)),
             manifest_sha256=hashlib.sha256(raw).hexdigest(),
             gpu=gpu or first_details.get("hardware", "unknown"),
+            host_link=summarize_host_links(attempt_host_links(manifest, where)),
         ),
         deployment=CalibratedDeployment(
             model=name,

@@ -31,6 +31,10 @@ engine with the datasheet profile of its deployment (a sweep's TTFTs include que
 calibration is fitted from it). When the calibration names the sweep among its source runs, each
 cell says whether its load point was in the fit or held out (``kvbench sim calibrate
 --holdout-loads``), and a context line lists both.
+
+Both kinds print the run's host link (pinned host -> GPU copy rates from its manifest,
+:mod:`harness.engines.host_link`) beside the calibration's source runs'. Informational only: no
+rate is scaled by it (nothing shows yet that LMCache's load follows the raw link rate).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.engines.host_link import summary_text
 from harness.results.calibrate import RunFacts, run_facts
 from harness.results.calibrate import calibrate as fit_calibration
 from harness.results.sweep import aggregate_sweep
@@ -221,6 +226,17 @@ def _source(prepared: _Prepared) -> str:
     return f"No calibration: the datasheet profile of {prepared.facts.deployment.label}"
 
 
+def host_link_lines(prepared: _Prepared) -> list[str]:
+    """This run's host link beside the calibration's sources' (informational: no rate is scaled by it)."""
+    lines = [
+        "Host link (pinned host -> GPU copies, GB/s per GPU; shown, not used to scale any rate): "
+        f"this run: {summary_text(prepared.facts.source.host_link)}"
+    ]
+    sources = prepared.calibration.sources if prepared.calibration is not None else []
+    lines += [f"  calibration source {s.run_id}: {summary_text(s.host_link)}" for s in sources]
+    return lines
+
+
 def _fit_line(roles: dict[float, str]) -> str:
     if not roles:
         return "This sweep is not among the calibration's source runs: every load point is out of sample"
@@ -310,6 +326,7 @@ def validate(
             f"{_source(prepared)}: {fitted_on}",
             f"{validated_on}, {conversations} conversation(s) per length in the simulator",
             "Cells: median TTFT in ms per (arm, length, turn)",
+            *host_link_lines(prepared),
         ],
         skipped=skipped,
         threshold=f"threshold {max_error:.0%} per cell at >= {min_tokens:,} tokens",
@@ -455,6 +472,7 @@ def validate_sweep(
             + "; ".join(f"{name} = {what}" for name, what in SWEEP_METRICS)
             + "; capacity = best RPS/GPU within the SLO. n = successful requests measured/simulated",
             _fit_line(roles),
+            *host_link_lines(prepared),
         ],
         skipped=skipped,
         one_sided=one_sided,

@@ -44,6 +44,9 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
   it was fitted. Measured: LMCache 0.5.3 at TP=4 slowed 70B steps by 17 % and 74 % on two hosts,
   the 8B's by 17 % on one H200 and not at all on the H100.
 
+Each source run keeps its host link (:class:`harness.engines.host_link.HostLinkSummary`, from the
+run's manifest): shown beside the fitted load rates, never used to scale them.
+
 Using a calibration for another deployment is an error naming both (:func:`check_deployment`).
 The file is YAML (JSON is YAML too) with ``schema_version``.
 """
@@ -56,6 +59,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from harness.engines.host_link import HostLinkSummary
 from kvbench.errors import CalibrationError
 from kvbench.schema import StrictModel
 from kvbench.yamlfile import read_yaml_mapping
@@ -83,6 +87,11 @@ class SourceRun(StrictModel):
     run_id: str
     manifest_sha256: str
     gpu: str = Field(description="The GPU the manifest recorded.")
+    host_link: HostLinkSummary | None = Field(
+        default=None,
+        description="Pinned host -> GPU copy rates of the run's attempts (GB/s per GPU, median and minimum, alone "
+        "and all GPUs at once); None: the run has none (no GPU, an older run, or files written before the field).",
+    )
 
 
 class CalibratedDeployment(StrictModel):

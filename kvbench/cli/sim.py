@@ -252,6 +252,7 @@ def calibrate(
 
 
 def _describe(calibration: object) -> str:
+    from harness.engines.host_link import summary_text
     from harness.sim.calibration import Calibration, FitParam
 
     assert isinstance(calibration, Calibration)
@@ -282,6 +283,12 @@ def _describe(calibration: object) -> str:
         lines.append(show(f"{label}: store_latency_s", entry.store_latency_s))
         lines.append(show(f"{label}: busy_intake_s", entry.busy_intake_s))
         lines.append(show(f"{label}: step_extra_s", entry.step_extra_s))
+    tp = calibration.deployment.tp
+    per_rank = f"; load_gbps above moves all {tp} TP ranks' KV: per rank it is load_gbps / {tp}" if tp > 1 else ""
+    lines.append(
+        f"Host link of the source runs (pinned host -> GPU copies, GB/s per GPU{per_rank}; shown, not used by the fit):"
+    )
+    lines += [f"  {s.run_id}: {summary_text(s.host_link)}" for s in calibration.sources]
     if calibration.residuals:
         lines.append("Residuals (median TTFT per arm, length, turn; error = predicted/measured - 1):")
         lines.append(
