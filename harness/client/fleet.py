@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from .connections import idempotent_request
 from .openai import OpenAIClient, RequestOutcome
 from .router import Attribution, Router, current_routing_key
 from .scrape import counter_values, detect_family, parse_metrics
@@ -182,7 +183,7 @@ class FleetClient:
             if url is None:
                 return None
             try:
-                async with session.get(url) as response:
+                async with idempotent_request(session, "GET", url) as response:
                     response.raise_for_status()
                     return await response.text()
             except (aiohttp.ClientError, TimeoutError):

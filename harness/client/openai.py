@@ -1,10 +1,11 @@
 """The async OpenAI-compatible streaming client that measures every request.
 
 One :class:`OpenAIClient` holds one pooled :class:`aiohttp.ClientSession` for a whole run (never a
-session per request). :meth:`OpenAIClient.chat` and :meth:`OpenAIClient.completion` send a
+session per request), which never reuses a connection idle longer than the servers' keep-alive
+(:mod:`harness.client.connections`). :meth:`OpenAIClient.chat` and :meth:`OpenAIClient.completion` send a
 streaming request and return a :class:`RequestOutcome`; they never raise for anything the server or
 the network does — failures come back as an ``error_kind`` — and only :class:`asyncio.CancelledError`
-propagates.
+propagates. They are never resent: a retry would hide a failure and time two sends as one.
 
 Timing rules (all from :func:`time.monotonic_ns`):
 
@@ -52,6 +53,7 @@ import aiohttp
 
 from kvbench.redact import redact_text
 
+from .connections import idempotent_request, new_session
 from .endpoint import Endpoint
 from .errors import ErrorKind
 from .router import current_routing_key
@@ -242,13 +244,8 @@ class OpenAIClient:
     async def __aenter__(self) -> OpenAIClient:
         if self._session is not None and not self._session.closed:
             raise RuntimeError("OpenAIClient is already open")
-        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            headers=self._endpoint.headers,
-            raise_for_status=False,
-        )
+        # pooled connections idle past KEEPALIVE_TIMEOUT_S are not reused: the server may have closed them
+        self._session = new_session(timeout=self._timeout, headers=self._endpoint.headers, limit=self._max_connections)
         return self
 
     async def __aexit__(
@@ -372,8 +369,11 @@ class OpenAIClient:
     # ------------------------------------------------------------------ plain helpers
 
     async def get_text(self, path: str) -> str:
-        """GET a server path and return its body; raises aiohttp errors (status >= 400 included)."""
-        async with self.session.get(self.url(path)) as response:
+        """GET a server path and return its body; raises aiohttp errors (status >= 400 included).
+
+        Resent once on a new connection if the pooled one was closed (:func:`.connections.idempotent_request`).
+        """
+        async with idempotent_request(self.session, "GET", self.url(path)) as response:
             response.raise_for_status()
             return await response.text()
 
@@ -381,9 +381,10 @@ class OpenAIClient:
         """POST JSON; return the status and the decoded body (text if not JSON, None if empty).
 
         Raises aiohttp errors and :class:`TimeoutError`, but not for a status >= 400: callers such as
-        ``/tokenize`` and ``/reset_prefix_cache`` decide what a status means.
+        ``/tokenize`` and ``/reset_prefix_cache`` decide what a status means. Only for idempotent
+        POSTs: it is resent once on a new connection if the pooled one was closed.
         """
-        async with self.session.post(self.url(path), json=payload) as response:
+        async with idempotent_request(self.session, "POST", self.url(path), json=payload) as response:
             text = await response.text()
             if not text.strip():
                 return response.status, None

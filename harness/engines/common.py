@@ -37,6 +37,7 @@ from typing import Generic, Protocol, TypeVar
 
 import aiohttp
 
+from harness.client.connections import idempotent_request, new_session
 from harness.client.endpoint import Endpoint
 from kvbench.errors import EngineStartError, KvbenchError
 from kvbench.redact import redact_text
@@ -69,25 +70,17 @@ class TokenizerUnavailable(KvbenchError):
 async def post_text(session: aiohttp.ClientSession, url: str, payload: object = None) -> tuple[int, str]:
     """POST (a JSON body unless ``payload`` is None); (status, body text). Transport failures: EngineRequestError.
 
-    Only idempotent control calls come here (prefix-cache reset, tokenize), so a POST the server
-    dropped unanswered (:class:`aiohttp.ServerDisconnectedError`) is sent once more: that is how a
-    pooled keep-alive connection looks when the server closed it while idle (uvicorn does after
-    5 s), which happens to a replica that a router left without traffic for a while (seen on
-    vLLM 0.26.0 behind vllm-router, 2026-11-26). aiohttp drops the dead connection, so the second
-    try opens a new one.
+    Only idempotent control calls come here (prefix-cache reset, tokenize, detokenize), so a POST
+    that met a pooled connection the server had closed is sent once more on a new one
+    (:func:`harness.client.connections.idempotent_request`): seen as ServerDisconnectedError on a
+    vllm-router replica left idle (2026-11-26) and as ``ClientOSError: [Errno 32] Broken pipe`` on a
+    long ``/tokenize`` to vLLM 0.26.0 (Llama-3.1-70B TP=4).
     """
     try:
-        try:
-            return await _post_once(session, url, payload)
-        except aiohttp.ServerDisconnectedError:
-            return await _post_once(session, url, payload)
+        async with idempotent_request(session, "POST", url, json=payload) as response:
+            return response.status, await response.text()
     except (aiohttp.ClientError, TimeoutError) as error:
         raise EngineRequestError(f"POST {url} failed: {type(error).__name__}: {error}") from None
-
-
-async def _post_once(session: aiohttp.ClientSession, url: str, payload: object) -> tuple[int, str]:
-    async with session.post(url, json=payload) as response:
-        return response.status, await response.text()
 
 
 def _decode_body(text: str) -> object:
@@ -137,7 +130,7 @@ async def reset_with_retry(
 async def server_version(session: aiohttp.ClientSession, base_url: str) -> str:
     """``GET /version`` ({"version": ...}); "unknown" if the server does not say."""
     try:
-        async with session.get(base_url + "/version") as response:
+        async with idempotent_request(session, "GET", base_url + "/version") as response:
             if response.status != 200:
                 return "unknown"
             body = json.loads(await response.text())
@@ -410,8 +403,8 @@ async def start_server(
 
 
 def open_session(stack: contextlib.AsyncExitStack) -> aiohttp.ClientSession:
-    """An HTTP session for the engine's helper endpoints, closed with ``stack``."""
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SESSION_TIMEOUT_S))
+    """An HTTP session for the engine's helper endpoints (no connection idle > 3 s reused), closed with ``stack``."""
+    session = new_session(timeout=aiohttp.ClientTimeout(total=SESSION_TIMEOUT_S))
     stack.push_async_callback(session.close)
     return session
 

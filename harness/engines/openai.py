@@ -17,6 +17,7 @@ from types import TracebackType
 
 import aiohttp
 
+from harness.client.connections import new_session
 from harness.client.endpoint import Endpoint
 from kvbench.errors import EngineStartError
 from kvbench.redact import redact_text
@@ -84,9 +85,7 @@ class OpenAIEngine:
 
     async def __aenter__(self) -> RunningEndpoint:
         endpoint = Endpoint(base_url=self.base_url(), model=self.config.model, api_key=self.api_key())
-        session = aiohttp.ClientSession(
-            headers=endpoint.headers, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-        )
+        session = new_session(headers=endpoint.headers, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
         self._session = session
         try:
             await self._wait_ready(session, endpoint.base_url)
