@@ -127,7 +127,8 @@ class HostLinkSummary(StrictModel):
         return (
             f"h2d {self.h2d_median_gbps:.1f} GB/s per GPU alone (min {self.h2d_min_gbps:.1f}), "
             f"{self.h2d_concurrent_median_gbps:.1f} with all at once (min {self.h2d_concurrent_min_gbps:.1f}); "
-            f"median of {self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+            # a resumed run pools every attempt's GPUs, so this counts measurements, not devices
+            f"median of {self.gpus} GPU measurement{'s' if self.gpus != 1 else ''}"
         )
 
 
