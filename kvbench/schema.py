@@ -5,12 +5,24 @@ unknown keys, so a typo in a YAML file is an error rather than a silently ignore
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import RunDirError
+
+
+def first_problem(error: ValidationError, *, prefix: Sequence[str | int] = (), whole: str = "") -> str:
+    """``field.path: message`` of a validation error's first problem, for a one-line error naming the field.
+
+    ``prefix``: where the validated document sits in its file; ``whole``: the name used when the
+    problem is the document itself (no field path).
+    """
+    first = error.errors()[0]
+    where = ".".join(map(str, (*prefix, *first["loc"]))) or whole
+    return f"{where}: {first['msg']}"
 
 
 class StrictModel(BaseModel):

@@ -40,7 +40,7 @@ from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
 from kvbench.errors import KvbenchError
 from kvbench.markup import md_table
-from kvbench.schema import StrictModel
+from kvbench.schema import StrictModel, first_problem
 from kvbench.yamlfile import read_yaml_mapping
 from offload import analytical
 
@@ -94,9 +94,7 @@ def load_spec(path: Path) -> PublishedSpec:
     try:
         spec = PublishedSpec.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise PublishedError(f"{path}: {where}: {first['msg']}") from None
+        raise PublishedError(f"{path}: {first_problem(error)}") from None
     for tokens, values in spec.rows.items():
         if len(values) != len(spec.columns):
             raise PublishedError(

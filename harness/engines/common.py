@@ -453,6 +453,12 @@ def parallelism_text(tp: int, pp: int, dp: int | None = None) -> str:
     return text if dp is None else f"{text} dp={dp}"
 
 
+def marked_value(stdout: str, marker: str) -> str | None:
+    """What follows ``marker`` on the last line of ``stdout`` that starts with it (None: no such line)."""
+    line = next((line for line in reversed(stdout.splitlines()) if line.startswith(marker)), None)
+    return None if line is None else line.removeprefix(marker)
+
+
 async def probe_python(
     python: str, script: str, marker: str, *, what: str, timeout_s: float, hint: Callable[[str, str], str]
 ) -> str:
@@ -478,9 +484,9 @@ async def probe_python(
     except subprocess.TimeoutExpired:
         raise EngineStartError(hint(python, f"{what} took more than {timeout_s:.0f} s")) from None
     stdout, stderr = done.stdout, done.stderr
-    for line in reversed(stdout.decode("utf-8", errors="replace").splitlines()):
-        if line.startswith(marker):
-            return line.removeprefix(marker)
+    value = marked_value(stdout.decode("utf-8", errors="replace"), marker)
+    if value is not None:
+        return value
     tail = [redact_text(line) for line in stderr.decode("utf-8", errors="replace").splitlines()[-15:]]
     detail = "\n".join(f"    {line}" for line in tail)
     raise EngineStartError(hint(python, f"{what} failed (exit code {done.returncode}):\n{detail}"))

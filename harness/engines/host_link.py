@@ -43,9 +43,10 @@ from pathlib import Path
 from pydantic import Field, ValidationError, model_validator
 
 from kvbench.redact import redact_text
-from kvbench.schema import StrictModel
+from kvbench.schema import StrictModel, first_problem
 
 from . import host_link_probe
+from .common import marked_value
 from .host_link_probe import MARKER
 
 PROBE_FILE = Path(host_link_probe.__file__).resolve()
@@ -196,11 +197,11 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
 
 def parse_probe_output(stdout: str) -> ProbeDocument | str:
     """The probe's document from its stdout, or why there is none (a ``not_measured`` reason)."""
-    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith(MARKER)), None)
-    if line is None:
+    value = marked_value(stdout, MARKER)
+    if value is None:
         return f"the probe printed no {MARKER.strip()} line"
     try:
-        data = json.loads(line.removeprefix(MARKER))
+        data = json.loads(value)
     except ValueError as error:
         return f"the probe's {MARKER.strip()} line is not JSON: {error}"
     if isinstance(data, dict) and isinstance(data.get("error"), str):
@@ -208,9 +209,7 @@ def parse_probe_output(stdout: str) -> ProbeDocument | str:
     try:
         return ProbeDocument.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "document"
-        return f"the probe printed an unexpected document: {where}: {first['msg']}"
+        return f"the probe printed an unexpected document: {first_problem(error, whole='document')}"
 
 
 def measure_host_link(

@@ -61,7 +61,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from harness.engines.host_link import HostLinkSummary
 from kvbench.errors import CalibrationError
-from kvbench.schema import StrictModel
+from kvbench.schema import StrictModel, first_problem
 from kvbench.yamlfile import read_yaml_mapping
 from offload.profiles import OffloadProfile, TierKind
 from offload.shapes import Deployment, Dtype, dtype_label
@@ -236,9 +236,7 @@ class Calibration(StrictModel):
         try:
             return cls.model_validate(data)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(map(str, first["loc"])) or "calibration"
-            raise CalibrationError(f"{path}: {where}: {first['msg']}") from None
+            raise CalibrationError(f"{path}: {first_problem(error, whole='calibration')}") from None
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

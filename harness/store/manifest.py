@@ -40,6 +40,7 @@ from kvbench import __version__
 from kvbench.errors import RunDirError
 from kvbench.private import FILE_MODE, open_private
 from kvbench.redact import redact_argv, redact_data
+from kvbench.schema import first_problem
 
 MANIFEST_VERSION = 1
 SLACK_BYTES = 1024
@@ -233,7 +234,5 @@ def attempt_host_links(manifest: Mapping[str, Any], where: str) -> list[HostLink
         try:
             links.append(HostLink.model_validate(attempt["host_link"]))
         except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(map(str, (f"attempts[{index}].host_link", *first["loc"])))
-            raise RunDirError(f"{where}: {field}: {first['msg']}") from None
+            raise RunDirError(f"{where}: {first_problem(error, prefix=(f'attempts[{index}].host_link',))}") from None
     return links
