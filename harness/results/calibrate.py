@@ -11,8 +11,11 @@ so a 50 ms and a 10 s request weigh the same; ``soft_l1`` loss, so a request who
 few decode steps does not drag the fit):
 
 1. Decode (every run kind, every request with two or more output tokens): one step per token is
-   ``step_overhead + per_seq x batch + max(compute, (weights + batch x context x KV bytes) /
-   (HBM bw x hbm_eff))``. Per request, its *clean* gaps (no other request of its window between send
+   ``max(step_overhead + per_seq x batch, max(compute, (weights + batch x context x KV bytes) /
+   (HBM bw x hbm_eff)))``: the host's part overlaps the GPU's (``host_overlaps_gpu``; a parameter
+   of the side that does not bind has no gradient, so the fit starts host-bound and, where the HBM
+   rate is free, also memory-bound at the heaviest group, and keeps the better). Per request, its
+   *clean* gaps (no other request of its window between send
    and first token, :func:`decode_samples`); per (run, arm, load point or probe length) the *mean*
    step over them (:func:`decode_groups`: clean time / clean steps), fitted with squared residuals:
    TPS/user and RPS are means, and a real engine's steps have a long tail (on the measured 1x H100
@@ -63,6 +66,7 @@ Some parameters are not determined by some runs; they keep their default and say
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -85,7 +89,7 @@ from harness.sim.calibration import (
     SourceRun,
     unloaded_ttft_s,
 )
-from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, TimeModel
+from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, StepWork, TimeModel
 from harness.store.manifest import attempt_host_links, read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
@@ -351,6 +355,7 @@ def run_facts(path: Path, model: str | None = None, hardware: str | None = None)
             backend, details.get(f"{backend}_version"), profile.tiers[0].kind, profile.chunk_tokens
         )
     gpu = next(iter(_gpu_names(manifest)), "")
+    eager = _engine_attr(scenario, "enforce_eager")  # kinds kvbench does not configure (attach): unknown
     return RunFacts(
         source=SourceRun(
             path=str(path),
@@ -367,6 +372,7 @@ def run_facts(path: Path, model: str | None = None, hardware: str | None = None)
             kv_dtype=kv_dtype,
             engine=engine,
             engine_version=version,
+            cuda_graphs=not eager if isinstance(eager, bool) else None,
         ),
         arms=arms,
         max_batch_tokens=chunk if isinstance(chunk, int) else DEFAULT_MAX_BATCH_TOKENS,
@@ -547,6 +553,7 @@ class Params:
     store_latency_s: dict[str, float] = field(default_factory=dict)
     busy_intake_s: dict[str, float] = field(default_factory=dict)
     step_extra_s: dict[str, float] = field(default_factory=dict)
+    host_overlaps_gpu: bool = True
 
 
 def timing_of(deployment: Deployment, params: Params, backend: str | None) -> TimeModel:
@@ -554,7 +561,8 @@ def timing_of(deployment: Deployment, params: Params, backend: str | None) -> Ti
     store = params.store_s_per_gb.get(backend, 0.0) * deployment.kv_bytes_per_token / 1e9 if backend else 0.0
     fixed = params.store_latency_s.get(backend, 0.0) if backend else 0.0
     step = params.step_overhead_s + (params.step_extra_s.get(backend, 0.0) if backend else 0.0)
-    eff = Efficiencies(params.linear, params.attention, params.hbm, step, store, fixed, params.step_s_per_seq)
+    eff = Efficiencies(params.linear, params.attention, params.hbm, step, store, fixed, params.step_s_per_seq,
+                       params.host_overlaps_gpu)  # fmt: skip
     return TimeModel(deployment, eff)
 
 
@@ -662,10 +670,11 @@ class Free:
 
 def _solve(
     frees: Sequence[Free], params: Params, residuals: Callable[[Params], np.ndarray], robust: bool = True
-) -> None:
-    """Least squares on ``residuals`` over ``frees``; ``robust``: a ``soft_l1`` loss (outliers pull less)."""
+) -> float:
+    """Least squares on ``residuals`` over ``frees``; ``robust``: a ``soft_l1`` loss (outliers pull less).
+    Returns the final cost (half the sum of the loss over the residuals)."""
     if not frees:
-        return
+        return 0.0
     # a start on a bound can stay stuck there (the trust region's scaling); start just inside
     inset = [1e-3 * (f.high - f.low) for f in frees]
     start = np.array([min(max(f.get(params), f.low + d), f.high - d) for f, d in zip(frees, inset, strict=True)])
@@ -688,6 +697,7 @@ def _solve(
         diff_step=[1e-4] * len(frees),
     )
     apply(result.x)
+    return float(result.cost)
 
 
 def _kv_spread(deployment: Deployment, groups: Sequence[DecodeSample]) -> bool:
@@ -719,6 +729,26 @@ def _keyed(table: str, key: str) -> tuple[Callable[[Params], float], Callable[[P
     return get, put
 
 
+def _cells(samples: Sequence[TtftSample]) -> dict[tuple[str, int, int], list[TtftSample]]:
+    cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
+    for s in samples:
+        cells[(s.arm, s.context_tokens, s.turn)].append(s)
+    return cells
+
+
+def _memory_binds(deployment: Deployment, params: Params, groups: Sequence[DecodeSample]) -> bool:
+    """Whether any group's decode step is as long as its GPU part (weights and KV reads), so that the HBM
+    rate shows in it; under ``host_overlaps_gpu`` an eager-mode step's host work often outlasts it."""
+    for g in groups:
+        work = StepWork()
+        for _ in range(max(1, round(g.batch))):
+            work.add_decode(g.context_tokens)
+        cost = timing_of(deployment, params, g.backend).cost(work)
+        if not params.host_overlaps_gpu or cost.gpu_s >= cost.overhead_s + cost.host_s:
+            return True
+    return False
+
+
 def _span(samples: Sequence[TtftSample]) -> str:
     if not samples:
         return "no requests"
@@ -740,7 +770,7 @@ def calibrate(
     facts = [run_facts(path, model, hardware) for path in paths]
     first = facts[0]
     for other in facts[1:]:
-        if other.deployment != first.deployment:
+        if not other.deployment.agrees(first.deployment):
             raise CalibrationError(
                 f"{other.source.path} is {other.deployment.label} but {first.source.path} is "
                 f"{first.deployment.label}: calibrate one deployment at a time"
@@ -801,7 +831,7 @@ def calibrate(
         decode_stages.append((sweep_groups, frees_sweep))
     decode_frees = [f for _, stage in decode_stages for f in stage]
 
-    def fit_decode() -> None:
+    def fit_decode(first: bool) -> None:
         for groups, stage in decode_stages:
             measured_steps = np.array([g.step_s for g in groups])
 
@@ -810,9 +840,31 @@ def calibrate(
                 return np.asarray(predict_decode(deployment, p, groups) / measured_steps - 1.0, dtype=float)
 
             # squared loss: a group's mean step already pools its requests, and slow stretches are real steps
-            _solve(stage, params, decode_residuals, robust=False)
+            if not (first and params.host_overlaps_gpu and overhead_free in stage):
+                _solve(stage, params, decode_residuals, robust=False)
+                continue
+            # a step is max(GPU, host): a parameter of the side that does not bind has no gradient, so start
+            # host-bound (from the datasheet's 1 ms the memory time binds every step and the fit would
+            # explain eager-mode steps by a slow HBM), and where the HBM rate is free also with the group
+            # that reads the most memory-bound; keep the better fit
+            params.step_overhead_s = float(np.min(measured_steps))
+            starts = [copy.deepcopy(params)]
+            if hbm_free in stage:
+                heaviest = max(groups, key=lambda g: g.batch * g.context_tokens)
+                reads = deployment.streamed_weight_bytes_per_gpu + (
+                    heaviest.batch * heaviest.context_tokens * deployment.kv_bytes_per_token_per_gpu
+                )
+                bound = replace(
+                    copy.deepcopy(params), hbm=reads / (deployment.hardware.hbm_bytes_per_s * heaviest.step_s)
+                )
+                bound.hbm = min(max(bound.hbm, hbm_free.low), hbm_free.high)
+                starts.append(bound)
+            fits = [(_solve(stage, start, decode_residuals, robust=False), start) for start in starts]
+            best = min(fits, key=lambda fit: fit[0])[1]
+            for name, value in vars(best).items():
+                setattr(params, name, value)
 
-    fit_decode()
+    fit_decode(first=True)
 
     # 2. TTFT
     samples = fit.ttft
@@ -849,7 +901,7 @@ def calibrate(
 
     _solve(frees, params, ttft_residuals)
     # the prefill efficiencies enter large-batch decode steps: refit decode with them
-    fit_decode()
+    fit_decode(first=False)
 
     # 3. the engine-blocking share of the request overhead, from sweep requests' decode windows
     windows_fit = decode_windows(deployment, params, fit.windows)
@@ -865,6 +917,13 @@ def calibrate(
 
     _solve(blocking_frees, params, window_residuals)
     free_names = {f.name for f in frees} | {f.name for f in decode_frees} | {f.name for f in blocking_frees}
+    if "hbm" in free_names and not _memory_binds(deployment, params, [*probe_groups, *sweep_groups]):
+        # the HBM rate changed no prediction: back to the datasheet's, said so
+        params.hbm = hw.hbm_efficiency
+        free_names.discard("hbm")
+        hbm_why = "every decode step is host-bound (its host work outlasts its weight and KV reads): datasheet"
+    else:
+        hbm_why = f"KV read per step varies by less than {KV_SPREAD:g}x the weights: datasheet"
 
     runs = ", ".join(f.source.run_id for f in facts)
     probe_runs = ", ".join(f.source.run_id for f in facts if f.kind == "probe") or "no probe run"
@@ -933,13 +992,14 @@ def calibrate(
         step_s_per_seq=param("step_s_per_seq", params.step_s_per_seq, "s per sequence in the step", decode_span,
                              f"decode batches differ by less than {BATCH_SPREAD:g}x (no sweep): in the step overhead"),
         hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span,
-                             f"KV read per step varies by less than {KV_SPREAD:g}x the weights: datasheet"),
+                             hbm_why),
         engine_blocking_share=param(
             "blocking_share", params.blocking_share, "fraction of the request overhead",
             f"decode windows of {len(windows_fit.requests)} sweep requests (every step, arrivals' overheads "
             f"charged) ({runs})",
             "no sweep whose engine steps can be reconstructed: the overhead blocks nobody"),
         backends=backend_out,
+        host_overlaps_gpu=params.host_overlaps_gpu,
         residuals=[],
     )  # fmt: skip
     return calibration.model_copy(
@@ -1027,10 +1087,7 @@ def residuals(
     params = params_of(calibration)
     out: list[Residual] = []
     for used, samples in ((True, fitted), (False, held)):
-        cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
-        for s in samples:
-            cells[(s.arm, s.context_tokens, s.turn)].append(s)
-        for (arm, context, turn), cell in sorted(cells.items()):
+        for (arm, context, turn), cell in sorted(_cells(samples).items()):
             predicted = predict_ttft(deployment, params, calibration.max_batch_tokens, cell)
             out.append(
                 Residual(
@@ -1064,6 +1121,7 @@ def params_of(calibration: Calibration) -> Params:
         store_latency_s={b: c.store_latency_s.value for b, c in calibration.backends.items()},
         busy_intake_s={b: c.busy_intake_s.value for b, c in calibration.backends.items()},
         step_extra_s={b: c.step_extra_s.value for b, c in calibration.backends.items()},
+        host_overlaps_gpu=calibration.host_overlaps_gpu,
     )
 
 
@@ -1082,7 +1140,7 @@ def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str,
         facts = run_facts(run)
     except (CalibrationError, RunDirError) as error:
         return {}, str(error)
-    if calibration.deployment != facts.deployment:
+    if not calibration.deployment.agrees(facts.deployment):
         return {}, (
             f"calibration {calibration_file} is for {calibration.deployment.label}; the run is {facts.deployment.label}"
         )

@@ -203,7 +203,7 @@ def _prepare(run_dir: RunDir, kind: RunKind, out: Path, calibration_file: Path |
     elif kind == "probe":
         calibration = fit_calibration([run], holdout)
         calibration_file = calibration.save(out / CALIBRATION_FILE)
-    if calibration is not None and calibration.deployment != facts.deployment:
+    if calibration is not None and not calibration.deployment.agrees(facts.deployment):
         raise CalibrationError(
             f"calibration {calibration_file} is for {calibration.deployment.label}; {run} is {facts.deployment.label}"
         )

@@ -21,8 +21,11 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
   GEMM term (``2 x params x tokens``) and of the attention term (``4 x L x heads x head_dim x
   pairs``) of prefill; together they get both 1k (linear-dominated) and 128k (attention-dominated)
   prompts right.
-* ``step_overhead_s``, ``step_s_per_seq`` and ``hbm_efficiency``: a decode step is ``overhead +
-  per_seq x batch + (weights + batch x context x KV bytes) / (HBM bandwidth x efficiency)`` (from
+* ``step_overhead_s``, ``step_s_per_seq`` and ``hbm_efficiency``: a decode step is ``max(overhead +
+  per_seq x batch, (weights + batch x context x KV bytes) / (HBM bandwidth x efficiency))`` when
+  ``host_overlaps_gpu`` (files fitted since 2026-11-27: the host launches while the GPU runs; the
+  HBM efficiency is reported as not fitted when every measured step was host-bound), their sum in
+  older files (from
   inter-token latencies of probe runs and sweeps; ``decode_residuals`` shows the fit per run, arm and
   load point; ``tpot_residuals`` the decode windows of sweep requests, every step included).
   ``step_s_per_seq`` is 0 in files written before it was fitted.
@@ -47,7 +50,9 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
 Each source run keeps its host link (:class:`harness.engines.host_link.HostLinkSummary`, from the
 run's manifest): shown beside the fitted load rates, never used to scale them.
 
-Using a calibration for another deployment is an error naming both (:func:`check_deployment`).
+Using a calibration for another deployment is an error naming both (:func:`check_deployment`); the
+deployment includes whether the engine ran with CUDA graphs (``cuda_graphs``: eager steps cost the
+host several times more), where the runs recorded it.
 The file is YAML (JSON is YAML too) with ``schema_version``.
 """
 
@@ -110,6 +115,11 @@ class CalibratedDeployment(StrictModel):
     kv_dtype: Dtype | None = Field(default=None, description="KV-cache dtype when it differs from dtype.")
     engine: str = Field(description="Engine kind the runs measured, e.g. 'vllm'.")
     engine_version: str
+    cuda_graphs: bool | None = Field(
+        default=None,
+        description="Whether the engine ran with CUDA graphs (vLLM without --enforce-eager); None: not recorded "
+        "(files written before, engines kvbench does not configure). Eager steps cost the host several times more.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -122,7 +132,14 @@ class CalibratedDeployment(StrictModel):
     @property
     def label(self) -> str:
         weights = dtype_label(self.dtype, self.kv_dtype)
-        return f"{self.model} {weights} on {self.tp}x {self.hardware} ({self.engine} {self.engine_version})"
+        mode = {None: "", True: ", CUDA graphs", False: ", eager"}[self.cuda_graphs]
+        return f"{self.model} {weights} on {self.tp}x {self.hardware} ({self.engine} {self.engine_version}{mode})"
+
+    def agrees(self, other: CalibratedDeployment) -> bool:
+        """The same deployment; an unrecorded ``cuda_graphs`` agrees with either."""
+        if None in (self.cuda_graphs, other.cuda_graphs):
+            return self.model_copy(update={"cuda_graphs": None}) == other.model_copy(update={"cuda_graphs": None})
+        return self == other
 
     def resolve(self) -> Deployment:
         """The simulator's deployment of these profiles."""
@@ -215,6 +232,11 @@ class Calibration(StrictModel):
     engine_blocking_share: FitParam = FitParam(
         value=0.0, unit="fraction of the request overhead", fitted=False, source=f"{_OLD_FILE}: it blocks nobody"
     )
+    host_overlaps_gpu: bool = Field(
+        default=False,
+        description="True: a step takes max(GPU, host), the host launching while the GPU runs; False (files "
+        "written before): their sum. The parameters were fitted under this model.",
+    )
     backends: dict[str, BackendCalibration] = Field(default_factory=dict)
     residuals: list[Residual] = Field(default_factory=list)
     decode_residuals: list[DecodeResidual] = Field(
@@ -283,6 +305,7 @@ class Calibration(StrictModel):
             store_s_per_token=store,
             store_latency_s=backend.store_latency_s.value if backend else 0.0,
             step_s_per_seq=self.step_s_per_seq.value,
+            host_overlaps_gpu=self.host_overlaps_gpu,
         )
 
     def request_overhead(self, prompt_tokens: int) -> float:

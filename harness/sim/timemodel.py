@@ -2,7 +2,15 @@
 
 A step runs one forward pass over a batch that mixes prefill chunks and decode tokens. Its time is
 
-    max(compute, memory) + all-reduce + step overhead + host x sequences + store + intake
+    GPU + host + store + intake,  GPU = max(compute, memory) + all-reduce,  host = step overhead + host x sequences
+
+or, when the host's work overlaps the GPU's (``Efficiencies.host_overlaps_gpu``, calibrations fitted
+since 2026-11-27), ``max(GPU, host) + store + intake``: kernel launches are asynchronous, so the
+host prepares and launches a step's kernels while the GPU runs earlier ones, and a step is as long
+as the slower of the two. Without CUDA graphs (vLLM's ``--enforce-eager``) the host part is large --
+16-17 ms per decode step of the 8B on one H100/H200, 56 ms for the 70B at TP=4 -- and a short step
+is host-bound while a long prefill chunk hides it; the additive model charged it to every prefill
+chunk too (docs/simulator.md, "The overlapped step", compares the two on held-out lengths).
 
 * compute: the transformer layers cost ``2 x body_params`` FLOPs per token and the LM head
   ``2 x vocab x hidden`` per *sampled* token (the last prompt token, each decode token), at the
@@ -75,6 +83,8 @@ class Efficiencies:
     """Seconds a step is blocked per request whose prefill it completes (the backend's per-request save cost)."""
     step_s_per_seq: float = 0.0
     """Host seconds per sequence in a step (eager mode's per-request Python work; 0: all in the overhead)."""
+    host_overlaps_gpu: bool = False
+    """True: a step takes ``max(GPU, host)`` (asynchronous launches); False: their sum (files fitted before)."""
 
 
 @dataclass
@@ -133,17 +143,18 @@ class StepCost:
     """Per-sequence host work (``step_s_per_seq`` x sequences)."""
     intake_s: float = 0.0
     """Engine-blocking intake work of newly arrived requests."""
+    host_overlaps_gpu: bool = False
+    """The host's part (overhead + per-sequence work) runs while the GPU computes."""
+
+    @property
+    def gpu_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.allreduce_s
 
     @property
     def total_s(self) -> float:
-        return (
-            max(self.compute_s, self.memory_s)
-            + self.allreduce_s
-            + self.overhead_s
-            + self.host_s
-            + self.store_s
-            + self.intake_s
-        )
+        host = self.overhead_s + self.host_s
+        core = max(self.gpu_s, host) if self.host_overlaps_gpu else self.gpu_s + host
+        return core + self.store_s + self.intake_s
 
 
 class TimeModel:
@@ -173,6 +184,7 @@ class TimeModel:
         self._store_s_per_token = eff.store_s_per_token
         self._store_latency_s = eff.store_latency_s
         self._host_s_per_seq = eff.step_s_per_seq
+        self._host_overlaps_gpu = eff.host_overlaps_gpu
 
     def cost(self, work: StepWork) -> StepCost:
         compute = (
@@ -184,7 +196,9 @@ class TimeModel:
         allreduce = self._allreduce_fixed_s + work.tokens * self._allreduce_s_per_token if work.tokens else 0.0
         store = work.prefill_tokens * self._store_s_per_token + work.prompts_done * self._store_latency_s
         host = work.sequences * self._host_s_per_seq
-        return StepCost(compute, memory, allreduce, self._overhead_s, store, host, work.intake_s)
+        return StepCost(
+            compute, memory, allreduce, self._overhead_s, store, host, work.intake_s, self._host_overlaps_gpu
+        )
 
     def step_seconds(self, work: StepWork) -> float:
         return self.cost(work).total_s

@@ -18,7 +18,7 @@ def test_calibrate_prints_the_fit_and_writes_the_file(tmp_path: Path) -> None:
     out = tmp_path / "cal.yaml"
     result = runner.invoke(sim_app, ["calibrate", str(run), "--holdout", "4000", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert "Calibration for llama-3.1-8b bf16 on 1x h100-sxm (vllm 9.9.9)" in result.output
+    assert "Calibration for llama-3.1-8b bf16 on 1x h100-sxm (vllm 9.9.9, CUDA graphs)" in result.output
     assert "held out [4000]" in result.output
     assert "lmcache 0.0.1: load_gbps" in result.output and "Residuals" in result.output
     assert any(

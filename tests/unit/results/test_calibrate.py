@@ -40,7 +40,13 @@ def _p(value: float, unit: str = "") -> FitParam:
 def chosen(hardware: str = "h100-sxm") -> Calibration:
     return Calibration(
         deployment=CalibratedDeployment(
-            model="llama-3.1-8b", hardware=hardware, tp=1, dtype="bf16", engine="vllm", engine_version="9.9.9"
+            model="llama-3.1-8b",
+            hardware=hardware,
+            tp=1,
+            dtype="bf16",
+            engine="vllm",
+            engine_version="9.9.9",
+            cuda_graphs=True,
         ),
         sources=[],
         fit_context_tokens=list(LENGTHS),
@@ -50,8 +56,11 @@ def chosen(hardware: str = "h100-sxm") -> Calibration:
         request_overhead_s_per_ktoken=_p(0.0),
         linear_efficiency=_p(0.50),
         attention_efficiency=_p(0.40),
-        step_overhead_s=_p(0.004),
+        # host-bound decode steps up to 16k of context (9 ms of host work against 7-8 ms of reads),
+        # memory-bound at 64k: both the host's part and the HBM rate show
+        step_overhead_s=_p(0.009),
         hbm_efficiency=_p(0.70),
+        host_overlaps_gpu=True,
         backends={
             "lmcache": BackendCalibration(
                 version="0.0.1",
@@ -77,14 +86,14 @@ def write_run(
     gpu: str = "NVIDIA H100 80GB HBM3",
     arms: dict[str, OffloadProfile] | None = None,
     keep_hbm: frozenset[str] = frozenset(),
-    engine: dict[str, str] | None = None,
+    engine: dict[str, object] | None = None,
 ) -> Path:
     """A probe run directory whose records the simulator's engine core produced under ``truth``.
 
     ``engine``: more fields of the run's vLLM engine section (they change its deployment, not the records).
     """
     arms = arms if arms is not None else ARMS
-    engine_section: dict[str, str] = {"kind": "vllm", "model": "synth:llama-3.1-8b", **(engine or {})}
+    engine_section: dict[str, object] = {"kind": "vllm", "model": "synth:llama-3.1-8b", **(engine or {})}
     scenario = parse_scenario(
         {
             "name": "calib-truth",
@@ -436,7 +445,9 @@ def test_sweep_loads_held_out_stay_out_of_the_fit(tmp_path: Path) -> None:
 
 def test_an_old_calibration_file_reads_with_the_load_terms_off() -> None:
     root = Path(__file__).resolve().parents[3]
-    old = Calibration.load(root / "docs" / "results" / "calibration-llama8b-h200-vllm0.26.yaml")
+    # the shipped H200 calibration as written on 2026-11-26, before the load terms and the overlapped step
+    old = Calibration.load(root / "tests" / "golden" / "calibration" / "llama8b-h200-2026-11-26.yaml")
+    assert not old.host_overlaps_gpu and old.deployment.cuda_graphs is None
     assert old.engine_blocking_share.value == 0.0 and not old.engine_blocking_share.fitted
     assert old.step_s_per_seq.value == 0.0 and not old.step_s_per_seq.fitted
     assert old.holdout_loads == [] and old.tpot_residuals == []
@@ -448,3 +459,28 @@ def test_an_old_calibration_file_reads_with_the_load_terms_off() -> None:
                for b in old.backends.values())  # fmt: skip
     assert all(old.request_intake(9000, b) == 0.0 for b in old.backends.values())
     assert old.efficiencies(deployment, None).step_s_per_seq == 0.0
+    # its steps add the host's part to the GPU's, as when it was fitted
+    assert not old.efficiencies(deployment, None).host_overlaps_gpu
+
+
+def test_host_bound_decode_steps_leave_the_hbm_rate_at_the_datasheet_and_say_why(tmp_path: Path) -> None:
+    """Eager-mode steps whose host work outlasts every read: the HBM rate changes no prediction, so it is
+    not reported as fitted."""
+    truth = chosen().model_copy(update={"step_overhead_s": _p(0.020)})  # above 64k's ~10 ms of reads
+    fitted = calibrate([write_run(tmp_path, truth)])
+    assert fitted.host_overlaps_gpu
+    assert fitted.step_overhead_s.value == pytest.approx(0.020, rel=0.03)
+    assert not fitted.hbm_efficiency.fitted and "host-bound" in fitted.hbm_efficiency.source
+    assert fitted.hbm_efficiency.value == fitted.deployment.resolve().hardware.hbm_efficiency
+
+
+def test_a_run_in_eager_mode_is_another_deployment_than_one_with_cuda_graphs(tmp_path: Path) -> None:
+    graphs = write_run(tmp_path / "graphs", chosen())
+    eager = write_run(tmp_path / "eager", chosen(), engine={"enforce_eager": True})
+    assert run_facts(graphs).deployment.cuda_graphs is True and run_facts(eager).deployment.cuda_graphs is False
+    assert "eager" in run_facts(eager).deployment.label
+    with pytest.raises(CalibrationError, match=r"CUDA graphs.*eager|eager.*CUDA graphs"):
+        calibrate([graphs, eager])
+    # a file that did not record it (written before) agrees with either
+    unrecorded = run_facts(eager).deployment.model_copy(update={"cuda_graphs": None})
+    assert unrecorded.agrees(run_facts(graphs).deployment) and unrecorded.agrees(run_facts(eager).deployment)

@@ -154,3 +154,29 @@ def test_the_host_term_grows_with_the_sequences_in_a_step_and_intake_adds() -> N
     assert host.cost(mixed).intake_s == 0.0123
     # the datasheet model has no host term
     assert TimeModel(deployment).cost(mixed).host_s == 0.0
+
+
+def test_an_overlapped_step_is_as_long_as_the_slower_of_host_and_gpu() -> None:
+    """``host_overlaps_gpu``: the host launches a step's kernels while the GPU runs them, so a short step
+    takes the host's time and a long prefill the GPU's; the additive model (older calibrations) sums them."""
+    from harness.sim.timemodel import Efficiencies
+
+    deployment = Deployment.resolve("llama-3.1-8b", "h100-sxm")
+    host_s = 0.017  # eager mode's host time per step on the measured 1x H100 (vLLM 0.26.0)
+    added = TimeModel(deployment, Efficiencies(step_overhead_s=host_s, store_latency_s=0.004))
+    overlapped = TimeModel(
+        deployment, Efficiencies(step_overhead_s=host_s, store_latency_s=0.004, host_overlaps_gpu=True)
+    )
+    decode = StepWork()
+    decode.add_decode(1000)
+    gpu_decode = added.cost(decode).gpu_s
+    assert gpu_decode < host_s  # 16 GB of weights at 3.35 TB/s: a few ms
+    assert overlapped.step_seconds(decode) == pytest.approx(host_s)
+    assert added.step_seconds(decode) == pytest.approx(host_s + gpu_decode)
+    prefill = StepWork()
+    prefill.add_prefill(8000, 0)
+    gpu_prefill = added.cost(prefill).gpu_s
+    assert gpu_prefill > host_s
+    # the blocking store still adds: it waits for the copy after the forward pass
+    assert overlapped.step_seconds(prefill) == pytest.approx(gpu_prefill + 0.004)
+    assert added.step_seconds(prefill) == pytest.approx(gpu_prefill + host_s + 0.004)
