@@ -259,12 +259,17 @@ def length_roles(calibration: Calibration, run_dir: RunDir, lengths: Sequence[in
     return {n: "fit" if n in fitted else "held out" for n in lengths}
 
 
-def _medians(records: Sequence[RequestRecord]) -> dict[tuple[str, int, int], float]:
+def _ttfts(records: Sequence[RequestRecord]) -> dict[tuple[str, int, int], list[float]]:
+    """TTFT (ms) of the successful measured requests per (arm, length, turn)."""
     cells: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     for r in records:
         if r.phase == "measure" and r.ok and r.ttft_ns is not None:
             cells[(r.arm, r.context_tokens, r.turn)].append(r.ttft_ns / 1e6)
-    return {key: statistics.median(values) for key, values in cells.items()}
+    return cells
+
+
+def _medians(records: Sequence[RequestRecord]) -> dict[tuple[str, int, int], float]:
+    return {key: statistics.median(values) for key, values in _ttfts(records).items()}
 
 
 def validate(
@@ -291,7 +296,8 @@ def validate(
     lengths = sorted(holdout) if holdout else lengths_all
     workload: dict[str, object] = {"context_tokens": lengths, "conversations": conversations}
     sim_dir = _simulate(prepared, "probe", out, workload)
-    measured = _medians(prepared.run_dir.records())
+    measured_ttfts = _ttfts(prepared.run_dir.records())
+    measured = {key: statistics.median(values) for key, values in measured_ttfts.items()}
     simulated = _medians(sim_dir.records())
     fit_lengths = sorted(prepared.calibration.fit_context_tokens)
     roles = length_roles(prepared.calibration, prepared.run_dir, lengths)
@@ -303,7 +309,10 @@ def validate(
             skipped.append(f"{arm} {context} t{turn}: no successful measured request")
             continue
         judged = context >= min_tokens
-        note = roles[context] + ("" if judged else "  (not judged)")
+        # the measured requests' own spread, so that an error can be read against the run's repeatability
+        spread = measured_ttfts[(arm, context, turn)]
+        note = f"{roles[context]}; measured {min(spread):,.1f}-{max(spread):,.1f} ({len(spread)})"
+        note += "" if judged else "  (not judged)"
         cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")

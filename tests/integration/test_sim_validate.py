@@ -65,6 +65,10 @@ def test_validate_exit_codes(measured: tuple[Path, Path], tmp_path: Path) -> Non
     assert "Validated on lengths [8000]" in ok.output and "within" in ok.output
     for arm in ("OFF", "LMC"):
         assert any(line.split()[:3] == [arm, "8000", "2"] for line in ok.output.splitlines()), ok.output
+    # each cell shows the measured requests' range and count (one conversation per length: one request)
+    off_t2 = next(line for line in ok.output.splitlines() if line.split()[:3] == ["OFF", "8000", "2"])
+    measured_ms = float(off_t2.split()[3].replace(",", ""))
+    assert off_t2.endswith(f"; measured {measured_ms:,.1f}-{measured_ms:,.1f} (1)")
 
     slow = sim_calibration().model_copy(
         update={"linear_efficiency": FitParam(value=0.25, unit="", fitted=True, source="wrong on purpose")}
