@@ -854,10 +854,9 @@ def calibrate(
                 reads = deployment.streamed_weight_bytes_per_gpu + (
                     heaviest.batch * heaviest.context_tokens * deployment.kv_bytes_per_token_per_gpu
                 )
-                bound = replace(
-                    copy.deepcopy(params), hbm=reads / (deployment.hardware.hbm_bytes_per_s * heaviest.step_s)
-                )
-                bound.hbm = min(max(bound.hbm, hbm_free.low), hbm_free.high)
+                bound = copy.deepcopy(params)
+                bound.hbm = min(max(reads / (deployment.hardware.hbm_bytes_per_s * heaviest.step_s), hbm_free.low),
+                                hbm_free.high)  # fmt: skip
                 starts.append(bound)
             fits = [(_solve(stage, start, decode_residuals, robust=False), start) for start in starts]
             best = min(fits, key=lambda fit: fit[0])[1]
@@ -1148,13 +1147,10 @@ def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str,
     deployment = dep.resolve()
     samples, _ = collect(run, facts, ())
     usable = [s for s in samples.ttft if s.backend is None or s.backend in calibration.backends]
-    cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
-    for s in usable:
-        cells[(s.arm, s.context_tokens, s.turn)].append(s)
     params = params_of(calibration)
     out = {
         key: float(np.median(predict_ttft(deployment, params, calibration.max_batch_tokens, cell))) * 1e3
-        for key, cell in cells.items()
+        for key, cell in _cells(usable).items()
     }
     fitted = ", ".join(f"{n:,}" for n in calibration.fit_context_tokens)
     return out, f"calibration {calibration_file.name} ({dep.label}, fitted on {fitted} tokens)"

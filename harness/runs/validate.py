@@ -268,8 +268,8 @@ def _ttfts(records: Sequence[RequestRecord]) -> dict[tuple[str, int, int], list[
     return cells
 
 
-def _medians(records: Sequence[RequestRecord]) -> dict[tuple[str, int, int], float]:
-    return {key: statistics.median(values) for key, values in _ttfts(records).items()}
+def _medians(ttfts: dict[tuple[str, int, int], list[float]]) -> dict[tuple[str, int, int], float]:
+    return {key: statistics.median(values) for key, values in ttfts.items()}
 
 
 def validate(
@@ -297,8 +297,8 @@ def validate(
     workload: dict[str, object] = {"context_tokens": lengths, "conversations": conversations}
     sim_dir = _simulate(prepared, "probe", out, workload)
     measured_ttfts = _ttfts(prepared.run_dir.records())
-    measured = {key: statistics.median(values) for key, values in measured_ttfts.items()}
-    simulated = _medians(sim_dir.records())
+    measured = _medians(measured_ttfts)
+    simulated = _medians(_ttfts(sim_dir.records()))
     fit_lengths = sorted(prepared.calibration.fit_context_tokens)
     roles = length_roles(prepared.calibration, prepared.run_dir, lengths)
     cells: list[Cell] = []
