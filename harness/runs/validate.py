@@ -81,6 +81,8 @@ class Cell:
     limit: float
     note: str = ""
     judged: bool = True
+    measured_range: tuple[float, float] | None = None
+    """Lowest and highest of the measured requests whose median is ``measured`` (probe cells); None: one figure."""
 
     @property
     def error(self) -> float:
@@ -89,6 +91,15 @@ class Cell:
     @property
     def beyond(self) -> bool:
         return self.judged and abs(self.error) > self.limit
+
+    @property
+    def inside_measured_range(self) -> bool:
+        """The simulated value lies between the cell's fastest and slowest measured request.
+
+        Shown beside a cell beyond the threshold, never used in the verdict: such an error is no larger than the
+        run's own repeatability (a model miss lies outside every measured request).
+        """
+        return self.measured_range is not None and self.measured_range[0] <= self.simulated <= self.measured_range[1]
 
 
 @dataclass(frozen=True)
@@ -313,7 +324,8 @@ def validate(
         spread = measured_ttfts[(arm, context, turn)]
         note = f"{roles[context]}; measured {min(spread):,.1f}-{max(spread):,.1f} ({len(spread)})"
         note += "" if judged else "  (not judged)"
-        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged))
+        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged,
+                          (min(spread), max(spread))))  # fmt: skip
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
     if "other run" in roles.values():  # all lengths or none: the run is a source of the calibration or not

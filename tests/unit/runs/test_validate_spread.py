@@ -1,0 +1,36 @@
+"""A cell beyond the threshold says whether the simulated value lies inside its measured requests' range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.runs.validate import Cell, Validation
+from kvbench.cli.sim import beyond_lines
+
+
+def _cell(arm: str, measured: float, simulated: float, low: float, high: float) -> Cell:
+    return Cell((arm, "2000", "2"), measured, simulated, 0.15, "held out", True, (low, high))
+
+
+def test_a_cell_beyond_is_inside_its_measured_range_only_between_its_fastest_and_slowest_request() -> None:
+    noisy = _cell("LMC", 58.9, 74.8, 48.5, 107.6)  # +27 %, inside 48.5-107.6
+    missed = _cell("OFF", 58.7, 71.6, 57.5, 65.1)  # +22 %, above every measured request
+    assert noisy.beyond and noisy.inside_measured_range
+    assert missed.beyond and not missed.inside_measured_range
+    assert not Cell(("x",), 10.0, 20.0, 0.15).inside_measured_range  # one figure (a sweep metric): no range
+    assert _cell("edge", 50.0, 40.0, 40.0, 60.0).inside_measured_range
+
+
+def test_the_summary_names_the_cells_beyond_and_separately_those_inside_their_range() -> None:
+    cells = [_cell("LMC", 58.9, 74.8, 48.5, 107.6), _cell("OFF", 58.7, 71.6, 57.5, 65.1),
+             _cell("NAT", 53.6, 55.0, 51.8, 93.0)]  # fmt: skip
+    result = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells)
+    lines = beyond_lines(result)
+    assert lines[0] == "beyond: LMC 2000 2; OFF 2000 2"
+    assert lines[1].startswith("1 of the 2 cells beyond have the simulated value inside") and lines[1].endswith(
+        ": LMC 2000 2"
+    )
+    assert len(lines) == 2
+    assert not result.passed  # the range is shown, never used in the verdict
+    within = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells[2:])
+    assert beyond_lines(within) == [] and within.passed
