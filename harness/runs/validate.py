@@ -137,6 +137,21 @@ class Validation:
     def passed(self) -> bool:
         return not self.one_sided and not any(c.beyond for c in self.cells)
 
+    def beyond_lines(self) -> list[str]:
+        """The cells beyond the threshold, and which of them lie inside their own measured requests' range."""
+        beyond = [c for c in self.cells if c.beyond]
+        if not beyond:
+            return []
+        lines = ["beyond: " + "; ".join(" ".join(c.key) for c in beyond)]
+        inside = [" ".join(c.key) for c in beyond if c.inside_measured_range]
+        if inside:
+            lines.append(
+                f"{len(inside)} of the {len(beyond)} cells beyond have the simulated value inside the range of their "
+                "own measured requests (the run's spread there is wider than the error; not used in the verdict): "
+                + "; ".join(inside)
+            )
+        return lines
+
 
 # -- the simulator run ---------------------------------------------------------------------------------
 

@@ -373,28 +373,9 @@ def validate(
         + f"; {result.threshold}: "
         + ("within" if result.passed else "BEYOND")
     )
-    for line in beyond_lines(result):
+    for line in result.beyond_lines():
         typer.echo(line)
     raise typer.Exit(0 if result.passed else 1)
-
-
-def beyond_lines(result: object) -> list[str]:
-    """The cells beyond the threshold, and which of them lie inside their own measured requests' range."""
-    from harness.runs.validate import Validation
-
-    assert isinstance(result, Validation)
-    beyond = [c for c in result.cells if c.beyond]
-    if not beyond:
-        return []
-    lines = ["beyond: " + "; ".join(" ".join(c.key) for c in beyond)]
-    inside = [" ".join(c.key) for c in beyond if c.inside_measured_range]
-    if inside:
-        lines.append(
-            f"{len(inside)} of the {len(beyond)} cells beyond have the simulated value inside the range of their "
-            "own measured requests (the run's spread there is wider than the error; not used in the verdict): "
-            + "; ".join(inside)
-        )
-    return lines
 
 
 def _validation_table(result: object) -> str:

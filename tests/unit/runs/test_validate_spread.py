@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.runs.validate import Cell, Validation
-from kvbench.cli.sim import beyond_lines
 
 
 def _cell(arm: str, measured: float, simulated: float, low: float, high: float) -> Cell:
@@ -25,7 +24,7 @@ def test_the_summary_names_the_cells_beyond_and_separately_those_inside_their_ra
     cells = [_cell("LMC", 58.9, 74.8, 48.5, 107.6), _cell("OFF", 58.7, 71.6, 57.5, 65.1),
              _cell("NAT", 53.6, 55.0, 51.8, 93.0)]  # fmt: skip
     result = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells)
-    lines = beyond_lines(result)
+    lines = result.beyond_lines()
     assert lines[0] == "beyond: LMC 2000 2; OFF 2000 2"
     assert lines[1].startswith("1 of the 2 cells beyond have the simulated value inside") and lines[1].endswith(
         ": LMC 2000 2"
@@ -33,4 +32,4 @@ def test_the_summary_names_the_cells_beyond_and_separately_those_inside_their_ra
     assert len(lines) == 2
     assert not result.passed  # the range is shown, never used in the verdict
     within = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells[2:])
-    assert beyond_lines(within) == [] and within.passed
+    assert within.beyond_lines() == [] and within.passed
