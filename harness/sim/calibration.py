@@ -58,6 +58,7 @@ The file is YAML (JSON is YAML too) with ``schema_version``.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -247,6 +248,23 @@ class Calibration(StrictModel):
         description="Mean step over sweep requests' whole decode windows (prefill chunks and intake included) "
         "per (run, arm, load point); absent in older files.",
     )
+
+    def falling_tier_hits(self, min_tokens: int = 1000) -> list[tuple[Residual, Residual]]:
+        """Pairs of adjacent lengths where an arm's measured turn 2 (a tier hit) is faster at the longer one.
+
+        The model's tier load is ``latency + bytes / rate``, rising with the prompt, so it cannot follow such a
+        pair (LMCache 0.5.3 at TP=4: 788 ms at 96k, 774 at 128k in one run), and ``validate`` may miss there.
+        Cells below ``min_tokens`` (no whole chunk to load) are left out.
+        """
+        by_arm: dict[str, list[Residual]] = {}
+        for r in self.residuals:
+            if r.turn == 2 and r.backend != "none" and r.context_tokens >= min_tokens:
+                by_arm.setdefault(r.arm, []).append(r)
+        drops: list[tuple[Residual, Residual]] = []
+        for cells in by_arm.values():
+            cells.sort(key=lambda r: r.context_tokens)
+            drops += [(a, b) for a, b in pairwise(cells) if b.measured_ms < a.measured_ms]
+        return drops
 
     # -- reading and writing ---------------------------------------------------------------
     @classmethod

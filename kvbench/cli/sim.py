@@ -298,6 +298,12 @@ def _describe(calibration: object) -> str:
         where = "fit" if r.used_in_fit else "held out"
         lines.append(f"  {r.arm:<22} {r.context_tokens:>8} {r.turn:>4} {r.measured_ms:>12.1f} "
                      f"{r.predicted_ms:>12.1f} {r.error:>+8.1%}  {where}")  # fmt: skip
+    drops = calibration.falling_tier_hits()
+    if drops:
+        lines.append("Turn 2 from the tier is faster at a longer prompt (measured medians; the model's tier load grows "
+                     "with the bytes loaded and cannot follow these):")  # fmt: skip
+        lines += [f"  {a.arm}: {a.context_tokens:,} -> {b.context_tokens:,} tokens, {a.measured_ms:.1f} -> "
+                  f"{b.measured_ms:.1f} ms" for a, b in drops]  # fmt: skip
     titles = (
         (calibration.decode_residuals, "Decode residuals (mean clean step per run, arm and load point or probe length; "
          "batch = requests decoding at once, context = their mean context):"),
