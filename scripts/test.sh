@@ -36,4 +36,5 @@ echo "== ruff"; python3 -m ruff check .
 # the pinned ruff's formatter decides the layout; run `python3 -m ruff format .` before committing
 echo "== ruff format"; python3 -m ruff format --check .
 echo "== mypy"; python3 -m mypy
-echo "== pytest"; python3 -m pytest "$@"
+# the slowest tests are listed at the end, so the CI log shows where its time goes (the budget is 30 minutes)
+echo "== pytest"; python3 -m pytest --durations=25 "$@"
