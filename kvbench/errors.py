@@ -1,5 +1,7 @@
 """Exceptions that the CLI turns into clear one-screen messages instead of tracebacks."""
 
+from pathlib import Path
+
 
 class KvbenchError(Exception):
     """Base for errors a user can act on; the message is shown as is."""
@@ -19,6 +21,11 @@ class RunDirError(KvbenchError):
 
 class RunInterrupted(KvbenchError):
     """The run was stopped (Ctrl-C, SIGTERM); its records are kept and it can be resumed."""
+
+    def __init__(self, message: str, run_dir: Path) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+        """The stopped run's directory (its result and reports can be rebuilt from what it kept)."""
 
 
 class CalibrationError(KvbenchError, ValueError):

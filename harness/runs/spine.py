@@ -427,4 +427,4 @@ def run_sync(runner: Runner[ResultT]) -> ResultT:
     try:
         return run_interruptible(lambda: execute(runner))
     except Interrupted:
-        raise RunInterrupted(runner.interrupted_message()) from None
+        raise RunInterrupted(runner.interrupted_message(), runner.run_dir.path) from None

@@ -43,7 +43,7 @@ def launch_kind(
     from harness.runs.progress import RichProgress
     from harness.scenario.spec import load_scenario
     from harness.store.rundir import RunDir
-    from kvbench.errors import KvbenchError
+    from kvbench.errors import KvbenchError, RunInterrupted
     from reports.outputs import write_outputs
 
     if (scenario is None) == (resume is None):
@@ -61,6 +61,14 @@ def launch_kind(
                 overrides=overrides,
             )
         write_outputs(run_dir, console)
+    except RunInterrupted as stopped:
+        # the result file and reports would otherwise be an earlier attempt's (or none): rebuild them from what
+        # this one kept, then say how to resume
+        try:
+            rebuild(stopped.run_dir)
+        except (KvbenchError, OSError) as error:
+            console.print(f"no result rebuilt from the records kept: {error}", highlight=False, markup=False)
+        raise fail(str(stopped)) from None
     except KvbenchError as error:
         raise fail(str(error)) from None
     except OSError as error:  # an output path that cannot be written: one line, not a traceback
@@ -68,6 +76,21 @@ def launch_kind(
     assert isinstance(run_dir, RunDir)
     verdict_exit([outcome_of_result(result)], f" (run directory: {run_dir.path})")
     return run_dir
+
+
+def rebuild(path: Path) -> Outcome:
+    """Rebuild a run directory's result file and every report from its stored files; its outcome."""
+    from harness.results.verdict import outcome_of_result
+    from harness.runs.kinds import summarize
+    from harness.store.rundir import RunDir
+    from reports.outputs import write_outputs
+
+    run_dir = RunDir.open(path)
+    outcome = outcome_of_result(summarize(run_dir))
+    console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
+    for written in write_outputs(run_dir, console):
+        console.print(f"wrote {written}", highlight=False, markup=False)
+    return outcome
 
 
 def run(
@@ -182,11 +205,7 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
-    from harness.results.verdict import outcome_of_result
-    from harness.runs.kinds import summarize
-    from harness.store.rundir import RunDir
     from kvbench.errors import KvbenchError
-    from reports.outputs import write_outputs
 
     dirs = list(run_dirs or [])
     if not dirs and playbook is None:
@@ -195,12 +214,7 @@ def report(
         raise fail("--playbook and --out go with --html")
     outcomes: list[Outcome] = []
     try:
-        for path in dirs:
-            run_dir = RunDir.open(path)
-            outcomes.append(outcome_of_result(summarize(run_dir)))
-            console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
-            for written in write_outputs(run_dir, console):
-                console.print(f"wrote {written}", highlight=False, markup=False)
+        outcomes += [rebuild(path) for path in dirs]
         if html:
             from reports.html import report_html
 
