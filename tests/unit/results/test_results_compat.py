@@ -49,10 +49,17 @@ def test_kept_run_loads_rebuilds_and_renders(stored: Path, tmp_path: Path) -> No
     ]
     assert new.requests == old.requests
 
-    # a length re-run by --resume counts in its completing attempt only (every kept run completed its lengths)
+    # a length re-run by --resume counts in its completing attempt only; a length no attempt completed (a run
+    # stopped part-way) counts in the latest attempt that measured it
     completing: dict[tuple[str, int, int], int] = {}
     for event in RunDir.open(stored).groups_done():
         completing[event.key] = max(event.attempt, completing.get(event.key, -1))
+    latest: dict[tuple[str, int, int], int] = {}
+    for r in records:
+        if r.phase == "measure":
+            key = (r.arm, r.repetition, r.context_tokens or 0)
+            latest[key] = max(r.attempt, latest.get(key, -1))
+    completing = {**latest, **completing}
     measured = [
         r for r in records
         if r.phase == "measure" and r.ok and r.completion_tokens
