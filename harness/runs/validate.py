@@ -337,10 +337,10 @@ def validate(
         judged = context >= min_tokens
         # the measured requests' own spread, so that an error can be read against the run's repeatability
         spread = measured_ttfts[(arm, context, turn)]
-        note = f"{roles[context]}; measured {min(spread):,.1f}-{max(spread):,.1f} ({len(spread)})"
+        low, high = min(spread), max(spread)
+        note = f"{roles[context]}; measured {low:,.1f}-{high:,.1f} ({len(spread)})"
         note += "" if judged else "  (not judged)"
-        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged,
-                          (min(spread), max(spread))))  # fmt: skip
+        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high)))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
     if "other run" in roles.values():  # all lengths or none: the run is a source of the calibration or not

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
 
 from kvbench.markup import console_text
 
@@ -66,7 +67,8 @@ def launch_kind(
         # the result file and reports would otherwise be an earlier attempt's (or none): rebuild them from what
         # this one kept, then say how to resume
         try:
-            rebuild(stopped.run_dir, quiet=True)
+            # quietly: a stopped run's verdict is not its exit code
+            rebuild(stopped.run_dir, Console(file=io.StringIO()))
             console.print("its result file and reports now show what it measured", highlight=False, markup=False)
         except (KvbenchError, OSError) as error:
             console.print(f"no result rebuilt from the records kept: {error}", highlight=False, markup=False)
@@ -80,13 +82,8 @@ def launch_kind(
     return run_dir
 
 
-def rebuild(path: Path, quiet: bool = False) -> Outcome:
-    """Rebuild a run directory's result file and every report from its stored files; its outcome.
-
-    ``quiet``: write the files without printing the tables and verdict (a stopped run's verdict is not its exit).
-    """
-    from rich.console import Console
-
+def rebuild(path: Path, out: Console = console) -> Outcome:
+    """Rebuild a run directory's result file and every report from its stored files, telling ``out``; its outcome."""
     from harness.results.verdict import outcome_of_result
     from harness.runs.kinds import summarize
     from harness.store.rundir import RunDir
@@ -94,12 +91,9 @@ def rebuild(path: Path, quiet: bool = False) -> Outcome:
 
     run_dir = RunDir.open(path)
     outcome = outcome_of_result(summarize(run_dir))
-    if quiet:
-        write_outputs(run_dir, Console(file=io.StringIO()))
-        return outcome
-    console.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
-    for written in write_outputs(run_dir, console):
-        console.print(f"wrote {written}", highlight=False, markup=False)
+    out.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
+    for written in write_outputs(run_dir, out):
+        out.print(f"wrote {written}", highlight=False, markup=False)
     return outcome
 
 
