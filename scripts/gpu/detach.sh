@@ -6,7 +6,8 @@
 # `scripts/gpu/wait.sh 540` calls until it reports the run finished.
 #   usage: scripts/gpu/detach.sh soak scenarios/gpu-sweep-llama8b.yaml --arm AMG-ON-LMCache --window 20m --load 12
 # Output goes to /tmp/kvbench-detached.log, the pid to /tmp/kvbench-detached.pid, the exit status (when it ends)
-# to /tmp/kvbench-detached.rc. KVBENCH_RUN_TIMEOUT is not applied here: the run is meant to outlive a call.
+# to /tmp/kvbench-detached.rc; relative paths (a scenario, a run directory) are read in the copy of the checkout
+# it runs from. KVBENCH_RUN_TIMEOUT is not applied here: the run is meant to outlive a call.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -f /tmp/kvbench-detached.pid ] && kill -0 "$(cat /tmp/kvbench-detached.pid)" 2>/dev/null; then
@@ -14,9 +15,17 @@ if [ -f /tmp/kvbench-detached.pid ] && kill -0 "$(cat /tmp/kvbench-detached.pid)
   exit 2
 fi
 rm -f /tmp/kvbench-detached.rc
+# The run reads its code from a private copy of the checkout: every device call re-sends the checkout into the
+# same folder, and a run importing a module while the next call replaces it can die (2026-11-27: a run started
+# here stopped at import with "No module named 'kvbench.cli.console'" as the next call's copy landed; the file was
+# there a minute later). The carried wheel parts stay behind.
+repo="$(cd "$here/../.." && pwd)"
+src=/tmp/kvbench-src
+rm -rf "$src" && mkdir -p "$src"
+tar cf - -C "$repo" --exclude=./.gpucarry --exclude=./.gpuwheels . | tar xf - -C "$src"
 # setsid: its own session and process group, so the end of this call does not signal it; OUT is unset so the
 # archive is made by wait.sh in the call that has an $OUT
-setsid nohup env -u OUT bash -c '"$0" "$@"; echo $? > /tmp/kvbench-detached.rc' "$here/kvbench.sh" "$@" \
+setsid nohup env -u OUT bash -c '"$0" "$@"; echo $? > /tmp/kvbench-detached.rc' "$src/scripts/gpu/kvbench.sh" "$@" \
   > /tmp/kvbench-detached.log 2>&1 < /dev/null &
 echo $! > /tmp/kvbench-detached.pid
 sleep 5
