@@ -342,16 +342,18 @@ class EngineCore:
         return len(self.waiting)
 
     def overdue_since(self, now: float) -> float | None:
-        """Calibrated engines only: when the first waiting request became schedulable, if that is past.
+        """When work that is due by ``now`` became runnable, if the idle engine loop woke up after it.
 
-        The calibrated per-request overhead already stands for the server's HTTP and tokenising
-        time; when the simulator's own Python took longer than that, the engine loop starts the
-        request's first step at this moment instead of now, so that time is not counted twice.
+        A tier load that finished before the loop woke (its timer fires late on a busy host) is due
+        at its end. On calibrated engines a waiting request is also due once its per-request overhead
+        has passed: that overhead already stands for the server's HTTP and tokenising time, so when
+        the simulator's own Python took longer, the request's first step starts at that moment
+        instead of now and the time is not counted twice.
         """
-        if self.settings.calibration is None or not self.waiting:
-            return None
-        due = self.waiting[0].schedulable_at
-        return due if due < now else None
+        due = [r.load_ready_at for r in self.running if r.phase is Phase.LOADING and r.load_ready_at < now]
+        if self.settings.calibration is not None and self.waiting and self.waiting[0].schedulable_at < now:
+            due.append(self.waiting[0].schedulable_at)
+        return min(due) if due else None
 
     def next_wakeup(self) -> float | None:
         """When the earliest loading request has its KV in HBM, or the first waiting request becomes

@@ -182,6 +182,21 @@ def test_loading_request_does_not_block_others() -> None:
     assert other.ttft < loader.ttft
 
 
+def test_a_finished_load_is_due_at_its_end_not_when_the_loop_woke() -> None:
+    """A real-time engine loop wakes late on a busy host; the step after a load starts at the load's end."""
+    core = make_core("cpu")
+    Client(core, prompt(8000), max_tokens=1).submit(0.0)
+    end = run(core) + 5.0
+    core.reset_prefix_cache()
+    loader = Client(core, prompt(8000), max_tokens=1).submit(end)
+    assert core.plan(end) is None and loader.request.phase is Phase.LOADING
+    ready = core.next_wakeup()
+    assert ready is not None and ready > end
+    assert core.overdue_since(ready - 1e-6) is None  # not finished yet: nothing to backdate
+    assert core.overdue_since(ready + 0.003) == pytest.approx(ready)
+    assert core.settings.calibration is None  # loads are backdated on any engine, not only calibrated ones
+
+
 def test_eviction_writes_chunks_the_tiers_lost() -> None:
     tiny_cpu = OffloadProfile(name="tiny-cpu", tiers=(OffloadTier(kind="cpu", capacity_gb=0.04),))  # 1 chunk
     core = make_core(tiny_cpu, num_gpu_blocks_override=300)
