@@ -105,6 +105,9 @@ DEFAULT_MAX_BATCH_TOKENS = 8192
 """vLLM V1's default --max-num-batched-tokens for the API server (and the simulator's)."""
 
 ATTENTION_MIN_TOKENS = 16_000
+MEMORY_BOUND_MARGIN = 0.001
+"""The decode fit's memory-bound start replaces the host-bound one only when its RMS relative step error
+is lower by this much (0.1 % of a step)."""
 SPREAD = 4.0
 """Sizes (loads) must differ by this factor for a slope to be determined."""
 BATCH_SPREAD = 2.0
@@ -706,6 +709,11 @@ def _kv_spread(deployment: Deployment, groups: Sequence[DecodeSample]) -> bool:
     return max(kv_read) - min(kv_read) >= KV_SPREAD * deployment.streamed_weight_bytes_per_gpu
 
 
+def _rms(cost: float, residuals: int) -> float:
+    """Root mean square relative error from a least-squares cost (half the sum of squared residuals)."""
+    return float(np.sqrt(2.0 * cost / max(1, residuals)))
+
+
 def _spread(values: Sequence[float]) -> bool:
     positive = [v for v in values if v > 0]
     return bool(positive) and max(positive) >= SPREAD * min(positive)
@@ -858,8 +866,16 @@ def calibrate(
                 bound.hbm = min(max(reads / (deployment.hardware.hbm_bytes_per_s * heaviest.step_s), hbm_free.low),
                                 hbm_free.high)  # fmt: skip
                 starts.append(bound)
-            fits = [(_solve(stage, start, decode_residuals, robust=False), start) for start in starts]
-            best = min(fits, key=lambda fit: fit[0])[1]
+            fits = [
+                (_rms(_solve(stage, start, decode_residuals, robust=False), len(groups)), start) for start in starts
+            ]
+            # the host-bound reading stands unless the memory-bound start explains the steps clearly better:
+            # where both fit to rounding, the HBM rate is not identified and which start wins a tie would be
+            # decided by the platform's floating point
+            best = fits[0][1]
+            for rms, start in fits[1:]:
+                if rms < fits[0][0] - MEMORY_BOUND_MARGIN:
+                    best = start
             for name, value in vars(best).items():
                 setattr(params, name, value)
 
@@ -1144,13 +1160,39 @@ def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str,
             f"calibration {calibration_file} is for {calibration.deployment.label}; the run is {facts.deployment.label}"
         )
     dep = calibration.deployment
-    deployment = dep.resolve()
+    out = {key: float(np.median(predicted)) for key, (predicted, _) in _time_model(run, facts, calibration).items()}
+    fitted = ", ".join(f"{n:,}" for n in calibration.fit_context_tokens)
+    return out, f"calibration {calibration_file.name} ({dep.label}, fitted on {fitted} tokens)"
+
+
+def _time_model(
+    run: Path, facts: RunFacts, calibration: Calibration
+) -> dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]:
+    """Per (arm, context, turn): (the time model's unloaded TTFT, the run's TTFT), ms per request, for the
+    arms whose backend the calibration has."""
+    deployment = calibration.deployment.resolve()
     samples, _ = collect(run, facts, ())
     usable = [s for s in samples.ttft if s.backend is None or s.backend in calibration.backends]
     params = params_of(calibration)
-    out = {
-        key: float(np.median(predict_ttft(deployment, params, calibration.max_batch_tokens, cell))) * 1e3
+    return {
+        key: (
+            predict_ttft(deployment, params, calibration.max_batch_tokens, cell) * 1e3,
+            np.array([s.ttft_s for s in cell]) * 1e3,
+        )
         for key, cell in _cells(usable).items()
     }
-    fitted = ", ".join(f"{n:,}" for n in calibration.fit_context_tokens)
-    return out, f"calibration {calibration_file.name} ({dep.label}, fitted on {fitted} tokens)"
+
+
+def simulator_lateness(sim_run: Path, calibration: Calibration) -> dict[tuple[str, int, int], float]:
+    """Per (arm, context, turn) of a calibrated simulator run: the median of (its TTFT - its own time model's
+    TTFT for the same request), ms.
+
+    The real-time simulator cannot be earlier than its time model, and is later by what the host that runs it
+    adds: the client's and the HTTP server's Python, and event-loop wake-ups. The calibration's fitted overhead
+    already holds the measured host's share of that, so this is the part of a simulated cell that belongs to
+    the simulating machine, not to the model.
+    """
+    return {
+        key: float(np.median(simulated - predicted))
+        for key, (predicted, simulated) in _time_model(sim_run, run_facts(sim_run), calibration).items()
+    }
