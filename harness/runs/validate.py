@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.engines.host_link import summary_text
-from harness.results.calibrate import RunFacts, run_facts
+from harness.results.calibrate import RunFacts, run_facts, simulator_lateness
 from harness.results.calibrate import calibrate as fit_calibration
 from harness.results.sweep import aggregate_sweep
 from harness.results.sweep_result import PointResult, SweepResult
@@ -343,6 +343,7 @@ def validate(
         cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high)))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
+    notes = lateness_lines(simulator_lateness(sim_dir.path, prepared.calibration), measured)
     if "other run" in roles.values():  # all lengths or none: the run is a source of the calibration or not
         runs = ", ".join(source.run_id for source in prepared.calibration.sources)
         fitted_on = f"fitted on other runs ({runs}), lengths {fit_lengths}: every cell is out of sample"
@@ -365,8 +366,27 @@ def validate(
             *host_link_lines(prepared),
         ],
         skipped=skipped,
+        notes=notes,
         threshold=f"threshold {max_error:.0%} per cell at >= {min_tokens:,} tokens",
     )
+
+
+def lateness_lines(
+    late_ms: dict[tuple[str, int, int], float], measured_ms: dict[tuple[str, int, int], float]
+) -> list[str]:
+    """What the simulating host added to the simulated cells (shown, not used in the verdict)."""
+    shares = {key: late / measured_ms[key] for key, late in late_ms.items() if measured_ms.get(key, 0) > 0}
+    if not shares:
+        return []
+    largest = max(shares, key=lambda key: shares[key])
+    arm, context, turn = largest
+    values = sorted(late_ms.values())
+    return [
+        f"This machine's own time in the simulated values (the simulator's TTFT over its time model for the same "
+        f"requests: client, HTTP server, event loop): median {statistics.median(values):+.1f} ms per cell, "
+        f"{values[0]:+.1f} to {values[-1]:+.1f}; largest against the measured value in {arm} {context} {turn} "
+        f"({shares[largest]:+.1%}). The calibration's overhead already holds the measured host's share of it."
+    ]
 
 
 # -- sweeps --------------------------------------------------------------------------------------------

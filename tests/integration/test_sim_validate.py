@@ -8,6 +8,7 @@ calibration for another deployment cannot be compared (exit 2).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,12 @@ def test_validate_exit_codes(measured: tuple[Path, Path], tmp_path: Path) -> Non
     off_t2 = next(line for line in ok.output.splitlines() if line.split()[:3] == ["OFF", "8000", "2"])
     measured_ms = float(off_t2.split()[3].replace(",", ""))
     assert off_t2.endswith(f"; measured {measured_ms:,.1f}-{measured_ms:,.1f} (1)")
+    # what this machine adds over the simulator's own time model: never negative (the simulator is never
+    # early), and a few ms, not a share of the 4k-8k prefill the model decides
+    lateness = re.search(r"median ([+-][\d.]+) ms per cell, ([+-][\d.]+) to ([+-][\d.]+);", ok.output)
+    assert lateness is not None, ok.output
+    median_ms, lowest_ms, highest_ms = (float(g) for g in lateness.groups())
+    assert -0.5 < lowest_ms <= median_ms <= highest_ms < 50.0
 
     slow = sim_calibration().model_copy(
         update={"linear_efficiency": FitParam(value=0.25, unit="", fitted=True, source="wrong on purpose")}
