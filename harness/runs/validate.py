@@ -238,12 +238,51 @@ def _prepare(run_dir: RunDir, kind: RunKind, out: Path, calibration_file: Path |
     return _Prepared(run_dir, facts, run_dir.scenario(), calibration, calibration_file)
 
 
-def _simulate(prepared: _Prepared, kind: RunKind, out: Path, workload: dict[str, object] | None = None) -> RunDir:
-    file = prepared.calibration_file.resolve() if prepared.calibration_file is not None else None
-    engine = sim_engine(prepared.scenario, prepared.facts, prepared.calibration, file)
+def _simulate(prepared: _Prepared, kind: RunKind, out: Path, workload: dict[str, object] | None = None,
+              client_time_s: float = 0.0) -> RunDir:  # fmt: skip
+    engine = _engine(prepared)
+    if client_time_s > 0:
+        engine["client_time_s"] = client_time_s
     backends = {name: arm.backend for name, arm in prepared.facts.arms.items()}
     sim_dir, _ = launch(kind, sim_scenario(prepared.scenario, engine, backends, workload), source=None, output_dir=out)
     return sim_dir
+
+
+def _engine(prepared: _Prepared) -> dict[str, object]:
+    file = prepared.calibration_file.resolve() if prepared.calibration_file is not None else None
+    return sim_engine(prepared.scenario, prepared.facts, prepared.calibration, file)
+
+
+CLIENT_TIME_TOKENS = 1000
+CLIENT_TIME_CONVERSATIONS = 3
+CLIENT_TIME_REQUESTS = 2 * CLIENT_TIME_CONVERSATIONS  # two turns each
+
+
+def measure_client_time(prepared: _Prepared, out: Path) -> float:
+    """Seconds this machine's client and HTTP stack add to a short request on the calibrated simulator.
+
+    A short simulator run before the validation (``CLIENT_TIME_REQUESTS`` requests of ``CLIENT_TIME_TOKENS``
+    tokens, no tier): the median of its TTFT over the time model's (:func:`simulator_lateness`). The
+    calibration's overhead holds the measured host's share of such time; the validation's simulator charges
+    the overhead less this, so the local share is not counted twice.
+    """
+    assert prepared.calibration is not None
+    data: dict[str, object] = {
+        "name": f"{prepared.scenario.name}-client-time",
+        "engine": _engine(prepared),
+        "arms": [{"name": "client-time", "offload": "off"}],
+        "workload": {
+            "kind": "multi_round_qa",
+            "context_tokens": [CLIENT_TIME_TOKENS],
+            "conversations": CLIENT_TIME_CONVERSATIONS,
+            "turns": 2,
+            "warmup_requests": 1,
+        },
+        "seed": prepared.scenario.seed,
+    }
+    run_dir, _ = launch("probe", parse_scenario(data, "validate"), source=None, output_dir=out / "client-time")
+    late_ms = simulator_lateness(run_dir.path, prepared.calibration)
+    return max(0.0, statistics.median(late_ms.values()) / 1e3) if late_ms else 0.0
 
 
 def _source(prepared: _Prepared) -> str:
@@ -308,9 +347,12 @@ def validate(
     conversations: int = 1,
     max_error: float = 0.15,
     min_tokens: int = 1000,
+    count_client_time: bool = False,
 ) -> Validation:
     """Simulate probe ``run``'s scenario at the held-out lengths (all lengths without ``holdout``) and compare.
 
+    ``count_client_time``: charge the whole calibrated overhead, this machine's client time on top (as
+    outputs made before 2026-11-27's CUDA-graphs runs did), instead of measuring it first and taking it out.
     Raises :class:`CalibrationError` when the run and the calibration cannot be compared.
     """
     run_dir = _open(run, "probe")
@@ -323,7 +365,8 @@ def validate(
     assert prepared.calibration is not None  # a probe validation fits one when none is given
     lengths = sorted(holdout) if holdout else lengths_all
     workload: dict[str, object] = {"context_tokens": lengths, "conversations": conversations}
-    sim_dir = _simulate(prepared, "probe", out, workload)
+    client_s = 0.0 if count_client_time else measure_client_time(prepared, out)
+    sim_dir = _simulate(prepared, "probe", out, workload, client_s)
     measured_ttfts = _ttfts(prepared.run_dir.records())
     measured = _medians(measured_ttfts)
     simulated = _medians(_ttfts(sim_dir.records()))
@@ -345,7 +388,7 @@ def validate(
         cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high)))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
-    notes = lateness_lines(simulator_lateness(sim_dir.path, prepared.calibration), measured)
+    notes = lateness_lines(simulator_lateness(sim_dir.path, prepared.calibration), measured, client_s)
     if "other run" in roles.values():  # all lengths or none: the run is a source of the calibration or not
         runs = ", ".join(source.run_id for source in prepared.calibration.sources)
         fitted_on = f"fitted on other runs ({runs}), lengths {fit_lengths}: every cell is out of sample"
@@ -374,20 +417,34 @@ def validate(
 
 
 def lateness_lines(
-    late_ms: dict[tuple[str, int, int], float], measured_ms: dict[tuple[str, int, int], float]
+    late_ms: dict[tuple[str, int, int], float], measured_ms: dict[tuple[str, int, int], float], client_s: float = 0.0
 ) -> list[str]:
-    """What the simulating host added to the simulated cells (shown, not used in the verdict)."""
-    shares = {key: late / measured_ms[key] for key, late in late_ms.items() if measured_ms.get(key, 0) > 0}
+    """What the simulating host added to the simulated cells (shown, not used in the verdict).
+
+    ``late_ms``: per cell, the simulator's TTFT over its time model with the whole calibrated overhead, so
+    what is left of this machine's time after ``client_s`` (measured first and taken out of the overhead; 0:
+    none was)."""
+    client_ms = client_s * 1e3
+    shares = {key: value / measured_ms[key] for key, value in late_ms.items() if measured_ms.get(key, 0) > 0}
     if not shares:
         return []
-    largest = max(shares, key=lambda key: shares[key])
+    largest = max(shares, key=lambda key: abs(shares[key]))
     arm, context, turn = largest
     values = sorted(late_ms.values())
+    spread = (
+        f"median {statistics.median(values):+.1f} ms per cell, {values[0]:+.1f} to {values[-1]:+.1f}; largest against "
+        f"the measured value in {arm} {context} {turn} ({shares[largest]:+.1%})"
+    )
+    if client_ms > 0:
+        return [
+            f"This machine's client time, measured first ({CLIENT_TIME_REQUESTS} requests of {CLIENT_TIME_TOKENS:,} "
+            f"tokens without a tier, TTFT over the time model): {client_ms:.1f} ms, taken out of the calibrated "
+            f"overhead, which already holds the measured host's. Left in the simulated values: {spread}."
+        ]
     return [
         f"This machine's own time in the simulated values (the simulator's TTFT over its time model for the same "
-        f"requests: client, HTTP server, event loop): median {statistics.median(values):+.1f} ms per cell, "
-        f"{values[0]:+.1f} to {values[-1]:+.1f}; largest against the measured value in {arm} {context} {turn} "
-        f"({shares[largest]:+.1%}). The calibration's overhead already holds the measured host's share of it."
+        f"requests: client, HTTP server, event loop): {spread}. The calibration's overhead already holds the "
+        "measured host's share of it."
     ]
 
 
@@ -547,6 +604,7 @@ def validate_run(
     conversations: int = 1,
     max_error: float = 0.15,
     max_capacity_error: float = 0.15,
+    count_client_time: bool = False,
 ) -> Validation:
     """:func:`validate` or :func:`validate_sweep`, by the run directory's kind."""
     kind = RunDir.open(run).kind
@@ -556,4 +614,4 @@ def validate_run(
         return validate_sweep(run, out, calibration_file, max_error, max_capacity_error)
     if kind != "probe":
         raise CalibrationError(f"{run}: a {kind} run; kvbench sim validate compares probe runs and sweeps")
-    return validate(run, out, calibration_file, holdout, conversations, max_error)
+    return validate(run, out, calibration_file, holdout, conversations, max_error, count_client_time=count_client_time)

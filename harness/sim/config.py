@@ -49,6 +49,14 @@ class SimEngineConfig(ReplicaFields):
         description="Calibration file (kvbench sim calibrate) for this deployment: fitted overheads, "
         "efficiencies and offload-backend costs replace the datasheet figures.",
     )
+    client_time_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Seconds of a request's calibrated overhead that the client and HTTP stack of the machine "
+        "running the simulator spend themselves (kvbench sim validate measures it before its run): the "
+        "simulator charges the rest, so that a client there sees the measured host's TTFT. Calibrated only.",
+    )
 
     # Checked here, not when the simulator starts: `kvbench validate` must catch a misspelt profile.
     @field_validator("model")

@@ -70,6 +70,9 @@ class SimSettings(StrictModel):
         default=None,
         description="A fleet's shared tier: the directory every replica keeps the shared tier's chunk index in.",
     )
+    client_time_s: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Seconds of the calibrated overhead the local client spends itself."
+    )
 
     @model_validator(mode="after")
     def _deployment_valid(self) -> SimSettings:
@@ -103,8 +106,15 @@ class SimSettings(StrictModel):
         return self.offload if self.calibration is None else self.calibration.calibrated_profile(self.offload)
 
     def request_overhead_s(self, prompt_tokens: int) -> float:
-        """Calibrated time from a request's arrival to its first schedulable moment (0 uncalibrated)."""
-        return 0.0 if self.calibration is None else self.calibration.request_overhead(prompt_tokens)
+        """Calibrated time from a request's arrival to its first schedulable moment (0 uncalibrated).
+
+        The fitted overhead holds the measured host's client and HTTP time; the local client's own
+        (``client_time_s``) is spent before the request arrives and after its tokens leave, so it is
+        taken out here rather than counted twice.
+        """
+        if self.calibration is None:
+            return 0.0
+        return max(0.0, self.calibration.request_overhead(prompt_tokens) - self.client_time_s)
 
     def request_intake_s(self, prompt_tokens: int, busy: bool = True) -> float:
         """Calibrated engine-blocking work of an arriving request (0 uncalibrated): stalls the running requests.
@@ -142,6 +152,7 @@ class SimSettings(StrictModel):
             faults=list(config.faults),
             fault_seed=config.fault_seed,
             calibration=calibration,
+            client_time_s=config.client_time_s,
         )
 
     @classmethod

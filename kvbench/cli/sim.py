@@ -351,6 +351,14 @@ def validate(
         float, typer.Option("--max-capacity-error", help="Sweeps: largest error of an arm's capacity within the SLO.")
     ] = 0.15,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where the simulator run goes.")] = Path("runs/validate"),
+    count_client_time: Annotated[
+        bool,
+        typer.Option(
+            "--count-client-time",
+            help="Probe runs: charge the whole calibrated overhead and this machine's client time on top (outputs "
+            "before 2026-11-27's CUDA-graphs runs), instead of measuring the client time first and taking it out.",
+        ),
+    ] = False,
 ) -> None:
     """Re-run a real run's scenario (probe run or sweep) on the (calibrated) simulator and compare per cell;
     exit 0 within the thresholds, 1 beyond, 2 cannot compare."""
@@ -358,7 +366,8 @@ def validate(
     from kvbench.errors import KvbenchError
 
     try:
-        result = validate_run(run, out, calibration, _lengths(holdout), conversations, max_error, max_capacity_error)
+        result = validate_run(run, out, calibration, _lengths(holdout), conversations, max_error, max_capacity_error,
+                              count_client_time)  # fmt: skip
     except KvbenchError as error:
         raise _fail(str(error)) from None
     typer.echo(f"Simulated {result.sim_run} against measured {result.run} ({result.kind})")

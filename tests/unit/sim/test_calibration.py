@@ -91,6 +91,21 @@ def test_an_overdue_request_is_backdated_only_when_calibrated() -> None:
     assert plain.overdue_since(10.5) is None
 
 
+def test_the_local_client_time_comes_out_of_the_calibrated_overhead_only() -> None:
+    fitted = chosen().request_overhead(1000)
+    assert fitted > 0.004
+    local = SimSettings(
+        model="llama-3.1-8b", hardware="h100-sxm", offload=CPU, calibration=chosen(), client_time_s=0.004
+    )
+    assert local.request_overhead_s(1000) == pytest.approx(fitted - 0.004)
+    more = SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=CPU, calibration=chosen(), client_time_s=1.0)
+    assert more.request_overhead_s(1000) == 0.0  # never below nothing
+    plain = SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=CPU, client_time_s=0.004)
+    assert plain.request_overhead_s(1000) == 0.0  # the datasheet model has no overhead to take it from
+    config = SimEngineConfig(kind="sim", model="llama-3.1-8b", hardware="h100-sxm", client_time_s=0.004)
+    assert SimSettings.from_engine_config(config, CPU, True).client_time_s == 0.004
+
+
 def _blocking(share: float) -> Calibration:
     truth = chosen()
     return truth.model_copy(update={
