@@ -17,9 +17,12 @@ Probe runs (:func:`validate`): per (arm, context length, turn) the median TTFT, 
 lengths (all lengths without ``holdout``) and ``conversations`` conversations per length (default 1,
 to keep it short). Without a calibration file, one is fitted from the run itself on the lengths that
 are not held out (:func:`harness.results.calibrate.calibrate`) and written next to the simulator
-run. Cells below ``min_tokens`` (1,000) are shown but not judged. A note gives this machine's own time in the
-simulated values (:func:`harness.results.calibrate.simulator_lateness`: the simulator's TTFT minus its time
-model's for the same requests, ms), which the real-time simulator adds on top of the calibrated overhead.
+run. Cells below ``min_tokens`` (1,000) are shown but not judged. The calibrated overhead holds the measured
+host's client time, and the real-time simulator's client on this machine adds its own: unless
+``count_client_time``, a short run first measures it (:func:`measure_client_time`) and the validation's
+simulator charges the overhead less that. A note gives what is left of this machine's time in the simulated
+values (:func:`harness.results.calibrate.simulator_lateness`: the simulator's TTFT minus its time model's for
+the same requests, ms).
 
 Sweeps (:func:`validate_sweep`): the same load points, warm-up and window. Both runs are aggregated
 by the sweep result's own formulas (:func:`harness.results.sweep.aggregate_sweep`,
