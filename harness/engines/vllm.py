@@ -165,6 +165,15 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
 
 
 SYMM_MEM_ALLREDUCE_ENV = "VLLM_ALLREDUCE_USE_SYMM_MEM"
+FLASHINFER_ALLREDUCE_ENV = "VLLM_FLASHINFER_ALLREDUCE_BACKEND"
+# The multi-GPU hosts keep NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+# NVSHMEM_DISABLE_NVLS=1): a program that creates a multicast object can put a shared host's GPUs out of
+# service. Two of vLLM 0.26's all-reduce paths ignore those variables, so at TP/PP > 1 kvbench steers both:
+# - its symmetric-memory all-reduce needs multicast: NCCL's all-reduce instead;
+# - with CUDA graphs, the all-reduce + RMSNorm fusion auto-selects FlashInfer's "mnnvl" workspace, which calls
+#   cuMulticastCreate itself (seen 2026-11-27 on 4x H200, where graph capture then died with "illegal memory
+#   access"); FlashInfer's "trtllm" workspace uses PyTorch's symmetric memory, which honours the variable above.
+MULTICAST_FREE_ENV: dict[str, str] = {SYMM_MEM_ALLREDUCE_ENV: "0", FLASHINFER_ALLREDUCE_ENV: "trtllm"}
 HASH_SEED_ENV = "PYTHONHASHSEED"
 
 
@@ -186,10 +195,8 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
             # scheduler (lookups) and each TP worker (stores) are separate processes, and with
             # randomised seeds their keys never match -- every turn 2 misses (seen on 4x H200)
             env[HASH_SEED_ENV] = "0"
-    if config.parallelism.tp * config.parallelism.pp > 1 and SYMM_MEM_ALLREDUCE_ENV not in os.environ:
-        # vLLM's symmetric-memory all-reduce needs NVLink multicast, which the multi-GPU hosts keep off
-        # (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1): use NCCL's all-reduce instead
-        env[SYMM_MEM_ALLREDUCE_ENV] = "0"
+    if config.parallelism.tp * config.parallelism.pp > 1:
+        env.update({name: value for name, value in MULTICAST_FREE_ENV.items() if name not in os.environ})
     env.update(plan.env)
     env.update(config.env)
     if "PYTHONPATH" in plan.env:  # the plan's (name_replica) already ends with the config's own PYTHONPATH

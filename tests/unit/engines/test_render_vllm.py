@@ -22,6 +22,8 @@ from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
 from harness.engines.configs import VllmEngineConfig
 from harness.engines.kinds import create_engine, engine_kinds
 from harness.engines.vllm import (
+    FLASHINFER_ALLREDUCE_ENV,
+    MULTICAST_FREE_ENV,
     PYTHON_ENV_VAR,
     SYMM_MEM_ALLREDUCE_ENV,
     EngineRequestError,
@@ -601,22 +603,29 @@ async def test_python_without_vllm_fails_before_start(tmp_path: Path, monkeypatc
         await probe_versions(str(tmp_path / "no-such-python"), with_lmcache=False)
 
 
-def test_tensor_parallel_turns_off_the_multicast_all_reduce(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(SYMM_MEM_ALLREDUCE_ENV, raising=False)
+@pytest.mark.parametrize(("name", "multicast_free"), sorted(MULTICAST_FREE_ENV.items()))
+def test_tensor_parallel_steers_vllm_off_the_multicast_all_reduces(
+    name: str, multicast_free: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(name, raising=False)
     one = vllm_config()
     plan = render_vllm_launch(BUILTIN_PROFILES["off"], one, True, tmp_path)
-    assert SYMM_MEM_ALLREDUCE_ENV not in build_vllm_env(one, plan)
+    assert name not in build_vllm_env(one, plan)
     four = vllm_config(parallelism={"tp": 4})
-    assert build_vllm_env(four, plan)[SYMM_MEM_ALLREDUCE_ENV] == "0"
+    assert build_vllm_env(four, plan)[name] == multicast_free
+    assert build_vllm_env(vllm_config(parallelism={"tp": 2, "pp": 2}), plan)[name] == multicast_free
     # a value the user set (in the scenario or the environment kvbench inherits) is left alone
-    assert (
-        build_vllm_env(vllm_config(parallelism={"tp": 4}, env={SYMM_MEM_ALLREDUCE_ENV: "1"}), plan)[
-            SYMM_MEM_ALLREDUCE_ENV
-        ]
-        == "1"
+    assert build_vllm_env(vllm_config(parallelism={"tp": 4}, env={name: "user"}), plan)[name] == "user"
+    monkeypatch.setenv(name, "user")
+    assert name not in build_vllm_env(four, plan)
+
+
+def test_the_multicast_free_defaults_name_vllms_variables() -> None:
+    assert MULTICAST_FREE_ENV == {SYMM_MEM_ALLREDUCE_ENV: "0", FLASHINFER_ALLREDUCE_ENV: "trtllm"}
+    assert (SYMM_MEM_ALLREDUCE_ENV, FLASHINFER_ALLREDUCE_ENV) == (
+        "VLLM_ALLREDUCE_USE_SYMM_MEM",
+        "VLLM_FLASHINFER_ALLREDUCE_BACKEND",
     )
-    monkeypatch.setenv(SYMM_MEM_ALLREDUCE_ENV, "1")
-    assert SYMM_MEM_ALLREDUCE_ENV not in build_vllm_env(four, plan)
 
 
 def test_lmcache_gets_a_fixed_hash_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
