@@ -419,6 +419,15 @@ def validate(
     )
 
 
+def client_time_line(client_s: float) -> str:
+    """How much of this machine's client time the validation's simulator took out of the calibrated overhead."""
+    return (
+        f"This machine's client time, measured first ({CLIENT_TIME_REQUESTS} requests of {CLIENT_TIME_TOKENS:,} "
+        f"tokens without a tier, TTFT over the time model): {client_s * 1e3:.1f} ms, taken out of the calibrated "
+        "overhead, which already holds the measured host's."
+    )
+
+
 def lateness_lines(
     late_ms: dict[tuple[str, int, int], float], measured_ms: dict[tuple[str, int, int], float], client_s: float = 0.0
 ) -> list[str]:
@@ -430,7 +439,7 @@ def lateness_lines(
     client_ms = client_s * 1e3
     shares = {key: value / measured_ms[key] for key, value in late_ms.items() if measured_ms.get(key, 0) > 0}
     if not shares:
-        return []
+        return [client_time_line(client_s)] if client_ms > 0 else []
     largest = max(shares, key=lambda key: abs(shares[key]))
     arm, context, turn = largest
     values = sorted(late_ms.values())
@@ -439,11 +448,7 @@ def lateness_lines(
         f"the measured value in {arm} {context} {turn} ({shares[largest]:+.1%})"
     )
     if client_ms > 0:
-        return [
-            f"This machine's client time, measured first ({CLIENT_TIME_REQUESTS} requests of {CLIENT_TIME_TOKENS:,} "
-            f"tokens without a tier, TTFT over the time model): {client_ms:.1f} ms, taken out of the calibrated "
-            f"overhead, which already holds the measured host's. Left in the simulated values: {spread}."
-        ]
+        return [f"{client_time_line(client_s)} Left in the simulated values: {spread}."]
     return [
         f"This machine's own time in the simulated values (the simulator's TTFT over its time model for the same "
         f"requests: client, HTTP server, event loop): {spread}. The calibration's overhead already holds the "
@@ -556,10 +561,13 @@ def validate_sweep(
     calibration_file: Path | None = None,
     max_error: float = 0.15,
     max_capacity_error: float = 0.15,
+    count_client_time: bool = False,
 ) -> Validation:
     """Re-run sweep ``run``'s scenario on the simulator (same load points and seed) and compare.
 
-    Raises :class:`CalibrationError` when the run and the calibration cannot be compared.
+    With a calibration, this machine's client time is measured first and taken out of the calibrated
+    overhead, as for probe runs, unless ``count_client_time``. Raises :class:`CalibrationError` when the
+    run and the calibration cannot be compared.
     """
     prepared = _prepare(_open(run, "sweep"), "sweep", out, calibration_file)
     measured = aggregate_sweep(
@@ -567,10 +575,14 @@ def validate_sweep(
     )
     if not measured.points:
         raise CalibrationError(f"{run}: no finished load point to compare (points.jsonl is empty)")
-    sim_dir = _simulate(prepared, "sweep", out)
+    calibrated = prepared.calibration is not None
+    client_s = measure_client_time(prepared, out) if calibrated and not count_client_time else 0.0
+    sim_dir = _simulate(prepared, "sweep", out, client_time_s=client_s)
     simulated = aggregate_sweep(sim_dir.scenario(), sim_dir.run_id, sim_dir.records(), sim_dir.points())
     roles = load_roles(prepared.calibration, prepared.run_dir, measured.loads)
     cells, skipped, one_sided, notes = sweep_cells(measured, simulated, max_error, max_capacity_error, roles)
+    if client_s > 0:
+        notes = [*notes, client_time_line(client_s)]
     if not cells:
         raise CalibrationError(f"{run}: no load point with successful requests on both sides to compare")
     spec = prepared.scenario.sweep
@@ -614,7 +626,7 @@ def validate_run(
     if kind == "sweep":
         if holdout:
             raise CalibrationError(f"--holdout {list(holdout)}: a sweep has no context lengths to hold out ({run})")
-        return validate_sweep(run, out, calibration_file, max_error, max_capacity_error)
+        return validate_sweep(run, out, calibration_file, max_error, max_capacity_error, count_client_time)
     if kind != "probe":
         raise CalibrationError(f"{run}: a {kind} run; kvbench sim validate compares probe runs and sweeps")
     return validate(run, out, calibration_file, holdout, conversations, max_error, count_client_time=count_client_time)

@@ -355,8 +355,9 @@ def validate(
         bool,
         typer.Option(
             "--count-client-time",
-            help="Probe runs: charge the whole calibrated overhead and this machine's client time on top (outputs "
-            "before 2026-11-27's CUDA-graphs runs), instead of measuring the client time first and taking it out.",
+            help="With a calibration: charge the whole calibrated overhead and this machine's client time on top "
+            "(outputs before 2026-11-27's CUDA-graphs runs), instead of measuring the client time first and taking "
+            "it out.",
         ),
     ] = False,
 ) -> None:

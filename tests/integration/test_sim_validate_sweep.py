@@ -18,6 +18,7 @@ About 80 s on 2 cores (three short sweeps).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import cast
 
@@ -146,6 +147,9 @@ def test_calibrate_fits_the_decode_step_from_the_sweep_and_a_slow_decode_fails_v
     beyond = runner.invoke(sim_app, ["validate", str(measured), "--calibration", str(wrong), "-o", str(tmp_path / "v")])
     assert beyond.exit_code == 1, beyond.output
     assert "BEYOND" in beyond.output
+    # with a calibration, this machine's client time is measured first and taken out of its overhead, as for a probe
+    client = re.search(r"client time, measured first .*?: ([\d.]+) ms, taken out", beyond.output)
+    assert client is not None and 0.0 < float(client.group(1)) < 50.0, beyond.output
     tps = _rows(beyond.output, "TPS/user")
     assert len(tps) == 4
     for row in tps:
