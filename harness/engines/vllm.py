@@ -204,8 +204,18 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
     return env
 
 
+_PROBED: dict[tuple[str, bool, str | None], dict[str, str | None]] = {}
+"""Versions found per (python, with_lmcache, $PYTHONPATH) in this process: every arm and replica of a run starts
+from the same engine python, and its ``import vllm`` takes 10-30 s on a small CPU machine."""
+
+
 async def probe_versions(python: str, *, with_lmcache: bool) -> dict[str, str | None]:
-    """Import vllm with ``python`` (and look up lmcache's version); EngineStartError if that fails."""
+    """Import vllm with ``python`` (and look up lmcache's version); EngineStartError if that fails.
+
+    A python that passed once in this process is not probed again (a failure is never remembered)."""
+    key = (python, with_lmcache, os.environ.get("PYTHONPATH"))  # what the probe's import sees
+    if key in _PROBED:
+        return dict(_PROBED[key])
     script = _VERSION_SCRIPT.replace("WITH_LMCACHE", "True" if with_lmcache else "False")
     payload = await probe_python(
         python, script, _VERSION_MARK, what="'import vllm'", timeout_s=VERSION_PROBE_TIMEOUT_S, hint=_venv_hint
@@ -213,6 +223,7 @@ async def probe_versions(python: str, *, with_lmcache: bool) -> dict[str, str | 
     found: dict[str, str | None] = json.loads(payload)
     if with_lmcache and not found.get("lmcache"):
         raise EngineStartError(_venv_hint(python, "lmcache is not installed there"))
+    _PROBED[key] = dict(found)
     return found
 
 

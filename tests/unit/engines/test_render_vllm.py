@@ -589,6 +589,33 @@ async def test_engine_that_dies_reports_its_log(fake_site: Path, tmp_path: Path)
             pass
 
 
+async def test_a_python_that_passed_is_probed_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\necho probed >> {calls}\necho \'KVBENCH_VERSIONS={{"vllm": "0.0-fake", "lmcache": "0.0-fake"}}\'\n'
+    )
+    python.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "first"))
+    first = await probe_versions(str(python), with_lmcache=True)
+    first["vllm"] = "changed by a caller"
+    assert await probe_versions(str(python), with_lmcache=True) == {"vllm": "0.0-fake", "lmcache": "0.0-fake"}
+    assert calls.read_text().count("probed") == 1
+    # another import path (or the lmcache question) is another probe
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "second"))
+    await probe_versions(str(python), with_lmcache=True)
+    await probe_versions(str(python), with_lmcache=False)
+    assert calls.read_text().count("probed") == 3
+    # a failure is not remembered: a python that fails once is asked again
+    broken = tmp_path / "broken"
+    broken.write_text(f"#!/bin/sh\necho probed >> {calls}\nexit 1\n")
+    broken.chmod(0o755)
+    for _ in range(2):
+        with pytest.raises(EngineStartError, match="'import vllm' failed"):
+            await probe_versions(str(broken), with_lmcache=False)
+    assert calls.read_text().count("probed") == 5
+
+
 async def test_python_without_vllm_fails_before_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # no vllm there (nor, presumably, in kvbench's env)
     try:
