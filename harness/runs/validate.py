@@ -288,6 +288,15 @@ def measure_client_time(prepared: _Prepared, out: Path) -> float:
     return max(0.0, statistics.median(late_ms.values()) / 1e3) if late_ms else 0.0
 
 
+def client_time_to_take_out(prepared: _Prepared, out: Path, count_client_time: bool) -> float:
+    """Seconds of this machine's client time the validation's simulator takes out of the calibrated overhead:
+    :func:`measure_client_time` with a calibration (there is no calibrated overhead without one), unless
+    ``count_client_time``."""
+    if count_client_time or prepared.calibration is None:
+        return 0.0
+    return measure_client_time(prepared, out)
+
+
 def _source(prepared: _Prepared) -> str:
     if prepared.calibration_file is not None:
         return f"Calibration {prepared.calibration_file}"
@@ -368,7 +377,7 @@ def validate(
     assert prepared.calibration is not None  # a probe validation fits one when none is given
     lengths = sorted(holdout) if holdout else lengths_all
     workload: dict[str, object] = {"context_tokens": lengths, "conversations": conversations}
-    client_s = 0.0 if count_client_time else measure_client_time(prepared, out)
+    client_s = client_time_to_take_out(prepared, out, count_client_time)
     sim_dir = _simulate(prepared, "probe", out, workload, client_s)
     measured_ttfts = _ttfts(prepared.run_dir.records())
     measured = _medians(measured_ttfts)
@@ -575,8 +584,7 @@ def validate_sweep(
     )
     if not measured.points:
         raise CalibrationError(f"{run}: no finished load point to compare (points.jsonl is empty)")
-    calibrated = prepared.calibration is not None
-    client_s = measure_client_time(prepared, out) if calibrated and not count_client_time else 0.0
+    client_s = client_time_to_take_out(prepared, out, count_client_time)
     sim_dir = _simulate(prepared, "sweep", out, client_time_s=client_s)
     simulated = aggregate_sweep(sim_dir.scenario(), sim_dir.run_id, sim_dir.records(), sim_dir.points())
     roles = load_roles(prepared.calibration, prepared.run_dir, measured.loads)
