@@ -17,6 +17,7 @@ the temporary directory).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -92,11 +93,10 @@ try:
     out["cuda"] = torch.version.cuda
 except ImportError:
     pass
-if WITH_LMCACHE:
-    try:
-        out["lmcache"] = md.version("lmcache")
-    except md.PackageNotFoundError:
-        out["lmcache"] = None
+try:  # the distribution's metadata, not an import: a second of lmcache's import is not spent here
+    out["lmcache"] = md.version("lmcache")
+except md.PackageNotFoundError:
+    out["lmcache"] = None
 print("KVBENCH_VERSIONS=" + json.dumps(out))
 """
 
@@ -204,27 +204,53 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
     return env
 
 
-_PROBED: dict[tuple[str, bool, str | None], dict[str, str | None]] = {}
-"""Versions found per (python, with_lmcache, $PYTHONPATH) in this process: every arm and replica of a run starts
-from the same engine python, and its ``import vllm`` takes 10-30 s on a small CPU machine."""
+_PROBED: dict[tuple[str, str | None], dict[str, str | None]] = {}
+"""Versions found per (python, $PYTHONPATH) in this process: every arm and replica of a run starts from the same
+engine python, and its ``import vllm`` takes 10-30 s on a small CPU machine."""
+_PROBING: dict[tuple[str, str | None], asyncio.Task[dict[str, str | None]]] = {}
+"""The probe in flight per key: a fleet's replicas start at once and share one ``import vllm``."""
 
 
 async def probe_versions(python: str, *, with_lmcache: bool) -> dict[str, str | None]:
-    """Import vllm with ``python`` (and look up lmcache's version); EngineStartError if that fails.
+    """Import vllm with ``python`` and look up lmcache's version; EngineStartError if that fails, or if
+    ``with_lmcache`` and lmcache is not installed there.
 
-    A python that passed once in this process is not probed again (a failure is never remembered)."""
-    key = (python, with_lmcache, os.environ.get("PYTHONPATH"))  # what the probe's import sees
-    if key in _PROBED:
-        return dict(_PROBED[key])
-    script = _VERSION_SCRIPT.replace("WITH_LMCACHE", "True" if with_lmcache else "False")
-    payload = await probe_python(
-        python, script, _VERSION_MARK, what="'import vllm'", timeout_s=VERSION_PROBE_TIMEOUT_S, hint=_venv_hint
-    )
-    found: dict[str, str | None] = json.loads(payload)
+    A python that passed once in this process is not probed again (a failure is never remembered), and
+    callers that ask while its probe runs wait for that one."""
+    key = (python, os.environ.get("PYTHONPATH"))  # what the probe's import sees
+    found = _PROBED.get(key)
+    if found is None:
+        task = _PROBING.get(key)
+        if task is None or task.get_loop() is not asyncio.get_running_loop():
+            task = asyncio.ensure_future(_probe(python))
+            _PROBING[key] = task
+        try:
+            # shielded: a caller that is cancelled leaves the probe to the others waiting for it
+            found = await asyncio.shield(task)
+        finally:
+            if task.done() and _PROBING.get(key) is task:
+                del _PROBING[key]
+        _PROBED[key] = found
     if with_lmcache and not found.get("lmcache"):
         raise EngineStartError(_venv_hint(python, "lmcache is not installed there"))
-    _PROBED[key] = dict(found)
+    return dict(found)
+
+
+async def _probe(python: str) -> dict[str, str | None]:
+    payload = await probe_python(
+        python, _VERSION_SCRIPT, _VERSION_MARK, what="'import vllm'", timeout_s=VERSION_PROBE_TIMEOUT_S, hint=_venv_hint
+    )
+    found: dict[str, str | None] = json.loads(payload)
     return found
+
+
+async def _probe_error(probe: asyncio.Future[dict[str, str | None]]) -> EngineStartError | None:
+    """The version probe's EngineStartError once it has finished, or None if it passed."""
+    try:
+        await probe
+    except EngineStartError as error:
+        return error
+    return None
 
 
 def _venv_hint(python: str, problem: str) -> str:
@@ -328,36 +354,48 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         )
         self._materialize(plan)
 
-        started = time.monotonic()
-        versions = await probe_versions(python, with_lmcache=plan.uses_lmcache)
-
         sidecars: list[LmcacheServer] = []
-        for index, spec in enumerate(plan.sidecars):
-            name = "lmcache-server.log" if index == 0 else f"lmcache-server-{index}.log"
-            server = LmcacheServer(
-                spec,
-                python=python,
-                log_path=context.log_dir / name,
-                env={key: value for key, value in config.env.items() if key.startswith("LMCACHE_")},
-                startup_timeout_s=min(config.startup_timeout_s, 300.0),
-            )
-            await stack.enter_async_context(server)
-            sidecars.append(server)
 
-        port = config.port or free_port(config.host)
-        argv = build_vllm_argv(config, python, port, plan)
-        env = build_vllm_env(config, plan)
-        base_url = f"http://{config.host}:{port}"
-        process = await start_server(
-            stack,
-            name=f"vLLM ({context.arm}, replica {context.replica})",
-            argv=argv,
-            env=env,
-            log_path=self.log_path,
-            base_url=base_url,
-            config=config,
-            cleanup_globs=CLEANUP_GLOBS,
-        )
+        async def start_servers() -> tuple[ManagedProcess, tuple[str, ...], dict[str, str], str]:
+            for index, spec in enumerate(plan.sidecars):
+                name = "lmcache-server.log" if index == 0 else f"lmcache-server-{index}.log"
+                server = LmcacheServer(
+                    spec,
+                    python=python,
+                    log_path=context.log_dir / name,
+                    env={key: value for key, value in config.env.items() if key.startswith("LMCACHE_")},
+                    startup_timeout_s=min(config.startup_timeout_s, 300.0),
+                )
+                await stack.enter_async_context(server)
+                sidecars.append(server)
+            port = config.port or free_port(config.host)  # once the sidecars hold theirs
+            argv = build_vllm_argv(config, python, port, plan)
+            env = build_vllm_env(config, plan)
+            base_url = f"http://{config.host}:{port}"
+            process = await start_server(
+                stack,
+                name=f"vLLM ({context.arm}, replica {context.replica})",
+                argv=argv,
+                env=env,
+                log_path=self.log_path,
+                base_url=base_url,
+                config=config,
+                cleanup_globs=CLEANUP_GLOBS,
+            )
+            return process, argv, env, base_url
+
+        started = time.monotonic()
+        # the probe's `import vllm` (10-30 s on a small CPU machine) runs while the servers start
+        probe = asyncio.ensure_future(probe_versions(python, with_lmcache=plan.uses_lmcache))
+        try:
+            process, argv, env, base_url = await start_servers()
+        except EngineStartError as error:
+            # a python without vllm (or lmcache) fails the start as well: the probe's error says why and what to do
+            raise await _probe_error(probe) or error from None
+        except BaseException:
+            probe.cancel()
+            raise
+        versions = await probe
         session = open_session(stack)
 
         details: dict[str, str] = {
@@ -373,7 +411,7 @@ class VllmEngine(ProcessEngine[RunningVllm]):
             "env": json.dumps(redact_env(env), sort_keys=True),
             "startup_s": f"{time.monotonic() - started:.1f}",
         }
-        if versions.get("lmcache"):
+        if plan.uses_lmcache and versions.get("lmcache"):  # the version the arm used, not one merely installed
             details["lmcache_version"] = str(versions["lmcache"])
         for package in ("torch", "cuda"):
             if versions.get(package):

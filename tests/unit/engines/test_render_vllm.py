@@ -7,6 +7,7 @@ health checks, real /tokenize and /reset_prefix_cache traffic, in about a second
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import textwrap
@@ -601,11 +602,11 @@ async def test_a_python_that_passed_is_probed_once_per_process(tmp_path: Path, m
     first["vllm"] = "changed by a caller"
     assert await probe_versions(str(python), with_lmcache=True) == {"vllm": "0.0-fake", "lmcache": "0.0-fake"}
     assert calls.read_text().count("probed") == 1
-    # another import path (or the lmcache question) is another probe
+    # another import path is another probe; an arm without LMCache asks the same one
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "second"))
     await probe_versions(str(python), with_lmcache=True)
     await probe_versions(str(python), with_lmcache=False)
-    assert calls.read_text().count("probed") == 3
+    assert calls.read_text().count("probed") == 2
     # a failure is not remembered: a python that fails once is asked again
     broken = tmp_path / "broken"
     broken.write_text(f"#!/bin/sh\necho probed >> {calls}\nexit 1\n")
@@ -613,7 +614,41 @@ async def test_a_python_that_passed_is_probed_once_per_process(tmp_path: Path, m
     for _ in range(2):
         with pytest.raises(EngineStartError, match="'import vllm' failed"):
             await probe_versions(str(broken), with_lmcache=False)
-    assert calls.read_text().count("probed") == 5
+    assert calls.read_text().count("probed") == 4
+
+
+async def test_replicas_starting_at_once_share_one_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text(
+        f"#!/bin/sh\necho probed >> {calls}\nsleep 0.5\n"
+        'echo \'KVBENCH_VERSIONS={"vllm": "0.0-fake", "lmcache": null}\'\n'
+    )
+    python.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "shared"))
+    found = await asyncio.gather(*(probe_versions(str(python), with_lmcache=False) for _ in range(3)))
+    assert found == [{"vllm": "0.0-fake", "lmcache": None}] * 3
+    assert calls.read_text().count("probed") == 1
+    # the same answer says "no lmcache there" to an arm that needs it, without another import
+    with pytest.raises(EngineStartError, match=r"(?s)lmcache is not installed there.*install-vllm-cpu.sh"):
+        await probe_versions(str(python), with_lmcache=True)
+    assert calls.read_text().count("probed") == 1
+
+
+async def test_a_start_with_a_python_without_vllm_fails_with_the_probes_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python = tmp_path / "python"  # runs the vLLM server module and the probe alike: neither finds vllm
+    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'vllm'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "empty"))
+    config = vllm_config(model=str(tmp_path / "m"), python=str(python), startup_timeout_s=30, stop_grace_s=5)
+    context = LaunchContext(arm="off", profile=BUILTIN_PROFILES["off"], log_dir=tmp_path / "logs", prefix_caching=False)
+    with pytest.raises(
+        EngineStartError, match=r"(?s)'import vllm' failed.*No module named 'vllm'.*install-vllm-cpu.sh"
+    ):
+        async with VllmEngine(config, context):
+            pass
 
 
 async def test_python_without_vllm_fails_before_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
