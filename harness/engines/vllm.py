@@ -93,7 +93,7 @@ try:
     out["cuda"] = torch.version.cuda
 except ImportError:
     pass
-try:  # the distribution's metadata, not an import: a second of lmcache's import is not spent here
+try:  # metadata only: the probe imports vllm, never lmcache (seconds more on a small CPU machine)
     out["lmcache"] = md.version("lmcache")
 except md.PackageNotFoundError:
     out["lmcache"] = None
