@@ -20,9 +20,10 @@ from harness.results.run_result import RunResult
 from harness.results.verdict import Validity
 from kvbench.markup import console_text, md_text
 
-from .ttft_table import rows
+from .ttft_table import TIMING_HEADER, rows, timing_rows
 
-Renderer = Callable[[RunResult, dict[str, Any], Path], Path]
+Renderer = Callable[[RunResult, dict[str, Any], Path], Path | None]
+"""Writes one output file and returns its path; None when the result holds nothing for it."""
 RENDERERS: dict[str, Renderer] = {}
 
 
@@ -112,6 +113,14 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
         out.print(line, markup=False)
     for warning in warnings:
         out.print(escape(f"warning: {warning}"), style="yellow")
+    timing = timing_rows(result)
+    if timing:
+        table = Table(title="Where TTFT goes (ms, mean per request; engine /metrics)")
+        for title in TIMING_HEADER:
+            table.add_column(title, justify="left" if title == "Arm" else "right")
+        for row in timing:
+            table.add_row(*(escape(text) for text in row.texts()))
+        out.print(table)
     print_validity(result.validity, out)
     if not result.complete:
         out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")
@@ -146,8 +155,35 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         text.append(line)
         text.extend(f"\n**Warning:** {warning}." for warning in warnings)
         text.append("")
+    timing = timing_markdown(result)
+    if timing:
+        text += [timing, ""]
     path.write_text("\n".join(text), encoding="utf-8")
     return path
+
+
+TIMING_NOTE = (
+    "Means per request in ms. Engine TTFT, queue and prefill are the engine's own per-request histograms "
+    "(/metrics, Δ sum ÷ Δ count over each cell's groups; vLLM's clock starts once the prompt is tokenized); "
+    "outside the engine = client mean TTFT − engine TTFT (HTTP, rendering, tokenization, the stream back)."
+)
+
+
+def timing_markdown(result: RunResult) -> str:
+    """The "Where TTFT goes" section ("" when the engine exposed no per-request histograms)."""
+    body = timing_rows(result)
+    if not body:
+        return ""
+    lines = [
+        "## Where TTFT goes",
+        "",
+        TIMING_NOTE,
+        "",
+        "| " + " | ".join(TIMING_HEADER) + " |",
+        "|---|" + "|".join("---:" for _ in TIMING_HEADER[1:]) + "|",
+    ]
+    lines += ["| " + " | ".join(md_text(text) for text in row.texts()) + " |" for row in body]
+    return "\n".join(lines)
 
 
 @renderer("csv")
@@ -191,10 +227,32 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
     return path
 
 
+@renderer("engine-timing-csv")
+def write_timing_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
+    """One line per cell with the engine's own timing (no file when the engine exposed none)."""
+    body = timing_rows(result)
+    if not body:
+        return None
+    path = out_dir / "engine_timing.csv"
+    fields = [
+        "arm", "context_tokens", "turn", "requests", "client_ttft_mean_ms", "engine_ttft_mean_ms",
+        "outside_engine_ms", "queue_mean_ms", "prefill_mean_ms", "provenance",
+    ]  # fmt: skip
+    origin = str(provenance(manifest))
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(fields)
+        for row in body:
+            times = (row.client_ms, row.engine_ms, row.outside_ms, row.queue_ms, row.prefill_ms)
+            writer.writerow([row.arm, row.context_tokens, row.turn, row.requests, *map(_blank, times), origin])
+    return path
+
+
 def _blank(value: float | None) -> float | str:
     return "" if value is None else value
 
 
 def write_all(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [render(result, manifest, out_dir) for render in RENDERERS.values()]
+    written = (render(result, manifest, out_dir) for render in RENDERERS.values())
+    return [path for path in written if path is not None]

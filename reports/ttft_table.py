@@ -71,3 +71,66 @@ def rows(result: RunResult, *, with_hits: bool = True) -> tuple[list[Column], li
     cols = columns(result, with_hits=with_hits)
     body = [[format_value(c, cell_value(result, c, ctx)) for c in cols] for ctx in result.context_tokens]
     return cols, body
+
+
+TIMING_HEADER = (
+    "Arm",
+    "Tokens",
+    "Turn",
+    "Requests",
+    "Client TTFT (mean)",
+    "Engine TTFT",
+    "Outside the engine",
+    "Queue",
+    "Prefill",
+)
+"""Where TTFT goes, per cell (ms, means per request): the client's clock, the engine's own clock, their difference,
+and the engine's queue and prefill share of its clock."""
+
+
+@dataclass(frozen=True)
+class TimingRow:
+    """One cell of :data:`TIMING_HEADER` (ms; None where unknown)."""
+
+    arm: str
+    context_tokens: int
+    turn: int
+    requests: int
+    client_ms: float | None
+    engine_ms: float | None
+    outside_ms: float | None
+    queue_ms: float | None
+    prefill_ms: float | None
+
+    def texts(self) -> list[str]:
+        times = (self.client_ms, self.engine_ms, self.outside_ms, self.queue_ms, self.prefill_ms)
+        head = [self.arm, str(self.context_tokens), str(self.turn), str(self.requests)]
+        return head + ["—" if value is None else f"{value:.1f}" for value in times]
+
+
+def timing_rows(result: RunResult) -> list[TimingRow]:
+    """One row per cell with engine timing, in the TTFT table's arm order.
+
+    ``outside_ms`` = client mean TTFT − engine mean TTFT: HTTP, prompt rendering and tokenization, and the
+    stream back, which the engine's clock does not hold.
+    """
+    order = {arm: index for index, arm in enumerate(arm_order(result))}
+    rows_out = []
+    for timing in sorted(result.engine_timing, key=lambda t: (order.get(t.arm, len(order)), t.context_tokens, t.turn)):
+        cell = result.cell(timing.arm, timing.context_tokens, timing.turn)
+        client = cell.ttft.mean_ms if cell and cell.ttft else None
+        outside = client - timing.ttft_ms if client is not None and timing.ttft_ms is not None else None
+        rows_out.append(
+            TimingRow(
+                arm=timing.arm,
+                context_tokens=timing.context_tokens,
+                turn=timing.turn,
+                requests=timing.requests,
+                client_ms=client,
+                engine_ms=timing.ttft_ms,
+                outside_ms=outside,
+                queue_ms=timing.queue_ms,
+                prefill_ms=timing.prefill_ms,
+            )
+        )
+    return rows_out

@@ -363,6 +363,63 @@ METRICS: tuple[MetricSpec, ...] = (
             trtllm=("trtllm_generation_tokens_total",),
         ),
     ),
+    # Where a request's TTFT goes inside the engine, from the engine's own per-request histograms. Only their
+    # _sum and _count are read: a delta of each over a probe group, divided, is the group's mean per request.
+    MetricSpec(
+        tag="engine_ttft_seconds",
+        unit="seconds",
+        kind="counter",
+        formula="Σ over label sets of Δ the engine's time to first token (histogram _sum): vLLM from the "
+        "request's arrival in its front end (after the prompt is rendered and tokenized) to the first token "
+        "leaving its output processor; ÷ engine_ttft_requests = mean per request.",
+        names=_names(
+            vllm=("vllm:time_to_first_token_seconds_sum",),
+            sglang=("sglang:time_to_first_token_seconds_sum",),
+            trtllm=("trtllm_time_to_first_token_seconds_sum",),
+        ),
+    ),
+    MetricSpec(
+        tag="engine_ttft_requests",
+        unit="requests",
+        kind="counter",
+        formula="Σ over label sets of Δ requests the engine timed to their first token (histogram _count).",
+        names=_names(
+            vllm=("vllm:time_to_first_token_seconds_count",),
+            sglang=("sglang:time_to_first_token_seconds_count",),
+            trtllm=("trtllm_time_to_first_token_seconds_count",),
+        ),
+    ),
+    MetricSpec(
+        tag="queue_seconds",
+        unit="seconds",
+        kind="counter",
+        formula="Σ over label sets of Δ time requests waited in the engine's queue before first scheduled "
+        "(vLLM histogram _sum); ÷ queued_requests = mean per request.",
+        names=_names(vllm=("vllm:request_queue_time_seconds_sum",)),
+    ),
+    MetricSpec(
+        tag="queued_requests",
+        unit="requests",
+        kind="counter",
+        formula="Σ over label sets of Δ requests with a queue time (vLLM histogram _count).",
+        names=_names(vllm=("vllm:request_queue_time_seconds_count",)),
+    ),
+    MetricSpec(
+        tag="prefill_seconds",
+        unit="seconds",
+        kind="counter",
+        formula="Σ over label sets of Δ time from a request's first scheduling to its first token (vLLM "
+        "histogram _sum: prefill steps, KV loads from an offload tier and any steps shared with others); "
+        "÷ prefilled_requests = mean per request.",
+        names=_names(vllm=("vllm:request_prefill_time_seconds_sum",)),
+    ),
+    MetricSpec(
+        tag="prefilled_requests",
+        unit="requests",
+        kind="counter",
+        formula="Σ over label sets of Δ requests with a prefill time (vLLM histogram _count).",
+        names=_names(vllm=("vllm:request_prefill_time_seconds_count",)),
+    ),
     MetricSpec(
         tag="kv_usage",
         unit="fraction",

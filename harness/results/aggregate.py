@@ -4,6 +4,9 @@ A pure function of the stored files, so a run directory can always be re-aggrega
 Which records count: measured requests of each (arm, repetition, context length) group, taken
 from the attempt that completed the group (or, for a group that never completed, from the latest
 attempt that touched it). Records of superseded attempts are kept on disk and counted as discarded.
+The engine's ``/metrics`` deltas of a cell are summed over the same attempts: prefix-cache counters
+(:class:`CacheStats`) and, where the engine has per-request histograms, its own TTFT, queue and prefill
+time per request (:class:`EngineTiming`: mean = 1000 · Σ Δ _sum / Σ Δ _count, ms).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from kvbench import __version__
 from .run_result import (
     STREAM_RATIO_WARN,
     CacheStats,
+    EngineTiming,
     LatencyStats,
     PctDiff,
     RequestCounts,
@@ -167,7 +171,8 @@ def aggregate(
                 diffs.append(PctDiff(arm=arm, baseline=baseline, context_tokens=context, turn=turn, value=value))
 
     metrics = list(metrics)
-    cache = _cache_stats(metrics, chosen, arms, contexts, turns)
+    totals = _cell_totals(metrics, chosen)
+    cache = _cache_stats(totals, arms, contexts, turns)
     planned = {(arm, rep, ctx) for arm in arms for rep in range(scenario.repetitions) for ctx in contexts}
     completed = {event.key for event in done}
     return RunResult(
@@ -194,6 +199,7 @@ def aggregate(
             answer_tokens=scenario.probe_workload.answer_tokens,
             ignore_eos=scenario.probe_workload.ignore_eos,
         ),
+        engine_timing=_engine_timing(totals, arms, contexts, turns),
     )
 
 
@@ -321,28 +327,59 @@ _CACHE_TAGS = {
 }
 
 
-def _cache_stats(
-    metrics: Iterable[MetricsDelta],
-    chosen: Mapping[GroupKey, int],
-    arms: Sequence[str],
-    contexts: Sequence[int],
-    turns: int,
-) -> list[CacheStats]:
-    totals: dict[tuple[str, int, int], dict[str, float]] = {}
+CellKey = tuple[str, int, int]
+"""(arm, context tokens, turn)."""
+
+
+def _cell_totals(metrics: Iterable[MetricsDelta], chosen: Mapping[GroupKey, int]) -> dict[CellKey, dict[str, float]]:
+    """Σ of every stored /metrics delta per cell, over the attempt chosen for each of its groups."""
+    totals: dict[CellKey, dict[str, float]] = {}
     for delta in metrics:
         if chosen.get(delta.key) != delta.attempt:
             continue
         bucket = totals.setdefault((delta.arm, delta.context_tokens, delta.turn), {})
-        for field, tag in _CACHE_TAGS.items():
-            if tag in delta.values:
-                bucket[field] = bucket.get(field, 0.0) + delta.values[tag]
+        for tag, value in delta.values.items():
+            bucket[tag] = bucket.get(tag, 0.0) + value
+    return totals
+
+
+def _cells_in_order(arms: Sequence[str], contexts: Sequence[int], turns: int) -> Iterable[CellKey]:
+    return ((arm, context, turn) for arm in arms for context in contexts for turn in range(1, turns + 1))
+
+
+def _cache_stats(
+    totals: Mapping[CellKey, Mapping[str, float]], arms: Sequence[str], contexts: Sequence[int], turns: int
+) -> list[CacheStats]:
     out = []
-    for arm in arms:
-        for context in contexts:
-            for turn in range(1, turns + 1):
-                found = totals.get((arm, context, turn))
-                if found is not None:
-                    out.append(CacheStats(arm=arm, context_tokens=context, turn=turn, **found))
+    for key in _cells_in_order(arms, contexts, turns):
+        found = totals.get(key)
+        if found is not None:
+            fields = {field: found[tag] for field, tag in _CACHE_TAGS.items() if tag in found}
+            out.append(CacheStats(arm=key[0], context_tokens=key[1], turn=key[2], **fields))
+    return out
+
+
+_TIMING_TAGS = {
+    "ttft_ms": ("engine_ttft_seconds", "engine_ttft_requests"),
+    "queue_ms": ("queue_seconds", "queued_requests"),
+    "prefill_ms": ("prefill_seconds", "prefilled_requests"),
+}
+
+
+def _engine_timing(
+    totals: Mapping[CellKey, Mapping[str, float]], arms: Sequence[str], contexts: Sequence[int], turns: int
+) -> list[EngineTiming]:
+    """Mean ms per request = 1000 · Δ _sum / Δ _count per histogram; cells whose engine timed nothing are left out."""
+    out = []
+    for key in _cells_in_order(arms, contexts, turns):
+        found = totals.get(key, {})
+        means: dict[str, float | None] = {}
+        for field, (seconds, count) in _TIMING_TAGS.items():
+            timed = found.get(count, 0.0)
+            means[field] = 1000.0 * found.get(seconds, 0.0) / timed if timed > 0 else None
+        requests = int(found.get("engine_ttft_requests", 0.0))
+        if requests > 0:
+            out.append(EngineTiming(arm=key[0], context_tokens=key[1], turn=key[2], requests=requests, **means))
     return out
 
 

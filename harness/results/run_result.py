@@ -90,6 +90,27 @@ class CacheStats(Frozen):
         return counter_hit_rate(self.prompt_tokens or self.gpu_queries, self.gpu_hits, self.external_hits)
 
 
+class EngineTiming(Frozen):
+    """Where one (arm, context length, turn)'s TTFT went inside the engine: means per request in ms.
+
+    From the engine's own per-request histograms (``/metrics``), as Δ _sum / Δ _count over the cell's
+    groups: ``ttft_ms`` from the request's arrival in the engine's front end (vLLM: after the prompt is
+    rendered and tokenized) to its first token, ``queue_ms`` waiting to be scheduled, ``prefill_ms`` from
+    the first scheduling to the first token (prefill steps and KV loads from a tier). The client's mean
+    TTFT minus ``ttft_ms`` is the time outside the engine's clock: HTTP, rendering, tokenization and the
+    stream back. ``requests`` counts what the engine timed in those intervals (the cell's requests where
+    nothing else ran then).
+    """
+
+    arm: str
+    context_tokens: int
+    turn: int
+    requests: int
+    ttft_ms: float | None = None
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
+
+
 def _rate(hits: float | None, queries: float | None) -> float | None:
     if hits is None or not queries:
         return None
@@ -160,6 +181,11 @@ class RunResult(VersionedFile):
     stream: StreamCheck | None = Field(
         default=None, description="Text chunks vs generated tokens (None in summaries written before it existed)."
     )
+    engine_timing: list[EngineTiming] = Field(
+        default_factory=list,
+        description="Per cell, the engine's own TTFT, queue and prefill time (empty where the engine's /metrics "
+        "has no such histograms, and in summaries written before 2026-11-27).",
+    )
 
     def outcome(self) -> Outcome:
         return outcome_of(self.validity)
@@ -178,6 +204,12 @@ class RunResult(VersionedFile):
 
     def cache_stats(self, arm: str, context_tokens: int, turn: int) -> CacheStats | None:
         for item in self.cache:
+            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
+                return item
+        return None
+
+    def timing(self, arm: str, context_tokens: int, turn: int) -> EngineTiming | None:
+        for item in self.engine_timing:
             if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
                 return item
         return None

@@ -30,6 +30,8 @@ VLLM_COUNTER_DELTAS = {
     "external_prefix_hits": 1024.0,
     "prompt_tokens": 8192.0,
     "generation_tokens": 128.0,
+    "engine_ttft_seconds": 0.75,
+    "engine_ttft_requests": 4.0,
 }
 """The tagged counter deltas between vllm_before.prom and vllm_after.prom, read off the two pages by hand."""
 
@@ -139,6 +141,10 @@ def test_tagged_values(before: MetricsSnapshot, after: MetricsSnapshot) -> None:
         "kv_usage": None,  # gauges are not in a delta
         "requests_running": None,
         "requests_waiting": None,
+        "queue_seconds": None,  # the page has no queue or prefill histograms
+        "queued_requests": None,
+        "prefill_seconds": None,
+        "prefilled_requests": None,
     }
     gauges = summarize(after)
     assert gauges["kv_usage"] == 0.3125
@@ -188,7 +194,8 @@ def test_table_is_well_formed() -> None:
         assert spec.names[VLLM]
         for name in spec.names[VLLM]:
             assert name.startswith("vllm:")
-            assert name.endswith("_total") == (spec.kind == "counter")
+            # counters: Prometheus counters, or a histogram's cumulative _sum and _count
+            assert name.endswith(("_total", "_sum", "_count")) == (spec.kind == "counter")
 
 
 def test_invalid_text_raises_value_error() -> None:

@@ -375,7 +375,8 @@ def test_every_engine_column_names_the_engine_prefix() -> None:
             for name in spec.names.get(family, ()):
                 assert name.startswith(prefix), (spec.tag, family, name)
                 base = name.split("{", 1)[0]
-                assert base.endswith("_total") == (spec.kind == "counter"), (spec.tag, name)
+                # a counter is a Prometheus counter or a histogram's cumulative _sum or _count
+                assert base.endswith(("_total", "_sum", "_count")) == (spec.kind == "counter"), (spec.tag, name)
     for spec in LMCACHE_METRICS:
         assert set(spec.names) == {"lmcache"}
         assert all(name.startswith(("lmcache:", "lmcache_mp_")) for name in spec.names["lmcache"])

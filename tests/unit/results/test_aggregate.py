@@ -11,7 +11,7 @@ from harness.results.run_result import RunResult, pct_diff
 from harness.scenario.spec import parse_scenario
 from harness.store.events import GroupDone, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord, read_records
-from reports.renderers import markdown_table
+from reports.renderers import markdown_table, write_all
 
 SCENARIO = parse_scenario(
     {
@@ -131,6 +131,49 @@ def test_cache_stats_from_metric_deltas() -> None:
     assert stats.external_hit_rate == pytest.approx(0.992)
     assert stats.hit_rate == pytest.approx(0.992)
     assert "AMG-ON t2 hit %" in markdown_table(result)
+
+
+def test_engine_timing_is_the_mean_of_the_engine_histograms_per_cell(tmp_path: Path) -> None:
+    # two repetitions' groups of 3 requests each: 6 requests, 0.15 s of engine TTFT in all -> 25 ms each
+    def timed(repetition: int, ttft_s: float, queue_s: float, prefill_s: float, attempt: int = 0) -> MetricsDelta:
+        values = {
+            "engine_ttft_seconds": ttft_s, "engine_ttft_requests": 3.0, "queue_seconds": queue_s,
+            "queued_requests": 3.0, "prefill_seconds": prefill_s, "prefilled_requests": 3.0,
+        }  # fmt: skip
+        return MetricsDelta(
+            arm="AMG-ON", attempt=attempt, repetition=repetition, context_tokens=8000, turn=2, values=values
+        )
+
+    done = [*done_all(), GroupDone(arm="AMG-ON", repetition=1, context_tokens=8000, attempt=0)]
+    metrics = [timed(0, 0.06, 0.003, 0.05), timed(1, 0.09, 0.003, 0.07), timed(1, 99.0, 9.0, 90.0, attempt=5)]
+    result = aggregate(SCENARIO, "r", full_records(on_t2=50.0), done, metrics)
+    timing = result.timing("AMG-ON", 8000, 2)
+    assert timing is not None and timing.requests == 6
+    assert timing.ttft_ms == pytest.approx(25.0)
+    assert timing.queue_ms == pytest.approx(1.0)
+    assert timing.prefill_ms == pytest.approx(20.0)
+    assert result.timing("AMG-OFF", 8000, 2) is None  # the engine timed nothing there: no row, not zeros
+
+    # the report shows it beside the client's clock: client mean 60 ms (50, 60, 70) - engine 25 ms
+    out = tmp_path / "report"
+    written = {path.name for path in write_all(result, {}, out)}
+    assert "engine_timing.csv" in written
+    text = (out / "ttft_table.md").read_text()
+    assert "## Where TTFT goes" in text
+    assert "| AMG-ON | 8000 | 2 | 6 | 60.0 | 25.0 | 35.0 | 1.0 | 20.0 |" in text
+    rows = (out / "engine_timing.csv").read_text().splitlines()
+    assert rows[0].startswith("arm,context_tokens,turn,requests,client_ttft_mean_ms,engine_ttft_mean_ms")
+    fields = rows[1].split(",")
+    assert fields[:4] == ["AMG-ON", "8000", "2", "6"]
+    assert [float(v) for v in fields[4:9]] == pytest.approx([60.0, 25.0, 35.0, 1.0, 20.0])
+
+
+def test_no_engine_timing_no_section_and_no_file(tmp_path: Path) -> None:
+    result = aggregate(SCENARIO, "r", full_records(on_t2=50.0), done_all())
+    assert result.engine_timing == []
+    written = {path.name for path in write_all(result, {}, tmp_path)}
+    assert "engine_timing.csv" not in written and "ttft_table.md" in written
+    assert "Where TTFT goes" not in (tmp_path / "ttft_table.md").read_text()
 
 
 def test_result_file_roundtrip(tmp_path: Path) -> None:
