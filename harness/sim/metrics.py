@@ -11,7 +11,10 @@ and nothing is counted twice. Prefix-cache counters are in tokens, as in vLLM:
 * ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``;
 * gauges ``vllm:kv_cache_usage_perc`` (referenced fraction of HBM blocks, 0..1, as vLLM reports
   it), ``vllm:num_requests_running`` (loading requests included), ``vllm:num_requests_waiting``;
-* histogram ``vllm:time_to_first_token_seconds`` (arrival to first token, vLLM's buckets);
+* histograms ``vllm:time_to_first_token_seconds`` (arrival to first token), ``vllm:request_queue_time_seconds``
+  (arrival to first scheduling) and ``vllm:request_prefill_time_seconds`` (first scheduling to first token), with
+  vLLM's buckets. The simulator's arrival is the server's receipt, so its calibrated request overhead (HTTP,
+  tokenizing) falls in the queue time, where vLLM's clock starts only after tokenizing;
 * ``kvbench_sim:*`` -- simulator-only extras (preemptions, steps, busy time, tier traffic).
 """
 
@@ -25,7 +28,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from .faults import FaultInjector
-from .scheduler import TTFT_BUCKETS, EngineCore
+from .scheduler import EngineCore, Histogram
 
 LABELS = ("model_name", "engine")
 
@@ -41,6 +44,17 @@ class SimCollector(Collector):
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=LABELS)
         family.add_metric(self._labels, value)
+        return family
+
+    def _histogram(self, name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=LABELS)
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip(histogram.bounds, histogram.buckets, strict=True):
+            cumulative += count
+            buckets.append((repr(bound), cumulative))
+        buckets.append(("+Inf", histogram.count))
+        family.add_metric(self._labels, buckets, histogram.total)
         return family
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -78,17 +92,19 @@ class SimCollector(Collector):
             "vllm:num_requests_running", "Number of requests in model execution batches.", core.num_running
         )
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", core.num_waiting)
-        histogram = HistogramMetricFamily(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels=LABELS
+        yield self._histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", stats.ttft
         )
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip(TTFT_BUCKETS, stats.ttft_buckets, strict=True):
-            cumulative += count
-            buckets.append((repr(bound), cumulative))
-        buckets.append(("+Inf", stats.ttft_count))
-        histogram.add_metric(self._labels, buckets, stats.ttft_sum)
-        yield histogram
+        yield self._histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            stats.queue,
+        )
+        yield self._histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            stats.prefill,
+        )
         yield self._counter("kvbench_sim:preemptions", "Requests preempted for lack of KV blocks.", stats.preemptions)
         yield self._counter("kvbench_sim:engine_steps", "Engine steps run.", stats.steps)
         yield self._counter("kvbench_sim:engine_busy_seconds", "Modelled time spent in steps.", stats.busy_s)

@@ -66,6 +66,32 @@ TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
+REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    # vLLM's buckets for its per-request phase histograms (vllm:request_queue_time_seconds, ..._prefill_time_...)
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram's state: observations per bucket (not cumulative), their count and sum (s)."""
+
+    bounds: tuple[float, ...]
+    buckets: list[int] = field(default_factory=list)
+    count: int = 0
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.buckets = [0] * len(self.bounds)
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        for index, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.buckets[index] += 1
+                break
 
 
 class Phase(enum.Enum):
@@ -108,7 +134,7 @@ class SimRequest:
     """One request inside the engine."""
 
     __slots__ = (
-        "arrival", "blocks", "cached_tokens", "chunk_keys", "external_tokens", "first_token_at",
+        "arrival", "blocks", "cached_tokens", "chunk_keys", "external_tokens", "first_scheduled_at", "first_token_at",
         "hashes", "hbm_hit_tokens", "intake_from", "intake_s", "load_from", "load_ready_at", "load_to", "max_tokens",
         "num_computed", "outputs", "phase",
         "prefill_target", "prompt_tokens", "received_at", "registered", "request_id", "rng", "schedulable_at", "sink",
@@ -147,6 +173,7 @@ class SimRequest:
         """Engine-blocking share of that overhead not yet charged to a step (seconds)."""
         self.intake_from = 0.0
         """When that engine work started: when the server received the request."""
+        self.first_scheduled_at: float | None = None
         self.first_token_at: float | None = None
         self.num_computed = 0
         """Tokens whose KV is in HBM."""
@@ -222,17 +249,12 @@ class Stats:
     busy_s: float = 0.0
     tier_hits: dict[str, int] = field(default_factory=dict)
     """Tokens loaded per tier kind (fleets: own tier vs the shared tier)."""
-    ttft_count: int = 0
-    ttft_sum: float = 0.0
-    ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
-
-    def observe_ttft(self, seconds: float) -> None:
-        self.ttft_count += 1
-        self.ttft_sum += seconds
-        for index, bound in enumerate(TTFT_BUCKETS):
-            if seconds <= bound:
-                self.ttft_buckets[index] += 1
-                break
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    """Arrival (the server's receipt) to the first token."""
+    queue: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    """Arrival to the first scheduling: the calibrated request overhead and any wait for a place in a batch."""
+    prefill: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
+    """First scheduling to the first token: tier loads and prefill steps."""
 
 
 @dataclass
@@ -396,6 +418,9 @@ class EngineCore:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            if request.first_scheduled_at is None:
+                request.first_scheduled_at = now
+                self.stats.queue.observe(max(0.0, now - request.arrival))
             if request.phase is Phase.LOADING:
                 continue
             budget -= self._add_prefill_chunk(request, budget, work, prefills)
@@ -609,7 +634,9 @@ class EngineCore:
         self.stats.generation_tokens += 1
         if request.first_token_at is None:
             request.first_token_at = now
-            self.stats.observe_ttft(max(0.0, now - request.arrival))
+            self.stats.ttft.observe(max(0.0, now - request.arrival))
+            scheduled = request.first_scheduled_at if request.first_scheduled_at is not None else now
+            self.stats.prefill.observe(max(0.0, now - scheduled))
         request.sink(TokenEvent(token_id, token_text(token_id)))
         if request.outputs >= request.max_tokens:
             self._finish(request, now)

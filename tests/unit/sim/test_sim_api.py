@@ -161,6 +161,12 @@ async def test_metrics_have_vllm_names(api: tuple[aiohttp.ClientSession, str]) -
     assert values["vllm:generation_tokens_total" + labels] == 4
     assert values["vllm:time_to_first_token_seconds_count" + labels] == 2
     assert values['vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny"}'] == 2
+    # vLLM's per-request phases: waiting, then first scheduling to first token; together the TTFT clock
+    for phase in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds"):
+        assert values[phase + "_count" + labels] == 2, phase
+    assert values["vllm:request_prefill_time_seconds_sum" + labels] > 0  # at least one modelled step each
+    phases = sum(values[f"vllm:request_{p}_time_seconds_sum" + labels] for p in ("queue", "prefill"))
+    assert phases == pytest.approx(values["vllm:time_to_first_token_seconds_sum" + labels])
     for gauge in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert values[gauge + labels] == 0
 
