@@ -20,7 +20,7 @@ from harness.results.run_result import RunResult
 from harness.results.verdict import Validity
 from kvbench.markup import console_text, md_text
 
-from .ttft_table import TIMING_HEADER, rows, timing_rows
+from .ttft_table import LMCACHE_HEADER, TIMING_HEADER, SplitRow, lmcache_rows, rows, timing_rows
 
 Renderer = Callable[[RunResult, dict[str, Any], Path], Path | None]
 """Writes one output file and returns its path; None when the result holds nothing for it."""
@@ -113,14 +113,26 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
         out.print(line, markup=False)
     for warning in warnings:
         out.print(escape(f"warning: {warning}"), style="yellow")
-    timing = timing_rows(result)
-    if timing:
-        table = Table(title="Where TTFT goes (ms, mean per request; engine /metrics)")
-        for title in TIMING_HEADER:
-            table.add_column(title, justify="left" if title == "Arm" else "right")
-        for row in timing:
-            table.add_row(*(escape(text) for text in row.texts()))
-        out.print(table)
+    sections = (
+        (
+            "Where TTFT goes (ms, mean per request; engine /metrics)",
+            TIMING_HEADER,
+            [r.texts() for r in timing_rows(result)],
+        ),
+        (
+            "LMCache's timeline (ms, median per request; its log)",
+            LMCACHE_HEADER,
+            [r.texts() for r in lmcache_rows(result)],
+        ),
+    )
+    for title, header, body in sections:
+        if body:
+            table = Table(title=title)
+            for column in header:
+                table.add_column(column, justify="left" if column == "Arm" else "right")
+            for row in body:
+                table.add_row(*(escape(text) for text in row))
+            out.print(table)
     print_validity(result.validity, out)
     if not result.complete:
         out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")
@@ -155,9 +167,9 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         text.append(line)
         text.extend(f"\n**Warning:** {warning}." for warning in warnings)
         text.append("")
-    timing = timing_markdown(result)
-    if timing:
-        text += [timing, ""]
+    for section in (timing_markdown(result), lmcache_markdown(result)):
+        if section:
+            text += [section, ""]
     path.write_text("\n".join(text), encoding="utf-8")
     return path
 
@@ -169,21 +181,32 @@ TIMING_NOTE = (
 )
 
 
-def timing_markdown(result: RunResult) -> str:
-    """The "Where TTFT goes" section ("" when the engine exposed no per-request histograms)."""
-    body = timing_rows(result)
+LMCACHE_NOTE = (
+    "From LMCache's own log lines beside the client's records (medians per request, ms): before the lookup = sent "
+    "→ the scheduler's LMCache lookup logged (HTTP, rendering, tokenizing, the engine's intake, the lookup), relative "
+    "to the arm's fastest request; lookup to KV loaded = → the first worker's \"Retrieved\" line, of which LMCache's "
+    "retrieve is its own timing; after the load = the rest (the new tokens' prefill, the first token back)."
+)
+
+
+def _markdown_section(title: str, note: str, header: tuple[str, ...], body: list[list[str]]) -> str:
     if not body:
         return ""
-    lines = [
-        "## Where TTFT goes",
-        "",
-        TIMING_NOTE,
-        "",
-        "| " + " | ".join(TIMING_HEADER) + " |",
-        "|---|" + "|".join("---:" for _ in TIMING_HEADER[1:]) + "|",
-    ]
-    lines += ["| " + " | ".join(md_text(text) for text in row.texts()) + " |" for row in body]
+    lines = [f"## {title}", "", note, "", "| " + " | ".join(md_text(h) for h in header) + " |"]
+    lines.append("|---|" + "|".join("---:" for _ in header[1:]) + "|")
+    lines += ["| " + " | ".join(md_text(text) for text in row) + " |" for row in body]
     return "\n".join(lines)
+
+
+def timing_markdown(result: RunResult) -> str:
+    """The "Where TTFT goes" section ("" when the engine exposed no per-request histograms)."""
+    return _markdown_section("Where TTFT goes", TIMING_NOTE, TIMING_HEADER, [r.texts() for r in timing_rows(result)])
+
+
+def lmcache_markdown(result: RunResult) -> str:
+    """The LMCache timeline section ("" when no arm's log had LMCache's lookup lines)."""
+    body = [r.texts() for r in lmcache_rows(result)]
+    return _markdown_section("LMCache's timeline (its log)", LMCACHE_NOTE, LMCACHE_HEADER, body)
 
 
 @renderer("csv")
@@ -227,25 +250,30 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
     return path
 
 
+def _write_split_csv(path: Path, time_fields: list[str], body: list[SplitRow], manifest: dict[str, Any]) -> Path:
+    origin = str(provenance(manifest))
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["arm", "context_tokens", "turn", "requests", *time_fields, "provenance"])
+        for row in body:
+            writer.writerow([row.arm, row.context_tokens, row.turn, row.requests, *map(_blank, row.times), origin])
+    return path
+
+
 @renderer("engine-timing-csv")
 def write_timing_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
     """One line per cell with the engine's own timing (no file when the engine exposed none)."""
     body = timing_rows(result)
-    if not body:
-        return None
-    path = out_dir / "engine_timing.csv"
-    fields = [
-        "arm", "context_tokens", "turn", "requests", "client_ttft_mean_ms", "engine_ttft_mean_ms",
-        "outside_engine_ms", "queue_mean_ms", "prefill_mean_ms", "provenance",
-    ]  # fmt: skip
-    origin = str(provenance(manifest))
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(fields)
-        for row in body:
-            times = (row.client_ms, row.engine_ms, row.outside_ms, row.queue_ms, row.prefill_ms)
-            writer.writerow([row.arm, row.context_tokens, row.turn, row.requests, *map(_blank, times), origin])
-    return path
+    fields = ["client_ttft_mean_ms", "engine_ttft_mean_ms", "outside_engine_ms", "queue_mean_ms", "prefill_mean_ms"]
+    return _write_split_csv(out_dir / "engine_timing.csv", fields, body, manifest) if body else None
+
+
+@renderer("lmcache-timeline-csv")
+def write_lmcache_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
+    """One line per cell with LMCache's log timeline (no file when no arm's log had it)."""
+    body = lmcache_rows(result)
+    fields = ["ttft_median_ms", "before_lookup_ms", "lookup_to_loaded_ms", "lmcache_retrieve_ms", "after_load_ms"]
+    return _write_split_csv(out_dir / "lmcache_timeline.csv", fields, body, manifest) if body else None
 
 
 def _blank(value: float | None) -> float | str:

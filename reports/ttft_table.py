@@ -10,8 +10,11 @@ the share of turn-2 prompt tokens the engine served from a cache (GPU prefix cac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
-from harness.results.run_result import RunResult
+from harness.results.run_result import EngineTiming, LMCacheSplit, RunResult
+
+CellT = TypeVar("CellT", EngineTiming, LMCacheSplit)
 
 DIFF_TURN = 2
 
@@ -89,48 +92,62 @@ and the engine's queue and prefill share of its clock."""
 
 
 @dataclass(frozen=True)
-class TimingRow:
-    """One cell of :data:`TIMING_HEADER` (ms; None where unknown)."""
+class SplitRow:
+    """One cell of a TTFT split table (:data:`TIMING_HEADER`, :data:`LMCACHE_HEADER`): its times in ms, None where
+    unknown, in the header's order after Requests."""
 
     arm: str
     context_tokens: int
     turn: int
     requests: int
-    client_ms: float | None
-    engine_ms: float | None
-    outside_ms: float | None
-    queue_ms: float | None
-    prefill_ms: float | None
+    times: tuple[float | None, ...]
 
     def texts(self) -> list[str]:
-        times = (self.client_ms, self.engine_ms, self.outside_ms, self.queue_ms, self.prefill_ms)
         head = [self.arm, str(self.context_tokens), str(self.turn), str(self.requests)]
-        return head + ["—" if value is None else f"{value:.1f}" for value in times]
+        return head + ["—" if value is None else f"{value:.1f}" for value in self.times]
 
 
-def timing_rows(result: RunResult) -> list[TimingRow]:
-    """One row per cell with engine timing, in the TTFT table's arm order.
-
-    ``outside_ms`` = client mean TTFT − engine mean TTFT: HTTP, prompt rendering and tokenization, and the
-    stream back, which the engine's clock does not hold.
-    """
+def _in_table_order(result: RunResult, cells: list[CellT]) -> list[CellT]:
     order = {arm: index for index, arm in enumerate(arm_order(result))}
-    rows_out = []
-    for timing in sorted(result.engine_timing, key=lambda t: (order.get(t.arm, len(order)), t.context_tokens, t.turn)):
+    return sorted(cells, key=lambda c: (order.get(c.arm, len(order)), c.context_tokens, c.turn))
+
+
+def timing_rows(result: RunResult) -> list[SplitRow]:
+    """One row per cell with engine timing, in the TTFT table's arm order: client mean TTFT, engine TTFT, outside
+    the engine (client − engine: HTTP, prompt rendering and tokenization, the stream back), queue, prefill."""
+    out = []
+    for timing in _in_table_order(result, result.engine_timing):
         cell = result.cell(timing.arm, timing.context_tokens, timing.turn)
         client = cell.ttft.mean_ms if cell and cell.ttft else None
         outside = client - timing.ttft_ms if client is not None and timing.ttft_ms is not None else None
-        rows_out.append(
-            TimingRow(
-                arm=timing.arm,
-                context_tokens=timing.context_tokens,
-                turn=timing.turn,
-                requests=timing.requests,
-                client_ms=client,
-                engine_ms=timing.ttft_ms,
-                outside_ms=outside,
-                queue_ms=timing.queue_ms,
-                prefill_ms=timing.prefill_ms,
-            )
+        times = (client, timing.ttft_ms, outside, timing.queue_ms, timing.prefill_ms)
+        out.append(SplitRow(timing.arm, timing.context_tokens, timing.turn, timing.requests, times))
+    return out
+
+
+LMCACHE_HEADER = (
+    "Arm",
+    "Tokens",
+    "Turn",
+    "Requests",
+    "TTFT",
+    "Before the lookup",
+    "Lookup to KV loaded",
+    "LMCache's retrieve",
+    "After the load",
+)
+"""LMCache's timeline per cell (ms, medians per request; :mod:`harness.results.lmcache_log`)."""
+
+
+def lmcache_rows(result: RunResult) -> list[SplitRow]:
+    """The :data:`LMCACHE_HEADER` rows, in the TTFT table's arm order."""
+    return [
+        SplitRow(
+            cell.arm,
+            cell.context_tokens,
+            cell.turn,
+            cell.requests,
+            (cell.ttft_ms, cell.before_lookup_ms, cell.lookup_to_loaded_ms, cell.retrieve_ms, cell.after_load_ms),
         )
-    return rows_out
+        for cell in _in_table_order(result, result.lmcache_timeline)
+    ]

@@ -21,6 +21,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench import __version__
 
+from .lmcache_log import timeline
 from .run_result import (
     STREAM_RATIO_WARN,
     CacheStats,
@@ -96,8 +97,11 @@ def aggregate(
     records: Iterable[RequestRecord],
     done: Iterable[GroupDone],
     metrics: Iterable[MetricsDelta] = (),
+    engine_logs: Mapping[str, Iterable[str]] | None = None,
 ) -> RunResult:
+    """``engine_logs``: arm -> its engine log's lines, for :func:`harness.results.lmcache_log.timeline`."""
     done = list(done)
+    records = list(records)
     rows = [record.model_dump(exclude={"itl_ns"}) for record in records]
     df = pd.DataFrame(rows)
     arms = [arm.name for arm in scenario.arms]
@@ -200,6 +204,9 @@ def aggregate(
             ignore_eos=scenario.probe_workload.ignore_eos,
         ),
         engine_timing=_engine_timing(totals, arms, contexts, turns),
+        lmcache_timeline=sorted(
+            timeline(records, engine_logs or {}), key=lambda c: (arms.index(c.arm), c.context_tokens, c.turn)
+        ),
     )
 
 
@@ -386,6 +393,9 @@ def _engine_timing(
 def summarize_run_dir(run_dir: RunDir) -> RunResult:
     """Aggregate a probe run directory's stored files into summary.json (used by run and report)."""
     scenario = run_dir.scenario()
-    result = aggregate(scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics())
+    logs = {arm.name: lines for arm in scenario.arms if (lines := run_dir.engine_log(arm.name)) is not None}
+    result = aggregate(
+        scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics(), engine_logs=logs
+    )
     result.write_file(run_dir.summary_file)
     return result

@@ -111,6 +111,26 @@ class EngineTiming(Frozen):
     prefill_ms: float | None = None
 
 
+class LMCacheSplit(Frozen):
+    """One (arm, context length, turn)'s TTFT split by LMCache's own log lines: medians per request in ms.
+
+    ``before_lookup_ms``: sent → the scheduler's LMCache lookup logged, relative to the arm's fastest request (HTTP,
+    tokenizing, the engine's intake, the lookup); ``lookup_to_loaded_ms``: → the KV retrieved into GPU memory, and
+    ``retrieve_ms`` LMCache's own time for that load; ``after_load_ms``: the rest of the TTFT (the new tokens'
+    prefill, the first token back). :mod:`harness.results.lmcache_log` has the formulas.
+    """
+
+    arm: str
+    context_tokens: int
+    turn: int
+    requests: int
+    ttft_ms: float
+    before_lookup_ms: float
+    lookup_to_loaded_ms: float | None = None
+    retrieve_ms: float | None = None
+    after_load_ms: float
+
+
 def _rate(hits: float | None, queries: float | None) -> float | None:
     if hits is None or not queries:
         return None
@@ -186,6 +206,11 @@ class RunResult(VersionedFile):
         description="Per cell, the engine's own TTFT, queue and prefill time (empty where the engine's /metrics "
         "has no such histograms, and in summaries written before 2026-11-27).",
     )
+    lmcache_timeline: list[LMCacheSplit] = Field(
+        default_factory=list,
+        description="Per cell of an arm with LMCache's in-process connector, its TTFT split by LMCache's log lines "
+        "(empty without them, and in summaries written before 2026-11-27).",
+    )
 
     def outcome(self) -> Outcome:
         return outcome_of(self.validity)
@@ -204,6 +229,12 @@ class RunResult(VersionedFile):
 
     def cache_stats(self, arm: str, context_tokens: int, turn: int) -> CacheStats | None:
         for item in self.cache:
+            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
+                return item
+        return None
+
+    def lmcache_split(self, arm: str, context_tokens: int, turn: int) -> LMCacheSplit | None:
+        for item in self.lmcache_timeline:
             if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
                 return item
         return None

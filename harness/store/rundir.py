@@ -31,6 +31,7 @@ say the same thing (:meth:`RunDir.resume_scenario`).
 
 from __future__ import annotations
 
+import gzip
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -141,6 +142,17 @@ class RunDir:
 
     def log_dir(self, arm: str) -> Path:
         return self.path / "logs" / arm
+
+    def engine_log(self, arm: str) -> list[str] | None:
+        """The lines of an arm's engine log (``engine.log``, or ``engine.log.gz`` as committed); None without one."""
+        plain = self.log_dir(arm) / "engine.log"
+        if plain.is_file():
+            return plain.read_text(encoding="utf-8", errors="replace").splitlines()
+        packed = plain.with_name("engine.log.gz")
+        if packed.is_file():
+            with gzip.open(packed, "rt", encoding="utf-8", errors="replace") as handle:
+                return handle.read().splitlines()
+        return None
 
     @property
     def run_id(self) -> str:

@@ -1,0 +1,162 @@
+"""Where an LMCache request's TTFT goes, read from LMCache's own log lines beside the client's records.
+
+LMCache's vLLM connector (in-process, lmcache 0.5.x) logs, in the engine's log, one line when the scheduler looks a
+request up and, per worker, one line when its KV has been retrieved into GPU memory::
+
+    [2026-11-27 10:03:20,610] LMCache INFO: Reqid: chatcmpl-…, Total tokens 96174, … LMCache hit tokens: 96000, …
+    [2026-11-27 10:03:20,808] LMCache INFO: [req_id=chatcmpl-…] Retrieved 96000 out of 96000 required tokens …
+        cost 167.6390 ms, …
+
+The client's records hold when each request was sent (monotonic ns) and its TTFT. A probe sends one request at a
+time, so the engine's lookups come in the order of the arm's records; :func:`timeline` pairs them by that order
+(every pair must agree on the prompt's token count, or the arm is left out) and splits each TTFT, in ms:
+
+* ``before_lookup`` = (lookup logged − sent) − min over the arm's requests of the same difference: HTTP, prompt
+  rendering and tokenizing, the engine's intake of the request (block hashes) and LMCache's lookup. The log's
+  wall clock and the client's monotonic clock differ by an unknown constant, taken as the smallest difference, so
+  the value is relative to the arm's fastest request (a lower bound, ≥ 0; that request's own is a few ms);
+* ``lookup_to_loaded`` = first worker's "Retrieved" logged − lookup logged: scheduling and the load itself;
+  ``retrieve`` = LMCache's own "cost" of that load;
+* ``after_load`` = TTFT − before_lookup − lookup_to_loaded: the prefill of the tokens not loaded, the first token
+  and its trip back to the client (for a request with nothing to load: TTFT − before_lookup).
+
+Per (arm, context length, turn) the medians of the measured requests. Log timestamps have ms resolution. Arms
+without such lines (no LMCache, its multi-process server, another version's wording), with several attempts
+(a resumed arm: monotonic clocks of two processes do not compare) or whose lookups do not pair with the records
+get no rows.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from harness.store.records import RequestRecord
+
+from .run_result import LMCacheSplit
+
+_STAMP = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]"
+_LOOKUP = re.compile(_STAMP + r".*?Reqid: ([^,\s]+), Total tokens (\d+),.*?LMCache hit tokens: (\d+)")
+_RETRIEVED = re.compile(_STAMP + r".*?\[req_id=([^\]\s]+)\] Retrieved (\d+) .*?cost ([\d.]+) ms")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    at_s: float
+    request_id: str
+    total_tokens: int
+    hit_tokens: int
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    at_s: float
+    tokens: int
+    cost_ms: float
+
+
+@dataclass(frozen=True)
+class RequestSplit:
+    """One measured request's TTFT split (ms); ``None`` where it loaded nothing."""
+
+    arm: str
+    context_tokens: int
+    turn: int
+    ttft_ms: float
+    before_lookup_ms: float
+    lookup_to_loaded_ms: float | None
+    retrieve_ms: float | None
+    after_load_ms: float
+
+
+def _seconds(stamp: str) -> float:
+    # the engine host's local time, without a zone: only differences are used
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, Retrieval]]:
+    """LMCache's lookups in log order (the first line of each request) and each request's first retrieval."""
+    lookups: list[Lookup] = []
+    seen: set[str] = set()
+    retrievals: dict[str, Retrieval] = {}
+    for line in lines:
+        if "LMCache" not in line:
+            continue
+        found = _LOOKUP.search(line)
+        if found is not None:
+            request_id = found[2]
+            if request_id not in seen:
+                seen.add(request_id)
+                lookups.append(Lookup(_seconds(found[1]), request_id, int(found[3]), int(found[4])))
+            continue
+        found = _RETRIEVED.search(line)
+        if found is not None and found[2] not in retrievals:
+            retrievals[found[2]] = Retrieval(_seconds(found[1]), int(found[3]), float(found[4]))
+    return lookups, retrievals
+
+
+def split_requests(records: Sequence[RequestRecord], lines: Iterable[str]) -> list[RequestSplit]:
+    """Every measured request of one arm's engine, split (empty when the log and the records do not pair)."""
+    lookups, retrievals = parse_log(lines)
+    if not lookups or len({record.attempt for record in records}) != 1:
+        return []
+    sent = sorted(records, key=lambda record: record.started_ns)
+    if len(sent) != len(lookups):
+        return []
+    pairs = list(zip(sent, lookups, strict=True))
+    if any(r.prompt_tokens is not None and r.prompt_tokens != k.total_tokens for r, k in pairs):
+        return []
+    offset = min(lookup.at_s - record.started_ns / 1e9 for record, lookup in pairs)
+    out = []
+    for record, lookup in pairs:
+        if record.phase != "measure" or not record.ok or record.ttft_ns is None:
+            continue
+        ttft = record.ttft_ns / 1e6
+        before = (lookup.at_s - record.started_ns / 1e9 - offset) * 1000.0
+        loaded = retrievals.get(lookup.request_id) if lookup.hit_tokens > 0 else None
+        to_loaded = (loaded.at_s - lookup.at_s) * 1000.0 if loaded is not None else None
+        out.append(
+            RequestSplit(
+                arm=record.arm,
+                context_tokens=record.context_tokens,
+                turn=record.turn,
+                ttft_ms=ttft,
+                before_lookup_ms=before,
+                lookup_to_loaded_ms=to_loaded,
+                retrieve_ms=loaded.cost_ms if loaded is not None else None,
+                after_load_ms=ttft - before - (to_loaded or 0.0),
+            )
+        )
+    return out
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
+
+
+def timeline(records: Sequence[RequestRecord], logs: Mapping[str, Iterable[str]]) -> list[LMCacheSplit]:
+    """Per (arm, context length, turn), medians of :func:`split_requests` over the arms whose log is in ``logs``."""
+    cells: dict[tuple[str, int, int], list[RequestSplit]] = {}
+    for arm, lines in logs.items():
+        for split in split_requests([record for record in records if record.arm == arm], lines):
+            cells.setdefault((split.arm, split.context_tokens, split.turn), []).append(split)
+    out = []
+    for (arm, context_tokens, turn), splits in cells.items():
+        out.append(
+            LMCacheSplit(
+                arm=arm,
+                context_tokens=context_tokens,
+                turn=turn,
+                requests=len(splits),
+                ttft_ms=statistics.median(s.ttft_ms for s in splits),
+                before_lookup_ms=statistics.median(s.before_lookup_ms for s in splits),
+                lookup_to_loaded_ms=_median([s.lookup_to_loaded_ms for s in splits]),
+                retrieve_ms=_median([s.retrieve_ms for s in splits]),
+                after_load_ms=statistics.median(s.after_load_ms for s in splits),
+            )
+        )
+    return out

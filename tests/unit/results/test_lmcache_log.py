@@ -1,0 +1,103 @@
+"""LMCache's log lines beside the client's records: each TTFT split into before the lookup, the load, and after."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from harness.results.aggregate import summarize_run_dir
+from harness.results.lmcache_log import parse_log, split_requests, timeline
+from harness.store.records import RequestRecord
+from harness.store.rundir import RunDir
+
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+COLOR = "\x1b[32;20m"  # as LMCache colours its level
+
+
+def record(
+    started_s: float, ttft_ms: float, prompt: int, turn: int, *, phase: str = "measure", attempt: int = 0
+) -> RequestRecord:
+    return RequestRecord(
+        arm="ON", attempt=attempt, phase=phase, repetition=0, context_tokens=96000, conversation=0, turn=turn,
+        request_id=f"r{started_s}", api="chat", started_ns=int(started_s * 1e9), ttft_ns=int(ttft_ms * 1e6),
+        e2e_ns=None, ok=True, prompt_tokens=prompt, cached_tokens=0,
+    )  # fmt: skip
+
+
+def lookup(stamp: str, request: str, total: int, hit: int) -> str:
+    return (
+        f"(EngineCore pid=1) {COLOR}[2026-11-27 10:03:{stamp}] LMCache INFO:\x1b[0m Reqid: {request}, Total tokens "
+        f"{total}, Inference Engine computed tokens: 0, LMCache hit tokens: {hit}, need to load: {hit} (x.py:1)"
+    )
+
+
+def retrieved(stamp: str, request: str, tokens: int, cost_ms: float) -> str:
+    return (
+        f"(Worker_TP0 pid=2) {COLOR}[2026-11-27 10:03:{stamp}] LMCache INFO:\x1b[0m [req_id={request}] Retrieved "
+        f"{tokens} out of {tokens} required tokens (from {tokens} total tokens). size: 11.7 gb, cost {cost_ms} ms"
+    )
+
+
+# The client sends at monotonic 100 s (warm-up), 110 s (turn 1) and 120 s (turn 2); the engine host's
+# clock reads 10:03:10.002 at the warm-up's lookup, so the clocks differ by (10.002 - 100.000) s, the smallest.
+RECORDS = [
+    record(100.0, 30.0, 130, 1, phase="warmup"),
+    record(110.0, 6700.0, 96000, 1),
+    record(120.0, 530.0, 96174, 2),
+]
+LOG = [
+    "(APIServer pid=3) INFO 11-27 10:03:10 [api_router.py:39] Resetting prefix cache...",
+    lookup("10,002", "chatcmpl-a", 130, 0),
+    lookup("10,002", "chatcmpl-a", 130, 0),  # a request looked up twice (it waited): its first lookup counts
+    lookup("20,202", "chatcmpl-b", 96000, 0),
+    lookup("30,232", "chatcmpl-c", 96174, 96000),
+    retrieved("30,430", "chatcmpl-c", 96000, 166.3),
+    retrieved("30,431", "chatcmpl-c", 96000, 170.0),  # the other workers' lines: the first one counts
+]
+
+
+def test_each_ttft_is_split_at_the_lookup_and_the_load() -> None:
+    lookups, retrievals = parse_log(LOG)
+    assert [item.request_id for item in lookups] == ["chatcmpl-a", "chatcmpl-b", "chatcmpl-c"]
+    assert retrievals["chatcmpl-c"].cost_ms == 166.3
+    first, second = split_requests(RECORDS, LOG)  # the warm-up only sets the clocks' offset
+    assert first.turn == 1 and first.lookup_to_loaded_ms is None and first.retrieve_ms is None
+    assert first.before_lookup_ms == pytest.approx(200.0, abs=0.01)
+    assert first.after_load_ms == pytest.approx(6500.0, abs=0.01)
+    assert second.before_lookup_ms == pytest.approx(230.0, abs=0.01)
+    assert second.lookup_to_loaded_ms == pytest.approx(198.0, abs=0.01)
+    assert second.retrieve_ms == 166.3
+    assert second.after_load_ms == pytest.approx(530.0 - 230.0 - 198.0, abs=0.01)
+    (cell,) = [c for c in timeline(RECORDS, {"ON": LOG}) if c.turn == 2]
+    assert cell.requests == 1 and cell.lookup_to_loaded_ms == pytest.approx(198.0, abs=0.01)
+
+
+def test_records_that_do_not_pair_with_the_log_give_no_split() -> None:
+    assert split_requests(RECORDS[1:], LOG) == []  # one request fewer than lookups
+    other_prompt = [*RECORDS[:2], record(120.0, 530.0, 96175, 2)]
+    assert split_requests(other_prompt, LOG) == []  # the third lookup is another request
+    resumed = [*RECORDS[:2], record(120.0, 530.0, 96174, 2, attempt=1)]
+    assert split_requests(resumed, LOG) == []  # two processes' monotonic clocks do not compare
+    assert split_requests(RECORDS, [line for line in LOG if "Reqid" not in line]) == []
+    assert timeline(RECORDS, {}) == []
+
+
+def test_a_committed_h200_run_splits_every_request_of_its_lmcache_arm(tmp_path: Path) -> None:
+    # 1x H200, vLLM 0.26.0 + LMCache 0.5.3, CUDA graphs: every one of the arm's 112 requests pairs with a lookup
+    copy = tmp_path / "run"
+    shutil.copytree(RESULTS / "gpu-llama8b-lmcache-graphs-h200", copy, ignore=shutil.ignore_patterns("report"))
+    result = summarize_run_dir(RunDir.open(copy))
+    cells = [cell for cell in result.lmcache_timeline if cell.arm == "AMG-ON-LMCache"]
+    assert len(cells) == 18 and all(cell.requests == 6 for cell in cells)
+    assert {cell.arm for cell in result.lmcache_timeline} == {"AMG-ON-LMCache"}  # native and OFF log no lookups
+    turn2 = {cell.context_tokens: cell for cell in cells if cell.turn == 2}
+    for cell in turn2.values():
+        assert cell.lookup_to_loaded_ms is not None and cell.retrieve_ms is not None
+        assert cell.retrieve_ms <= cell.lookup_to_loaded_ms  # LMCache's own time lies inside the interval
+    # LMCache's own load time grows with the tokens loaded, 1k to 128k
+    loads = [turn2[length].retrieve_ms for length in sorted(turn2)]
+    assert loads == sorted(loads)
+    assert statistics.median([cell.before_lookup_ms for cell in cells if cell.context_tokens == 1000]) < 5.0
