@@ -48,14 +48,20 @@ few decode steps does not drag the fit):
    (each arrival charged to a step of the window adds it). On the 1x H100 sweep native's decode
    steps slow with the load beyond what the shared share (0 there) predicts, LMCache's do not.
 
+0. Front end (probe runs whose LMCache arm left its log lines, :mod:`.lmcache_log`): the time from sending a
+   request to the scheduler's LMCache lookup -- HTTP, rendering, tokenizing, the engine's intake -- grows with the
+   prompt (1.7-2.2 ms per 1000 tokens on the committed 8B and 70B runs, about 230 ms at 128k: as much as the
+   load itself). Its slope over the cells' medians (:func:`front_slope`) is the request overhead's growth, fixed
+   before step 2 for every arm (one vLLM front end), so the load rates and the GEMM rate no longer absorb it.
+
 Steps 1-2 alternate (decode, TTFT, decode: the prefill efficiencies enter large-batch decode
 steps and the step overhead enters prefill steps), then 3. ``holdout_loads`` leaves sweep load
 points out of every step (``decode_residuals`` and ``tpot_residuals`` mark them held out).
 
 Some parameters are not determined by some runs; they keep their default and say why:
 
-* the per-token growth of the request overhead needs requests served from the HBM prefix cache
-  (otherwise it is indistinguishable from the GEMM rate and the load rate);
+* the per-token growth of the request overhead needs LMCache's log lines (step 0) or requests served from the
+  HBM prefix cache (otherwise it is indistinguishable from the GEMM rate and the load rate);
 * the store cost needs an arm without a tier (otherwise it is indistinguishable from prefill), and
   its fixed part per request (``store_latency_s``) also computed prompts whose sizes differ 4x;
 * a backend's load latency needs loads of sizes that differ by 4x or more, its rate any load;
@@ -99,6 +105,7 @@ from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, kn
 
 from .aggregate import chosen_measured
 from .engine_steps import EngineSteps, reconstruct
+from .lmcache_log import split_requests
 from .modelshape import hf_config
 
 DEFAULT_MAX_BATCH_TOKENS = 8192
@@ -156,6 +163,18 @@ class TtftSample:
     hbm_tokens: int
     loaded_tokens: int
     ttft_s: float
+
+
+@dataclass(frozen=True)
+class FrontSample:
+    """One request's time before the engine's scheduler looked it up (LMCache's log; relative to its arm's
+    fastest request): HTTP, rendering, tokenizing, the engine's intake."""
+
+    run: str
+    context_tokens: int
+    turn: int
+    prompt_tokens: int
+    before_lookup_s: float
 
 
 @dataclass(frozen=True)
@@ -230,11 +249,13 @@ class FitData:
     ttft: list[TtftSample] = field(default_factory=list)
     decode: list[DecodeSample] = field(default_factory=list)
     windows: list[StepsWindow] = field(default_factory=list)
+    front: list[FrontSample] = field(default_factory=list)
 
     def add(self, other: FitData) -> None:
         self.ttft += other.ttft
         self.decode += other.decode
         self.windows += other.windows
+        self.front += other.front
 
 
 # -- what a run directory is ---------------------------------------------------------------------
@@ -512,6 +533,15 @@ def collect(
             (held if held_point else fit).windows.append(window)
     if facts.kind != "probe":
         return fit, held  # queueing under load: TTFT is not an unloaded request's
+    everything = run_dir.records()
+    for name, arm_facts in facts.arms.items():
+        lines = run_dir.engine_log(name) if arm_facts.backend == "lmcache" else None
+        if lines is None:
+            continue
+        for split in split_requests([r for r in everything if r.arm == name], lines):
+            front = FrontSample(facts.source.run_id, split.context_tokens, split.turn, split.prompt_tokens,
+                                split.before_lookup_ms / 1000)  # fmt: skip
+            (held if split.context_tokens in holdout else fit).front.append(front)
     for r in records:
         arm = facts.arms.get(r.arm)
         if arm is None or r.ttft_ns is None or r.prompt_tokens is None:
@@ -757,6 +787,30 @@ def _memory_binds(deployment: Deployment, params: Params, groups: Sequence[Decod
     return False
 
 
+def front_slope(samples: Sequence[FrontSample]) -> float:
+    """Seconds per 1000 prompt tokens: the least-squares slope of the median time before the lookup per
+    (context length, turn) against the median prompt length (the intercept, relative to the fastest request,
+    is not the overhead's). Never below 0."""
+    cells: dict[tuple[str, int, int], list[FrontSample]] = defaultdict(list)
+    for s in samples:
+        cells[(s.run, s.context_tokens, s.turn)].append(s)
+    x = np.array([np.median([s.prompt_tokens for s in cell]) / 1000 for cell in cells.values()])
+    y = np.array([np.median([s.before_lookup_s for s in cell]) for cell in cells.values()])
+    if len(x) < 2 or float(np.ptp(x)) == 0.0:
+        return 0.0
+    slope = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
+    return max(slope, 0.0)
+
+
+def _front_source(samples: Sequence[FrontSample]) -> str:
+    lengths = sorted({s.context_tokens for s in samples})
+    runs = ", ".join(sorted({s.run for s in samples}))
+    return (
+        f"slope of the time before the scheduler's LMCache lookup (LMCache's log) vs prompt length, "
+        f"{len(samples)} requests, {lengths[0]:,}-{lengths[-1]:,} tokens ({runs})"
+    )
+
+
 def _span(samples: Sequence[TtftSample]) -> str:
     if not samples:
         return "no requests"
@@ -808,6 +862,12 @@ def calibrate(
         params.store_latency_s[b] = 0.0
         params.busy_intake_s[b] = 0.0
         params.step_extra_s[b] = 0.0
+
+    # 0. the request overhead's growth with the prompt, where LMCache's log times the requests' way to the
+    # scheduler: fixed here, so the TTFT fit leaves it out of the GEMM rate and the load rates
+    front_fitted = _spread([float(s.prompt_tokens) for s in fit.front])
+    if front_fitted:
+        params.overhead_s_per_ktoken = front_slope(fit.front)
 
     # 1. decode: the GPU's HBM rate from the probe runs' batch-1 steps (their contexts span 1k-128k), then
     # the host's step overhead and per-sequence cost from the sweeps' load points, where capacity is decided
@@ -889,7 +949,7 @@ def calibrate(
         frees.append(Free("overhead_s", _getter("overhead_s"), _setter("overhead_s"), 0.0, 2.0))
         frees.append(Free("linear", _getter("linear"), _setter("linear"), 0.02, 1.0))
     has_hbm_served = any(s.hbm_tokens >= s.prompt_tokens // 2 for s in samples)
-    if has_hbm_served:
+    if has_hbm_served and not front_fitted:
         frees.append(Free("overhead_s_per_ktoken", _getter("overhead_s_per_ktoken"),
                           _setter("overhead_s_per_ktoken"), 0.0, 1.0))  # fmt: skip
     long_prompts = any(s.prompt_tokens >= ATTENTION_MIN_TOKENS for s in samples)
@@ -932,6 +992,8 @@ def calibrate(
 
     _solve(blocking_frees, params, window_residuals)
     free_names = {f.name for f in frees} | {f.name for f in decode_frees} | {f.name for f in blocking_frees}
+    if front_fitted:
+        free_names.add("overhead_s_per_ktoken")
     if "hbm" in free_names and not _memory_binds(deployment, params, [*probe_groups, *sweep_groups]):
         # the HBM rate changed no prediction: back to the datasheet's, said so
         params.hbm = hw.hbm_efficiency
@@ -994,7 +1056,7 @@ def calibrate(
                                  "no probe requests"),
         request_overhead_s_per_ktoken=param(
             "overhead_s_per_ktoken", params.overhead_s_per_ktoken, "s per 1000 prompt tokens",
-            "requests served from the HBM prefix cache",
+            _front_source(fit.front) if front_fitted else "requests served from the HBM prefix cache",
             "no requests served from the HBM prefix cache: the growth is folded into the linear efficiency "
             "and the load rates"),
         linear_efficiency=param("linear", params.linear, "fraction of dense peak",

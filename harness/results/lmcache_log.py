@@ -65,6 +65,7 @@ class RequestSplit:
     arm: str
     context_tokens: int
     turn: int
+    prompt_tokens: int
     ttft_ms: float
     before_lookup_ms: float
     lookup_to_loaded_ms: float | None
@@ -123,6 +124,7 @@ def split_requests(records: Sequence[RequestRecord], lines: Iterable[str]) -> li
                 arm=record.arm,
                 context_tokens=record.context_tokens,
                 turn=record.turn,
+                prompt_tokens=lookup.total_tokens,
                 ttft_ms=ttft,
                 before_lookup_ms=before,
                 lookup_to_loaded_ms=to_loaded,

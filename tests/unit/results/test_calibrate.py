@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results.calibrate import calibrate, run_facts
+from harness.results.calibrate import FrontSample, calibrate, collect, front_slope, run_facts
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import BackendCalibration, CalibratedDeployment, Calibration, FitParam
 from harness.sim.scheduler import EngineCore, SimRequest
@@ -484,3 +484,32 @@ def test_a_run_in_eager_mode_is_another_deployment_than_one_with_cuda_graphs(tmp
     # a file that did not record it (written before) agrees with either
     unrecorded = run_facts(eager).deployment.model_copy(update={"cuda_graphs": None})
     assert unrecorded.agrees(run_facts(graphs).deployment) and unrecorded.agrees(run_facts(eager).deployment)
+
+
+def test_front_slope_is_the_growth_of_the_cells_medians() -> None:
+    # 2 ms per 1000 prompt tokens plus noise that a median per cell takes out; the intercept does not matter
+    samples = [
+        FrontSample("r", length, turn, length + 100, 0.005 + 0.002 * (length + 100) / 1000 + noise)
+        for length in (1000, 8000, 32000, 64000)
+        for turn in (1, 2)
+        for noise in (0.0, 0.0, 0.050)
+    ]
+    assert front_slope(samples) == pytest.approx(0.002, rel=1e-6)
+    assert front_slope(samples[:3]) == 0.0  # one length: no slope
+    falling = [FrontSample("r", n, 1, n, 1.0 - n / 1e6) for n in (1000, 8000)]
+    assert front_slope(falling) == 0.0  # never below 0
+
+
+def test_lmcaches_log_fixes_the_overhead_growth_and_leaves_held_out_lengths_out(tmp_path: Path) -> None:
+    # measured: Llama-3.1-8B shape, 1x H200, vLLM 0.26.0 + LMCache 0.5.3, its engine log stored with the run
+    run = Path(__file__).resolve().parents[3] / "docs" / "results" / "gpu-llama8b-lmcache-graphs-h200"
+    facts = run_facts(run)
+    fit, held = collect(run, facts, holdout=[96000])
+    assert fit.front and held.front
+    assert {s.context_tokens for s in held.front} == {96000}
+    assert 96000 not in {s.context_tokens for s in fit.front}
+    fitted = calibrate([run], holdout=[96000])
+    growth = fitted.request_overhead_s_per_ktoken
+    assert growth.fitted and "LMCache's log" in growth.source
+    assert growth.value == pytest.approx(front_slope(fit.front))
+    assert 0.0005 < growth.value < 0.005  # 0.5-5 ms per 1000 tokens: tokenizing and intake, not a prefill
