@@ -81,6 +81,16 @@ def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
     assert on_t2 is not None and on_t2.external_hits and on_t2.external_hits > 0.9 * 2 * 16000
     assert off_t2 is not None and not off_t2.external_hits and not off_t2.gpu_hits
 
+    # the engine's own clock (vLLM's histograms, which the simulator exports too): queue + prefill is its TTFT,
+    # and the ON arm's turn 2 is short inside the engine, not only at the client
+    on_clock = result.timing("AMG-ON", 16000, 2)
+    off_clock = result.timing("AMG-OFF", 16000, 2)
+    assert on_clock is not None and off_clock is not None and on_clock.requests == 2
+    assert on_clock.ttft_ms is not None and on_clock.queue_ms is not None and on_clock.prefill_ms is not None
+    assert on_clock.queue_ms + on_clock.prefill_ms == pytest.approx(on_clock.ttft_ms, rel=1e-6)
+    assert off_clock.prefill_ms is not None and on_clock.prefill_ms < 0.5 * off_clock.prefill_ms
+    assert on_clock.ttft_ms <= median("AMG-ON", 16000, 2) * 1.05  # the client's clock holds the engine's
+
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["engines"]["AMG-ON"]["kind"] == "sim"
     assert manifest["attempts"][-1]["status"] == "completed"
@@ -91,6 +101,7 @@ def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
     rebuilt = kvbench("report", str(run_dir), cwd=tmp_path)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert (run_dir / "report" / "ttft_table.md").read_text() == before
+    assert "## Where TTFT goes" in before and (run_dir / "report" / "engine_timing.csv").is_file()
     csv_lines = (run_dir / "report" / "ttft.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + 2 * 2 * 2
 
