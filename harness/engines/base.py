@@ -8,6 +8,7 @@ cleans up after it.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,9 @@ class SharedTierHandle:
     serves_all_tiers: bool = False
     """Every tier of the profile lives in it (vLLM's shared LMCache server holds the cpu tier too), so an
     engine's offload-tier hits are all shared-tier hits."""
+    ready: asyncio.Future[None] | None = field(default=None, compare=False, repr=False)
+    """Done once the tier's server is healthy (or failed to start, with its error), when the replicas may
+    start before that (vLLM waits for its LMCache server); each replica's start waits for it too."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ particular to its engine:
 * :class:`RunningServer` / :class:`RunningProcess`: the endpoint, facts, pid and log tail of a
   :class:`~harness.engines.base.RunningEngine`;
 * :class:`ProcessEngine`: the ``async with`` lifecycle of an engine kvbench starts (an exit stack,
-  an optional temporary directory), and :func:`start_server` / :func:`open_session` for its steps;
+  an optional temporary directory), and :func:`start_server` (:func:`server_process` to start it
+  with others) / :func:`open_session` for its steps;
 * :func:`served_model_name`, :func:`resolve_served_model`, :func:`resolve_python`,
   :func:`probe_python`, :func:`make_offload_dirs` and :func:`server_version`: small steps more
   than one engine takes the same way;
@@ -386,7 +387,25 @@ async def start_server(
     cleanup_globs: tuple[str, ...] = (),
 ) -> ManagedProcess:
     """Start ``argv`` as a :class:`ManagedProcess` on ``stack`` and wait for ``GET base_url/health``."""
-    process = ManagedProcess(
+    process = server_process(
+        name=name, argv=argv, env=env, log_path=log_path, base_url=base_url, config=config, cleanup_globs=cleanup_globs
+    )
+    await stack.enter_async_context(process)
+    return process
+
+
+def server_process(
+    *,
+    name: str,
+    argv: Sequence[str],
+    env: dict[str, str],
+    log_path: Path,
+    base_url: str,
+    config: _ServerLimits,
+    cleanup_globs: tuple[str, ...] = (),
+) -> ManagedProcess:
+    """The :class:`ManagedProcess` that :func:`start_server` starts, not started yet."""
+    return ManagedProcess(
         ProcessSpec(
             name=name,
             argv=tuple(argv),
@@ -398,8 +417,6 @@ async def start_server(
             cleanup_globs=cleanup_globs,
         )
     )
-    await stack.enter_async_context(process)
-    return process
 
 
 def open_session(stack: contextlib.AsyncExitStack) -> aiohttp.ClientSession:

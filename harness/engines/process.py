@@ -17,6 +17,11 @@ must never be measured), so starting one checks, for every kind and sidecar alik
    token goes to the process in ``$KVBENCH_LAUNCH_TOKEN`` and the health answer must echo it in
    the ``X-Kvbench-Launch-Token`` header.
 
+Processes that only need each other once they serve (vLLM and its LMCache sidecar) start at once
+(:func:`start_together`): on the 2-core CPU machine that overlaps the sidecar's ~15 s start with
+vLLM's minute of imports, and a failure of any stops them all, the error naming the first one (in
+dependency order) that failed, with its log.
+
 For soak fault drills the process can be SIGKILLed and restarted on the same argv and ports
 (:meth:`ManagedProcess.kill_and_restart`, returning the seconds until healthy again) and paused
 (:meth:`ManagedProcess.pause` / :meth:`ManagedProcess.resume`: SIGSTOP/SIGCONT to the group).
@@ -394,6 +399,55 @@ class ManagedProcess:
                 else:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
+
+
+async def start_together(processes: Sequence[ManagedProcess], *, after: Sequence[asyncio.Future[None]] = ()) -> None:
+    """Start ``processes`` at once and wait until all are healthy; if one fails, stop them all.
+
+    ``processes`` go in dependency order (a sidecar before the engine that connects to it): when
+    several fail, or one fails because another died (an engine that lost its sidecar), the error
+    raised is that of the first in this order, with a line naming the others'. On success the caller
+    stops them on its way out as usual (:meth:`ManagedProcess.stop` of a stopped process does nothing).
+
+    ``after``: starts of servers the processes depend on that someone else owns (a fleet's shared
+    LMCache server), waited for but never cancelled; one that fails stops the processes, and its
+    error comes before theirs.
+    """
+    tasks = [asyncio.ensure_future(process.start()) for process in processes]
+    exited: list[int | None] = []
+    try:
+        await asyncio.wait([*after, *tasks], return_when=asyncio.FIRST_EXCEPTION)
+        # before the others are cancelled (and so stopped): which ones had died on their own
+        exited = [process.returncode() for process in processes]
+    finally:
+        for task in tasks:
+            task.cancel()  # stops a process still starting (its start() stops it on the way out)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        failed = any(dependency.done() and (dependency.cancelled() or dependency.exception()) for dependency in after)
+        if failed or not exited or any(isinstance(result, BaseException) for result in results):
+            await asyncio.gather(*(process.stop() for process in processes))  # those that were healthy already
+    errors: list[BaseException] = []
+    for dependency in after:
+        if not dependency.done():
+            continue
+        if dependency.cancelled():
+            errors.append(EngineStartError("a server they depend on was stopped before it was healthy"))
+        elif (error := dependency.exception()) is not None:
+            # a copy: the same start is awaited by every process that depends on it (a fleet's replicas)
+            errors.append(EngineStartError(str(error)) if isinstance(error, EngineStartError) else error)
+    for process, result, code in zip(processes, results, exited, strict=True):
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            errors.append(result)
+        elif code is not None:
+            when = "after" if result is None else "before"
+            errors.append(EngineStartError(process._failure(f"exited with code {code} {when} becoming healthy")))
+    if not errors:
+        return
+    first, others = errors[0], errors[1:]
+    if others and isinstance(first, EngineStartError):
+        also = "; ".join(str(error).splitlines()[0] for error in others)
+        raise EngineStartError(f"{first}\n  also failed: {also}") from None
+    raise first
 
 
 def python_module_argv(python: str, module: str, args: Sequence[str]) -> tuple[str, ...]:

@@ -6,9 +6,10 @@
    writes what the plan needs into a fresh temporary directory (LMCache YAML, Prometheus dir);
 2. asks the venv's python for the vLLM (and LMCache) version, so a broken venv fails before a
    long start-up, with a message that says how to fix it;
-3. starts the LMCache server sidecar when the plan has one, then vLLM (``python -m
-   vllm.entrypoints.openai.api_server`` or ``vllm serve``), each a :class:`ManagedProcess` in its
-   own process group, and waits for ``/health``.
+3. starts vLLM (``python -m vllm.entrypoints.openai.api_server`` or ``vllm serve``) and, when the
+   plan has one, the LMCache server sidecar at the same time (:func:`~.process.start_together`: vLLM
+   connects to the sidecar only once loaded, and waits for it), each a :class:`ManagedProcess` in its
+   own process group, and waits until both are healthy; if either fails, both are stopped.
 
 vLLM gets ``VLLM_SERVER_DEV_MODE=1`` so that ``POST /reset_prefix_cache`` exists. Leaving stops vLLM,
 then the sidecar, and removes what they leave behind (``/dev/shm/psm_*``, ``/tmp/vllm_dist_*``,
@@ -47,13 +48,13 @@ from .common import (
     reset_with_retry,
     resolve_served_model,
     served_model_name,
-    start_server,
+    server_process,
 )
 from .configs import VllmEngineConfig
 from .host_link import HostLinkTarget, engine_target
 from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
-from .process import ManagedProcess, free_port
+from .process import ManagedProcess, free_port, start_together
 from .vllm_fleet import name_replica, use_shared_server
 from .vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch
 
@@ -261,6 +262,13 @@ def _venv_hint(python: str, problem: str) -> str:
     )
 
 
+def _free_port_besides(host: str, taken: set[int]) -> int:
+    """A free port for vLLM that is none of its sidecars' (they start at the same time: not yet bound)."""
+    while (port := free_port(host)) in taken:
+        pass
+    return port
+
+
 def _gib(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
@@ -354,41 +362,47 @@ class VllmEngine(ProcessEngine[RunningVllm]):
         )
         self._materialize(plan)
 
-        sidecars: list[LmcacheServer] = []
-
-        async def start_servers() -> tuple[ManagedProcess, tuple[str, ...], dict[str, str], str]:
-            for index, spec in enumerate(plan.sidecars):
-                name = "lmcache-server.log" if index == 0 else f"lmcache-server-{index}.log"
-                server = LmcacheServer(
-                    spec,
-                    python=python,
-                    log_path=context.log_dir / name,
-                    env={key: value for key, value in config.env.items() if key.startswith("LMCACHE_")},
-                    startup_timeout_s=min(config.startup_timeout_s, 300.0),
-                )
-                await stack.enter_async_context(server)
-                sidecars.append(server)
-            port = config.port or free_port(config.host)  # once the sidecars hold theirs
-            argv = build_vllm_argv(config, python, port, plan)
-            env = build_vllm_env(config, plan)
-            base_url = f"http://{config.host}:{port}"
-            process = await start_server(
-                stack,
-                name=f"vLLM ({context.arm}, replica {context.replica})",
-                argv=argv,
-                env=env,
-                log_path=self.log_path,
-                base_url=base_url,
-                config=config,
-                cleanup_globs=CLEANUP_GLOBS,
+        sidecars = [
+            LmcacheServer(
+                spec,
+                python=python,
+                log_path=context.log_dir / ("lmcache-server.log" if index == 0 else f"lmcache-server-{index}.log"),
+                env={key: value for key, value in config.env.items() if key.startswith("LMCACHE_")},
+                startup_timeout_s=min(config.startup_timeout_s, 300.0),
             )
-            return process, argv, env, base_url
+            for index, spec in enumerate(plan.sidecars)
+        ]
+        taken = {port for spec in plan.sidecars for port in (spec.port, spec.http_port, spec.prometheus_port)}
+        port = config.port or _free_port_besides(config.host, taken)
+        if port in taken:  # the OS handed a sidecar the configured port; with both starting at once, say so here
+            raise EngineStartError(f"vLLM port {port} is also one of its LMCache server's ports; run again")
+        argv = build_vllm_argv(config, python, port, plan)
+        env = build_vllm_env(config, plan)
+        base_url = f"http://{config.host}:{port}"
+        process = server_process(
+            name=f"vLLM ({context.arm}, replica {context.replica})",
+            argv=argv,
+            env=env,
+            log_path=self.log_path,
+            base_url=base_url,
+            config=config,
+            cleanup_globs=CLEANUP_GLOBS,
+        )
+        # leaving stops vLLM first, then its sidecars (the stack unwinds in reverse)
+        for server in sidecars:
+            stack.push_async_callback(server.process.stop)
+        stack.push_async_callback(process.stop)
 
         started = time.monotonic()
-        # the probe's `import vllm` (10-30 s on a small CPU machine) runs while the servers start
+        # the probe's `import vllm` (10-30 s on a small CPU machine) runs while the servers start; vLLM and its
+        # sidecars start at once too: vLLM's LMCache connector first asks the server for its chunk size only after
+        # vLLM's imports and model load, and waits for the answer (lmcache.mp.mq_timeout, 300 s), so the sidecar's
+        # ~15 s start need not come before vLLM's
         probe = asyncio.ensure_future(probe_versions(python, with_lmcache=plan.uses_lmcache))
         try:
-            process, argv, env, base_url = await start_servers()
+            shared = context.shared_tier
+            after = () if shared is None or shared.ready is None else (shared.ready,)
+            await start_together([*(server.process for server in sidecars), process], after=after)
         except EngineStartError as error:
             # a python without vllm (or lmcache) fails the start as well: the probe's error says why and what to do
             raise await _probe_error(probe) or error from None

@@ -7,7 +7,9 @@ is the profile's cpu tier (host DRAM, now seen by every replica), its filesystem
 tier's directory for the arm's engine session (``<path>/<session>``, :func:`offload.profiles.tier_dir`;
 a disk tier in the same server gets ``<path>/<session>/shared-server``), created here before the
 server starts. Each replica's launch plan is then pointed at that server (:func:`use_shared_server`)
-instead of starting a sidecar of its own, and creates no tier directories. What each backend shares:
+instead of starting a sidecar of its own, and creates no tier directories. The replicas start while
+the server does (:attr:`SharedTierHandle.ready`): a replica is started once it and the server are
+healthy, and a server that fails to start fails every replica with its error (naming its log). What each backend shares:
 
 * ``lmcache-mp`` + ``shared`` tier: everything in the one server (L1 DRAM and the fs L2) -- shared;
 * ``lmcache-mp`` without a ``shared`` tier: one server per replica -- nothing shared;
@@ -22,6 +24,7 @@ exactly even when they overlap.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -78,14 +81,22 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
             env={key: value for key, value in config.env.items() if key.startswith("LMCACHE_")},
             startup_timeout_s=min(config.startup_timeout_s, 300.0),
         )
-        async with server:
+        # the replicas start while the server does (each waits for it before it counts as started): they need it
+        # only once loaded, a minute into their start on a small CPU machine, and it takes ~15 s of that
+        ready = asyncio.ensure_future(server.process.start())
+        try:
             yield SharedTierHandle(
                 description=f"one LMCache server for every replica: {' '.join(server.redacted_argv)}"
                 + "".join(f" | {note}" for note in plan.notes),
                 host=spec.host,
                 port=spec.port,
                 serves_all_tiers=True,
+                ready=ready,
             )
+        finally:
+            ready.cancel()  # a start still under way stops the server itself
+            await asyncio.gather(ready, return_exceptions=True)
+            await server.process.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 from harness.engines.base import LaunchContext, SharedTierHandle
 from harness.engines.configs import VllmEngineConfig
 from harness.engines.vllm_fleet import shared_tier, shares_server, use_shared_server
 from harness.engines.vllm_offload import render_vllm_launch
+from kvbench.errors import EngineStartError
 from offload.profiles import OffloadProfile, OffloadTier
 
 CONFIG = VllmEngineConfig(kind="vllm", model="/m", device="cuda", replicas=2, gpus=[0, 1])
@@ -53,3 +57,26 @@ def test_only_lmcache_mp_with_a_shared_tier_is_shared(tmp_path: Path) -> None:
             return handle
 
     assert asyncio.run(starter_yields()) is None  # nothing started for per-replica tiers
+
+
+def test_the_shared_server_starts_in_the_background_and_its_failure_names_its_log(tmp_path: Path) -> None:
+    # kvbench's own python has no lmcache: the server dies at once. The replicas start while it does
+    # (the handle comes before it is healthy), and its start's error names the server and its log.
+    config = CONFIG.model_copy(update={"python": sys.executable})
+    profile = OffloadProfile(
+        name="p",
+        backend="lmcache-mp",
+        tiers=(OffloadTier(kind="cpu", capacity_gb=1), OffloadTier(kind="shared", capacity_gb=1, path=str(tmp_path))),
+    )
+    context = LaunchContext(arm="a", profile=profile, log_dir=tmp_path / "logs", prefix_caching=True)
+
+    async def failed_start() -> str:
+        async with shared_tier(config, context) as handle:
+            assert handle is not None and handle.ready is not None and handle.port is not None
+            with pytest.raises(EngineStartError) as caught:
+                await handle.ready
+            return str(caught.value)
+
+    message = asyncio.run(failed_start())
+    assert message.startswith("LMCache server (port ") and "exited with code 1 before becoming healthy" in message
+    assert str(tmp_path / "logs" / "lmcache-server-shared.log") in message and "lmcache" in message
