@@ -8,7 +8,7 @@ incompatible change; readers refuse versions they do not know. Fields added sinc
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -216,34 +216,31 @@ class RunResult(VersionedFile):
         return outcome_of(self.validity)
 
     def cell(self, arm: str, context_tokens: int, turn: int) -> TtftCell | None:
-        for cell in self.cells:
-            if (cell.arm, cell.context_tokens, cell.turn) == (arm, context_tokens, turn):
-                return cell
-        return None
+        return _find(self.cells, arm, context_tokens, turn)
 
     def diff(self, arm: str, context_tokens: int, turn: int) -> float | None:
-        for item in self.pct_diff:
-            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
-                return item.value
-        return None
+        found = _find(self.pct_diff, arm, context_tokens, turn)
+        return found.value if found is not None else None
 
     def cache_stats(self, arm: str, context_tokens: int, turn: int) -> CacheStats | None:
-        for item in self.cache:
-            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
-                return item
-        return None
+        return _find(self.cache, arm, context_tokens, turn)
 
     def lmcache_split(self, arm: str, context_tokens: int, turn: int) -> LMCacheSplit | None:
-        for item in self.lmcache_timeline:
-            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
-                return item
-        return None
+        return _find(self.lmcache_timeline, arm, context_tokens, turn)
 
     def timing(self, arm: str, context_tokens: int, turn: int) -> EngineTiming | None:
-        for item in self.engine_timing:
-            if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
-                return item
-        return None
+        return _find(self.engine_timing, arm, context_tokens, turn)
+
+
+CellT = TypeVar("CellT", TtftCell, PctDiff, CacheStats, LMCacheSplit, EngineTiming)
+
+
+def _find(items: list[CellT], arm: str, context_tokens: int, turn: int) -> CellT | None:
+    """The item of one (arm, context length, turn) cell, or None."""
+    for item in items:
+        if (item.arm, item.context_tokens, item.turn) == (arm, context_tokens, turn):
+            return item
+    return None
 
 
 def pct_diff(baseline_ms: float | None, arm_ms: float | None) -> float | None:
