@@ -176,8 +176,10 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
 
 TIMING_NOTE = (
     "Means per request in ms. Engine TTFT, queue and prefill are the engine's own per-request histograms "
-    "(/metrics, Δ sum ÷ Δ count over each cell's groups; vLLM's clock starts once the prompt is tokenized); "
-    "outside the engine = client mean TTFT − engine TTFT (HTTP, rendering, tokenization, the stream back)."
+    "(/metrics, Δ sum ÷ Δ count over each cell's groups; vLLM 0.26 starts its clock when its renderer takes a chat "
+    "request, before the chat template and tokenizing); outside the engine = client mean TTFT − engine TTFT (HTTP, "
+    "the server's parsing of the request body, the stream back); engine TTFT − queue − prefill = the request's way "
+    "into the engine core (template, tokenizing, hand-over, block hashing) and the first token's way back."
 )
 
 

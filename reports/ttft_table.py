@@ -114,7 +114,7 @@ def _in_table_order(result: RunResult, cells: list[CellT]) -> list[CellT]:
 
 def timing_rows(result: RunResult) -> list[SplitRow]:
     """One row per cell with engine timing, in the TTFT table's arm order: client mean TTFT, engine TTFT, outside
-    the engine (client − engine: HTTP, prompt rendering and tokenization, the stream back), queue, prefill."""
+    the engine (client − engine: HTTP, the server's parsing of the request body, the stream back), queue, prefill."""
     out = []
     for timing in _in_table_order(result, result.engine_timing):
         cell = result.cell(timing.arm, timing.context_tokens, timing.turn)

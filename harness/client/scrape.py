@@ -370,7 +370,8 @@ METRICS: tuple[MetricSpec, ...] = (
         unit="seconds",
         kind="counter",
         formula="Σ over label sets of Δ the engine's time to first token (histogram _sum): vLLM from the "
-        "request's arrival in its front end (after the prompt is rendered and tokenized) to the first token "
+        "request's arrival in its front end (0.26: when its renderer takes a chat request, before the chat template "
+        "and tokenizing) to the first token "
         "leaving its output processor; ÷ engine_ttft_requests = mean per request.",
         names=_names(
             vllm=("vllm:time_to_first_token_seconds_sum",),

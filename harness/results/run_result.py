@@ -94,10 +94,12 @@ class EngineTiming(Frozen):
     """Where one (arm, context length, turn)'s TTFT went inside the engine: means per request in ms.
 
     From the engine's own per-request histograms (``/metrics``), as Δ _sum / Δ _count over the cell's
-    groups: ``ttft_ms`` from the request's arrival in the engine's front end (vLLM: after the prompt is
-    rendered and tokenized) to its first token, ``queue_ms`` waiting to be scheduled, ``prefill_ms`` from
-    the first scheduling to the first token (prefill steps and KV loads from a tier). The client's mean
-    TTFT minus ``ttft_ms`` is the time outside the engine's clock: HTTP, rendering, tokenization and the
+    groups: ``ttft_ms`` from the request's arrival in the engine's front end (vLLM 0.26: when its renderer
+    takes a chat request, before the chat template and tokenizing) to its first token, ``queue_ms`` waiting
+    in the engine core's queue, ``prefill_ms`` from the first scheduling to the first token (prefill steps
+    and KV loads from a tier); the rest of ``ttft_ms`` is the request's way into the engine core (template,
+    tokenizing, hand-over, block hashing) and the first token's way back. The client's mean TTFT minus
+    ``ttft_ms`` is the time outside the engine's clock: HTTP, the server's parsing of the request body, the
     stream back. ``requests`` counts what the engine timed in those intervals (the cell's requests where
     nothing else ran then).
     """
