@@ -13,9 +13,10 @@ and nothing is counted twice. Prefix-cache counters are in tokens, as in vLLM:
   it), ``vllm:num_requests_running`` (loading requests included), ``vllm:num_requests_waiting``;
 * histograms ``vllm:time_to_first_token_seconds`` (arrival to first token), ``vllm:request_queue_time_seconds``
   (arrival to first scheduling) and ``vllm:request_prefill_time_seconds`` (first scheduling to first token), with
-  vLLM's buckets. The simulator's arrival is the server's receipt, so its calibrated request overhead (HTTP,
-  tokenizing) falls in its queue time; vLLM 0.26 starts its clock when its renderer takes a chat request, before
-  the chat template and tokenizing, and counts neither as queue time;
+  vLLM's buckets. The simulator's arrival is when its engine core takes the request, after the server parsed and
+  tokenized it; its calibrated request overhead (counted from the server's receipt) falls in its queue time. vLLM
+  0.26 starts its clock when its renderer takes a chat request, before the chat template and tokenizing, and
+  counts neither as queue time;
 * ``kvbench_sim:*`` -- simulator-only extras (preemptions, steps, busy time, tier traffic).
 """
 

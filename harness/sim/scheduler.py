@@ -250,7 +250,7 @@ class Stats:
     tier_hits: dict[str, int] = field(default_factory=dict)
     """Tokens loaded per tier kind (fleets: own tier vs the shared tier)."""
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
-    """Arrival (the server's receipt) to the first token."""
+    """Arrival (the engine core taking the request, after the server parsed and tokenized it) to the first token."""
     queue: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
     """Arrival to the first scheduling: the calibrated request overhead and any wait for a place in a batch."""
     prefill: Histogram = field(default_factory=lambda: Histogram(REQUEST_LATENCY_BUCKETS))
