@@ -507,7 +507,8 @@ def collect(
     fit, held = FitData(), FitData()
     # every request the engine served in a window counts towards the batch, warm-up included
     served: dict[tuple[str, int, int | None], list[RequestRecord]] = defaultdict(list)
-    for r in run_dir.records():
+    everything = run_dir.records()
+    for r in everything:
         if r.ok and r.ttft_ns is not None and r.e2e_ns is not None:
             served[(r.arm, r.attempt, r.point)].append(r)
     sampled: dict[tuple[str, int, int | None], list[RequestRecord]] = defaultdict(list)
@@ -533,7 +534,6 @@ def collect(
             (held if held_point else fit).windows.append(window)
     if facts.kind != "probe":
         return fit, held  # queueing under load: TTFT is not an unloaded request's
-    everything = run_dir.records()
     for name, arm_facts in facts.arms.items():
         lines = run_dir.engine_log(name) if arm_facts.backend == "lmcache" else None
         if lines is None:
