@@ -186,8 +186,10 @@ TIMING_NOTE = (
 LMCACHE_NOTE = (
     "From LMCache's own log lines beside the client's records (medians per request, ms): before the lookup = sent "
     "→ the scheduler's LMCache lookup logged (HTTP, rendering, tokenizing, the engine's intake, the lookup), relative "
-    "to the arm's fastest request; lookup to KV loaded = → the first worker's \"Retrieved\" line, of which LMCache's "
-    "retrieve is its own timing; after the load = the rest (the new tokens' prefill, the first token back)."
+    "to the arm's fastest request; lookup to KV loaded = → the last worker's \"Retrieved\" line (with tensor "
+    "parallelism the forward waits for every rank's load), of which LMCache's retrieve is that slowest rank's own "
+    "timing and ranks' spread how long after the first rank it finished; after the load = the rest (the new tokens' "
+    "prefill, the first token back)."
 )
 
 
@@ -274,7 +276,14 @@ def write_timing_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path)
 def write_lmcache_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
     """One line per cell with LMCache's log timeline (no file when no arm's log had it)."""
     body = lmcache_rows(result)
-    fields = ["ttft_median_ms", "before_lookup_ms", "lookup_to_loaded_ms", "lmcache_retrieve_ms", "after_load_ms"]
+    fields = [
+        "ttft_median_ms",
+        "before_lookup_ms",
+        "lookup_to_loaded_ms",
+        "lmcache_retrieve_ms",
+        "rank_spread_ms",
+        "after_load_ms",
+    ]
     return _write_split_csv(out_dir / "lmcache_timeline.csv", fields, body, manifest) if body else None
 
 

@@ -134,6 +134,7 @@ LMCACHE_HEADER = (
     "Before the lookup",
     "Lookup to KV loaded",
     "LMCache's retrieve",
+    "Ranks' spread",
     "After the load",
 )
 """LMCache's timeline per cell (ms, medians per request; :mod:`harness.results.lmcache_log`)."""
@@ -147,7 +148,14 @@ def lmcache_rows(result: RunResult) -> list[SplitRow]:
             cell.context_tokens,
             cell.turn,
             cell.requests,
-            (cell.ttft_ms, cell.before_lookup_ms, cell.lookup_to_loaded_ms, cell.retrieve_ms, cell.after_load_ms),
+            (
+                cell.ttft_ms,
+                cell.before_lookup_ms,
+                cell.lookup_to_loaded_ms,
+                cell.retrieve_ms,
+                cell.rank_spread_ms,
+                cell.after_load_ms,
+            ),
         )
         for cell in _in_table_order(result, result.lmcache_timeline)
     ]

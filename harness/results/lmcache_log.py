@@ -15,8 +15,11 @@ time, so the engine's lookups come in the order of the arm's records; :func:`tim
   rendering and tokenizing, the engine's intake of the request (block hashes) and LMCache's lookup. The log's
   wall clock and the client's monotonic clock differ by an unknown constant, taken as the smallest difference, so
   the value is relative to the arm's fastest request (a lower bound, ≥ 0; that request's own is a few ms);
-* ``lookup_to_loaded`` = first worker's "Retrieved" logged − lookup logged: scheduling and the load itself;
-  ``retrieve`` = LMCache's own "cost" of that load;
+* ``lookup_to_loaded`` = the last worker's "Retrieved" logged − lookup logged: scheduling and the load itself.
+  With tensor parallelism every rank (worker) loads its share of the KV and logs its own line; the forward that
+  follows runs on all ranks in step (each layer's all-reduce), so the slowest rank decides when it starts.
+  ``retrieve`` = LMCache's own "cost" of the slowest rank's load; ``rank_spread`` = last − first worker's line,
+  the time the other ranks wait for the slowest (None with one worker);
 * ``after_load`` = TTFT − before_lookup − lookup_to_loaded: the prefill of the tokens not loaded, the first token
   and its trip back to the client (for a request with nothing to load: TTFT − before_lookup).
 
@@ -41,6 +44,8 @@ from .run_result import LMCacheSplit
 _STAMP = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]"
 _LOOKUP = re.compile(_STAMP + r".*?Reqid: ([^,\s]+), Total tokens (\d+),.*?LMCache hit tokens: (\d+)")
 _RETRIEVED = re.compile(_STAMP + r".*?\[req_id=([^\]\s]+)\] Retrieved (\d+) .*?cost ([\d.]+) ms")
+# vLLM prefixes each process's lines with its name and pid, e.g. "(Worker_TP1 pid=4347)"; one worker has none
+_WORKER = re.compile(r"^\((\S+) pid=\d+\)")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class Lookup:
 
 @dataclass(frozen=True)
 class Retrieval:
+    worker: str
     at_s: float
     tokens: int
     cost_ms: float
@@ -70,6 +76,7 @@ class RequestSplit:
     before_lookup_ms: float
     lookup_to_loaded_ms: float | None
     retrieve_ms: float | None
+    rank_spread_ms: float | None
     after_load_ms: float
 
 
@@ -78,11 +85,12 @@ def _seconds(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, Retrieval]]:
-    """LMCache's lookups in log order (the first line of each request) and each request's first retrieval."""
+def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, list[Retrieval]]]:
+    """LMCache's lookups in log order (the first line of each request) and, per request, each worker's first
+    retrieval in log order."""
     lookups: list[Lookup] = []
     seen: set[str] = set()
-    retrievals: dict[str, Retrieval] = {}
+    retrievals: dict[str, list[Retrieval]] = {}
     for line in lines:
         if "LMCache" not in line:
             continue
@@ -94,8 +102,13 @@ def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, Retrieval]]
                 lookups.append(Lookup(_seconds(found[1]), request_id, int(found[3]), int(found[4])))
             continue
         found = _RETRIEVED.search(line)
-        if found is not None and found[2] not in retrievals:
-            retrievals[found[2]] = Retrieval(_seconds(found[1]), int(found[3]), float(found[4]))
+        if found is None:
+            continue
+        process = _WORKER.match(line)
+        worker = process[1] if process is not None else ""
+        workers = retrievals.setdefault(found[2], [])
+        if all(item.worker != worker for item in workers):
+            workers.append(Retrieval(worker, _seconds(found[1]), int(found[3]), float(found[4])))
     return lookups, retrievals
 
 
@@ -117,8 +130,10 @@ def split_requests(records: Sequence[RequestRecord], lines: Iterable[str]) -> li
             continue
         ttft = record.ttft_ns / 1e6
         before = (lookup.at_s - record.started_ns / 1e9 - offset) * 1000.0
-        loaded = retrievals.get(lookup.request_id) if lookup.hit_tokens > 0 else None
-        to_loaded = (loaded.at_s - lookup.at_s) * 1000.0 if loaded is not None else None
+        workers = retrievals.get(lookup.request_id, []) if lookup.hit_tokens > 0 else []
+        last = max(workers, key=lambda item: item.at_s) if workers else None
+        to_loaded = (last.at_s - lookup.at_s) * 1000.0 if last is not None else None
+        spread = (last.at_s - min(item.at_s for item in workers)) * 1000.0 if last and len(workers) > 1 else None
         out.append(
             RequestSplit(
                 arm=record.arm,
@@ -128,7 +143,8 @@ def split_requests(records: Sequence[RequestRecord], lines: Iterable[str]) -> li
                 ttft_ms=ttft,
                 before_lookup_ms=before,
                 lookup_to_loaded_ms=to_loaded,
-                retrieve_ms=loaded.cost_ms if loaded is not None else None,
+                retrieve_ms=max(item.cost_ms for item in workers) if workers else None,
+                rank_spread_ms=spread,
                 after_load_ms=ttft - before - (to_loaded or 0.0),
             )
         )
@@ -158,6 +174,7 @@ def timeline(records: Sequence[RequestRecord], logs: Mapping[str, Iterable[str]]
                 before_lookup_ms=statistics.median(s.before_lookup_ms for s in splits),
                 lookup_to_loaded_ms=_median([s.lookup_to_loaded_ms for s in splits]),
                 retrieve_ms=_median([s.retrieve_ms for s in splits]),
+                rank_spread_ms=_median([s.rank_spread_ms for s in splits]),
                 after_load_ms=statistics.median(s.after_load_ms for s in splits),
             )
         )

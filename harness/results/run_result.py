@@ -118,8 +118,10 @@ class LMCacheSplit(Frozen):
 
     ``before_lookup_ms``: sent → the scheduler's LMCache lookup logged, relative to the arm's fastest request (HTTP,
     tokenizing, the engine's intake, the lookup); ``lookup_to_loaded_ms``: → the KV retrieved into GPU memory, and
-    ``retrieve_ms`` LMCache's own time for that load; ``after_load_ms``: the rest of the TTFT (the new tokens'
-    prefill, the first token back). :mod:`harness.results.lmcache_log` has the formulas.
+    ``retrieve_ms`` LMCache's own time for that load (with tensor parallelism: the slowest rank's, which the forward
+    waits for); ``rank_spread_ms``: how long after the first rank the slowest finished (None with one rank);
+    ``after_load_ms``: the rest of the TTFT (the new tokens' prefill, the first token back).
+    :mod:`harness.results.lmcache_log` has the formulas.
     """
 
     arm: str
@@ -130,6 +132,7 @@ class LMCacheSplit(Frozen):
     before_lookup_ms: float
     lookup_to_loaded_ms: float | None = None
     retrieve_ms: float | None = None
+    rank_spread_ms: float | None = None
     after_load_ms: float
 
 

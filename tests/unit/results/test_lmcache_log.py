@@ -34,9 +34,9 @@ def lookup(stamp: str, request: str, total: int, hit: int) -> str:
     )
 
 
-def retrieved(stamp: str, request: str, tokens: int, cost_ms: float) -> str:
+def retrieved(stamp: str, request: str, tokens: int, cost_ms: float, worker: str = "Worker_TP0") -> str:
     return (
-        f"(Worker_TP0 pid=2) {COLOR}[2026-11-27 10:03:{stamp}] LMCache INFO:\x1b[0m [req_id={request}] Retrieved "
+        f"({worker} pid=2) {COLOR}[2026-11-27 10:03:{stamp}] LMCache INFO:\x1b[0m [req_id={request}] Retrieved "
         f"{tokens} out of {tokens} required tokens (from {tokens} total tokens). size: 11.7 gb, cost {cost_ms} ms"
     )
 
@@ -54,25 +54,40 @@ LOG = [
     lookup("10,002", "chatcmpl-a", 130, 0),  # a request looked up twice (it waited): its first lookup counts
     lookup("20,202", "chatcmpl-b", 96000, 0),
     lookup("30,232", "chatcmpl-c", 96174, 96000),
-    retrieved("30,430", "chatcmpl-c", 96000, 166.3),
-    retrieved("30,431", "chatcmpl-c", 96000, 170.0),  # the other workers' lines: the first one counts
+    retrieved("30,412", "chatcmpl-c", 96000, 150.3),
+    retrieved("30,413", "chatcmpl-c", 96000, 151.0),  # a worker's later line for the same request: its first counts
+    retrieved("30,430", "chatcmpl-c", 96000, 166.3, "Worker_TP1"),  # the slowest rank: the forward waits for it
 ]
 
 
 def test_each_ttft_is_split_at_the_lookup_and_the_load() -> None:
     lookups, retrievals = parse_log(LOG)
     assert [item.request_id for item in lookups] == ["chatcmpl-a", "chatcmpl-b", "chatcmpl-c"]
-    assert retrievals["chatcmpl-c"].cost_ms == 166.3
+    assert [(item.worker, item.cost_ms) for item in retrievals["chatcmpl-c"]] == [
+        ("Worker_TP0", 150.3),
+        ("Worker_TP1", 166.3),
+    ]
     first, second = split_requests(RECORDS, LOG)  # the warm-up only sets the clocks' offset
     assert first.turn == 1 and first.lookup_to_loaded_ms is None and first.retrieve_ms is None
+    assert first.rank_spread_ms is None
     assert first.before_lookup_ms == pytest.approx(200.0, abs=0.01)
     assert first.after_load_ms == pytest.approx(6500.0, abs=0.01)
     assert second.before_lookup_ms == pytest.approx(230.0, abs=0.01)
     assert second.lookup_to_loaded_ms == pytest.approx(198.0, abs=0.01)
     assert second.retrieve_ms == 166.3
+    assert second.rank_spread_ms == pytest.approx(18.0, abs=0.01)
     assert second.after_load_ms == pytest.approx(530.0 - 230.0 - 198.0, abs=0.01)
     (cell,) = [c for c in timeline(RECORDS, {"ON": LOG}) if c.turn == 2]
     assert cell.requests == 1 and cell.lookup_to_loaded_ms == pytest.approx(198.0, abs=0.01)
+    assert cell.rank_spread_ms == pytest.approx(18.0, abs=0.01)
+
+
+def test_one_worker_has_no_rank_spread() -> None:
+    one_worker = [line.replace("(Worker_TP1 pid=2) ", "").replace("(Worker_TP0 pid=2) ", "") for line in LOG]
+    _, retrievals = parse_log(one_worker)
+    assert [item.cost_ms for item in retrievals["chatcmpl-c"]] == [150.3]  # no prefix: one worker, its first line
+    (split,) = [item for item in split_requests(RECORDS, one_worker) if item.turn == 2]
+    assert split.rank_spread_ms is None and split.lookup_to_loaded_ms == pytest.approx(180.0, abs=0.01)
 
 
 def test_records_that_do_not_pair_with_the_log_give_no_split() -> None:
@@ -101,3 +116,16 @@ def test_a_committed_h200_run_splits_every_request_of_its_lmcache_arm(tmp_path: 
     loads = [turn2[length].retrieve_ms or 0.0 for length in sorted(turn2)]
     assert loads == sorted(loads) and loads[0] > 0
     assert statistics.median([cell.before_lookup_ms for cell in cells if cell.context_tokens == 1000]) < 5.0
+
+
+def test_a_committed_tp4_run_waits_for_its_slowest_rank() -> None:
+    # 4x H200, vLLM 0.26.0 + LMCache 0.5.3, TP=4: each rank logs its own load, and one was 150 ms behind the others
+    run = RunDir.open(RESULTS / "gpu-seed-llama70b-tp4-fp16-h200-3pass")
+    lines = run.engine_log("AMG-ON-LMCache")
+    assert lines is not None
+    _, retrievals = parse_log(lines)
+    assert {len(workers) for workers in retrievals.values()} == {4}
+    records = [record for record in run.records() if record.arm == "AMG-ON-LMCache"]
+    loaded = [split for split in split_requests(records, lines) if split.lookup_to_loaded_ms is not None]
+    assert loaded and all(split.rank_spread_ms is not None and split.rank_spread_ms >= 0 for split in loaded)
+    assert max(split.rank_spread_ms or 0.0 for split in loaded) > 100.0
