@@ -231,6 +231,44 @@ def bar_chart(
     )  # fmt: skip
 
 
+def stacked_bar_chart(
+    chart_id: str,
+    title: str,
+    description: str,
+    groups: Sequence[str],
+    series: Sequence[BarSeries],
+    *,
+    x_label: str,
+    y_label: str,
+) -> Chart:
+    """Stacked bars on a linear scale: one bar per label in ``groups``, the series' values stacked bottom to top in
+    their order (a missing value adds nothing)."""
+    base = Chart(chart_id, title, description, x_label, y_label)
+    totals = [sum(s.values[g] or 0.0 for s in series if g < len(s.values)) for g in range(len(groups))]
+    scale = YScale(totals, base.top, base.plot_bottom, log=False)
+    group_w = base.plot_width / max(len(groups), 1)
+    rects = []
+    x_ticks = []
+    for g, group in enumerate(groups):
+        x = round(base.left + g * group_w + group_w * 0.2, 2)
+        x_ticks.append(Tick(round(base.left + (g + 0.5) * group_w, 2), group))
+        below = 0.0
+        for item in series:
+            value = item.values[g] if g < len(item.values) else None
+            if value is None or value <= 0:
+                continue
+            y_low, y_high = scale(below), scale(below + value)
+            label = f"{item.name} @ {group}: {value:.4g}{item.unit}"
+            height = round(y_low - y_high, 2)
+            rects.append(Rect(x, round(y_high, 2), round(group_w * 0.6, 2), height, item.color, label))
+            below += value
+    return Chart(
+        chart_id, title, description, x_label, y_label,
+        x_ticks=x_ticks, y_ticks=scale.tick_marks(), rects=rects,
+        legend=[LegendItem(s.name, s.color) for s in series],
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class LineSeries:
     name: str

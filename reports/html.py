@@ -40,13 +40,14 @@ from offload import analytical
 from offload.profiles import OffloadProfile
 from workloads.config import MultiRoundQAProbe
 
-from .charts import PALETTE, BarSeries, Chart, Highlight, LineSeries, bar_chart, line_chart
+from .charts import PALETTE, BarSeries, Chart, Highlight, LineSeries, bar_chart, line_chart, stacked_bar_chart
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HTML_FILE = "case-study.html"
 RAW_FILES = (
     "scenario.yaml", "manifest.json", "summary.json", "records.jsonl", "progress.jsonl", "engine_metrics.jsonl",
     "intervals.jsonl", "soak.json", "sweep.json", "report/ttft_table.md", "report/ttft.csv",
+    "report/engine_timing.csv", "report/lmcache_timeline.csv",
 )  # fmt: skip
 
 
@@ -490,6 +491,57 @@ def poc_chart(probe: ProbeSource) -> Chart:
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class SplitView:
+    """A TTFT split table with the note that says how its columns were measured."""
+
+    note: str
+    table: TableView
+
+
+def split_views(probe: ProbeSource) -> list[SplitView]:
+    """The engine's own clock ("Where TTFT goes") and LMCache's log timeline, each when the run has it."""
+    from .renderers import LMCACHE_NOTE, TIMING_NOTE
+    from .ttft_table import LMCACHE_HEADER, TIMING_HEADER, SplitRow, lmcache_rows, timing_rows
+
+    def view(note: str, header: tuple[str, ...], body: list[SplitRow]) -> SplitView:
+        numeric = [False, True, False] + [True] * (len(header) - 3)
+        caption = f"ms; {probe.origin}"
+        # the tokens and turn as the spread table writes them
+        texts = [[row.arm, f"{row.context_tokens:,}", f"t{row.turn}", *row.texts()[3:]] for row in body]
+        return SplitView(note, TableView(list(header), texts, numeric, caption=caption))
+
+    out = []
+    if timing := timing_rows(probe.result):
+        out.append(view(TIMING_NOTE, TIMING_HEADER, timing))
+    if timeline := lmcache_rows(probe.result):
+        out.append(view(LMCACHE_NOTE, LMCACHE_HEADER, timeline))
+    return out
+
+
+def turn2_timeline_chart(probe: ProbeSource) -> Chart | None:
+    """LMCache's turn 2 per context length, stacked: before the lookup, the load, after it (medians of each part,
+    so a bar's height is near, not equal to, the cell's median TTFT). None when no turn 2 loaded anything."""
+    cells = [c for c in probe.result.lmcache_timeline if c.turn == 2 and c.lookup_to_loaded_ms is not None]
+    if not cells:
+        return None
+    arm = cells[0].arm
+    cells = sorted((c for c in cells if c.arm == arm), key=lambda c: c.context_tokens)
+    parts: tuple[tuple[str, list[float | None]], ...] = (
+        ("before the lookup (HTTP, tokenizing, intake)", [c.before_lookup_ms for c in cells]),
+        ("lookup to KV loaded (slowest rank)", [c.lookup_to_loaded_ms for c in cells]),
+        ("after the load (new tokens' prefill, first token)", [c.after_load_ms for c in cells]),
+    )
+    series = [BarSeries(name, values, PALETTE[i], " ms") for i, (name, values) in enumerate(parts)]
+    groups = [f"{c.context_tokens:,}" for c in cells]
+    return stacked_bar_chart(
+        "chart-lmcache-turn2", f"Where {arm}'s turn 2 goes (LMCache's log)",
+        f"Stacked bars per context length of the medians of each part of {arm}'s turn-2 TTFT: before LMCache's "
+        f"lookup, the lookup to the KV loaded, and after the load; {probe.origin}.",
+        groups, series, x_label="context length (tokens)", y_label="ms (median of each part)",
+    )  # fmt: skip
+
+
 def soak_charts(soak: SoakSource) -> list[Chart]:
     intervals = soak.intervals
     if not intervals:
@@ -887,6 +939,8 @@ def build_context(sources: ReportSources, out_dir: Path) -> dict[str, Any]:
         "poc_table": poc_table(poc) if poc else None,
         "poc_spread": spread_table(poc) if poc else None,
         "poc_chart": poc_chart(poc) if poc else None,
+        "poc_splits": split_views(poc) if poc else [],
+        "poc_split_chart": turn2_timeline_chart(poc) if poc else None,
         "soak": soak.result if soak else None,
         "soak_path": str(soak.path) if soak else "",
         "soak_charts": soak_charts(soak) if soak else [],

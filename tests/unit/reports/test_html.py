@@ -145,3 +145,25 @@ def test_the_measured_h100_case_study_shows_every_setup(tmp_path: Path) -> None:
     assert "AMG-ON-LMCache" in soak and "AMG-OFF" not in soak and "AMG-ON-native" not in soak
     assert "2 GPUs saved" in text and "PASS" in text
     assert "hit rate (/metrics counters)" in text  # recorded during the window, before usage came first
+
+
+def test_a_measured_lmcache_run_shows_where_its_turn_2_goes(tmp_path: Path) -> None:
+    """The committed 70B FP8 graphs run (4x H200): LMCache's timeline as a table and a stacked chart of turn 2."""
+    from harness.results.run_result import RunResult
+
+    run = Path(__file__).resolve().parents[3] / "docs" / "results" / "gpu-seed-llama70b-tp4-fp8-graphs-h200"
+    html = render_html(collect_sources([run]), tmp_path)
+    text = " ".join(parse(html).text)
+    assert "Where the TTFT goes" in text and "Ranks' spread" in text and 'id="chart-lmcache-turn2"' in html
+    chart = html[html.index('id="chart-lmcache-turn2"') : html.index("</svg>", html.index('id="chart-lmcache-turn2"'))]
+    result = RunResult.read_file(run / "summary.json")
+    for cell in result.lmcache_timeline:
+        if cell.turn == 2 and cell.lookup_to_loaded_ms is not None:
+            # each stacked part is the stored median, one bar per context length
+            assert (
+                f"lookup to KV loaded (slowest rank) @ {cell.context_tokens:,}: {cell.lookup_to_loaded_ms:.4g} ms"
+                in chart
+            )
+    assert "report/lmcache_timeline.csv" in html  # the raw appendix links the table's file
+    simulated = render_html(collect_sources([make_probe_run(tmp_path / "sim", speedup=4.0)]), tmp_path)
+    assert "chart-lmcache-turn2" not in simulated  # the simulator logs no LMCache lines
