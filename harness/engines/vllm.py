@@ -155,6 +155,8 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
         # usage.prompt_tokens_details.cached_tokens per request: the hit rate kvbench reports first
         # (the /metrics counters overlap while the connector loads asynchronously; offload/hits.py)
         args.append(USAGE_DETAILS_FLAG)
+    if config.cpu_worker_in_engine_core:
+        args += ["--distributed-executor-backend", "uni"]
     parallel = config.parallelism
     if parallel.tp != 1:
         args += ["--tensor-parallel-size", str(parallel.tp)]
@@ -189,6 +191,9 @@ def build_vllm_env(config: VllmEngineConfig, plan: VllmLaunchPlan) -> dict[str, 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cores - 1}"
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        if config.cpu_worker_in_engine_core:
+            # without it vLLM-CPU turns "uni" back into its multiprocess executor
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if plan.uses_lmcache:
         env["LMCACHE_DISABLE_BANNER"] = "1"
         if HASH_SEED_ENV not in os.environ:

@@ -31,7 +31,8 @@ def scenario(model: Path) -> dict[str, Any]:
         "name": "restart-tier",
         "engine": {
             "kind": "vllm", "model": str(model), "device": "cpu", "dtype": "float32", "load_format": "dummy",
-            "enforce_eager": True, "max_model_len": 4096, "cpu_kvcache_space_gb": 1, "startup_timeout_s": 420,
+            "enforce_eager": True, "cpu_worker_in_engine_core": True, "max_model_len": 4096, "cpu_kvcache_space_gb": 1,
+            "startup_timeout_s": 420,
             "stop_grace_s": 15, "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
         },
         "arms": [

@@ -299,6 +299,10 @@ def test_config_validation() -> None:
         vllm_config(parallelism={"replicas": 2}, replicas=3)
     with pytest.raises(ValidationError, match="device 'cpu' only"):
         vllm_config(cpu_kvcache_space_gb=2)
+    with pytest.raises(ValidationError, match="cpu_worker_in_engine_core applies to device 'cpu' only"):
+        vllm_config(cpu_worker_in_engine_core=True)
+    with pytest.raises(ValidationError, match="one worker"):
+        vllm_config(device="cpu", cpu_worker_in_engine_core=True, parallelism={"tp": 2})
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         vllm_config(gpu_mem=0.5)
     config = vllm_config()
@@ -388,6 +392,18 @@ def test_argv_script_launcher_and_cpu_env(tmp_path: Path) -> None:
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+
+
+def test_a_cpu_worker_in_the_engine_core_is_asked_for_with_both_switches(tmp_path: Path) -> None:
+    # vLLM-CPU swaps "uni" back to its multiprocess executor unless V1 multiprocessing is off as well
+    config = vllm_config(device="cpu", cpu_worker_in_engine_core=True)
+    plan = render_vllm_launch(BUILTIN_PROFILES["off"], config, True, tmp_path)
+    argv = build_vllm_argv(config, "/venv/bin/python", 9000, plan)
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    assert build_vllm_env(config, plan)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    default = vllm_config(device="cpu")
+    assert "--distributed-executor-backend" not in build_vllm_argv(default, "/venv/bin/python", 9000, plan)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in build_vllm_env(default, plan)
 
 
 def test_usage_details_are_asked_for_once(tmp_path: Path) -> None:
