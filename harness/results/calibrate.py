@@ -48,11 +48,14 @@ few decode steps does not drag the fit):
    (each arrival charged to a step of the window adds it). On the 1x H100 sweep native's decode
    steps slow with the load beyond what the shared share (0 there) predicts, LMCache's do not.
 
-0. Front end (probe runs whose LMCache arm left its log lines, :mod:`.lmcache_log`): the time from sending a
-   request to the scheduler's LMCache lookup -- HTTP, rendering, tokenizing, the engine's intake -- grows with the
-   prompt (1.7-2.2 ms per 1000 tokens on the committed 8B and 70B runs, about 230 ms at 128k: as much as the
-   load itself). Its slope over the cells' medians (:func:`front_slope`) is the request overhead's growth, fixed
-   before step 2 for every arm (one vLLM front end), so the load rates and the GEMM rate no longer absorb it.
+0. Front end (probe runs): the time a request spends outside the engine core's queue and prefill -- HTTP,
+   rendering, tokenizing, the engine's intake, the first token's way back -- grows with the prompt. Timed by the
+   engine's own histograms where every request of a group was (the client's mean TTFT minus vLLM's mean queue and
+   prefill time: every arm; 2.6 and 3.1 ms per 1000 tokens on the two committed runs that scraped them), else by
+   LMCache's log lines (sent to the scheduler's lookup, :mod:`.lmcache_log`: 1.7-2.7 ms per 1000 tokens, without
+   the way back); :func:`front_samples` picks. Its slope over the cells' medians (:func:`front_slope`) is the request
+   overhead's growth, fixed before step 2 for every arm (one vLLM front end), so the load rates and the GEMM rate
+   no longer absorb it.
 
 Steps 1-2 alternate (decode, TTFT, decode: the prefill efficiencies enter large-batch decode
 steps and the step overhead enters prefill steps), then 3. ``holdout_loads`` leaves sweep load
@@ -60,8 +63,9 @@ points out of every step (``decode_residuals`` and ``tpot_residuals`` mark them 
 
 Some parameters are not determined by some runs; they keep their default and say why:
 
-* the per-token growth of the request overhead needs LMCache's log lines (step 0) or requests served from the
-  HBM prefix cache (otherwise it is indistinguishable from the GEMM rate and the load rate);
+* the per-token growth of the request overhead needs the engine's queue and prefill histograms or LMCache's log
+  lines (step 0), or requests served from the HBM prefix cache (otherwise it is indistinguishable from the GEMM
+  rate and the load rate);
 * the store cost needs an arm without a tier (otherwise it is indistinguishable from prefill), and
   its fixed part per request (``store_latency_s``) also computed prompts whose sizes differ 4x;
 * a backend's load latency needs loads of sizes that differ by 4x or more, its rate any load;
@@ -74,8 +78,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
@@ -165,16 +170,28 @@ class TtftSample:
     ttft_s: float
 
 
+ENGINE_CLOCK = "engine clock"
+LMCACHE_LOG = "LMCache log"
+
+
 @dataclass(frozen=True)
 class FrontSample:
-    """One request's time before the engine's scheduler looked it up (LMCache's log; relative to its arm's
-    fastest request): HTTP, rendering, tokenizing, the engine's intake."""
+    """The time a request spends outside the engine core's queue and prefill: HTTP, rendering, tokenizing, the
+    engine's intake, the first token's way back. ``source`` says how it was timed:
+
+    * :data:`ENGINE_CLOCK`: one group of requests (arm, repetition, length, turn): the client's mean TTFT minus the
+      engine's mean queue and prefill time (vLLM's ``request_queue_time_seconds`` and
+      ``request_prefill_time_seconds`` histograms over the group's ``/metrics`` delta);
+    * :data:`LMCACHE_LOG`: one request, sent to the scheduler's LMCache lookup (:mod:`.lmcache_log`; relative to its
+      arm's fastest request, and without the way back).
+    """
 
     run: str
     context_tokens: int
     turn: int
     prompt_tokens: int
-    before_lookup_s: float
+    front_s: float
+    source: str = LMCACHE_LOG
 
 
 @dataclass(frozen=True)
@@ -494,16 +511,21 @@ def collect(
     ``holdout_loads`` are held out."""
     run_dir = RunDir.open(path)
     records = [r for r in chosen_measured(run_dir) if r.ok and r.ttft_ns is not None and r.prompt_tokens]
-    per_group: dict[tuple[str, int, int, int, int], int] = defaultdict(int)
+    per_group: dict[tuple[str, int, int, int, int], list[RequestRecord]] = defaultdict(list)
     for r in records:
-        per_group[(r.arm, r.attempt, r.repetition, r.context_tokens, r.turn)] += 1
+        per_group[(r.arm, r.attempt, r.repetition, r.context_tokens, r.turn)].append(r)
     hits: dict[tuple[str, int, int, int, int], tuple[float, float]] = {}
+    engine_clock: list[FrontSample] = []
     for delta in run_dir.metrics():
         key = (delta.arm, delta.attempt, delta.repetition, delta.context_tokens, delta.turn)
-        count = per_group.get(key, 0)
-        if count:
+        group = per_group.get(key, [])
+        if group:
             values = delta.values
+            count = len(group)
             hits[key] = (values.get("gpu_prefix_hits", 0.0) / count, values.get("external_prefix_hits", 0.0) / count)
+            front = _engine_clock_front(group, values)
+            if front is not None:
+                engine_clock.append(replace(front, run=facts.source.run_id))
     fit, held = FitData(), FitData()
     # every request the engine served in a window counts towards the batch, warm-up included
     served: dict[tuple[str, int, int | None], list[RequestRecord]] = defaultdict(list)
@@ -534,13 +556,15 @@ def collect(
             (held if held_point else fit).windows.append(window)
     if facts.kind != "probe":
         return fit, held  # queueing under load: TTFT is not an unloaded request's
+    for front in engine_clock:
+        (held if front.context_tokens in holdout else fit).front.append(front)
     for name, arm_facts in facts.arms.items():
         lines = run_dir.engine_log(name) if arm_facts.backend == "lmcache" else None
         if lines is None:
             continue
         for split in split_requests([r for r in everything if r.arm == name], lines):
             front = FrontSample(facts.source.run_id, split.context_tokens, split.turn, split.prompt_tokens,
-                                split.before_lookup_ms / 1000)  # fmt: skip
+                                split.before_lookup_ms / 1000, LMCACHE_LOG)  # fmt: skip
             (held if split.context_tokens in holdout else fit).front.append(front)
     for r in records:
         arm = facts.arms.get(r.arm)
@@ -787,15 +811,35 @@ def _memory_binds(deployment: Deployment, params: Params, groups: Sequence[Decod
     return False
 
 
+def _engine_clock_front(group: Sequence[RequestRecord], values: Mapping[str, float]) -> FrontSample | None:
+    """A group's :data:`ENGINE_CLOCK` front time, or None when the engine did not time every one of its requests
+    (no such histograms, or a count that differs from the group's)."""
+    count = len(group)
+    if values.get("queued_requests") != count or values.get("prefilled_requests") != count:
+        return None
+    client_s = statistics.fmean(r.ttft_ns or 0 for r in group) / 1e9
+    engine_s = (values.get("queue_seconds", 0.0) + values.get("prefill_seconds", 0.0)) / count
+    first = group[0]
+    prompt = round(statistics.median(r.prompt_tokens or 0 for r in group))
+    return FrontSample("", first.context_tokens, first.turn, prompt, client_s - engine_s, ENGINE_CLOCK)
+
+
+def front_samples(samples: Sequence[FrontSample]) -> list[FrontSample]:
+    """The samples step 0 fits: the engine clock's where any run has it (it times every arm, and the first token's
+    way back too), else LMCache's log."""
+    timed = [s for s in samples if s.source == ENGINE_CLOCK]
+    return timed or [s for s in samples if s.source == LMCACHE_LOG]
+
+
 def front_slope(samples: Sequence[FrontSample]) -> float:
-    """Seconds per 1000 prompt tokens: the least-squares slope of the median time before the lookup per
-    (context length, turn) against the median prompt length (the intercept, relative to the fastest request,
-    is not the overhead's). Never below 0."""
+    """Seconds per 1000 prompt tokens: the least-squares slope of the median front time per (run, context length,
+    turn) against the median prompt length (the intercept is not the overhead's: LMCache's log times relative to
+    the arm's fastest request). Never below 0."""
     cells: dict[tuple[str, int, int], list[FrontSample]] = defaultdict(list)
     for s in samples:
         cells[(s.run, s.context_tokens, s.turn)].append(s)
     x = np.array([np.median([s.prompt_tokens for s in cell]) / 1000 for cell in cells.values()])
-    y = np.array([np.median([s.before_lookup_s for s in cell]) for cell in cells.values()])
+    y = np.array([np.median([s.front_s for s in cell]) for cell in cells.values()])
     if len(x) < 2 or float(np.ptp(x)) == 0.0:
         return 0.0
     slope = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
@@ -805,9 +849,15 @@ def front_slope(samples: Sequence[FrontSample]) -> float:
 def _front_source(samples: Sequence[FrontSample]) -> str:
     lengths = sorted({s.context_tokens for s in samples})
     runs = ", ".join(sorted({s.run for s in samples}))
+    span = f"{lengths[0]:,}-{lengths[-1]:,} tokens ({runs})"
+    if samples[0].source == ENGINE_CLOCK:
+        return (
+            f"slope of the client's TTFT minus the engine's queue and prefill time (the engine's histograms) vs "
+            f"prompt length, {len(samples)} groups of requests, {span}"
+        )
     return (
         f"slope of the time before the scheduler's LMCache lookup (LMCache's log) vs prompt length, "
-        f"{len(samples)} requests, {lengths[0]:,}-{lengths[-1]:,} tokens ({runs})"
+        f"{len(samples)} requests, {span}"
     )
 
 
@@ -863,11 +913,12 @@ def calibrate(
         params.busy_intake_s[b] = 0.0
         params.step_extra_s[b] = 0.0
 
-    # 0. the request overhead's growth with the prompt, where LMCache's log times the requests' way to the
-    # scheduler: fixed here, so the TTFT fit leaves it out of the GEMM rate and the load rates
-    front_fitted = _spread([float(s.prompt_tokens) for s in fit.front])
+    # 0. the request overhead's growth with the prompt, where the engine's clock or LMCache's log times the
+    # requests' way in: fixed here, so the TTFT fit leaves it out of the GEMM rate and the load rates
+    fronts = front_samples(fit.front)
+    front_fitted = _spread([float(s.prompt_tokens) for s in fronts])
     if front_fitted:
-        params.overhead_s_per_ktoken = front_slope(fit.front)
+        params.overhead_s_per_ktoken = front_slope(fronts)
 
     # 1. decode: the GPU's HBM rate from the probe runs' batch-1 steps (their contexts span 1k-128k), then
     # the host's step overhead and per-sequence cost from the sweeps' load points, where capacity is decided
@@ -1056,7 +1107,7 @@ def calibrate(
                                  "no probe requests"),
         request_overhead_s_per_ktoken=param(
             "overhead_s_per_ktoken", params.overhead_s_per_ktoken, "s per 1000 prompt tokens",
-            _front_source(fit.front) if front_fitted else "requests served from the HBM prefix cache",
+            _front_source(fronts) if front_fitted else "requests served from the HBM prefix cache",
             "no requests served from the HBM prefix cache: the growth is folded into the linear efficiency "
             "and the load rates"),
         linear_efficiency=param("linear", params.linear, "fraction of dense peak",

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.results.calibrate import FrontSample, calibrate, collect, front_slope, run_facts
+from harness.results.calibrate import (
+    ENGINE_CLOCK,
+    LMCACHE_LOG,
+    FrontSample,
+    calibrate,
+    collect,
+    front_samples,
+    front_slope,
+    run_facts,
+)
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import BackendCalibration, CalibratedDeployment, Calibration, FitParam
 from harness.sim.scheduler import EngineCore, SimRequest
@@ -513,3 +522,21 @@ def test_lmcaches_log_fixes_the_overhead_growth_and_leaves_held_out_lengths_out(
     assert growth.fitted and "LMCache's log" in growth.source
     assert growth.value == pytest.approx(front_slope(fit.front))
     assert 0.0005 < growth.value < 0.005  # 0.5-5 ms per 1000 tokens: tokenizing and intake, not a prefill
+    assert {s.source for s in fit.front} == {LMCACHE_LOG}  # a run scraped before vLLM's timing histograms
+
+
+def test_the_engines_clock_fixes_the_overhead_growth_where_it_timed_every_request() -> None:
+    # measured: Llama-3.1-8B shape, 1x H200, vLLM 0.26.0 + LMCache 0.5.3 against native offload, /metrics with
+    # vLLM's queue and prefill histograms: every arm's groups time their front end, not only LMCache's requests
+    run = Path(__file__).resolve().parents[3] / "docs" / "results" / "gpu-llama8b-lmcache-t2-split-h200"
+    fit, held = collect(run, run_facts(run), holdout=[96000])
+    clocked = [s for s in fit.front if s.source == ENGINE_CLOCK]
+    assert {s.source for s in fit.front} == {ENGINE_CLOCK, LMCACHE_LOG}
+    assert {s.context_tokens for s in clocked} == {16000, 32000, 64000, 80000, 112000, 128000}
+    assert all(s.context_tokens == 96000 for s in held.front)
+    assert front_samples(fit.front) == clocked  # the engine's clock first: it times every arm
+    fitted = calibrate([run], holdout=[96000])
+    growth = fitted.request_overhead_s_per_ktoken
+    assert growth.fitted and "the engine's histograms" in growth.source
+    assert growth.value == pytest.approx(front_slope(clocked))
+    assert 0.0005 < growth.value < 0.005
