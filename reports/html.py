@@ -47,7 +47,7 @@ HTML_FILE = "case-study.html"
 RAW_FILES = (
     "scenario.yaml", "manifest.json", "summary.json", "records.jsonl", "progress.jsonl", "engine_metrics.jsonl",
     "intervals.jsonl", "soak.json", "sweep.json", "report/ttft_table.md", "report/ttft.csv",
-    "report/engine_timing.csv", "report/lmcache_timeline.csv",
+    "report/engine_timing.csv", "report/lmcache_timeline.csv", "report/lmcache_ranks.csv",
 )  # fmt: skip
 
 
@@ -500,9 +500,9 @@ class SplitView:
 
 
 def split_views(probe: ProbeSource) -> list[SplitView]:
-    """The engine's own clock ("Where TTFT goes") and LMCache's log timeline, each when the run has it."""
-    from .renderers import LMCACHE_NOTE, TIMING_NOTE
-    from .ttft_table import LMCACHE_HEADER, TIMING_HEADER, SplitRow, lmcache_rows, timing_rows
+    """The engine's own clock ("Where TTFT goes"), LMCache's log timeline and its ranks, each when the run has it."""
+    from .renderers import LMCACHE_NOTE, RANK_NOTE, TIMING_NOTE
+    from .ttft_table import LMCACHE_HEADER, RANK_HEADER, TIMING_HEADER, SplitRow, lmcache_rows, rank_rows, timing_rows
 
     def view(note: str, header: tuple[str, ...], body: list[SplitRow]) -> SplitView:
         numeric = [False, True, False] + [True] * (len(header) - 3)
@@ -516,6 +516,9 @@ def split_views(probe: ProbeSource) -> list[SplitView]:
         out.append(view(TIMING_NOTE, TIMING_HEADER, timing))
     if timeline := lmcache_rows(probe.result):
         out.append(view(LMCACHE_NOTE, LMCACHE_HEADER, timeline))
+    if by_rank := rank_rows(probe.result):
+        numeric = [False, False] + [True] * (len(RANK_HEADER) - 2)
+        out.append(SplitView(RANK_NOTE, TableView(list(RANK_HEADER), by_rank, numeric, caption=probe.origin)))
     return out
 
 

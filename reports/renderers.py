@@ -15,12 +15,22 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.results.lmcache_log import RANK_MIN_TOKENS
 from harness.results.provenance import provenance
 from harness.results.run_result import RunResult
 from harness.results.verdict import Validity
 from kvbench.markup import console_text, md_text
 
-from .ttft_table import LMCACHE_HEADER, TIMING_HEADER, SplitRow, lmcache_rows, rows, timing_rows
+from .ttft_table import (
+    LMCACHE_HEADER,
+    RANK_HEADER,
+    TIMING_HEADER,
+    SplitRow,
+    lmcache_rows,
+    rank_rows,
+    rows,
+    timing_rows,
+)
 
 Renderer = Callable[[RunResult, dict[str, Any], Path], Path | None]
 """Writes one output file and returns its path; None when the result holds nothing for it."""
@@ -124,12 +134,13 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
             LMCACHE_HEADER,
             [r.texts() for r in lmcache_rows(result)],
         ),
+        (f"LMCache's ranks (loads of {RANK_MIN_TOKENS:,} tokens or more; its log)", RANK_HEADER, rank_rows(result)),
     )
     for title, header, body in sections:
         if body:
             table = Table(title=title)
             for column in header:
-                table.add_column(column, justify="left" if column == "Arm" else "right")
+                table.add_column(column, justify="left" if column in ("Arm", "Rank") else "right")
             for row in body:
                 table.add_row(*(escape(text) for text in row))
             out.print(table)
@@ -167,7 +178,7 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         text.append(line)
         text.extend(f"\n**Warning:** {warning}." for warning in warnings)
         text.append("")
-    for section in (timing_markdown(result), lmcache_markdown(result)):
+    for section in (timing_markdown(result), lmcache_markdown(result), ranks_markdown(result)):
         if section:
             text += [section, ""]
     path.write_text("\n".join(text), encoding="utf-8")
@@ -193,6 +204,13 @@ LMCACHE_NOTE = (
 )
 
 
+RANK_NOTE = (
+    f"Each worker (TP rank) logs its own load of its share of the KV; over the arm's loads of {RANK_MIN_TOKENS:,} "
+    "tokens or more: its rate (LMCache's logged size over its logged cost, GB/s as LMCache counts them, per rank) "
+    "and in how many loads with several ranks it took the longest (the forward after a load waits for that rank)."
+)
+
+
 def _markdown_section(title: str, note: str, header: tuple[str, ...], body: list[list[str]]) -> str:
     if not body:
         return ""
@@ -211,6 +229,11 @@ def lmcache_markdown(result: RunResult) -> str:
     """The LMCache timeline section ("" when no arm's log had LMCache's lookup lines)."""
     body = [r.texts() for r in lmcache_rows(result)]
     return _markdown_section("LMCache's timeline (its log)", LMCACHE_NOTE, LMCACHE_HEADER, body)
+
+
+def ranks_markdown(result: RunResult) -> str:
+    """The LMCache ranks section ("" when no arm's log had loads that large)."""
+    return _markdown_section("LMCache's ranks (its log)", RANK_NOTE, RANK_HEADER, rank_rows(result))
 
 
 @renderer("csv")
@@ -285,6 +308,21 @@ def write_lmcache_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path
         "after_load_ms",
     ]
     return _write_split_csv(out_dir / "lmcache_timeline.csv", fields, body, manifest) if body else None
+
+
+@renderer("lmcache-ranks-csv")
+def write_ranks_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
+    """One line per arm and worker with LMCache's load rates (no file when no arm's log had them)."""
+    if not result.lmcache_ranks:
+        return None
+    path = out_dir / "lmcache_ranks.csv"
+    origin = str(provenance(manifest))
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["arm", "worker", "loads", "median_gbps", "min_gbps", "slowest_loads", "provenance"])
+        for r in result.lmcache_ranks:
+            writer.writerow([r.arm, r.worker, r.loads, r.median_gbps, r.min_gbps, r.slowest_loads, origin])
+    return path
 
 
 def _blank(value: float | None) -> float | str:

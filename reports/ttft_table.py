@@ -9,6 +9,7 @@ the share of turn-2 prompt tokens the engine served from a cache (GPU prefix cac
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -159,3 +160,19 @@ def lmcache_rows(result: RunResult) -> list[SplitRow]:
         )
         for cell in _in_table_order(result, result.lmcache_timeline)
     ]
+
+
+RANK_HEADER = ("Arm", "Rank", "Loads", "Median GB/s", "Lowest GB/s", "Slowest in")
+"""LMCache's loads per worker (TP rank), :func:`harness.results.lmcache_log.ranks`."""
+
+
+def rank_rows(result: RunResult) -> list[list[str]]:
+    """The :data:`RANK_HEADER` rows, in the TTFT table's arm order; "Slowest in" = of the rank's loads, those in
+    which it took the longest of several ranks ("—" for an arm with one worker)."""
+    order = {arm: index for index, arm in enumerate(arm_order(result))}
+    workers = Counter(rank.arm for rank in result.lmcache_ranks)
+    out = []
+    for r in sorted(result.lmcache_ranks, key=lambda r: (order.get(r.arm, len(order)), r.worker)):
+        slowest = f"{r.slowest_loads} of {r.loads}" if workers[r.arm] > 1 else "—"
+        out.append([r.arm, r.worker or "—", str(r.loads), f"{r.median_gbps:.1f}", f"{r.min_gbps:.1f}", slowest])
+    return out

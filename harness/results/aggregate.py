@@ -21,7 +21,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench import __version__
 
-from .lmcache_log import timeline
+from .lmcache_log import ranks, timeline
 from .run_result import (
     STREAM_RATIO_WARN,
     CacheStats,
@@ -207,6 +207,7 @@ def aggregate(
         lmcache_timeline=sorted(
             timeline(records, engine_logs or {}), key=lambda c: (arms.index(c.arm), c.context_tokens, c.turn)
         ),
+        lmcache_ranks=sorted(ranks(engine_logs or {}), key=lambda r: (arms.index(r.arm), r.worker)),
     )
 
 

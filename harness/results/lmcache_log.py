@@ -39,12 +39,14 @@ from datetime import datetime
 
 from harness.store.records import RequestRecord
 
-from .run_result import LMCacheSplit
+from .run_result import LMCacheRank, LMCacheSplit
 
 _STAMP = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]"
 _LOOKUP = re.compile(_STAMP + r".*?Reqid: ([^,\s]+), Total tokens (\d+),.*?LMCache hit tokens: (\d+)")
-_RETRIEVED = re.compile(_STAMP + r".*?\[req_id=([^\]\s]+)\] Retrieved (\d+) .*?cost ([\d.]+) ms")
-# vLLM prefixes each process's lines with its name and pid, e.g. "(Worker_TP1 pid=4347)"; one worker has none
+_RETRIEVED = re.compile(
+    _STAMP + r".*?\[req_id=([^\]\s]+)\] Retrieved (\d+) .*?(?:size: ([\d.]+) gb, )?cost ([\d.]+) ms"
+)
+# vLLM prefixes each process's lines with its name and pid, e.g. "(Worker_TP1 pid=4347)"
 _WORKER = re.compile(r"^\((\S+) pid=\d+\)")
 
 
@@ -62,6 +64,8 @@ class Retrieval:
     at_s: float
     tokens: int
     cost_ms: float
+    size_gb: float | None = None
+    """The rank's share of the KV as LMCache logs it ("size: … gb")."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +90,8 @@ def _seconds(stamp: str) -> float:
 
 
 def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, list[Retrieval]]]:
-    """LMCache's lookups in log order (the first line of each request) and, per request, each worker's first
-    retrieval in log order."""
+    """LMCache's lookups in log order (the first line of each request) and, per request, every worker's retrieval
+    in log order."""
     lookups: list[Lookup] = []
     seen: set[str] = set()
     retrievals: dict[str, list[Retrieval]] = {}
@@ -104,11 +108,13 @@ def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, list[Retrie
         found = _RETRIEVED.search(line)
         if found is None:
             continue
+        # each worker logs one line per request; a line whose prefix was lost in interleaved output keeps its
+        # place among them, with its rank unknown ("")
         process = _WORKER.match(line)
-        worker = process[1] if process is not None else ""
-        workers = retrievals.setdefault(found[2], [])
-        if all(item.worker != worker for item in workers):
-            workers.append(Retrieval(worker, _seconds(found[1]), int(found[3]), float(found[4])))
+        size = float(found[4]) if found[4] is not None else None
+        retrieval = Retrieval(process[1] if process is not None else "", _seconds(found[1]), int(found[3]),
+                              float(found[5]), size)  # fmt: skip
+        retrievals.setdefault(found[2], []).append(retrieval)
     return lookups, retrievals
 
 
@@ -178,4 +184,43 @@ def timeline(records: Sequence[RequestRecord], logs: Mapping[str, Iterable[str]]
                 after_load_ms=statistics.median(s.after_load_ms for s in splits),
             )
         )
+    return out
+
+
+RANK_MIN_TOKENS = 16_000
+"""Loads this large or larger count in :func:`ranks`: below it a load's fixed costs blur its rate."""
+
+
+def ranks(logs: Mapping[str, Iterable[str]]) -> list[LMCacheRank]:
+    """Per arm and worker, over its loads of :data:`RANK_MIN_TOKENS` tokens or more: the median and lowest rate
+    (LMCache's logged size over its logged cost, GB/s as LMCache counts them) and in how many loads with several
+    ranks it took the longest (the forward waits for that rank). Lines that lost their worker prefix count for
+    no rank (a few per run at TP=4, where four processes write at once)."""
+    out = []
+    for arm, lines in logs.items():
+        _, retrievals = parse_log(lines)
+        rates: dict[str, list[float]] = {}
+        slowest: dict[str, int] = {}
+        for workers in retrievals.values():
+            sized = [item for item in workers if item.size_gb is not None and item.cost_ms > 0]
+            if not sized or sized[0].tokens < RANK_MIN_TOKENS:
+                continue
+            for item in sized:
+                if item.worker:
+                    rates.setdefault(item.worker, []).append((item.size_gb or 0.0) / (item.cost_ms / 1000.0))
+            last = max(sized, key=lambda item: item.cost_ms).worker
+            if len(sized) > 1 and last:
+                slowest[last] = slowest.get(last, 0) + 1
+        for worker in sorted(rates):
+            values = rates[worker]
+            out.append(
+                LMCacheRank(
+                    arm=arm,
+                    worker=worker,
+                    loads=len(values),
+                    median_gbps=statistics.median(values),
+                    min_gbps=min(values),
+                    slowest_loads=slowest.get(worker, 0),
+                )
+            )
     return out

@@ -136,6 +136,18 @@ class LMCacheSplit(Frozen):
     after_load_ms: float
 
 
+class LMCacheRank(Frozen):
+    """One worker (TP rank) of an arm's LMCache loads of :data:`harness.results.lmcache_log.RANK_MIN_TOKENS` tokens
+    or more, from LMCache's "Retrieved" lines: how fast it loads, and how often the others waited for it."""
+
+    arm: str
+    worker: str
+    loads: int
+    median_gbps: float
+    min_gbps: float
+    slowest_loads: int = Field(description="Loads with several ranks in which this one took the longest.")
+
+
 def _rate(hits: float | None, queries: float | None) -> float | None:
     if hits is None or not queries:
         return None
@@ -215,6 +227,11 @@ class RunResult(VersionedFile):
         default_factory=list,
         description="Per cell of an arm with LMCache's in-process connector, its TTFT split by LMCache's log lines "
         "(empty without them, and in summaries written before 2026-11-27).",
+    )
+    lmcache_ranks: list[LMCacheRank] = Field(
+        default_factory=list,
+        description="Per worker of an arm with LMCache's in-process connector, its load rate and how often it was "
+        "the slowest rank (empty without LMCache's lines, and in summaries written before 2026-11-28).",
     )
 
     def outcome(self) -> Outcome:

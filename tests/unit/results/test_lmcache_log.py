@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.results.aggregate import summarize_run_dir
-from harness.results.lmcache_log import parse_log, split_requests, timeline
+from harness.results.lmcache_log import RANK_MIN_TOKENS, parse_log, ranks, split_requests, timeline
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 
@@ -55,7 +55,7 @@ LOG = [
     lookup("20,202", "chatcmpl-b", 96000, 0),
     lookup("30,232", "chatcmpl-c", 96174, 96000),
     retrieved("30,412", "chatcmpl-c", 96000, 150.3),
-    retrieved("30,413", "chatcmpl-c", 96000, 151.0),  # a worker's later line for the same request: its first counts
+    retrieved("30,413", "chatcmpl-c", 96000, 151.0).split(") ", 1)[1],  # a rank whose prefix was lost: still a rank
     retrieved("30,430", "chatcmpl-c", 96000, 166.3, "Worker_TP1"),  # the slowest rank: the forward waits for it
 ]
 
@@ -65,6 +65,7 @@ def test_each_ttft_is_split_at_the_lookup_and_the_load() -> None:
     assert [item.request_id for item in lookups] == ["chatcmpl-a", "chatcmpl-b", "chatcmpl-c"]
     assert [(item.worker, item.cost_ms) for item in retrievals["chatcmpl-c"]] == [
         ("Worker_TP0", 150.3),
+        ("", 151.0),
         ("Worker_TP1", 166.3),
     ]
     first, second = split_requests(RECORDS, LOG)  # the warm-up only sets the clocks' offset
@@ -83,9 +84,7 @@ def test_each_ttft_is_split_at_the_lookup_and_the_load() -> None:
 
 
 def test_one_worker_has_no_rank_spread() -> None:
-    one_worker = [line.replace("(Worker_TP1 pid=2) ", "").replace("(Worker_TP0 pid=2) ", "") for line in LOG]
-    _, retrievals = parse_log(one_worker)
-    assert [item.cost_ms for item in retrievals["chatcmpl-c"]] == [150.3]  # no prefix: one worker, its first line
+    one_worker = [line for line in LOG if "Retrieved" not in line or "150.3" in line]
     (split,) = [item for item in split_requests(RECORDS, one_worker) if item.turn == 2]
     assert split.rank_spread_ms is None and split.lookup_to_loaded_ms == pytest.approx(180.0, abs=0.01)
 
@@ -129,3 +128,33 @@ def test_a_committed_tp4_run_waits_for_its_slowest_rank() -> None:
     loaded = [split for split in split_requests(records, lines) if split.lookup_to_loaded_ms is not None]
     assert loaded and all(split.rank_spread_ms is not None and split.rank_spread_ms >= 0 for split in loaded)
     assert max(split.rank_spread_ms or 0.0 for split in loaded) > 100.0
+
+
+def test_each_rank_gets_its_rate_and_how_often_the_others_waited_for_it() -> None:
+    # synthetic: two requests of 96k tokens on two ranks; TP1 is the slower in both, a lost prefix counts for no rank
+    line = retrieved("30,412", "chatcmpl-x", 96000, 100.0).replace("cost", "size: 5.0 gb, cost")
+    lines = [
+        line,
+        line.replace("Worker_TP0", "Worker_TP1").replace("100.0", "250.0"),
+        line.replace("chatcmpl-x", "chatcmpl-y").replace("100.0", "125.0"),
+        line.replace("chatcmpl-x", "chatcmpl-y").replace("Worker_TP0", "Worker_TP1").replace("100.0", "200.0"),
+        line.replace("chatcmpl-x", "chatcmpl-z").split(") ", 1)[1],
+        line.replace("chatcmpl-x", "chatcmpl-small").replace("96000", str(RANK_MIN_TOKENS - 1)),
+    ]
+    tp0, tp1 = ranks({"ON": lines})
+    assert (tp0.worker, tp0.loads, tp0.slowest_loads) == ("Worker_TP0", 2, 0)
+    assert (tp1.worker, tp1.loads, tp1.slowest_loads) == ("Worker_TP1", 2, 2)
+    assert tp0.median_gbps == pytest.approx((50.0 + 40.0) / 2) and tp1.min_gbps == pytest.approx(20.0)
+
+
+def test_a_committed_host_with_a_slow_rank_shows_it() -> None:
+    # 4x H200, 70B BF16 eager, vLLM 0.26.0 + LMCache 0.5.3: TP1's median rate was 0.62x TP0's (19.3 / 31.1 GB/s)
+    lines = RunDir.open(RESULTS / "gpu-seed-llama70b-tp4-fp16-h200").engine_log("AMG-ON-LMCache")
+    assert lines is not None
+    by_worker = {rank.worker: rank for rank in ranks({"AMG-ON-LMCache": lines})}
+    assert set(by_worker) == {"Worker_TP0", "Worker_TP1", "Worker_TP2", "Worker_TP3"}
+    slowest_rate = min(by_worker.values(), key=lambda rank: rank.median_gbps)
+    assert slowest_rate.worker == "Worker_TP1"
+    assert slowest_rate.median_gbps < 0.7 * by_worker["Worker_TP0"].median_gbps
+    assert all(rank.min_gbps <= rank.median_gbps for rank in by_worker.values())
+    assert sum(rank.slowest_loads for rank in by_worker.values()) <= max(rank.loads for rank in by_worker.values())
