@@ -21,7 +21,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from kvbench import __version__
 
-from .lmcache_log import ranks, timeline
+from .lmcache_log import parse_log, ranks, timeline
 from .run_result import (
     STREAM_RATIO_WARN,
     CacheStats,
@@ -99,7 +99,8 @@ def aggregate(
     metrics: Iterable[MetricsDelta] = (),
     engine_logs: Mapping[str, Iterable[str]] | None = None,
 ) -> RunResult:
-    """``engine_logs``: arm -> its engine log's lines, for :func:`harness.results.lmcache_log.timeline`."""
+    """``engine_logs``: arm -> its engine log's lines, for :mod:`harness.results.lmcache_log` (read once)."""
+    lmcache_logs = {arm: parse_log(lines) for arm, lines in (engine_logs or {}).items()}
     done = list(done)
     records = list(records)
     rows = [record.model_dump(exclude={"itl_ns"}) for record in records]
@@ -205,9 +206,9 @@ def aggregate(
         ),
         engine_timing=_engine_timing(totals, arms, contexts, turns),
         lmcache_timeline=sorted(
-            timeline(records, engine_logs or {}), key=lambda c: (arms.index(c.arm), c.context_tokens, c.turn)
+            timeline(records, lmcache_logs), key=lambda c: (arms.index(c.arm), c.context_tokens, c.turn)
         ),
-        lmcache_ranks=sorted(ranks(engine_logs or {}), key=lambda r: (arms.index(r.arm), r.worker)),
+        lmcache_ranks=sorted(ranks(lmcache_logs), key=lambda r: (arms.index(r.arm), r.worker)),
     )
 
 

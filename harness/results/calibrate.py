@@ -523,9 +523,9 @@ def collect(
             values = delta.values
             count = len(group)
             hits[key] = (values.get("gpu_prefix_hits", 0.0) / count, values.get("external_prefix_hits", 0.0) / count)
-            front = _engine_clock_front(group, values)
+            front = _engine_clock_front(facts.source.run_id, group, values)
             if front is not None:
-                engine_clock.append(replace(front, run=facts.source.run_id))
+                engine_clock.append(front)
     fit, held = FitData(), FitData()
     # every request the engine served in a window counts towards the batch, warm-up included
     served: dict[tuple[str, int, int | None], list[RequestRecord]] = defaultdict(list)
@@ -811,7 +811,7 @@ def _memory_binds(deployment: Deployment, params: Params, groups: Sequence[Decod
     return False
 
 
-def _engine_clock_front(group: Sequence[RequestRecord], values: Mapping[str, float]) -> FrontSample | None:
+def _engine_clock_front(run: str, group: Sequence[RequestRecord], values: Mapping[str, float]) -> FrontSample | None:
     """A group's :data:`ENGINE_CLOCK` front time, or None when the engine did not time every one of its requests
     (no such histograms, or a count that differs from the group's)."""
     count = len(group)
@@ -821,7 +821,7 @@ def _engine_clock_front(group: Sequence[RequestRecord], values: Mapping[str, flo
     engine_s = (values.get("queue_seconds", 0.0) + values.get("prefill_seconds", 0.0)) / count
     first = group[0]
     prompt = round(statistics.median(r.prompt_tokens or 0 for r in group))
-    return FrontSample("", first.context_tokens, first.turn, prompt, client_s - engine_s, ENGINE_CLOCK)
+    return FrontSample(run, first.context_tokens, first.turn, prompt, client_s - engine_s, ENGINE_CLOCK)
 
 
 def front_samples(samples: Sequence[FrontSample]) -> list[FrontSample]:

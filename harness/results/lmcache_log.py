@@ -89,7 +89,11 @@ def _seconds(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, list[Retrieval]]]:
+ParsedLog = tuple[list[Lookup], dict[str, list[Retrieval]]]
+"""One engine log's LMCache lines (:func:`parse_log`): the lookups in log order, each request's retrievals."""
+
+
+def parse_log(lines: Iterable[str]) -> ParsedLog:
     """LMCache's lookups in log order (the first line of each request) and, per request, every worker's retrieval
     in log order."""
     lookups: list[Lookup] = []
@@ -120,7 +124,11 @@ def parse_log(lines: Iterable[str]) -> tuple[list[Lookup], dict[str, list[Retrie
 
 def split_requests(records: Sequence[RequestRecord], lines: Iterable[str]) -> list[RequestSplit]:
     """Every measured request of one arm's engine, split (empty when the log and the records do not pair)."""
-    lookups, retrievals = parse_log(lines)
+    return _split(records, parse_log(lines))
+
+
+def _split(records: Sequence[RequestRecord], log: ParsedLog) -> list[RequestSplit]:
+    lookups, retrievals = log
     if not lookups or len({record.attempt for record in records}) != 1:
         return []
     sent = sorted(records, key=lambda record: record.started_ns)
@@ -162,11 +170,12 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def timeline(records: Sequence[RequestRecord], logs: Mapping[str, Iterable[str]]) -> list[LMCacheSplit]:
-    """Per (arm, context length, turn), medians of :func:`split_requests` over the arms whose log is in ``logs``."""
+def timeline(records: Sequence[RequestRecord], logs: Mapping[str, ParsedLog]) -> list[LMCacheSplit]:
+    """Per (arm, context length, turn), medians of :func:`split_requests` over the arms whose parsed log is in
+    ``logs``."""
     cells: dict[tuple[str, int, int], list[RequestSplit]] = {}
-    for arm, lines in logs.items():
-        for split in split_requests([record for record in records if record.arm == arm], lines):
+    for arm, log in logs.items():
+        for split in _split([record for record in records if record.arm == arm], log):
             cells.setdefault((split.arm, split.context_tokens, split.turn), []).append(split)
     out = []
     for (arm, context_tokens, turn), splits in cells.items():
@@ -191,14 +200,13 @@ RANK_MIN_TOKENS = 16_000
 """Loads this large or larger count in :func:`ranks`: below it a load's fixed costs blur its rate."""
 
 
-def ranks(logs: Mapping[str, Iterable[str]]) -> list[LMCacheRank]:
+def ranks(logs: Mapping[str, ParsedLog]) -> list[LMCacheRank]:
     """Per arm and worker, over its loads of :data:`RANK_MIN_TOKENS` tokens or more: the median and lowest rate
     (LMCache's logged size over its logged cost, GB/s as LMCache counts them) and in how many loads with several
     ranks it took the longest (the forward waits for that rank). Lines that lost their worker prefix count for
     no rank (a few per run at TP=4, where four processes write at once)."""
     out = []
-    for arm, lines in logs.items():
-        _, retrievals = parse_log(lines)
+    for arm, (_, retrievals) in logs.items():
         rates: dict[str, list[float]] = {}
         slowest: dict[str, int] = {}
         for workers in retrievals.values():

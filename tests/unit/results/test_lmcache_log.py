@@ -78,7 +78,7 @@ def test_each_ttft_is_split_at_the_lookup_and_the_load() -> None:
     assert second.retrieve_ms == 166.3
     assert second.rank_spread_ms == pytest.approx(18.0, abs=0.01)
     assert second.after_load_ms == pytest.approx(530.0 - 230.0 - 198.0, abs=0.01)
-    (cell,) = [c for c in timeline(RECORDS, {"ON": LOG}) if c.turn == 2]
+    (cell,) = [c for c in timeline(RECORDS, {"ON": parse_log(LOG)}) if c.turn == 2]
     assert cell.requests == 1 and cell.lookup_to_loaded_ms == pytest.approx(198.0, abs=0.01)
     assert cell.rank_spread_ms == pytest.approx(18.0, abs=0.01)
 
@@ -141,7 +141,7 @@ def test_each_rank_gets_its_rate_and_how_often_the_others_waited_for_it() -> Non
         line.replace("chatcmpl-x", "chatcmpl-z").split(") ", 1)[1],
         line.replace("chatcmpl-x", "chatcmpl-small").replace("96000", str(RANK_MIN_TOKENS - 1)),
     ]
-    tp0, tp1 = ranks({"ON": lines})
+    tp0, tp1 = ranks({"ON": parse_log(lines)})
     assert (tp0.worker, tp0.loads, tp0.slowest_loads) == ("Worker_TP0", 2, 0)
     assert (tp1.worker, tp1.loads, tp1.slowest_loads) == ("Worker_TP1", 2, 2)
     assert tp0.median_gbps == pytest.approx((50.0 + 40.0) / 2) and tp1.min_gbps == pytest.approx(20.0)
@@ -151,7 +151,7 @@ def test_a_committed_host_with_a_slow_rank_shows_it() -> None:
     # 4x H200, 70B BF16 eager, vLLM 0.26.0 + LMCache 0.5.3: TP1's median rate was 0.62x TP0's (19.3 / 31.1 GB/s)
     lines = RunDir.open(RESULTS / "gpu-seed-llama70b-tp4-fp16-h200").engine_log("AMG-ON-LMCache")
     assert lines is not None
-    by_worker = {rank.worker: rank for rank in ranks({"AMG-ON-LMCache": lines})}
+    by_worker = {rank.worker: rank for rank in ranks({"AMG-ON-LMCache": parse_log(lines)})}
     assert set(by_worker) == {"Worker_TP0", "Worker_TP1", "Worker_TP2", "Worker_TP3"}
     slowest_rate = min(by_worker.values(), key=lambda rank: rank.median_gbps)
     assert slowest_rate.worker == "Worker_TP1"
