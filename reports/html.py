@@ -47,7 +47,7 @@ HTML_FILE = "case-study.html"
 RAW_FILES = (
     "scenario.yaml", "manifest.json", "summary.json", "records.jsonl", "progress.jsonl", "engine_metrics.jsonl",
     "intervals.jsonl", "soak.json", "sweep.json", "report/ttft_table.md", "report/ttft.csv",
-    "report/engine_timing.csv", "report/lmcache_timeline.csv", "report/lmcache_ranks.csv",
+    "report/engine_timing.csv", "report/lmcache_timeline.csv", "report/lmcache_ranks.csv", "report/pass_medians.csv",
 )  # fmt: skip
 
 
@@ -454,6 +454,8 @@ def poc_table(probe: ProbeSource) -> TableView:
 
 
 def spread_table(probe: ProbeSource) -> TableView:
+    from .ttft_table import settle_line
+
     rows = []
     for cell in probe.result.cells:
         ttft = cell.ttft
@@ -465,9 +467,10 @@ def spread_table(probe: ProbeSource) -> TableView:
                 fmt_pct((ttft.p90_ms / ttft.median_ms - 1) if ttft and ttft.median_ms > 0 else None),
             ]
         )  # fmt: skip
+    settle, _ = settle_line(probe.result)  # whether more passes would still move the medians
     return TableView(
         ["Arm", "Tokens", "Turn", "n", "Errors", "min", "median", "p90", "max", "p90 over median"],
-        rows, [False, True, False, True, True, True, True, True, True, True],
+        rows, [False, True, False, True, True, True, True, True, True, True], caption=settle or "",
     )  # fmt: skip
 
 

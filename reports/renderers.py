@@ -17,7 +17,7 @@ from rich.table import Table
 
 from harness.results.lmcache_log import RANK_MIN_TOKENS
 from harness.results.provenance import provenance
-from harness.results.run_result import RunResult
+from harness.results.run_result import SETTLE_WARN, RunResult
 from harness.results.verdict import Validity
 from kvbench.markup import console_text, md_text
 
@@ -27,8 +27,11 @@ from .ttft_table import (
     TIMING_HEADER,
     SplitRow,
     lmcache_rows,
+    pass_header,
+    pass_rows,
     rank_rows,
     rows,
+    settle_line,
     timing_rows,
 )
 
@@ -123,6 +126,9 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
         out.print(line, markup=False)
     for warning in warnings:
         out.print(escape(f"warning: {warning}"), style="yellow")
+    settle, unsettled = settle_line(result)
+    if settle is not None:
+        out.print(escape(settle), style="yellow" if unsettled else None, highlight=False)
     sections = (
         (
             "Where TTFT goes (ms, mean per request; engine /metrics)",
@@ -178,7 +184,7 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         text.append(line)
         text.extend(f"\n**Warning:** {warning}." for warning in warnings)
         text.append("")
-    for section in (timing_markdown(result), lmcache_markdown(result), ranks_markdown(result)):
+    for section in (timing_markdown(result), lmcache_markdown(result), ranks_markdown(result), passes_markdown(result)):
         if section:
             text += [section, ""]
     path.write_text("\n".join(text), encoding="utf-8")
@@ -234,6 +240,20 @@ def lmcache_markdown(result: RunResult) -> str:
 def ranks_markdown(result: RunResult) -> str:
     """The LMCache ranks section ("" when no arm's log had loads that large)."""
     return _markdown_section("LMCache's ranks (its log)", RANK_NOTE, RANK_HEADER, rank_rows(result))
+
+
+PASS_NOTE = (
+    "Median TTFT in ms of each cell's successful requests over its first k passes (repetitions), k = 1 … the passes "
+    "run; the last pass's move = the median after all passes ÷ the median after one pass fewer − 1. A cell the last "
+    "pass still moved by more than {warn:.0%} has not settled: more passes would move it."
+)
+
+
+def passes_markdown(result: RunResult) -> str:
+    """The "Do the medians settle?" section ("" for a run of one pass)."""
+    line, _ = settle_line(result)
+    note = PASS_NOTE.format(warn=SETTLE_WARN) + (f" {line}" if line else "")
+    return _markdown_section("Do the medians settle? (passes)", note, pass_header(result), pass_rows(result))
 
 
 @renderer("csv")
@@ -322,6 +342,23 @@ def write_ranks_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) 
         writer.writerow(["arm", "worker", "loads", "median_gbps", "min_gbps", "slowest_loads", "provenance"])
         for r in result.lmcache_ranks:
             writer.writerow([r.arm, r.worker, r.loads, r.median_gbps, r.min_gbps, r.slowest_loads, origin])
+    return path
+
+
+@renderer("pass-medians-csv")
+def write_passes_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
+    """Long format, one line per cell and pass count k: the median over its first k passes (no file with one
+    pass)."""
+    if not result.pass_medians:
+        return None
+    path = out_dir / "pass_medians.csv"
+    origin = str(provenance(manifest))
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["arm", "context_tokens", "turn", "passes", "ttft_median_ms", "provenance"])
+        for cell in result.pass_medians:
+            for passes, median in enumerate(cell.medians_ms, start=1):
+                writer.writerow([cell.arm, cell.context_tokens, cell.turn, passes, median, origin])
     return path
 
 

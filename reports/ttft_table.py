@@ -13,9 +13,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TypeVar
 
-from harness.results.run_result import EngineTiming, LMCacheSplit, RunResult
+from harness.results.run_result import SETTLE_WARN, EngineTiming, LMCacheSplit, PassMedians, RunResult
 
-CellT = TypeVar("CellT", EngineTiming, LMCacheSplit)
+CellT = TypeVar("CellT", EngineTiming, LMCacheSplit, PassMedians)
 
 DIFF_TURN = 2
 
@@ -176,3 +176,42 @@ def rank_rows(result: RunResult) -> list[list[str]]:
         slowest = f"{r.slowest_loads} of {r.loads}" if workers[r.arm] > 1 else "—"
         out.append([r.arm, r.worker or "—", str(r.loads), f"{r.median_gbps:.1f}", f"{r.min_gbps:.1f}", slowest])
     return out
+
+
+def pass_header(result: RunResult) -> tuple[str, ...]:
+    """Arm, Tokens, Turn, the median after each pass, and the last pass's move (:class:`PassMedians`)."""
+    passes = max((len(cell.medians_ms) for cell in result.pass_medians), default=0)
+    return ("Arm", "Tokens", "Turn", *(f"After {k}" for k in range(1, passes + 1)), "Last pass's move")
+
+
+def pass_rows(result: RunResult) -> list[list[str]]:
+    """The :func:`pass_header` rows (ms; "—" where a cell has fewer passes), in the TTFT table's order."""
+    width = len(pass_header(result)) - 4
+    out = []
+    for cell in _in_table_order(result, result.pass_medians):
+        medians = [f"{value:.1f}" for value in cell.medians_ms] + ["—"] * (width - len(cell.medians_ms))
+        move = "—" if cell.last_move is None else f"{cell.last_move:+.1%}"
+        out.append([cell.arm, str(cell.context_tokens), str(cell.turn), *medians, move])
+    return out
+
+
+def settle_line(result: RunResult) -> tuple[str | None, bool]:
+    """One sentence on how far the last pass moved the cells' medians, and whether any moved by more than
+    :data:`SETTLE_WARN` (None for a run of one pass)."""
+    moved = [(abs(move), cell) for cell in result.pass_medians if (move := cell.last_move) is not None]
+    if not moved:
+        return None, False
+    cell = max(moved, key=lambda item: item[0])[1]
+    passes = max(len(each.medians_ms) for _, each in moved)
+    where = f"{cell.arm} {cell.context_tokens:,} t{cell.turn}, {cell.last_move:+.1%}"
+    beyond = sum(1 for move, _ in moved if move > SETTLE_WARN)
+    if beyond:
+        return (
+            f"Passes: the last of {passes} moved the median of {beyond} of {len(moved)} cells by more than "
+            f"{SETTLE_WARN:.0%} (largest: {where}); more passes would still move the table.",
+            True,
+        )
+    return (
+        f"Passes: the last of {passes} moved no cell's median by more than {SETTLE_WARN:.0%} (largest: {where}).",
+        False,
+    )

@@ -27,6 +27,7 @@ from .run_result import (
     CacheStats,
     EngineTiming,
     LatencyStats,
+    PassMedians,
     PctDiff,
     RequestCounts,
     RunResult,
@@ -209,7 +210,27 @@ def aggregate(
             timeline(records, lmcache_logs), key=lambda c: (arms.index(c.arm), c.context_tokens, c.turn)
         ),
         lmcache_ranks=sorted(ranks(lmcache_logs), key=lambda r: (arms.index(r.arm), r.worker)),
+        pass_medians=pass_medians(measured, arms, contexts, turns),
     )
+
+
+def pass_medians(measured: pd.DataFrame, arms: Sequence[str], contexts: Sequence[int], turns: int) -> list[PassMedians]:
+    """Per cell with successful requests in 2 passes or more, the median TTFT over its first k passes, k = 1, 2, …
+    (:class:`PassMedians`), in the TTFT table's cell order."""
+    if measured.empty:
+        return []
+    good = measured[measured["ok"] & measured["ttft_ns"].notna()]
+    out = []
+    for arm in arms:
+        for context in contexts:
+            for turn in range(1, turns + 1):
+                cell = good[(good["arm"] == arm) & (good["context_tokens"] == context) & (good["turn"] == turn)]
+                passes = sorted(int(rep) for rep in cell["repetition"].unique())
+                if len(passes) < 2:
+                    continue
+                medians = [float(cell[cell["repetition"] <= rep]["ttft_ns"].median()) / NS_PER_MS for rep in passes]
+                out.append(PassMedians(arm=arm, context_tokens=context, turn=turn, medians_ms=medians))
+    return out
 
 
 def _moved_cells(measured: pd.DataFrame) -> set[tuple[str, int, int]]:

@@ -148,6 +148,31 @@ class LMCacheRank(Frozen):
     slowest_loads: int = Field(description="Loads with several ranks in which this one took the longest.")
 
 
+SETTLE_WARN = 0.05
+"""A cell whose median the last pass still moved by more than this share is not settled: more passes would move the
+table (:class:`PassMedians`)."""
+
+
+class PassMedians(Frozen):
+    """One cell's median TTFT over its first k passes (repetitions), k = 1 … the passes run: whether more passes would
+    still move it.
+
+    ``medians_ms[k - 1]`` = median TTFT (ms) of the cell's successful measured requests of its first k passes, in
+    pass order; the last pass's move = ``medians_ms[-1] / medians_ms[-2] − 1``.
+    """
+
+    arm: str
+    context_tokens: int
+    turn: int
+    medians_ms: list[float]
+
+    @property
+    def last_move(self) -> float | None:
+        if len(self.medians_ms) < 2 or not self.medians_ms[-2]:
+            return None
+        return self.medians_ms[-1] / self.medians_ms[-2] - 1
+
+
 def _rate(hits: float | None, queries: float | None) -> float | None:
     if hits is None or not queries:
         return None
@@ -232,6 +257,12 @@ class RunResult(VersionedFile):
         default_factory=list,
         description="Per worker of an arm with LMCache's in-process connector, its load rate and how often it was "
         "the slowest rank (empty without LMCache's lines, and in summaries written before 2026-11-28).",
+    )
+
+    pass_medians: list[PassMedians] = Field(
+        default_factory=list,
+        description="Per cell of a run of 2 passes or more, its median TTFT after each pass (empty with one pass, "
+        "and in summaries written before 2026-11-28).",
     )
 
     def outcome(self) -> Outcome:

@@ -166,5 +166,7 @@ def test_a_measured_lmcache_run_shows_where_its_turn_2_goes(tmp_path: Path) -> N
             )
     assert "report/lmcache_timeline.csv" in html  # the raw appendix links the table's file
     assert "Worker_TP3" in text and "report/lmcache_ranks.csv" in html  # each rank's loads
+    # under the spread table: how far its third pass still moved the medians, and the file with every pass's
+    assert "Passes: the last of 3 moved" in text and "report/pass_medians.csv" in html
     simulated = render_html(collect_sources([make_probe_run(tmp_path / "sim", speedup=4.0)]), tmp_path)
     assert "chart-lmcache-turn2" not in simulated  # the simulator logs no LMCache lines

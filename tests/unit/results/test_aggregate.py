@@ -12,6 +12,7 @@ from harness.scenario.spec import parse_scenario
 from harness.store.events import GroupDone, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord, read_records
 from reports.renderers import markdown_table, write_all
+from reports.ttft_table import settle_line
 
 SCENARIO = parse_scenario(
     {
@@ -190,3 +191,47 @@ def test_record_writer_keeps_records_and_skips_torn_line(tmp_path: Path) -> None
     with path.open("a") as handle:
         handle.write('{"arm": "AMG-ON", "attem')  # a writer killed mid-line
     assert len(list(read_records(path))) == 3
+
+
+def test_the_median_after_each_pass_and_how_far_the_last_pass_moved_it(tmp_path: Path) -> None:
+    scenario = SCENARIO.model_copy(update={"repetitions": 3})
+    # AMG-ON t2 at both lengths by pass: 50/60/70, then 100/110/120, then 55/65/75 ms; every other cell steady
+    on_t2 = {0: 50.0, 1: 100.0, 2: 55.0}
+    records = [
+        r.model_copy(update={"repetition": rep, "request_id": f"{r.request_id}-{rep}"})
+        for rep in range(3)
+        for r in full_records(on_t2=on_t2[rep])
+    ]
+    failed = rec("AMG-ON", 8000, 3, 2, None, ok=False).model_copy(update={"repetition": 2})  # not a time
+    done = [GroupDone(arm=g.arm, repetition=rep, context_tokens=g.context_tokens, attempt=0)
+            for rep in range(3) for g in done_all()]  # fmt: skip
+    result = aggregate(scenario, "r", [*records, failed], done)
+
+    moved = next(c for c in result.pass_medians if (c.arm, c.context_tokens, c.turn) == ("AMG-ON", 8000, 2))
+    # 1 pass: median of 50, 60, 70; 2 passes: of 50…120 (70 and 100 in the middle); 3 passes: of nine, the fifth
+    assert moved.medians_ms == pytest.approx([60.0, 85.0, 70.0])
+    assert moved.last_move == pytest.approx(70.0 / 85.0 - 1)
+    steady = next(c for c in result.pass_medians if (c.arm, c.context_tokens, c.turn) == ("AMG-OFF", 1000, 1))
+    assert steady.medians_ms == pytest.approx([110.0, 110.0, 110.0]) and steady.last_move == pytest.approx(0.0)
+    assert len(result.pass_medians) == 8  # 2 arms x 2 lengths x 2 turns
+
+    written = {path.name for path in write_all(result, {}, tmp_path)}
+    assert "pass_medians.csv" in written
+    lines = (tmp_path / "pass_medians.csv").read_text().splitlines()
+    assert lines[0] == "arm,context_tokens,turn,passes,ttft_median_ms,provenance"
+    assert len(lines) == 1 + 8 * 3
+    markdown = (tmp_path / "ttft_table.md").read_text()
+    assert "## Do the medians settle? (passes)" in markdown
+    assert "the last of 3 moved the median of 2 of 8 cells by more than 5%" in markdown  # AMG-ON t2 at both lengths
+    line, unsettled = settle_line(result)
+    assert unsettled and line is not None and "(largest: AMG-ON 1,000 t2, -17.6%)" in line
+    assert RunResult.model_validate_json(result.model_dump_json()) == result
+
+
+def test_one_pass_has_no_pass_medians(tmp_path: Path) -> None:
+    result = aggregate(SCENARIO, "r", full_records(on_t2=50.0), done_all())
+    assert result.pass_medians == []
+    written = {path.name for path in write_all(result, {}, tmp_path)}
+    assert "pass_medians.csv" not in written
+    assert "Do the medians settle" not in (tmp_path / "ttft_table.md").read_text()
+    assert settle_line(result) == (None, False)
