@@ -70,6 +70,10 @@ FILLER_PREFIX = "~"
 _FILLER_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 TOKENIZER_LAYOUT = 2
 """Version of the tokenizer layout (trained vocabulary + fillers + byte markers); part of the cache key."""
+CONFIG_TRANSFORMERS_VERSION = "4.43.0"
+"""``transformers_version`` in the written config.json (Llama-3.1's own config says 4.43.0.dev0); part of the cache
+key. transformers 5.x treats a local config.json without it as a possible Mistral checkpoint and logs "incorrect
+regex pattern … will lead to incorrect tokenization" in every engine start, though it changes nothing."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -334,6 +338,7 @@ def synthesize_model_dir(shape: str, out: Path, *, overwrite: bool = False) -> P
     ids = {token: vocab[token] for token in SPECIAL_TOKENS}
     tokenizer_vocab = len(vocab)
 
+    config["transformers_version"] = CONFIG_TRANSFORMERS_VERSION
     config["bos_token_id"] = ids[BOS_TOKEN]
     config["eos_token_id"] = [ids[END_OF_TEXT_TOKEN], ids[EOT_TOKEN]]
     generation_config = {
@@ -418,7 +423,11 @@ def resolve_model_ref(ref: str) -> Path:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} in {ref!r}; known shapes: {', '.join(shape_names())}")
     digest = hashlib.sha256(
-        (_dump(shape_config(shape)) + f"tokenizer-vocab={TOKENIZER_VOCAB_SIZE} layout={TOKENIZER_LAYOUT}").encode()
+        (
+            _dump(shape_config(shape))
+            + f"tokenizer-vocab={TOKENIZER_VOCAB_SIZE} layout={TOKENIZER_LAYOUT}"
+            + f" transformers={CONFIG_TRANSFORMERS_VERSION}"
+        ).encode()
     ).hexdigest()[:12]
     target = model_cache_root() / f"{shape}-{digest}"
     if (target / "config.json").exists():

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from harness.engines.modeldir import (
     CHAT_TEMPLATE,
+    CONFIG_TRANSFORMERS_VERSION,
     FILLER_PREFIX,
     SPECIAL_TOKENS,
     TOKENIZER_VOCAB_SIZE,
@@ -134,6 +135,8 @@ def test_tiny_directory(tiny: Path) -> None:
     assert tokenizer_config["bos_token"] == "<|begin_of_text|>" and tokenizer_config["eos_token"] == "<|eot_id|>"
     assert tokenizer_config["chat_template"] == CHAT_TEMPLATE
     assert tokenizer_config["model_max_length"] == 131072
+    # without it transformers 5.x logs a false "incorrect regex pattern" warning at every engine start
+    assert config["transformers_version"] == CONFIG_TRANSFORMERS_VERSION
 
 
 def test_tokenizer_round_trips_and_adds_bos(tiny: Path) -> None:
