@@ -7,7 +7,7 @@ function here with ``@renderer("name")``.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -297,14 +297,19 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
     return path
 
 
-def _write_split_csv(path: Path, time_fields: list[str], body: list[SplitRow], manifest: dict[str, Any]) -> Path:
+def _write_rows(path: Path, header: list[str], body: Iterable[Sequence[object]], manifest: dict[str, Any]) -> Path:
+    """A CSV file of ``header`` and ``body`` with the run's provenance as the last column of every line."""
     origin = str(provenance(manifest))
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["arm", "context_tokens", "turn", "requests", *time_fields, "provenance"])
-        for row in body:
-            writer.writerow([row.arm, row.context_tokens, row.turn, row.requests, *map(_blank, row.times), origin])
+        writer.writerow([*header, "provenance"])
+        writer.writerows([*row, origin] for row in body)
     return path
+
+
+def _write_split_csv(path: Path, time_fields: list[str], body: list[SplitRow], manifest: dict[str, Any]) -> Path:
+    rows = ([row.arm, row.context_tokens, row.turn, row.requests, *map(_blank, row.times)] for row in body)
+    return _write_rows(path, ["arm", "context_tokens", "turn", "requests", *time_fields], rows, manifest)
 
 
 @renderer("engine-timing-csv")
@@ -335,14 +340,9 @@ def write_ranks_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) 
     """One line per arm and worker with LMCache's load rates (no file when no arm's log had them)."""
     if not result.lmcache_ranks:
         return None
-    path = out_dir / "lmcache_ranks.csv"
-    origin = str(provenance(manifest))
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["arm", "worker", "loads", "median_gbps", "min_gbps", "slowest_loads", "provenance"])
-        for r in result.lmcache_ranks:
-            writer.writerow([r.arm, r.worker, r.loads, r.median_gbps, r.min_gbps, r.slowest_loads, origin])
-    return path
+    header = ["arm", "worker", "loads", "median_gbps", "min_gbps", "slowest_loads"]
+    rows = ([r.arm, r.worker, r.loads, r.median_gbps, r.min_gbps, r.slowest_loads] for r in result.lmcache_ranks)
+    return _write_rows(out_dir / "lmcache_ranks.csv", header, rows, manifest)
 
 
 @renderer("pass-medians-csv")
@@ -351,15 +351,13 @@ def write_passes_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path)
     pass)."""
     if not result.pass_medians:
         return None
-    path = out_dir / "pass_medians.csv"
-    origin = str(provenance(manifest))
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["arm", "context_tokens", "turn", "passes", "ttft_median_ms", "provenance"])
-        for cell in result.pass_medians:
-            for passes, median in enumerate(cell.medians_ms, start=1):
-                writer.writerow([cell.arm, cell.context_tokens, cell.turn, passes, median, origin])
-    return path
+    header = ["arm", "context_tokens", "turn", "passes", "ttft_median_ms"]
+    rows = (
+        [cell.arm, cell.context_tokens, cell.turn, passes, median]
+        for cell in result.pass_medians
+        for passes, median in enumerate(cell.medians_ms, start=1)
+    )
+    return _write_rows(out_dir / "pass_medians.csv", header, rows, manifest)
 
 
 def _blank(value: float | None) -> float | str:
