@@ -21,7 +21,7 @@ from harness.store.rundir import RunDir
 from kvbench import __version__
 from kvbench.errors import KvbenchError
 from workloads.config import MultiUserQA
-from workloads.multi_user import MultiUserWorkload
+from workloads.multi_user import plan_only
 
 from .capacity import analytical_comparisons, arm_capacity, engine_shapes, savings
 from .sweep_metrics import point_data, point_result
@@ -39,17 +39,9 @@ def _chosen(points: Iterable[PointDone]) -> dict[tuple[str, int], PointDone]:
 
 
 def _mean_question_tokens(config: MultiUserQA, seed: int, sessions: int = 400) -> float:
-    workload = MultiUserWorkload(config, _PlanOnly(), seed=seed)
+    workload = plan_only(config, seed=seed)
     lengths = [q for s in range(sessions) for q in workload.plan(s).question_tokens]
     return float(np.mean(lengths)) if lengths else 0.0
-
-
-class _PlanOnly:
-    async def encode(self, text: str) -> list[int]:
-        raise RuntimeError("aggregation builds no text")
-
-    async def decode(self, token_ids: object) -> str:
-        raise RuntimeError("aggregation builds no text")
 
 
 def aggregate_sweep(
