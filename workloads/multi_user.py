@@ -375,5 +375,8 @@ class _NoTokenizer:
     async def encode(self, text: str) -> list[int]:
         raise RuntimeError("plans need no tokenizer")
 
+    async def prompt_ids(self, text: str) -> list[int]:
+        raise RuntimeError("plans need no tokenizer")
+
     async def decode(self, token_ids: Sequence[int]) -> str:
         raise RuntimeError("plans need no tokenizer")

@@ -101,13 +101,14 @@ class FleetClient:
 
     async def completion(
         self,
-        prompt: str,
+        prompt: str | list[int],
         max_tokens: int,
         *,
         ignore_eos: bool = False,
         extra_body: Mapping[str, object] | None = None,
     ) -> RequestOutcome:
-        replica = self._pick(prompt)
+        # token ids route by their decimal text: a shared prefix of ids is a shared prefix of that text
+        replica = self._pick(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)))
         client = self.clients[replica]
         return await self._sent(
             replica, lambda: client.completion(prompt, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)

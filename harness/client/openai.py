@@ -278,13 +278,13 @@ class OpenAIClient:
 
     async def completion(
         self,
-        prompt: str,
+        prompt: str | list[int],
         max_tokens: int,
         *,
         ignore_eos: bool = False,
         extra_body: Mapping[str, object] | None = None,
     ) -> RequestOutcome:
-        """Stream a text completion of ``prompt``."""
+        """Stream a completion of ``prompt``: text, or token ids the server takes as they are (no tokenizing)."""
         payload: dict[str, object] = {"prompt": prompt}
         return await self._stream("completions", COMPLETIONS_PATH, payload, max_tokens, ignore_eos, extra_body)
 

@@ -52,7 +52,7 @@ class StreamingClient(Protocol):
 
     async def completion(
         self,
-        prompt: str,
+        prompt: str | list[int],
         max_tokens: int,
         *,
         ignore_eos: bool = False,
@@ -167,7 +167,7 @@ class ProcessClientPool:
 
     async def completion(
         self,
-        prompt: str,
+        prompt: str | list[int],
         max_tokens: int,
         *,
         ignore_eos: bool = False,

@@ -182,6 +182,9 @@ class ModelDirTokenizer:
     async def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
+    async def prompt_ids(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
     async def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=False))
 
@@ -226,11 +229,18 @@ class ServerTokenizer:
         return None, _decode_body(text)
 
     async def encode(self, text: str) -> list[int]:
-        if self._local is not None:
-            return await self._local.encode(text)
-        local, body = await self._post("/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": False})
-        if local is not None:
-            return await local.encode(text)
+        return await self._tokenize(text, special_tokens=False)
+
+    async def prompt_ids(self, text: str) -> list[int]:
+        return await self._tokenize(text, special_tokens=True)
+
+    async def _tokenize(self, text: str, *, special_tokens: bool) -> list[int]:
+        body: object = None
+        if self._local is None:
+            payload = {"model": self._model, "prompt": text, "add_special_tokens": special_tokens}
+            _, body = await self._post("/tokenize", payload)
+        if self._local is not None:  # the server has no /tokenize: its fallback (set by _post on a 404/405)
+            return await (self._local.prompt_ids(text) if special_tokens else self._local.encode(text))
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineRequestError(

@@ -336,5 +336,8 @@ class SimTokenizer:
     async def encode(self, text: str) -> list[int]:
         return encode(text)
 
+    async def prompt_ids(self, text: str) -> list[int]:
+        return encode(text)  # the simulator's completions add no special token to a text prompt
+
     async def decode(self, token_ids: Sequence[int]) -> str:
         return decode(token_ids)
