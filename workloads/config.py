@@ -75,6 +75,11 @@ class MultiRoundQAProbe(StrictModel):
         default=True, description="Ask the engine to ignore EOS so every answer has answer_tokens tokens."
     )
     api: Literal["chat", "completions"] = "chat"
+    prompt: Literal["text", "token_ids"] = Field(
+        default="text",
+        description="token_ids (api: completions only): send each prompt as the ids the engine's tokenizer makes of "
+        "it, special tokens included, so the engine skips tokenizing; the same tokens reach the model either way.",
+    )
     between_turns: BetweenTurns = BetweenTurns()
     warmup_requests: int = Field(default=2, ge=0, le=MAX_COUNT, description="Unmeasured requests after start-up.")
     warmup_prompt_tokens: list[Annotated[int, Field(ge=16)]] = Field(
@@ -93,6 +98,15 @@ class MultiRoundQAProbe(StrictModel):
         if len(set(values)) != len(values):
             raise ValueError(f"context lengths must be unique, got {values}")
         return sorted(values)
+
+    @model_validator(mode="after")
+    def _token_ids_need_completions(self) -> MultiRoundQAProbe:
+        if self.prompt == "token_ids" and self.api != "completions":
+            raise ValueError(
+                f"prompt: token_ids needs api: completions (a chat request's messages are text), got api: {self.api}; "
+                "allowed: prompt: text with either api, prompt: token_ids with api: completions"
+            )
+        return self
 
 
 class _DistBase(StrictModel):

@@ -23,8 +23,9 @@ from harness.scenario.spec import Arm
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from workloads.config import MultiRoundQAProbe
 from workloads.multi_round_qa import ConversationState, build_conversations, build_filler
+from workloads.tokenizer import TokenIds
 
-from .spine import ArmSession, Runner, record_from
+from .spine import ArmSession, Prompt, Runner, record_from
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class ProbeRunner(Runner[RunResult]):
             before = await session.scrape()
             survivors = []
             for state in alive:
-                prompt = state.chat_messages() if w.api == "chat" else state.completion_prompt()
+                prompt = await self._prompt(session, state)
                 key = f"{repetition}:{context_tokens}:{state.conversation.index}"
                 outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos, key=key)
                 session.append(
@@ -168,6 +169,16 @@ class ProbeRunner(Runner[RunResult]):
                         turn=turn, values=values,
                     )
                 )  # fmt: skip
+
+    async def _prompt(self, session: ArmSession, state: ConversationState) -> Prompt:
+        """The next turn as the scenario sends it: chat messages, completion text, or that text's token ids (built
+        before the request starts, so the client's clock holds none of it)."""
+        if self.workload.api == "chat":
+            return state.chat_messages()
+        text = state.completion_prompt()
+        if self.workload.prompt == "token_ids":
+            return TokenIds(tuple(await session.tokenizer.prompt_ids(text)))
+        return text
 
 
 def _counter_deltas(before: str | None, after: str | None) -> dict[str, float] | None:

@@ -61,11 +61,14 @@ from kvbench.errors import KvbenchError, RunDirError, RunInterrupted
 from kvbench.schema import VersionedFile
 from offload.profiles import session_dir_name
 from workloads.multi_round_qa import build_filler
-from workloads.tokenizer import Tokenizer
+from workloads.tokenizer import TokenIds, Tokenizer
 
 from .fleet import open_fleet
 from .interrupt import Interrupted, run_interruptible
 from .progress import NoProgress, RunProgress
+
+Prompt = str | TokenIds | Sequence[Mapping[str, str]]
+"""What :meth:`ArmSession.send` sends: text, token ids (completions only) or chat messages (chat only)."""
 
 log = logging.getLogger(__name__)
 
@@ -151,23 +154,28 @@ class ArmSession:
 
     async def send(
         self,
-        prompt: str | Sequence[Mapping[str, str]],
+        prompt: Prompt,
         max_tokens: int,
         *,
         api: str,
         ignore_eos: bool,
         key: str | None = None,
     ) -> RequestOutcome:
-        """One streamed request: ``prompt`` is chat messages, or text (sent as one user message for chat).
+        """One streamed request: ``prompt`` is chat messages, text (sent as one user message for chat) or, for
+        completions only, token ids.
 
         ``key``: the conversation it belongs to (a fleet's session affinity and ``moved``).
         """
         with routing_key(key):
             if api == "chat":
+                if isinstance(prompt, TokenIds):
+                    raise TypeError("the chat API takes messages or text, not token ids")
                 messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
                 return await self.client.chat(messages, max_tokens, ignore_eos=ignore_eos)
+            if isinstance(prompt, TokenIds):
+                return await self.client.completion(list(prompt.ids), max_tokens, ignore_eos=ignore_eos)
             if not isinstance(prompt, str):
-                raise TypeError("the completions API takes a text prompt")
+                raise TypeError("the completions API takes text or token ids, not chat messages")
             return await self.client.completion(prompt, max_tokens, ignore_eos=ignore_eos)
 
     async def warm_up(

@@ -172,3 +172,25 @@ def test_one_arm_per_invocation_then_resume_runs_the_rest(tmp_path: Path) -> Non
     assert sorted({r.arm for r in measured}) == ["AMG-OFF", "AMG-ON"]
     assert len(measured) == 2 * 2 * 2  # arms x conversations x turns, nothing run twice
     assert RunResult.read_file(run_dir / "summary.json").complete
+
+
+def test_token_id_prompts_reach_the_engine_as_the_same_tokens_as_text(tmp_path: Path) -> None:
+    """``prompt: token_ids`` sends the ids the engine would make of the text: the same prompt lengths per request,
+    and turn 2 still served from the offload tier."""
+    prompt_tokens = {}
+    for prompt in ("text", "token_ids"):
+        workload = {**SCENARIO["workload"], "api": "completions", "prompt": prompt}  # type: ignore[dict-item]
+        arms = [{"name": "AMG-ON", "offload": "cpu"}]
+        (tmp_path / prompt).mkdir()
+        scenario = write_scenario(tmp_path / prompt, workload=workload, arms=arms, compare={"baseline": "AMG-ON"})
+        done = kvbench("run", str(scenario), "-o", str(tmp_path / prompt / "runs"), cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        run_dir = only_run_dir(tmp_path / prompt / "runs")
+        records = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
+        assert records and all(r.ok and r.api == "completions" for r in records)
+        prompt_tokens[prompt] = {(r.context_tokens, r.conversation, r.turn): r.prompt_tokens for r in records}
+        result = RunResult.read_file(run_dir / "summary.json")
+        for context in result.context_tokens:
+            stats = result.cache_stats("AMG-ON", context, 2)
+            assert stats is not None and stats.hit_rate is not None and stats.hit_rate > 0.9
+    assert prompt_tokens["token_ids"] == prompt_tokens["text"]
