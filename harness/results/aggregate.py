@@ -11,6 +11,7 @@ time per request (:class:`EngineTiming`: mean = 1000 · Σ Δ _sum / Σ Δ _coun
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
@@ -38,6 +39,8 @@ from .run_result import (
 from .validity import judge_probe
 
 NS_PER_MS = 1_000_000
+CellKey = tuple[str, int, int]
+"""(arm, context tokens, turn)."""
 
 
 def latency_stats(values_ns: Sequence[int] | pd.Series) -> LatencyStats | None:
@@ -214,23 +217,44 @@ def aggregate(
     )
 
 
+def medians_by_pass(samples: Iterable[tuple[CellKey, int, float]]) -> dict[CellKey, list[float]]:
+    """``samples``: (cell, pass, TTFT ms) of successful measured requests. Per cell measured in 2 passes or more, the
+    median TTFT over its first k passes, k = 1, 2, … in pass order (:class:`PassMedians`)."""
+    by_cell: dict[CellKey, dict[int, list[float]]] = {}
+    for cell, repetition, ttft_ms in samples:
+        by_cell.setdefault(cell, {}).setdefault(repetition, []).append(ttft_ms)
+    out = {}
+    for cell, passes in by_cell.items():
+        if len(passes) < 2:
+            continue
+        so_far: list[float] = []
+        medians = []
+        for repetition in sorted(passes):
+            so_far += passes[repetition]
+            medians.append(statistics.median(so_far))
+        out[cell] = medians
+    return out
+
+
 def pass_medians(measured: pd.DataFrame, arms: Sequence[str], contexts: Sequence[int], turns: int) -> list[PassMedians]:
-    """Per cell with successful requests in 2 passes or more, the median TTFT over its first k passes, k = 1, 2, …
-    (:class:`PassMedians`), in the TTFT table's cell order."""
+    """:func:`medians_by_pass` of the chosen measured requests, in the TTFT table's cell order."""
     if measured.empty:
         return []
     good = measured[measured["ok"] & measured["ttft_ns"].notna()]
-    out = []
-    for arm in arms:
-        for context in contexts:
-            for turn in range(1, turns + 1):
-                cell = good[(good["arm"] == arm) & (good["context_tokens"] == context) & (good["turn"] == turn)]
-                passes = sorted(int(rep) for rep in cell["repetition"].unique())
-                if len(passes) < 2:
-                    continue
-                medians = [float(cell[cell["repetition"] <= rep]["ttft_ns"].median()) / NS_PER_MS for rep in passes]
-                out.append(PassMedians(arm=arm, context_tokens=context, turn=turn, medians_ms=medians))
-    return out
+    samples = (
+        ((str(arm), int(context), int(turn)), int(repetition), float(ttft) / NS_PER_MS)
+        for arm, context, turn, repetition, ttft in zip(
+            good["arm"], good["context_tokens"], good["turn"], good["repetition"], good["ttft_ns"], strict=True
+        )
+    )
+    by_cell = medians_by_pass(samples)
+    return [
+        PassMedians(arm=arm, context_tokens=context, turn=turn, medians_ms=by_cell[(arm, context, turn)])
+        for arm in arms
+        for context in contexts
+        for turn in range(1, turns + 1)
+        if (arm, context, turn) in by_cell
+    ]
 
 
 def _moved_cells(measured: pd.DataFrame) -> set[tuple[str, int, int]]:
@@ -355,10 +379,6 @@ _CACHE_TAGS = {
     "external_hits": "external_prefix_hits",
     "prompt_tokens": "prompt_tokens",
 }
-
-
-CellKey = tuple[str, int, int]
-"""(arm, context tokens, turn)."""
 
 
 def _cell_totals(metrics: Iterable[MetricsDelta], chosen: Mapping[GroupKey, int]) -> dict[CellKey, dict[str, float]]:
