@@ -52,8 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.engines.host_link import summary_text
+from harness.results.aggregate import chosen_measured, medians_by_pass
 from harness.results.calibrate import RunFacts, run_facts, simulator_lateness
 from harness.results.calibrate import calibrate as fit_calibration
+from harness.results.run_result import SETTLE_WARN
 from harness.results.sweep import aggregate_sweep
 from harness.results.sweep_result import PointResult, SweepResult
 from harness.scenario.spec import Scenario, parse_scenario
@@ -88,6 +90,9 @@ class Cell:
     judged: bool = True
     measured_range: tuple[float, float] | None = None
     """Lowest and highest of the measured requests whose median is ``measured`` (probe cells); None: one figure."""
+    last_pass_move: float | None = None
+    """How far the run's last pass moved ``measured`` (median after all passes ÷ after one fewer − 1); None: one
+    pass."""
 
     @property
     def error(self) -> float:
@@ -154,6 +159,13 @@ class Validation:
                 f"{len(inside)} of the {len(beyond)} cells beyond have the simulated value inside the range of their "
                 "own measured requests (the run's spread there is wider than the error; not used in the verdict): "
                 + "; ".join(inside)
+            )
+        unsettled = [c for c in beyond if c.last_pass_move is not None and abs(c.last_pass_move) > SETTLE_WARN]
+        if unsettled:
+            lines.append(
+                f"{len(unsettled)} of the {len(beyond)} cells beyond had a measured median that the run's last pass "
+                f"still moved by more than {SETTLE_WARN:.0%} (more passes would move it; not used in the verdict): "
+                + "; ".join(f"{' '.join(c.key)} ({c.last_pass_move:+.1%})" for c in unsettled)
             )
         return lines
 
@@ -379,7 +391,13 @@ def validate(
     workload: dict[str, object] = {"context_tokens": lengths, "conversations": conversations}
     client_s = client_time_to_take_out(prepared, out, count_client_time)
     sim_dir = _simulate(prepared, "probe", out, workload, client_s)
-    measured_ttfts = _ttfts(prepared.run_dir.records())
+    chosen = chosen_measured(prepared.run_dir)  # a group re-run after a failure counts its completing attempt only
+    measured_ttfts = _ttfts(chosen)
+    by_pass = medians_by_pass(
+        ((r.arm, r.context_tokens, r.turn), r.repetition, r.ttft_ns / 1e6)
+        for r in chosen
+        if r.ok and r.ttft_ns is not None
+    )
     measured = _medians(measured_ttfts)
     simulated = _medians(_ttfts(sim_dir.records()))
     fit_lengths = sorted(prepared.calibration.fit_context_tokens)
@@ -397,7 +415,9 @@ def validate(
         low, high = min(spread), max(spread)
         note = f"{roles[context]}; measured {low:,.1f}-{high:,.1f} ({len(spread)})"
         note += "" if judged else "  (not judged)"
-        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high)))
+        medians = by_pass.get((arm, context, turn), [])
+        move = medians[-1] / medians[-2] - 1 if len(medians) >= 2 and medians[-2] else None
+        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high), move))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
     notes = lateness_lines(simulator_lateness(sim_dir.path, prepared.calibration), measured, client_s)

@@ -33,3 +33,15 @@ def test_the_summary_names_the_cells_beyond_and_separately_those_inside_their_ra
     assert not result.passed  # the range is shown, never used in the verdict
     within = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells[2:])
     assert within.beyond_lines() == [] and within.passed
+
+
+def test_the_summary_names_the_cells_beyond_whose_measured_median_the_last_pass_still_moved() -> None:
+    unsettled = Cell(("LMC", "96000", "2"), 529.8, 428.0, 0.15, "held out", True, (452.5, 547.7), -0.159)
+    settled = Cell(("OFF", "2000", "2"), 58.7, 71.6, 0.15, "held out", True, (57.5, 65.1), 0.021)
+    one_pass = Cell(("NAT", "2000", "1"), 60.0, 80.0, 0.15, "held out", True, (59.0, 61.0))
+    cells = [unsettled, settled, one_pass]
+    result = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells)
+    lines = result.beyond_lines()
+    assert lines[-1].startswith("1 of the 3 cells beyond had a measured median that the run's last pass still moved")
+    assert lines[-1].endswith(": LMC 96000 2 (-15.9%)")
+    assert not result.passed  # shown, never used in the verdict
