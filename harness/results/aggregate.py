@@ -217,21 +217,21 @@ def aggregate(
     )
 
 
-def medians_by_pass(samples: Iterable[tuple[CellKey, int, float]]) -> dict[CellKey, list[float]]:
-    """``samples``: (cell, pass, TTFT ms) of successful measured requests. Per cell measured in 2 passes or more, the
-    median TTFT over its first k passes, k = 1, 2, … in pass order (:class:`PassMedians`)."""
-    by_cell: dict[CellKey, dict[int, list[float]]] = {}
-    for cell, repetition, ttft_ms in samples:
-        by_cell.setdefault(cell, {}).setdefault(repetition, []).append(ttft_ms)
+def medians_by_pass(samples: Iterable[tuple[CellKey, int, int]]) -> dict[CellKey, list[float]]:
+    """``samples``: (cell, pass, TTFT ns) of successful measured requests. Per cell measured in 2 passes or more, the
+    median TTFT in ms over its first k passes, k = 1, 2, … in pass order (:class:`PassMedians`)."""
+    by_cell: dict[CellKey, dict[int, list[int]]] = {}
+    for cell, repetition, ttft_ns in samples:
+        by_cell.setdefault(cell, {}).setdefault(repetition, []).append(ttft_ns)
     out = {}
     for cell, passes in by_cell.items():
         if len(passes) < 2:
             continue
-        so_far: list[float] = []
+        so_far: list[int] = []
         medians = []
         for repetition in sorted(passes):
             so_far += passes[repetition]
-            medians.append(statistics.median(so_far))
+            medians.append(statistics.median(so_far) / NS_PER_MS)
         out[cell] = medians
     return out
 
@@ -242,7 +242,7 @@ def pass_medians(measured: pd.DataFrame, arms: Sequence[str], contexts: Sequence
         return []
     good = measured[measured["ok"] & measured["ttft_ns"].notna()]
     samples = (
-        ((str(arm), int(context), int(turn)), int(repetition), float(ttft) / NS_PER_MS)
+        ((str(arm), int(context), int(turn)), int(repetition), int(ttft))
         for arm, context, turn, repetition, ttft in zip(
             good["arm"], good["context_tokens"], good["turn"], good["repetition"], good["ttft_ns"], strict=True
         )

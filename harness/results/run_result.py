@@ -8,6 +8,7 @@ incompatible change; readers refuse versions they do not know. Fields added sinc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -168,9 +169,14 @@ class PassMedians(Frozen):
 
     @property
     def last_move(self) -> float | None:
-        if len(self.medians_ms) < 2 or not self.medians_ms[-2]:
-            return None
-        return self.medians_ms[-1] / self.medians_ms[-2] - 1
+        return last_move(self.medians_ms)
+
+
+def last_move(medians: Sequence[float]) -> float | None:
+    """How far the last pass moved a cell's median: ``medians[-1] / medians[-2] − 1`` (None with fewer than 2)."""
+    if len(medians) < 2 or not medians[-2]:
+        return None
+    return medians[-1] / medians[-2] - 1
 
 
 def _rate(hits: float | None, queries: float | None) -> float | None:

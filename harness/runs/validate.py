@@ -55,7 +55,7 @@ from harness.engines.host_link import summary_text
 from harness.results.aggregate import chosen_measured, medians_by_pass
 from harness.results.calibrate import RunFacts, run_facts, simulator_lateness
 from harness.results.calibrate import calibrate as fit_calibration
-from harness.results.run_result import SETTLE_WARN
+from harness.results.run_result import SETTLE_WARN, last_move
 from harness.results.sweep import aggregate_sweep
 from harness.results.sweep_result import PointResult, SweepResult
 from harness.scenario.spec import Scenario, parse_scenario
@@ -394,9 +394,7 @@ def validate(
     chosen = chosen_measured(prepared.run_dir)  # a group re-run after a failure counts its completing attempt only
     measured_ttfts = _ttfts(chosen)
     by_pass = medians_by_pass(
-        ((r.arm, r.context_tokens, r.turn), r.repetition, r.ttft_ns / 1e6)
-        for r in chosen
-        if r.ok and r.ttft_ns is not None
+        ((r.arm, r.context_tokens, r.turn), r.repetition, r.ttft_ns) for r in chosen if r.ok and r.ttft_ns is not None
     )
     measured = _medians(measured_ttfts)
     simulated = _medians(_ttfts(sim_dir.records()))
@@ -415,8 +413,7 @@ def validate(
         low, high = min(spread), max(spread)
         note = f"{roles[context]}; measured {low:,.1f}-{high:,.1f} ({len(spread)})"
         note += "" if judged else "  (not judged)"
-        medians = by_pass.get((arm, context, turn), [])
-        move = medians[-1] / medians[-2] - 1 if len(medians) >= 2 and medians[-2] else None
+        move = last_move(by_pass.get((arm, context, turn), []))
         cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high), move))
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
