@@ -264,7 +264,6 @@ class RunResult(VersionedFile):
         description="Per worker of an arm with LMCache's in-process connector, its load rate and how often it was "
         "the slowest rank (empty without LMCache's lines, and in summaries written before 2026-11-28).",
     )
-
     pass_medians: list[PassMedians] = Field(
         default_factory=list,
         description="Per cell of a run of 2 passes or more, its median TTFT after each pass (empty with one pass, "
