@@ -24,6 +24,12 @@ simulator charges the overhead less that. A note gives what is left of this mach
 values (:func:`harness.results.calibrate.simulator_lateness`: the simulator's TTFT minus its time model's for
 the same requests, ms).
 
+Below the verdict, the cells beyond the threshold are read three ways, none used in the verdict: whether the
+simulated value lies inside the range of the cell's measured requests (:attr:`Cell.inside_measured_range`), whether
+the measured median bends away from the straight line through the run's medians at the lengths on either side
+while the simulated value stays nearer to it (:func:`neighbour_line`, :meth:`Cell.bend`: a bend the model, smooth
+between its fitted lengths, cannot make), and whether the run's last pass still moved it by more than 5 %.
+
 Sweeps (:func:`validate_sweep`): the same load points, warm-up and window. Both runs are aggregated
 by the sweep result's own formulas (:func:`harness.results.sweep.aggregate_sweep`,
 :mod:`harness.results.sweep_metrics`, :mod:`harness.results.capacity`), and per (arm, load point)
@@ -79,6 +85,36 @@ cache and the fleet, which decide the hits of a loaded run."""
 
 
 @dataclass(frozen=True)
+class NeighbourLine:
+    """The straight line (ms against tokens) through a run's measured medians of one arm and turn at the nearest
+    reference lengths below and above a cell's length, evaluated there."""
+
+    below: int
+    above: int
+    at_cell_ms: float
+
+    def off(self, value_ms: float) -> float:
+        """How far ``value_ms`` lies from the line (value / line − 1)."""
+        return value_ms / self.at_cell_ms - 1.0
+
+
+def neighbour_line(medians: dict[tuple[str, int, int], float], key: tuple[str, int, int],
+                   references: Sequence[int]) -> NeighbourLine | None:  # fmt: skip
+    """The line through ``medians`` of ``key``'s arm and turn at the nearest ``references`` below and above its
+    length, linear in tokens (a turn-2 load grows with the bytes; a prefill a little faster than linearly, so a line
+    through two far-apart lengths lies a few per cent above it). None when a side has no measured median."""
+    arm, tokens, turn = key
+    below = [n for n in references if n < tokens and (arm, n, turn) in medians]
+    above = [n for n in references if n > tokens and (arm, n, turn) in medians]
+    if not below or not above:
+        return None
+    low, high = max(below), min(above)
+    m_low, m_high = medians[(arm, low, turn)], medians[(arm, high, turn)]
+    at_cell = m_low + (m_high - m_low) * (tokens - low) / (high - low)
+    return NeighbourLine(low, high, at_cell) if at_cell > 0 else None
+
+
+@dataclass(frozen=True)
 class Cell:
     """One compared quantity: ``key`` names it (the table's leading columns)."""
 
@@ -93,6 +129,9 @@ class Cell:
     last_pass_move: float | None = None
     """How far the run's last pass moved ``measured`` (median after all passes ÷ after one fewer − 1); None: one
     pass."""
+    line: NeighbourLine | None = None
+    """The straight line through the run's measured medians at the lengths on either side (probe cells); None: no
+    length on one side."""
 
     @property
     def error(self) -> float:
@@ -110,6 +149,21 @@ class Cell:
         run's own repeatability (a model miss lies outside every measured request).
         """
         return self.measured_range is not None and self.measured_range[0] <= self.simulated <= self.measured_range[1]
+
+    def bend(self) -> str | None:
+        """The cell's key and both values' distance from its :attr:`line`, when the measured median lies further
+        from the line than the limit and the simulated value nearer to it; else None.
+
+        Shown beside a cell beyond the threshold, never used in the verdict: the model grows smoothly between the
+        lengths it was fitted on, so a measurement that bends between them is missed however the model is fitted.
+        """
+        if self.line is None:
+            return None
+        measured_off, simulated_off = self.line.off(self.measured), self.line.off(self.simulated)
+        if abs(measured_off) <= self.limit or abs(simulated_off) >= abs(measured_off):
+            return None
+        return (f"{' '.join(self.key)} ({measured_off:+.1%} off the line through {self.line.below:,} and "
+                f"{self.line.above:,}; simulated {simulated_off:+.1%})")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -159,6 +213,14 @@ class Validation:
                 f"{len(inside)} of the {len(beyond)} cells beyond have the simulated value inside the range of their "
                 "own measured requests (the run's spread there is wider than the error; not used in the verdict): "
                 + "; ".join(inside)
+            )
+        bends = [bend for c in beyond if (bend := c.bend()) is not None]
+        if bends:
+            lines.append(
+                f"{len(bends)} of the {len(beyond)} cells beyond have a measured median further than the threshold "
+                "from the straight line through the run's measured medians at the lengths on either side, and the "
+                "simulated value nearer to it (the measurement bends between those lengths, which the model does not; "
+                "not used in the verdict): " + "; ".join(bends)
             )
         unsettled = [c for c in beyond if c.last_pass_move is not None and abs(c.last_pass_move) > SETTLE_WARN]
         if unsettled:
@@ -400,6 +462,8 @@ def validate(
     simulated = _medians(_ttfts(sim_dir.records()))
     fit_lengths = sorted(prepared.calibration.fit_context_tokens)
     roles = length_roles(prepared.calibration, prepared.run_dir, lengths)
+    # a held-out cell is read against the lengths that were not held out; with none held out, against the others
+    references = [n for n in lengths_all if n not in holdout] if holdout else lengths_all
     cells: list[Cell] = []
     skipped: list[str] = []
     for (arm, context, turn), value in sorted(simulated.items()):
@@ -414,7 +478,9 @@ def validate(
         note = f"{roles[context]}; measured {low:,.1f}-{high:,.1f} ({len(spread)})"
         note += "" if judged else "  (not judged)"
         move = last_move(by_pass.get((arm, context, turn), []))
-        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high), move))
+        line = neighbour_line(measured, (arm, context, turn), references)
+        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high), move,
+                          line))  # fmt: skip
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
     notes = lateness_lines(simulator_lateness(sim_dir.path, prepared.calibration), measured, client_s)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.runs.validate import Cell, Validation
+import pytest
+
+from harness.runs.validate import Cell, NeighbourLine, Validation, neighbour_line
 
 
 def _cell(arm: str, measured: float, simulated: float, low: float, high: float) -> Cell:
@@ -44,4 +46,32 @@ def test_the_summary_names_the_cells_beyond_whose_measured_median_the_last_pass_
     lines = result.beyond_lines()
     assert lines[-1].startswith("1 of the 3 cells beyond had a measured median that the run's last pass still moved")
     assert lines[-1].endswith(": LMC 96000 2 (-15.9%)")
+    assert not result.passed  # shown, never used in the verdict
+
+
+def test_the_line_through_the_neighbouring_lengths_is_linear_in_tokens_and_needs_both_sides() -> None:
+    medians = {("LMC", 64000, 2): 332.2, ("LMC", 128000, 2): 571.8, ("LMC", 1000, 2): 30.5, ("OFF", 96000, 2): 1.0}
+    line = neighbour_line(medians, ("LMC", 96000, 2), [1000, 64000, 128000])
+    assert line is not None and (line.below, line.above) == (64000, 128000)
+    assert line.at_cell_ms == pytest.approx((332.2 + 571.8) / 2)
+    nearer = neighbour_line(medians, ("LMC", 32000, 2), [1000, 64000, 128000])
+    assert nearer is not None and (nearer.below, nearer.above) == (1000, 64000)  # the nearest on each side
+    assert neighbour_line(medians, ("LMC", 160000, 2), [1000, 64000, 128000]) is None  # nothing above
+    assert neighbour_line(medians, ("OFF", 96000, 2), [64000, 128000]) is None  # another arm's medians do not count
+    assert neighbour_line(medians, ("LMC", 96000, 2), [128000]) is None  # not a reference length below
+
+
+def test_a_cell_beyond_is_a_bend_only_when_the_measurement_leaves_the_line_and_the_simulation_does_not() -> None:
+    line = NeighbourLine(64000, 128000, 452.0)
+    bent = Cell(("LMC", "96000", "2"), 529.8, 430.5, 0.15, "held out", True, (452.5, 547.7), None, line)
+    model_miss = Cell(("NAT", "96000", "2"), 455.0, 560.0, 0.15, "held out", True, (440.0, 470.0), None, line)
+    no_line = Cell(("OFF", "2000", "1"), 58.7, 71.6, 0.15, "held out", True, (57.5, 65.1))
+    assert bent.bend() == "LMC 96000 2 (+17.2% off the line through 64,000 and 128,000; simulated -4.8%)"
+    assert model_miss.beyond and model_miss.bend() is None  # the measurement is on the line: the model missed
+    assert no_line.bend() is None
+    result = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), [bent, model_miss, no_line])
+    lines = result.beyond_lines()
+    assert any(x.startswith("1 of the 3 cells beyond have a measured median further than the threshold") and
+               x.endswith(": LMC 96000 2 (+17.2% off the line through 64,000 and 128,000; simulated -4.8%)")
+               for x in lines)  # fmt: skip
     assert not result.passed  # shown, never used in the verdict
