@@ -27,8 +27,8 @@ the same requests, ms).
 Below the verdict, the cells beyond the threshold are read three ways, none used in the verdict: whether the
 simulated value lies inside the range of the cell's measured requests (:attr:`Cell.inside_measured_range`), whether
 the measured median bends away from the straight line through the run's medians at the lengths on either side
-while the simulated value stays nearer to it (:func:`neighbour_line`, :meth:`Cell.bend`: a bend the model, smooth
-between its fitted lengths, cannot make), and whether the run's last pass still moved it by more than 5 %.
+while the simulated value stays nearer to it (:func:`neighbour_line`, :meth:`Cell.bend`: a bend between two fitted
+lengths, which the fitted model does not make), and whether the run's last pass still moved it by more than 5 %.
 
 Sweeps (:func:`validate_sweep`): the same load points, warm-up and window. Both runs are aggregated
 by the sweep result's own formulas (:func:`harness.results.sweep.aggregate_sweep`,
@@ -154,8 +154,9 @@ class Cell:
         """The cell's key and both values' distance from its :attr:`line`, when the measured median lies further
         from the line than the limit and the simulated value nearer to it; else None.
 
-        Shown beside a cell beyond the threshold, never used in the verdict: the model grows smoothly between the
-        lengths it was fitted on, so a measurement that bends between them is missed however the model is fitted.
+        Shown beside a cell beyond the threshold, never used in the verdict: the fitted model grows smoothly between
+        the lengths it was fitted on, so it misses a measurement that bends between them; a fit length nearer the bend
+        would follow it, and then nothing is held out there.
         """
         if self.line is None:
             return None
