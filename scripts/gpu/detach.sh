@@ -5,6 +5,7 @@
 # calls); it is given back 30 s after a call ends, so follow at once with back-to-back
 # `scripts/gpu/wait.sh 540` calls until it reports the run finished.
 #   usage: scripts/gpu/detach.sh soak scenarios/gpu-sweep-llama8b.yaml --arm AMG-ON-LMCache --window 20m --load 12
+#          scripts/gpu/detach.sh --each scenarios/A.yaml scenarios/B.yaml   (run-each.sh: one run after the other)
 # Output goes to /tmp/kvbench-detached.log, the pid to /tmp/kvbench-detached.pid, the exit status (when it ends)
 # to /tmp/kvbench-detached.rc; relative paths (a scenario, a run directory) are read in the copy of the checkout
 # it runs from. KVBENCH_RUN_TIMEOUT is not applied here: the run is meant to outlive a call.
@@ -15,6 +16,11 @@ if [ -f /tmp/kvbench-detached.pid ] && kill -0 "$(cat /tmp/kvbench-detached.pid)
   exit 2
 fi
 rm -f /tmp/kvbench-detached.rc
+entry=kvbench.sh
+if [ "${1:-}" = "--each" ]; then
+  entry=run-each.sh
+  shift
+fi
 # The run reads its code from a private copy of the checkout: every device call re-sends the checkout into the
 # same folder, and a run importing a module while the next call replaces it can die (2026-11-27: a run started
 # here stopped at import with "No module named 'kvbench.cli.console'" as the next call's copy landed; the file was
@@ -25,7 +31,7 @@ rm -rf "$src" && mkdir -p "$src"
 tar cf - -C "$repo" --exclude=./.gpucarry --exclude=./.gpuwheels . | tar xf - -C "$src"
 # setsid: its own session and process group, so the end of this call does not signal it; OUT is unset so the
 # archive is made by wait.sh in the call that has an $OUT
-setsid nohup env -u OUT bash -c '"$0" "$@"; echo $? > /tmp/kvbench-detached.rc' "$src/scripts/gpu/kvbench.sh" "$@" \
+setsid nohup env -u OUT bash -c '"$0" "$@"; echo $? > /tmp/kvbench-detached.rc' "$src/scripts/gpu/$entry" "$@" \
   > /tmp/kvbench-detached.log 2>&1 < /dev/null &
 echo $! > /tmp/kvbench-detached.pid
 sleep 5
