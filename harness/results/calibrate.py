@@ -118,6 +118,9 @@ DEFAULT_MAX_BATCH_TOKENS = 8192
 
 ATTENTION_MIN_TOKENS = 16_000
 MEMORY_BOUND_MARGIN = 0.001
+PREFILL_FLOOR_MARGIN = 0.002
+"""The TTFT fit with a prefill step's own host time replaces the one without only when its RMS relative error
+is lower by this much (0.2 % of a TTFT): one more free parameter always fits a little better."""
 """The decode fit's memory-bound start replaces the host-bound one only when its RMS relative step error
 is lower by this much (0.1 % of a step)."""
 SPREAD = 4.0
@@ -611,15 +614,18 @@ class Params:
     busy_intake_s: dict[str, float] = field(default_factory=dict)
     step_extra_s: dict[str, float] = field(default_factory=dict)
     host_overlaps_gpu: bool = True
+    prefill_host_s: float | None = None
+    """None: a prefill step's host part is the step overhead."""
 
 
 def timing_of(deployment: Deployment, params: Params, backend: str | None) -> TimeModel:
     """The simulator's time model with these parameters, for an arm with ``backend`` (None: no tier)."""
     store = params.store_s_per_gb.get(backend, 0.0) * deployment.kv_bytes_per_token / 1e9 if backend else 0.0
     fixed = params.store_latency_s.get(backend, 0.0) if backend else 0.0
-    step = params.step_overhead_s + (params.step_extra_s.get(backend, 0.0) if backend else 0.0)
-    eff = Efficiencies(params.linear, params.attention, params.hbm, step, store, fixed, params.step_s_per_seq,
-                       params.host_overlaps_gpu)  # fmt: skip
+    extra = params.step_extra_s.get(backend, 0.0) if backend else 0.0
+    prefill_host = None if params.prefill_host_s is None else params.prefill_host_s + extra
+    eff = Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s + extra, store, fixed,
+                       params.step_s_per_seq, params.host_overlaps_gpu, prefill_host)  # fmt: skip
     return TimeModel(deployment, eff)
 
 
@@ -755,6 +761,56 @@ def _solve(
     )
     apply(result.x)
     return float(result.cost)
+
+
+def _prefill_host(p: Params) -> float:
+    return p.step_overhead_s if p.prefill_host_s is None else p.prefill_host_s
+
+
+def _set_prefill_host(p: Params, value: float) -> None:
+    p.prefill_host_s = value
+
+
+PREFILL_HOST_NAME = "prefill_host_s"
+
+
+def _fit_ttft(
+    deployment: Deployment,
+    params: Params,
+    chunk: int,
+    samples: Sequence[TtftSample],
+    frees: Sequence[Free],
+    residuals: Callable[[Params], np.ndarray],
+) -> str:
+    """Step 2's least squares, without and with a prefill step's own host time; keeps the better.
+
+    Under ``max(GPU, host)`` the floor has no gradient where no prompt is host-bound, so the second fit
+    starts it at the shortest prompts' median TTFT, host-bound. It is bounded below by the decode step's
+    overhead: a prefill step launches the same layers and samples too, so its host work is not less (left
+    free, it would take a share of the short tier hits' time that the load latency explains). It stands
+    only when it changes some prediction and lowers the RMS error by :data:`PREFILL_FLOOR_MARGIN`.
+    Returns what determined it (the requests its floor holds up), or "" when it was not kept
+    (``params.prefill_host_s`` None).
+    """
+    params.prefill_host_s = None
+    if not samples or not params.host_overlaps_gpu:
+        _solve(frees, params, residuals)
+        return ""
+    floored = copy.deepcopy(params)
+    shortest = min(s.prompt_tokens for s in samples)
+    floored.prefill_host_s = float(np.median([s.ttft_s for s in samples if s.prompt_tokens == shortest]))
+    floor = Free(PREFILL_HOST_NAME, _prefill_host, _set_prefill_host, params.step_overhead_s, 1.0)
+    floored.prefill_host_s = max(floored.prefill_host_s, params.step_overhead_s)
+    plain_rms = _rms(_solve(frees, params, residuals), len(samples))
+    floored_rms = _rms(_solve([*frees, floor], floored, residuals), len(samples))
+    without = replace(floored, prefill_host_s=None)
+    moved = np.abs(predict_ttft(deployment, floored, chunk, samples) - predict_ttft(deployment, without, chunk,
+                                                                                    samples)) > 1e-6  # fmt: skip
+    if not moved.any() or floored_rms > plain_rms - PREFILL_FLOOR_MARGIN:
+        return ""
+    for name, value in vars(floored).items():
+        setattr(params, name, value)
+    return _span([s for s, m in zip(samples, moved, strict=True) if m])
 
 
 def _kv_spread(deployment: Deployment, groups: Sequence[DecodeSample]) -> bool:
@@ -1025,7 +1081,7 @@ def calibrate(
     def ttft_residuals(p: Params) -> np.ndarray:
         return np.asarray(predict_ttft(deployment, p, chunk, samples) / measured - 1.0, dtype=float)
 
-    _solve(frees, params, ttft_residuals)
+    prefill_floor = _fit_ttft(deployment, params, chunk, samples, frees, ttft_residuals)
     # the prefill efficiencies enter large-batch decode steps: refit decode with them
     fit_decode(first=False)
 
@@ -1043,6 +1099,8 @@ def calibrate(
 
     _solve(blocking_frees, params, window_residuals)
     free_names = {f.name for f in frees} | {f.name for f in decode_frees} | {f.name for f in blocking_frees}
+    if prefill_floor:
+        free_names.add(PREFILL_HOST_NAME)
     if front_fitted:
         free_names.add("overhead_s_per_ktoken")
     if "hbm" in free_names and not _memory_binds(deployment, params, [*probe_groups, *sweep_groups]):
@@ -1121,6 +1179,10 @@ def calibrate(
                              f"decode batches differ by less than {BATCH_SPREAD:g}x (no sweep): in the step overhead"),
         hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span,
                              hbm_why),
+        prefill_host_s=param(PREFILL_HOST_NAME, _prefill_host(params), "s per prefill step",
+                             f"the floor of TTFT vs prompt length, {prefill_floor}",
+                             "no fitted request's prefill step is host-bound, or one more parameter fits them no "
+                             f"better than {PREFILL_FLOOR_MARGIN:.1%}: the step overhead"),
         engine_blocking_share=param(
             "blocking_share", params.blocking_share, "fraction of the request overhead",
             f"decode windows of {len(windows_fit.requests)} sweep requests (every step, arrivals' overheads "
@@ -1250,6 +1312,11 @@ def params_of(calibration: Calibration) -> Params:
         busy_intake_s={b: c.busy_intake_s.value for b, c in calibration.backends.items()},
         step_extra_s={b: c.step_extra_s.value for b, c in calibration.backends.items()},
         host_overlaps_gpu=calibration.host_overlaps_gpu,
+        prefill_host_s=(
+            calibration.prefill_host_s.value
+            if calibration.prefill_host_s is not None and calibration.prefill_host_s.fitted
+            else None
+        ),
     )
 
 

@@ -29,6 +29,12 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
   inter-token latencies of probe runs and sweeps; ``decode_residuals`` shows the fit per run, arm and
   load point; ``tpot_residuals`` the decode windows of sweep requests, every step included).
   ``step_s_per_seq`` is 0 in files written before it was fitted.
+* ``prefill_host_s``: the host's part of a step that runs a prompt's prefill chunk, where the fit found one
+  that binds (``max(GPU, prefill_host_s)``): without CUDA graphs a short prompt's prefill takes about as
+  long whatever its length (vLLM 0.26.0 --enforce-eager, 8B on one H200: 42-43 ms from 250 to 1,500
+  tokens by the engine's own prefill histogram, against 16 ms per decode step), and the GPU's work
+  hides it from about 2,000 tokens. Not fitted (no fitted request's prefill is host-bound) or absent
+  (files written before it was fitted): the step overhead, as for a decode step.
 * per offload backend (``lmcache``, ``native``, ...): ``load_gbps`` and ``load_latency_s``, the
   effective rate and fixed cost of loading a turn-2 hit from the tier (these replace the tier's
   read bandwidth, latency and the host-link cap), and ``store_s_per_gb``, the seconds per GB of
@@ -230,6 +236,11 @@ class Calibration(StrictModel):
     step_overhead_s: FitParam
     step_s_per_seq: FitParam = FitParam(value=0.0, unit="s per sequence", fitted=False, source=_OLD_FILE)
     hbm_efficiency: FitParam
+    prefill_host_s: FitParam | None = Field(
+        default=None,
+        description="Host seconds of an engine step that runs a prompt's prefill chunk, where fitted (the step "
+        "takes max(GPU, this)); not fitted or absent (files written before): the step overhead, as a decode step.",
+    )
     engine_blocking_share: FitParam = FitParam(
         value=0.0, unit="fraction of the request overhead", fitted=False, source=f"{_OLD_FILE}: it blocks nobody"
     )
@@ -324,6 +335,11 @@ class Calibration(StrictModel):
             store_latency_s=backend.store_latency_s.value if backend else 0.0,
             step_s_per_seq=self.step_s_per_seq.value,
             host_overlaps_gpu=self.host_overlaps_gpu,
+            prefill_host_s=(
+                self.prefill_host_s.value + (backend.step_extra_s.value if backend else 0.0)
+                if self.prefill_host_s is not None and self.prefill_host_s.fitted
+                else None
+            ),
         )
 
     def request_overhead(self, prompt_tokens: int) -> float:

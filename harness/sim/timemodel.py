@@ -28,7 +28,10 @@ chunk too (docs/simulator.md, "The overlapped step", compares the two on held-ou
   ``2(tp-1)/tp x tokens x hidden x 2 bytes`` at the NCCL bus bandwidth. vLLM does not overlap it
   with compute, so it adds.
 * step overhead: scheduling, input preparation and kernel launches of one engine step (calibrated: plus the
-  offload backend's ``step_extra_s``, its connector's own work in every step).
+  offload backend's ``step_extra_s``, its connector's own work in every step). A step that runs a prompt's
+  prefill chunk may have its own (``Efficiencies.prefill_host_s``, calibrated where it binds): without CUDA
+  graphs vLLM's prefill of a short prompt takes about as long whatever its length, 2.6x a decode step on
+  the 8B, until the GPU's work outlasts it.
 * host x sequences (calibrated only, ``step_s_per_seq``; 0 otherwise): host seconds per sequence the
   step runs (one per decode token, one per prefill chunk). Without CUDA graphs (vLLM's
   ``--enforce-eager``) the engine prepares inputs, samples and processes outputs in Python per
@@ -85,6 +88,11 @@ class Efficiencies:
     """Host seconds per sequence in a step (eager mode's per-request Python work; 0: all in the overhead)."""
     host_overlaps_gpu: bool = False
     """True: a step takes ``max(GPU, host)`` (asynchronous launches); False: their sum (files fitted before)."""
+    prefill_host_s: float | None = None
+    """Host seconds of a step that runs a prompt's prefill chunk, in place of ``step_overhead_s`` (None: the
+    same as a decode step's). Eager mode's short-prompt floor: on one H200, vLLM 0.26.0 --enforce-eager
+    took 42-43 ms per 8B prefill from 250 to 1,500 tokens (its own prefill histogram) against 16 ms per
+    decode step."""
 
 
 @dataclass
@@ -181,6 +189,7 @@ class TimeModel:
             self._allreduce_fixed_s = 0.0
             self._allreduce_s_per_token = 0.0
         self._overhead_s = eff.step_overhead_s
+        self._prefill_overhead_s = eff.step_overhead_s if eff.prefill_host_s is None else eff.prefill_host_s
         self._store_s_per_token = eff.store_s_per_token
         self._store_latency_s = eff.store_latency_s
         self._host_s_per_seq = eff.step_s_per_seq
@@ -196,9 +205,8 @@ class TimeModel:
         allreduce = self._allreduce_fixed_s + work.tokens * self._allreduce_s_per_token if work.tokens else 0.0
         store = work.prefill_tokens * self._store_s_per_token + work.prompts_done * self._store_latency_s
         host = work.sequences * self._host_s_per_seq
-        return StepCost(
-            compute, memory, allreduce, self._overhead_s, store, host, work.intake_s, self._host_overlaps_gpu
-        )
+        overhead = self._prefill_overhead_s if work.prefill_tokens else self._overhead_s
+        return StepCost(compute, memory, allreduce, overhead, store, host, work.intake_s, self._host_overlaps_gpu)
 
     def step_seconds(self, work: StepWork) -> float:
         return self.cost(work).total_s

@@ -275,6 +275,8 @@ def _describe(calibration: object) -> str:
         value = getattr(calibration, name)
         assert isinstance(value, FitParam)
         lines.append(show(name, value))
+    if calibration.prefill_host_s is not None:
+        lines.append(show("prefill_host_s", calibration.prefill_host_s))
     for backend, entry in calibration.backends.items():
         label = f"{backend} {entry.version or ''}".strip()
         lines.append(show(f"{label}: load_gbps", entry.load_gbps))

@@ -170,6 +170,8 @@ def test_fit_recovers_the_parameters_the_simulator_ran_with(tmp_path: Path) -> N
     assert lmc.step_extra_s.fitted and lmc.step_extra_s.value < 1e-4
     # no request was served from the HBM prefix cache: the growth term is not determined
     assert not fitted.request_overhead_s_per_ktoken.fitted
+    # every prefill step's host part is the step overhead: no floor of its own
+    assert fitted.prefill_host_s is not None and not fitted.prefill_host_s.fitted
     assert all(abs(r.error) < 0.02 for r in fitted.residuals)
     assert {(r.arm, r.context_tokens, r.turn) for r in fitted.residuals} == {
         (arm, n, t) for arm in ARMS for n in LENGTHS for t in (1, 2)
@@ -189,6 +191,20 @@ def test_a_backends_per_step_cost_is_fitted_against_the_arm_without_a_tier(tmp_p
     assert fitted.step_overhead_s.value == pytest.approx(truth.step_overhead_s.value, rel=0.03)
     assert got.store_latency_s.value == pytest.approx(lmcache.store_latency_s.value, rel=0.1)
     assert all(abs(r.error) < 0.02 for r in fitted.decode_residuals)
+
+
+def test_a_prefill_steps_own_host_floor_is_found_where_short_prompts_sit_on_it(tmp_path: Path) -> None:
+    """An engine whose prefill steps take at least 40 ms on the host (eager mode's short-prompt floor) holds
+    its 1k prompts and every short turn-2 prefill after a tier hit at that floor; the fit finds it, and the
+    other parameters, again."""
+    truth = chosen().model_copy(update={"prefill_host_s": _p(0.040, "s")})
+    fitted = calibrate([write_run(tmp_path, truth)])
+    assert fitted.prefill_host_s is not None and fitted.prefill_host_s.fitted
+    assert fitted.prefill_host_s.value == pytest.approx(0.040, rel=0.03)
+    assert "requests" in fitted.prefill_host_s.source
+    for name in ("request_overhead_s", "linear_efficiency", "attention_efficiency", "step_overhead_s"):
+        assert getattr(fitted, name).value == pytest.approx(getattr(truth, name).value, rel=0.03), name
+    assert all(abs(r.error) < 0.02 for r in fitted.residuals)
 
 
 def test_overhead_growth_is_fitted_from_requests_served_from_the_hbm_prefix_cache(tmp_path: Path) -> None:
@@ -468,8 +484,9 @@ def test_an_old_calibration_file_reads_with_the_load_terms_off() -> None:
                for b in old.backends.values())  # fmt: skip
     assert all(old.request_intake(9000, b) == 0.0 for b in old.backends.values())
     assert old.efficiencies(deployment, None).step_s_per_seq == 0.0
-    # its steps add the host's part to the GPU's, as when it was fitted
+    # its steps add the host's part to the GPU's, as when it was fitted, and a prefill step's is a decode step's
     assert not old.efficiencies(deployment, None).host_overlaps_gpu
+    assert old.prefill_host_s is None and old.efficiencies(deployment, None).prefill_host_s is None
 
 
 def test_host_bound_decode_steps_leave_the_hbm_rate_at_the_datasheet_and_say_why(tmp_path: Path) -> None:

@@ -180,3 +180,29 @@ def test_an_overlapped_step_is_as_long_as_the_slower_of_host_and_gpu() -> None:
     # the blocking store still adds: it waits for the copy after the forward pass
     assert overlapped.step_seconds(prefill) == pytest.approx(gpu_prefill + 0.004)
     assert added.step_seconds(prefill) == pytest.approx(gpu_prefill + host_s + 0.004)
+
+
+def test_a_prefill_step_has_its_own_host_floor_where_one_is_given() -> None:
+    """``prefill_host_s``: eager mode's short prompts take about as long whatever their length (vLLM 0.26.0
+    --enforce-eager, 8B on one H200: 42-43 ms from 250 to 1,500 tokens) until the GPU's work outlasts it;
+    decode steps keep the step overhead, and a step mixing both takes the prefill's."""
+    from harness.sim.timemodel import Efficiencies
+
+    deployment = Deployment.resolve("llama-3.1-8b", "h200-sxm")
+    floor_s, step_s = 0.040, 0.016
+    floored = TimeModel(
+        deployment, Efficiencies(step_overhead_s=step_s, host_overlaps_gpu=True, prefill_host_s=floor_s)
+    )
+    plain = TimeModel(deployment, Efficiencies(step_overhead_s=step_s, host_overlaps_gpu=True))
+    short, long = StepWork(), StepWork()
+    short.add_prefill(500, 0)
+    long.add_prefill(8000, 0)
+    assert floored.cost(short).gpu_s < floor_s < floored.cost(long).gpu_s
+    assert floored.step_seconds(short) == pytest.approx(floor_s)
+    assert plain.step_seconds(short) == pytest.approx(max(step_s, plain.cost(short).gpu_s))
+    assert floored.step_seconds(long) == pytest.approx(plain.step_seconds(long))  # the GPU hides it
+    decode = StepWork()
+    decode.add_decode(1000)
+    assert floored.step_seconds(decode) == pytest.approx(step_s)
+    decode.add_prefill(64, 1000)  # a turn-2 prefill of a question beside a decoding request
+    assert floored.step_seconds(decode) == pytest.approx(floor_s)
