@@ -36,7 +36,10 @@ few decode steps does not drag the fit):
    prefill uses the time model with the fitted GEMM and attention efficiencies plus the backend's
    blocking store per computed token. Per request, HBM hits and tier hits (``loaded``) are the
    group's ``/metrics`` deltas (``gpu_prefix_hits``, ``external_prefix_hits``) divided by its
-   requests, or ``cached_tokens`` when no deltas exist.
+   requests, or ``cached_tokens`` when no deltas exist. Under ``host_overlaps_gpu`` the fit runs twice, the
+   second time with a prefill step's own host time (``prefill_host_s``, eager mode's short-prompt floor: vLLM
+   0.26.0 --enforce-eager took 42-43 ms per 8B prefill from 250 to 1,500 tokens on one H200), and keeps it
+   where it binds and fits better (:func:`_fit_ttft`).
 3. Engine-blocking share (sweeps): the engine's steps are rebuilt from the records
    (:mod:`.engine_steps`), and with the other parameters fixed, the share ``beta`` of the per-request
    overhead that stalls the running requests is fitted from the measured requests' whole decode
