@@ -121,11 +121,11 @@ DEFAULT_MAX_BATCH_TOKENS = 8192
 
 ATTENTION_MIN_TOKENS = 16_000
 MEMORY_BOUND_MARGIN = 0.001
+"""The decode fit's memory-bound start replaces the host-bound one only when its RMS relative step error
+is lower by this much (0.1 % of a step)."""
 PREFILL_FLOOR_MARGIN = 0.002
 """The TTFT fit with a prefill step's own host time replaces the one without only when its RMS relative error
 is lower by this much (0.2 % of a TTFT): one more free parameter always fits a little better."""
-"""The decode fit's memory-bound start replaces the host-bound one only when its RMS relative step error
-is lower by this much (0.1 % of a step)."""
 SPREAD = 4.0
 """Sizes (loads) must differ by this factor for a slope to be determined."""
 BATCH_SPREAD = 2.0
@@ -799,11 +799,12 @@ def _fit_ttft(
     if not samples or not params.host_overlaps_gpu:
         _solve(frees, params, residuals)
         return ""
-    floored = copy.deepcopy(params)
     shortest = min(s.prompt_tokens for s in samples)
-    floored.prefill_host_s = float(np.median([s.ttft_s for s in samples if s.prompt_tokens == shortest]))
+    floored = copy.deepcopy(params)
+    floored.prefill_host_s = max(
+        float(np.median([s.ttft_s for s in samples if s.prompt_tokens == shortest])), params.step_overhead_s
+    )
     floor = Free(PREFILL_HOST_NAME, _prefill_host, _set_prefill_host, params.step_overhead_s, 1.0)
-    floored.prefill_host_s = max(floored.prefill_host_s, params.step_overhead_s)
     plain_rms = _rms(_solve(frees, params, residuals), len(samples))
     floored_rms = _rms(_solve([*frees, floor], floored, residuals), len(samples))
     without = replace(floored, prefill_host_s=None)
