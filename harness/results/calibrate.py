@@ -67,8 +67,9 @@ points out of every step (``decode_residuals`` and ``tpot_residuals`` mark them 
 Some parameters are not determined by some runs; they keep their default and say why:
 
 * the per-token growth of the request overhead needs the engine's queue and prefill histograms or LMCache's log
-  lines (step 0), or requests served from the HBM prefix cache (otherwise it is indistinguishable from the GEMM
-  rate and the load rate);
+  lines (step 0) at context lengths 4x apart (the workload's lengths: 32k and 128k are, though the question and
+  chat template make their prompts just under 4x), or requests served from the HBM prefix cache (otherwise it is
+  indistinguishable from the GEMM rate and the load rate);
 * the store cost needs an arm without a tier (otherwise it is indistinguishable from prefill), and
   its fixed part per request (``store_latency_s``) also computed prompts whose sizes differ 4x;
 * a backend's load latency needs loads of sizes that differ by 4x or more, its rate any load;
@@ -976,7 +977,7 @@ def calibrate(
     # 0. the request overhead's growth with the prompt, where the engine's clock or LMCache's log times the
     # requests' way in: fixed here, so the TTFT fit leaves it out of the GEMM rate and the load rates
     fronts = front_samples(fit.front)
-    front_fitted = _spread([float(s.prompt_tokens) for s in fronts])
+    front_fitted = _spread([float(s.context_tokens) for s in fronts])
     if front_fitted:
         params.overhead_s_per_ktoken = front_slope(fronts)
 
