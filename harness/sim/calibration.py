@@ -32,7 +32,7 @@ fitted to real runs. Every parameter is physical and says where it came from (:c
 * ``prefill_host_s``: the host's part of a step that runs a prompt's prefill chunk, where the fit found one
   that binds (``max(GPU, prefill_host_s)``): without CUDA graphs a short prompt's prefill takes about as
   long whatever its length (vLLM 0.26.0 --enforce-eager, 8B on one H200: 42-43 ms from 250 to 1,500
-  tokens by the engine's own prefill histogram, against 16 ms per decode step), and the GPU's work
+  tokens by the engine's own prefill histogram, against 17-21 ms per decode step), and the GPU's work
   hides it from about 2,000 tokens. Not fitted (no fitted request's prefill is host-bound) or absent
   (files written before it was fitted): the step overhead, as for a decode step.
 * per offload backend (``lmcache``, ``native``, ...): ``load_gbps`` and ``load_latency_s``, the

@@ -30,8 +30,8 @@ chunk too (docs/simulator.md, "The overlapped step", compares the two on held-ou
 * step overhead: scheduling, input preparation and kernel launches of one engine step (calibrated: plus the
   offload backend's ``step_extra_s``, its connector's own work in every step). A step that runs a prompt's
   prefill chunk may have its own (``Efficiencies.prefill_host_s``, calibrated where it binds): without CUDA
-  graphs vLLM's prefill of a short prompt takes about as long whatever its length, 2.6x a decode step on
-  the 8B, until the GPU's work outlasts it.
+  graphs vLLM's prefill of a short prompt takes about as long whatever its length, about twice a decode
+  step on the 8B, until the GPU's work outlasts it.
 * host x sequences (calibrated only, ``step_s_per_seq``; 0 otherwise): host seconds per sequence the
   step runs (one per decode token, one per prefill chunk). Without CUDA graphs (vLLM's
   ``--enforce-eager``) the engine prepares inputs, samples and processes outputs in Python per
@@ -91,8 +91,8 @@ class Efficiencies:
     prefill_host_s: float | None = None
     """Host seconds of a step that runs a prompt's prefill chunk, in place of ``step_overhead_s`` (None: the
     same as a decode step's). Eager mode's short-prompt floor: on one H200, vLLM 0.26.0 --enforce-eager
-    took 42-43 ms per 8B prefill from 250 to 1,500 tokens (its own prefill histogram) against 16 ms per
-    decode step."""
+    took 42-43 ms per 8B prefill from 250 to 1,500 tokens (its own prefill histogram) against 17-21 ms
+    per decode step."""
 
 
 @dataclass
