@@ -206,7 +206,9 @@ LMCACHE_NOTE = (
     "to the arm's fastest request; lookup to KV loaded = → the last worker's \"Retrieved\" line (with tensor "
     "parallelism the forward waits for every rank's load), of which LMCache's retrieve is that slowest rank's own "
     "timing and ranks' spread how long after the first rank it finished; after the load = the rest (the new tokens' "
-    "prefill, the first token back)."
+    "prefill, the first token back). LMCache's store = its own time storing the request's new KV to the tier (its "
+    "\"Stored\" lines, the slowest rank's sum over the prefill's chunks): part of the prefill, not one more slice; a "
+    "turn 2 stores only the tokens past its hit's last whole chunk."
 )
 
 
@@ -331,6 +333,7 @@ def write_lmcache_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path
         "lmcache_retrieve_ms",
         "rank_spread_ms",
         "after_load_ms",
+        "lmcache_store_ms",
     ]
     return _write_split_csv(out_dir / "lmcache_timeline.csv", fields, body, manifest) if body else None
 

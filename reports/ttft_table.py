@@ -137,8 +137,10 @@ LMCACHE_HEADER = (
     "LMCache's retrieve",
     "Ranks' spread",
     "After the load",
+    "LMCache's store",
 )
-"""LMCache's timeline per cell (ms, medians per request; :mod:`harness.results.lmcache_log`)."""
+"""LMCache's timeline per cell (ms, medians per request; :mod:`harness.results.lmcache_log`). LMCache's store is
+part of the prefill (of "After the load" in turn 2), not one more slice of the TTFT."""
 
 
 def lmcache_rows(result: RunResult) -> list[SplitRow]:
@@ -156,6 +158,7 @@ def lmcache_rows(result: RunResult) -> list[SplitRow]:
                 cell.retrieve_ms,
                 cell.rank_spread_ms,
                 cell.after_load_ms,
+                cell.store_ms,
             ),
         )
         for cell in _in_table_order(result, result.lmcache_timeline)

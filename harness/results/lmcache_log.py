@@ -23,6 +23,16 @@ time, so the engine's lookups come in the order of the arm's records; :func:`tim
 * ``after_load`` = TTFT − before_lookup − lookup_to_loaded: the prefill of the tokens not loaded, the first token
   and its trip back to the client (for a request with nothing to load: TTFT − before_lookup).
 
+The connector also logs, per worker, each store of a request's new KV to the tier ("Stored N out of total N
+tokens … cost X ms", one line per prefill chunk)::
+
+    [2026-11-28 08:57:24,121] LMCache INFO: [req_id=chatcmpl-…] Stored 1580 out of total 1580 tokens. size: 0.1929 GB,
+        cost 8.7233 ms, …
+
+``store`` = the slowest worker's sum of those costs for the request (the step that computed each chunk waits for
+its store), ``stored_tokens`` = what that worker stored: a turn 1 stores its whole prompt, a turn 2 after a tier hit
+only the tokens past the hit's last whole chunk, or nothing (None).
+
 Per (arm, context length, turn) the medians of the measured requests. Log timestamps have ms resolution. Arms
 without such lines (no LMCache, its multi-process server, another version's wording), with several attempts
 (a resumed arm: monotonic clocks of two processes do not compare) or whose lookups do not pair with the records
@@ -46,6 +56,7 @@ _LOOKUP = re.compile(_STAMP + r".*?Reqid: ([^,\s]+), Total tokens (\d+),.*?LMCac
 _RETRIEVED = re.compile(
     _STAMP + r".*?\[req_id=([^\]\s]+)\] Retrieved (\d+) .*?(?:size: ([\d.]+) gb, )?cost ([\d.]+) ms"
 )
+_STORED = re.compile(_STAMP + r".*?\[req_id=([^\]\s]+)\] Stored (\d+) out of total \d+ tokens.*?cost ([\d.]+) ms")
 # vLLM prefixes each process's lines with its name and pid, e.g. "(Worker_TP1 pid=4347)"
 _WORKER = re.compile(r"^\((\S+) pid=\d+\)")
 
@@ -69,6 +80,13 @@ class Retrieval:
 
 
 @dataclass(frozen=True)
+class Store:
+    worker: str
+    tokens: int
+    cost_ms: float
+
+
+@dataclass(frozen=True)
 class RequestSplit:
     """One measured request's TTFT split (ms); ``None`` where it loaded nothing."""
 
@@ -82,6 +100,8 @@ class RequestSplit:
     retrieve_ms: float | None
     rank_spread_ms: float | None
     after_load_ms: float
+    store_ms: float | None = None
+    stored_tokens: int | None = None
 
 
 def _seconds(stamp: str) -> float:
@@ -89,16 +109,24 @@ def _seconds(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-ParsedLog = tuple[list[Lookup], dict[str, list[Retrieval]]]
-"""One engine log's LMCache lines (:func:`parse_log`): the lookups in log order, each request's retrievals."""
+@dataclass(frozen=True)
+class ParsedLog:
+    """One engine log's LMCache lines (:func:`parse_log`)."""
+
+    lookups: list[Lookup]
+    """In log order, the first line of each request."""
+    retrievals: dict[str, list[Retrieval]]
+    """Per request, every worker's retrieval in log order."""
+    stores: dict[str, list[Store]]
+    """Per request, every worker's stores (one per prefill chunk) in log order."""
 
 
 def parse_log(lines: Iterable[str]) -> ParsedLog:
-    """LMCache's lookups in log order (the first line of each request) and, per request, every worker's retrieval
-    in log order."""
+    """LMCache's lookups, retrievals and stores."""
     lookups: list[Lookup] = []
     seen: set[str] = set()
     retrievals: dict[str, list[Retrieval]] = {}
+    stores: dict[str, list[Store]] = {}
     for line in lines:
         if "LMCache" not in line:
             continue
@@ -109,17 +137,31 @@ def parse_log(lines: Iterable[str]) -> ParsedLog:
                 seen.add(request_id)
                 lookups.append(Lookup(_seconds(found[1]), request_id, int(found[3]), int(found[4])))
             continue
-        found = _RETRIEVED.search(line)
-        if found is None:
-            continue
-        # each worker logs one line per request; a line whose prefix was lost in interleaved output keeps its
-        # place among them, with its rank unknown ("")
+        # each worker logs one line per request (per chunk for stores); a line whose prefix was lost in interleaved
+        # output keeps its place among them, with its rank unknown ("")
         process = _WORKER.match(line)
-        size = float(found[4]) if found[4] is not None else None
-        retrieval = Retrieval(process[1] if process is not None else "", _seconds(found[1]), int(found[3]),
-                              float(found[5]), size)  # fmt: skip
-        retrievals.setdefault(found[2], []).append(retrieval)
-    return lookups, retrievals
+        worker = process[1] if process is not None else ""
+        found = _RETRIEVED.search(line)
+        if found is not None:
+            size = float(found[4]) if found[4] is not None else None
+            retrieval = Retrieval(worker, _seconds(found[1]), int(found[3]), float(found[5]), size)
+            retrievals.setdefault(found[2], []).append(retrieval)
+            continue
+        found = _STORED.search(line)
+        if found is not None:
+            stores.setdefault(found[2], []).append(Store(worker, int(found[3]), float(found[4])))
+    return ParsedLog(lookups, retrievals, stores)
+
+
+def _slowest_store(stores: Sequence[Store]) -> tuple[float, int] | None:
+    """(ms, tokens) of the worker whose stores of one request took longest in sum; None without stores. Lines that
+    lost their worker prefix count only when no line has one (they may mix ranks)."""
+    named = [store for store in stores if store.worker]
+    by_worker: dict[str, tuple[float, int]] = {}
+    for store in named or stores:
+        cost, tokens = by_worker.get(store.worker, (0.0, 0))
+        by_worker[store.worker] = (cost + store.cost_ms, tokens + store.tokens)
+    return max(by_worker.values()) if by_worker else None
 
 
 def split_requests(records: Sequence[RequestRecord], lines: Iterable[str]) -> list[RequestSplit]:
@@ -128,7 +170,7 @@ def split_requests(records: Sequence[RequestRecord], lines: Iterable[str]) -> li
 
 
 def _split(records: Sequence[RequestRecord], log: ParsedLog) -> list[RequestSplit]:
-    lookups, retrievals = log
+    lookups, retrievals = log.lookups, log.retrievals
     if not lookups or len({record.attempt for record in records}) != 1:
         return []
     sent = sorted(records, key=lambda record: record.started_ns)
@@ -148,6 +190,7 @@ def _split(records: Sequence[RequestRecord], log: ParsedLog) -> list[RequestSpli
         last = max(workers, key=lambda item: item.at_s) if workers else None
         to_loaded = (last.at_s - lookup.at_s) * 1000.0 if last is not None else None
         spread = (last.at_s - min(item.at_s for item in workers)) * 1000.0 if last and len(workers) > 1 else None
+        stored = _slowest_store(log.stores.get(lookup.request_id, []))
         out.append(
             RequestSplit(
                 arm=record.arm,
@@ -160,6 +203,8 @@ def _split(records: Sequence[RequestRecord], log: ParsedLog) -> list[RequestSpli
                 retrieve_ms=max(item.cost_ms for item in workers) if workers else None,
                 rank_spread_ms=spread,
                 after_load_ms=ttft - before - (to_loaded or 0.0),
+                store_ms=stored[0] if stored else None,
+                stored_tokens=stored[1] if stored else None,
             )
         )
     return out
@@ -191,6 +236,7 @@ def timeline(records: Sequence[RequestRecord], logs: Mapping[str, ParsedLog]) ->
                 retrieve_ms=_median([s.retrieve_ms for s in splits]),
                 rank_spread_ms=_median([s.rank_spread_ms for s in splits]),
                 after_load_ms=statistics.median(s.after_load_ms for s in splits),
+                store_ms=_median([s.store_ms for s in splits]),
             )
         )
     return out
@@ -206,7 +252,8 @@ def ranks(logs: Mapping[str, ParsedLog]) -> list[LMCacheRank]:
     ranks it took the longest (the forward waits for that rank). Lines that lost their worker prefix count for
     no rank (a few per run at TP=4, where four processes write at once)."""
     out = []
-    for arm, (_, retrievals) in logs.items():
+    for arm, log in logs.items():
+        retrievals = log.retrievals
         rates: dict[str, list[float]] = {}
         slowest: dict[str, int] = {}
         for workers in retrievals.values():

@@ -121,8 +121,9 @@ class LMCacheSplit(Frozen):
     tokenizing, the engine's intake, the lookup); ``lookup_to_loaded_ms``: → the KV retrieved into GPU memory, and
     ``retrieve_ms`` LMCache's own time for that load (with tensor parallelism: the slowest rank's, which the forward
     waits for); ``rank_spread_ms``: how long after the first rank the slowest finished (None with one rank);
-    ``after_load_ms``: the rest of the TTFT (the new tokens' prefill, the first token back).
-    :mod:`harness.results.lmcache_log` has the formulas.
+    ``after_load_ms``: the rest of the TTFT (the new tokens' prefill, the first token back); ``store_ms``: LMCache's
+    own time storing the request's new KV (the slowest rank's sum over its chunks; None: nothing stored, or a result
+    written before the field). :mod:`harness.results.lmcache_log` has the formulas.
     """
 
     arm: str
@@ -135,6 +136,7 @@ class LMCacheSplit(Frozen):
     retrieve_ms: float | None = None
     rank_spread_ms: float | None = None
     after_load_ms: float
+    store_ms: float | None = None
 
 
 class LMCacheRank(Frozen):

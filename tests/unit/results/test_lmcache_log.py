@@ -61,7 +61,8 @@ LOG = [
 
 
 def test_each_ttft_is_split_at_the_lookup_and_the_load() -> None:
-    lookups, retrievals = parse_log(LOG)
+    parsed = parse_log(LOG)
+    lookups, retrievals = parsed.lookups, parsed.retrievals
     assert [item.request_id for item in lookups] == ["chatcmpl-a", "chatcmpl-b", "chatcmpl-c"]
     assert [(item.worker, item.cost_ms) for item in retrievals["chatcmpl-c"]] == [
         ("Worker_TP0", 150.3),
@@ -81,6 +82,38 @@ def test_each_ttft_is_split_at_the_lookup_and_the_load() -> None:
     (cell,) = [c for c in timeline(RECORDS, {"ON": parse_log(LOG)}) if c.turn == 2]
     assert cell.requests == 1 and cell.lookup_to_loaded_ms == pytest.approx(198.0, abs=0.01)
     assert cell.rank_spread_ms == pytest.approx(18.0, abs=0.01)
+
+
+def stored(stamp: str, request: str, tokens: int, cost_ms: float, worker: str = "Worker_TP0") -> str:
+    return (
+        f"({worker} pid=2) {COLOR}[2026-11-28 08:57:{stamp}] LMCache INFO:\x1b[0m [req_id={request}] Stored {tokens} "
+        f"out of total {tokens} tokens. size: 0.1929 GB, cost {cost_ms} ms, throughput: 22.1 GB/s; offload_time: "
+        f"{cost_ms} ms, put_time: 0.03 ms (cache_engine.py:1)"
+    )
+
+
+def test_each_request_has_lmcaches_own_store_time_from_its_stored_lines() -> None:
+    """Turn 1 stores its whole prompt, chunk by chunk (the slowest rank's sum counts); turn 2 after a tier hit
+    only the tail past the hit's last whole chunk (format: LMCache 0.5.3's lines in vLLM 0.26.0's engine log)."""
+    lines = [
+        *LOG,
+        stored("20,300", "chatcmpl-b", 8192, 34.8),
+        stored("20,310", "chatcmpl-b", 8192, 35.0, "Worker_TP1"),
+        stored("20,500", "chatcmpl-b", 8192, 30.0),
+        stored("20,510", "chatcmpl-b", 8192, 31.5, "Worker_TP1"),  # the slowest rank: 35.0 + 31.5
+        stored("20,520", "chatcmpl-b", 8192, 90.0).split(") ", 1)[1],  # prefix lost: may be any rank, left out
+        stored("30,500", "chatcmpl-c", 174, 2.1),
+    ]
+    assert [(item.worker, item.tokens) for item in parse_log(lines).stores["chatcmpl-b"]][:2] == [
+        ("Worker_TP0", 8192),
+        ("Worker_TP1", 8192),
+    ]
+    first, second = split_requests(RECORDS, lines)
+    assert first.store_ms == pytest.approx(66.5) and first.stored_tokens == 16384
+    assert second.store_ms == pytest.approx(2.1) and second.stored_tokens == 174
+    assert [split.store_ms for split in split_requests(RECORDS, LOG)] == [None, None]  # no Stored lines
+    cells = {c.turn: c for c in timeline(RECORDS, {"ON": parse_log(lines)})}
+    assert cells[1].store_ms == pytest.approx(66.5) and cells[2].store_ms == pytest.approx(2.1)
 
 
 def test_one_worker_has_no_rank_spread() -> None:
@@ -122,7 +155,7 @@ def test_a_committed_tp4_run_waits_for_its_slowest_rank() -> None:
     run = RunDir.open(RESULTS / "gpu-seed-llama70b-tp4-fp16-h200-3pass")
     lines = run.engine_log("AMG-ON-LMCache")
     assert lines is not None
-    _, retrievals = parse_log(lines)
+    retrievals = parse_log(lines).retrievals
     assert {len(workers) for workers in retrievals.values()} == {4}
     records = [record for record in run.records() if record.arm == "AMG-ON-LMCache"]
     loaded = [split for split in split_requests(records, lines) if split.lookup_to_loaded_ms is not None]
