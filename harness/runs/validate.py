@@ -230,6 +230,14 @@ class Validation:
                 f"still moved by more than {SETTLE_WARN:.0%} (more passes would move it; not used in the verdict): "
                 + "; ".join(f"{' '.join(c.key)} ({c.last_pass_move:+.1%})" for c in unsettled)
             )
+        explained = [c for c in beyond if c.inside_measured_range or c.bend() is not None]
+        if explained:
+            left = [" ".join(c.key) for c in beyond if c not in explained]
+            lines.append(
+                "with the cells beyond that lie inside their own requests' range or bend set aside, "
+                + (f"{len(left)} would be left (not the verdict): " + "; ".join(left) if left else "none is left "
+                   "(not the verdict: every cell beyond still counts)")
+            )  # fmt: skip
         return lines
 
 

@@ -31,8 +31,15 @@ def test_the_summary_names_the_cells_beyond_and_separately_those_inside_their_ra
     assert lines[1].startswith("1 of the 2 cells beyond have the simulated value inside") and lines[1].endswith(
         ": LMC 2000 2"
     )
-    assert len(lines) == 2
+    assert lines[2] == (
+        "with the cells beyond that lie inside their own requests' range or bend set aside, 1 would be left "
+        "(not the verdict): OFF 2000 2"
+    )
+    assert len(lines) == 3
     assert not result.passed  # the range is shown, never used in the verdict
+    only_noise = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells[:1])
+    assert only_noise.beyond_lines()[-1].endswith("none is left (not the verdict: every cell beyond still counts)")
+    assert not only_noise.passed
     within = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells[2:])
     assert within.beyond_lines() == [] and within.passed
 
