@@ -771,10 +771,6 @@ def _prefill_host(p: Params) -> float:
     return p.step_overhead_s if p.prefill_host_s is None else p.prefill_host_s
 
 
-def _set_prefill_host(p: Params, value: float) -> None:
-    p.prefill_host_s = value
-
-
 PREFILL_HOST_NAME = "prefill_host_s"
 
 
@@ -805,7 +801,7 @@ def _fit_ttft(
     floored.prefill_host_s = max(
         float(np.median([s.ttft_s for s in samples if s.prompt_tokens == shortest])), params.step_overhead_s
     )
-    floor = Free(PREFILL_HOST_NAME, _prefill_host, _set_prefill_host, params.step_overhead_s, 1.0)
+    floor = Free(PREFILL_HOST_NAME, _prefill_host, _setter(PREFILL_HOST_NAME), params.step_overhead_s, 1.0)
     plain_rms = _rms(_solve(frees, params, residuals), len(samples))
     floored_rms = _rms(_solve([*frees, floor], floored, residuals), len(samples))
     without = replace(floored, prefill_host_s=None)
@@ -1317,11 +1313,7 @@ def params_of(calibration: Calibration) -> Params:
         busy_intake_s={b: c.busy_intake_s.value for b, c in calibration.backends.items()},
         step_extra_s={b: c.step_extra_s.value for b, c in calibration.backends.items()},
         host_overlaps_gpu=calibration.host_overlaps_gpu,
-        prefill_host_s=(
-            calibration.prefill_host_s.value
-            if calibration.prefill_host_s is not None and calibration.prefill_host_s.fitted
-            else None
-        ),
+        prefill_host_s=calibration.fitted_prefill_host_s,
     )
 
 

@@ -253,10 +253,9 @@ def ranks(logs: Mapping[str, ParsedLog]) -> list[LMCacheRank]:
     no rank (a few per run at TP=4, where four processes write at once)."""
     out = []
     for arm, log in logs.items():
-        retrievals = log.retrievals
         rates: dict[str, list[float]] = {}
         slowest: dict[str, int] = {}
-        for workers in retrievals.values():
+        for workers in log.retrievals.values():
             sized = [item for item in workers if item.size_gb is not None and item.cost_ms > 0]
             if not sized or sized[0].tokens < RANK_MIN_TOKENS:
                 continue

@@ -215,7 +215,8 @@ class Validation:
                 "own measured requests (the run's spread there is wider than the error; not used in the verdict): "
                 + "; ".join(inside)
             )
-        bends = [bend for c in beyond if (bend := c.bend()) is not None]
+        bend_of = {c.key: c.bend() for c in beyond}
+        bends = [bend for bend in bend_of.values() if bend is not None]
         if bends:
             lines.append(
                 f"{len(bends)} of the {len(beyond)} cells beyond have a measured median further than the threshold "
@@ -230,9 +231,8 @@ class Validation:
                 f"still moved by more than {SETTLE_WARN:.0%} (more passes would move it; not used in the verdict): "
                 + "; ".join(f"{' '.join(c.key)} ({c.last_pass_move:+.1%})" for c in unsettled)
             )
-        explained = [c for c in beyond if c.inside_measured_range or c.bend() is not None]
-        if explained:
-            left = [" ".join(c.key) for c in beyond if c not in explained]
+        left = [" ".join(c.key) for c in beyond if not c.inside_measured_range and bend_of[c.key] is None]
+        if len(left) < len(beyond):
             lines.append(
                 "with the cells beyond that lie inside their own requests' range or bend set aside, "
                 + (f"{len(left)} would be left (not the verdict): " + "; ".join(left) if left else "none is left "

@@ -336,11 +336,16 @@ class Calibration(StrictModel):
             step_s_per_seq=self.step_s_per_seq.value,
             host_overlaps_gpu=self.host_overlaps_gpu,
             prefill_host_s=(
-                self.prefill_host_s.value + (backend.step_extra_s.value if backend else 0.0)
-                if self.prefill_host_s is not None and self.prefill_host_s.fitted
-                else None
+                None
+                if self.fitted_prefill_host_s is None
+                else self.fitted_prefill_host_s + (backend.step_extra_s.value if backend else 0.0)
             ),
         )
+
+    @property
+    def fitted_prefill_host_s(self) -> float | None:
+        """A prefill step's own host seconds where the fit kept one; None: the step overhead."""
+        return self.prefill_host_s.value if self.prefill_host_s is not None and self.prefill_host_s.fitted else None
 
     def request_overhead(self, prompt_tokens: int) -> float:
         """Seconds from a request's arrival until the engine may schedule it."""
