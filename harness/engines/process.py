@@ -70,12 +70,54 @@ PORT_RELEASE_S = 10.0
 _TCP_LISTEN = "0A"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the engine binds it shortly after)."""
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PICK_LOW = 20_000
+"""kvbench picks its servers' ports from here up to the kernel's ephemeral range (Linux default 32768-60999)."""
+_PICK_MIN_SPAN = 1_000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int | None:
+    """The lowest port the kernel gives to a socket bound to port 0; None where it cannot be read."""
+    try:
+        low, _high = (int(field) for field in range_file.read_text(encoding="ascii").split())
+    except (OSError, ValueError):
+        return None
+    return low
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            if error.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return not port_busy(port)
+
+
+def free_port(host: str = "127.0.0.1", range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """A TCP port that is free now, for a server kvbench starts (it binds the port a few seconds later).
+
+    Picked at random below the kernel's ephemeral range: in that range the kernel hands ports to every process
+    that binds port 0, and vLLM's own sockets (ZMQ, torch.distributed), started at the same time as an LMCache
+    sidecar, once took a port picked for the sidecar between the pick and its start. Never the same port twice in
+    one kvbench process. Where the range cannot be read or leaves too little room below it: the kernel's pick.
+    """
+    low = _ephemeral_low(range_file)
+    if low is not None and low - PICK_LOW >= _PICK_MIN_SPAN:
+        picker = secrets.SystemRandom()
+        for _ in range(100):
+            port = picker.randrange(PICK_LOW, low)
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+    _handed_out.add(picked)
+    return picked
 
 
 def port_busy(port: int, host: str = "0.0.0.0") -> bool:

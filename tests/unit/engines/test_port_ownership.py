@@ -19,7 +19,7 @@ import pytest
 
 from harness.engines.base import LaunchContext
 from harness.engines.lmcache_server import LmcacheServer
-from harness.engines.process import ManagedProcess, ProcessSpec, free_port, port_busy
+from harness.engines.process import EPHEMERAL_RANGE_FILE, PICK_LOW, ManagedProcess, ProcessSpec, free_port, port_busy
 from harness.engines.vllm_offload import LmcacheServerSpec
 from harness.sim.config import SimEngineConfig
 from harness.sim.engine import SimEngine
@@ -112,3 +112,26 @@ async def test_the_simulator_kvbench_starts_is_recognised_as_its_own(tmp_path: P
     config = SimEngineConfig(kind="sim", model="llama-3.1-8b", hardware="h100-sxm")
     async with SimEngine(config, _context(tmp_path)) as running:
         assert running.endpoint.base_url.startswith("http://127.0.0.1:")
+
+
+def test_kvbench_picks_its_ports_below_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    """Every process binding port 0 (vLLM's ZMQ and torch.distributed sockets) gets a port of the ephemeral
+    range, so a port picked there for a sidecar could be taken before the sidecar started (CI, stop 30); picks
+    below the range are not handed to anyone else, and one kvbench process never hands out a port twice."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n", encoding="ascii")
+    picked = [free_port(range_file=ranges) for _ in range(50)]
+    assert all(PICK_LOW <= port < 32768 for port in picked)
+    assert len(set(picked)) == len(picked)
+    assert not any(port_busy(port) for port in picked)
+
+
+def test_without_room_below_the_ephemeral_range_the_kernel_picks(tmp_path: Path) -> None:
+    cramped = tmp_path / "cramped"
+    cramped.write_text(f"{PICK_LOW + 10} 60999\n", encoding="ascii")
+    unreadable = tmp_path / "absent"
+    kernel_low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0]) if EPHEMERAL_RANGE_FILE.exists() else 1024
+    for range_file in (cramped, unreadable):
+        port = free_port(range_file=range_file)
+        assert port >= kernel_low  # bound to port 0: the kernel's pick
+        assert not port_busy(port)
