@@ -116,7 +116,7 @@ async def test_the_simulator_kvbench_starts_is_recognised_as_its_own(tmp_path: P
 
 def test_kvbench_picks_its_ports_below_the_kernels_ephemeral_range(tmp_path: Path) -> None:
     """Every process binding port 0 (vLLM's ZMQ and torch.distributed sockets) gets a port of the ephemeral
-    range, so a port picked there for a sidecar could be taken before the sidecar started (CI, stop 30); picks
+    range, so a port picked there for a sidecar could be taken before the sidecar started (seen once in CI); picks
     below the range are not handed to anyone else, and one kvbench process never hands out a port twice."""
     ranges = tmp_path / "ip_local_port_range"
     ranges.write_text("32768\t60999\n", encoding="ascii")
