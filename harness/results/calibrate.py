@@ -626,10 +626,18 @@ def timing_of(deployment: Deployment, params: Params, backend: str | None) -> Ti
     """The simulator's time model with these parameters, for an arm with ``backend`` (None: no tier)."""
     store = params.store_s_per_gb.get(backend, 0.0) * deployment.kv_bytes_per_token / 1e9 if backend else 0.0
     fixed = params.store_latency_s.get(backend, 0.0) if backend else 0.0
-    extra = params.step_extra_s.get(backend, 0.0) if backend else 0.0
-    prefill_host = None if params.prefill_host_s is None else params.prefill_host_s + extra
-    eff = Efficiencies(params.linear, params.attention, params.hbm, params.step_overhead_s + extra, store, fixed,
-                       params.step_s_per_seq, params.host_overlaps_gpu, prefill_host)  # fmt: skip
+    eff = Efficiencies(
+        linear=params.linear,
+        attention=params.attention,
+        hbm=params.hbm,
+        step_overhead_s=params.step_overhead_s,
+        store_s_per_token=store,
+        store_latency_s=fixed,
+        step_s_per_seq=params.step_s_per_seq,
+        host_overlaps_gpu=params.host_overlaps_gpu,
+        prefill_host_s=params.prefill_host_s,
+        step_extra_s=params.step_extra_s.get(backend, 0.0) if backend else 0.0,
+    )
     return TimeModel(deployment, eff)
 
 

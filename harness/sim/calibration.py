@@ -330,16 +330,13 @@ class Calibration(StrictModel):
             linear=self.linear_efficiency.value,
             attention=self.attention_efficiency.value,
             hbm=self.hbm_efficiency.value,
-            step_overhead_s=self.step_overhead_s.value + (backend.step_extra_s.value if backend else 0.0),
+            step_overhead_s=self.step_overhead_s.value,
             store_s_per_token=store,
             store_latency_s=backend.store_latency_s.value if backend else 0.0,
             step_s_per_seq=self.step_s_per_seq.value,
             host_overlaps_gpu=self.host_overlaps_gpu,
-            prefill_host_s=(
-                None
-                if self.fitted_prefill_host_s is None
-                else self.fitted_prefill_host_s + (backend.step_extra_s.value if backend else 0.0)
-            ),
+            prefill_host_s=self.fitted_prefill_host_s,
+            step_extra_s=backend.step_extra_s.value if backend else 0.0,
         )
 
     @property

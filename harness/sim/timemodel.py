@@ -93,6 +93,8 @@ class Efficiencies:
     same as a decode step's). Eager mode's short-prompt floor: on one H200, vLLM 0.26.0 --enforce-eager
     took 42-43 ms per 8B prefill from 250 to 1,500 tokens (its own prefill histogram) against 17-21 ms
     per decode step."""
+    step_extra_s: float = 0.0
+    """The offload backend's own host seconds in every step, prefill or decode (its connector's bookkeeping)."""
 
 
 @dataclass
@@ -188,8 +190,9 @@ class TimeModel:
         else:
             self._allreduce_fixed_s = 0.0
             self._allreduce_s_per_token = 0.0
-        self._overhead_s = eff.step_overhead_s
-        self._prefill_overhead_s = eff.step_overhead_s if eff.prefill_host_s is None else eff.prefill_host_s
+        self._overhead_s = eff.step_overhead_s + eff.step_extra_s
+        prefill_host = eff.step_overhead_s if eff.prefill_host_s is None else eff.prefill_host_s
+        self._prefill_overhead_s = prefill_host + eff.step_extra_s
         self._store_s_per_token = eff.store_s_per_token
         self._store_latency_s = eff.store_latency_s
         self._host_s_per_seq = eff.step_s_per_seq
