@@ -47,7 +47,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.schema import StrictModel
+from common.schema import StrictModel
 
 from .profiles import LoadOverlap, OffloadTier
 

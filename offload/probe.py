@@ -42,8 +42,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from kvbench.errors import KvbenchError
-from kvbench.schema import StrictModel
+from common.errors import KvbenchError
+from common.schema import StrictModel
 
 from .profiles import OffloadTier, TierKind
 

@@ -56,7 +56,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.schema import StrictModel
+from common.schema import StrictModel
 
 TierKind = Literal["cpu", "disk", "shared"]
 

@@ -25,8 +25,8 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
+from common.markup import console_text, md_table, md_text
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
-from kvbench.markup import console_text, md_table, md_text
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 

@@ -24,6 +24,9 @@ from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from common import __version__
+from common.errors import KvbenchError, RunDirError
+from common.redact import redact_text
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
 from harness.results.calibrate import CALIBRATION_IN_RUN, calibrated_cells
 from harness.results.provenance import Provenance, provenance
@@ -33,9 +36,6 @@ from harness.scenario.spec import Scenario
 from harness.store.events import IntervalStats
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
-from kvbench import __version__
-from kvbench.errors import KvbenchError, RunDirError
-from kvbench.redact import redact_text
 from offload import analytical
 from offload.profiles import OffloadProfile
 from workloads.config import MultiRoundQAProbe

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from common.schema import VersionedFile
 from harness.results.fleet import FleetResult
 from harness.results.fleet import markdown as fleet_markdown
 from harness.results.provenance import provenance
@@ -24,7 +25,6 @@ from harness.results.soak_result import SoakResult
 from harness.results.sweep_result import SweepResult
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
-from kvbench.schema import VersionedFile
 
 from . import curves, renderers, replay
 

@@ -32,16 +32,16 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
+from common.errors import KvbenchError
+from common.markup import md_table
+from common.schema import StrictModel, first_problem
+from common.yamlfile import read_yaml_mapping
 from harness.results.capacity import engine_shapes
 from harness.results.provenance import provenance
 from harness.results.run_result import RunResult
 from harness.results.verdict import outcome_of_result
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
-from kvbench.errors import KvbenchError
-from kvbench.markup import md_table
-from kvbench.schema import StrictModel, first_problem
-from kvbench.yamlfile import read_yaml_mapping
 from offload import analytical
 
 _TURN = re.compile(r"\bturn (\d+)\b")

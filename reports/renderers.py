@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from common.markup import console_text, md_text
 from harness.results.lmcache_log import RANK_MIN_TOKENS
 from harness.results.provenance import provenance
 from harness.results.run_result import SETTLE_WARN, RunResult
 from harness.results.verdict import Validity
-from kvbench.markup import console_text, md_text
 
 from .ttft_table import (
     LMCACHE_HEADER,

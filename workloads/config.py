@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from kvbench.schema import StrictModel
+from common.schema import StrictModel
 
 MAX_COUNT = 1_000_000
 """Upper bound of any count of requests, users or conversations: a typo (a billion conversations)

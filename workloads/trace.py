@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kvbench.errors import KvbenchError
+from common.errors import KvbenchError
 
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvbench.redact import remember_secret
+from common.redact import remember_secret
 
 
 @dataclass(frozen=True)

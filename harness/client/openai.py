@@ -51,7 +51,7 @@ from typing import Literal
 
 import aiohttp
 
-from kvbench.redact import redact_text
+from common.redact import redact_text
 
 from .connections import idempotent_request, new_session
 from .endpoint import Endpoint

@@ -29,7 +29,7 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any, Protocol
 
-from kvbench.errors import KvbenchError
+from common.errors import KvbenchError
 
 from .endpoint import Endpoint
 from .openai import OpenAIClient, RequestOutcome

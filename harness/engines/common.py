@@ -38,10 +38,10 @@ from typing import Generic, Protocol, TypeVar
 
 import aiohttp
 
+from common.errors import EngineStartError, KvbenchError
+from common.redact import redact_text
 from harness.client.connections import idempotent_request, new_session
 from harness.client.endpoint import Endpoint
-from kvbench.errors import EngineStartError, KvbenchError
-from kvbench.redact import redact_text
 from offload.profiles import OffloadProfile, session_dirs
 from workloads.tokenizer import Tokenizer
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.schema import StrictModel
+from common.schema import StrictModel
 
 from .replicas import ReplicaFields
 

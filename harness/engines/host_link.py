@@ -42,8 +42,8 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
 
-from kvbench.redact import redact_text
-from kvbench.schema import StrictModel, first_problem
+from common.redact import redact_text
+from common.schema import StrictModel, first_problem
 
 from . import host_link_probe
 from .common import marked_value

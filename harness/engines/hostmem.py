@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.errors import EngineStartError
+from common.errors import EngineStartError
 
 MEMINFO = Path("/proc/meminfo")
 NATIVE_PIN_FACTOR = 1.27

@@ -17,10 +17,10 @@ from types import TracebackType
 
 import aiohttp
 
+from common.errors import EngineStartError
+from common.redact import redact_text
 from harness.client.connections import new_session
 from harness.client.endpoint import Endpoint
-from kvbench.errors import EngineStartError
-from kvbench.redact import redact_text
 from workloads.tokenizer import Tokenizer
 
 from .base import EngineConfigModel, EngineFacts, LaunchContext

@@ -50,9 +50,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from kvbench.errors import EngineStartError
-from kvbench.private import open_private
-from kvbench.redact import redact_argv, redact_text, remember_secret, secret_values
+from common.errors import EngineStartError
+from common.private import open_private
+from common.redact import redact_argv, redact_text, remember_secret, secret_values
 
 
 def _die_with_parent() -> None:

@@ -23,8 +23,8 @@ from typing import Protocol, Self
 
 from pydantic import Field, model_validator
 
+from common.schema import StrictModel
 from harness.client.router import ATTRIBUTIONS, POLICIES, Attribution, Policy
-from kvbench.schema import StrictModel
 
 from .routers import RouterSpec
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.errors import EngineStartError
+from common.errors import EngineStartError
 
 from .common import probe_python
 from .process import ManagedProcess, ProcessSpec, free_port

@@ -37,7 +37,7 @@ from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
-from kvbench.schema import StrictModel
+from common.schema import StrictModel
 
 ROUTER_PYTHON_ENV = "KVBENCH_ROUTER_PYTHON"
 """The python of the router's own virtualenv when ``routing.router.python`` is not set."""

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import aiohttp
 
+from common.errors import EngineStartError
+from common.redact import redact_argv, redact_env
 from harness.client.endpoint import Endpoint
 from harness.client.scrape import SGLANG, metrics_path
-from kvbench.errors import EngineStartError
-from kvbench.redact import redact_argv, redact_env
 from workloads.tokenizer import Tokenizer
 
 from . import common

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import aiohttp
 
+from common.errors import EngineStartError
+from common.redact import redact_argv, redact_env, redact_text
 from harness.client.endpoint import Endpoint
 from harness.client.scrape import TRTLLM, metrics_path
-from kvbench.errors import EngineStartError
-from kvbench.redact import redact_argv, redact_env, redact_text
 from workloads.tokenizer import Tokenizer
 
 from .base import EngineConfigModel, EngineFacts, LaunchContext, PrefixCacheResetUnsupported

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import aiohttp
 
+from common.errors import EngineStartError
+from common.redact import redact_argv, redact_env, redact_text
 from harness.client.endpoint import Endpoint
-from kvbench.errors import EngineStartError
-from kvbench.redact import redact_argv, redact_env, redact_text
 from workloads.tokenizer import Tokenizer
 
 from . import common

@@ -35,14 +35,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from common import __version__
+from common.errors import KvbenchError
+from common.markup import md_text
 from harness.results.run_result import Frozen
 from harness.scenario.spec import GateSpec, Scenario
 from harness.store.manifest import read_manifest
 from harness.store.records import read_records
 from harness.store.rundir import RunDir
-from kvbench import __version__
-from kvbench.errors import KvbenchError
-from kvbench.markup import md_text
 from workloads.config import MultiRoundQAProbe
 
 COMPARE_SCHEMA_VERSION = 1

@@ -24,12 +24,12 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
+from common.errors import KvbenchError, RunDirError
+from common.schema import StrictModel
+from common.yamlfile import read_yaml_mapping
 from harness.results.run_result import Frozen, RunResult
 from harness.scenario.spec import Duration
 from harness.store.rundir import RunDir, RunKind
-from kvbench.errors import KvbenchError, RunDirError
-from kvbench.schema import StrictModel
-from kvbench.yamlfile import read_yaml_mapping
 
 PLAYBOOK_SCHEMA_VERSION = 1
 

@@ -16,11 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from common import __version__
 from harness.scenario.spec import Scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, GroupKey, MetricsDelta
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench import __version__
 
 from .lmcache_log import parse_log, ranks, timeline
 from .run_result import (

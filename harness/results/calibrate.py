@@ -92,6 +92,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from common.errors import CalibrationError, RunDirError
 from harness.engines.host_link import summarize_host_links
 from harness.scenario.spec import Scenario
 from harness.sim.calibration import (
@@ -108,7 +109,6 @@ from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, StepWork, TimeM
 from harness.store.manifest import attempt_host_links, read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import CalibrationError, RunDirError
 from offload.profiles import TierKind, resolve_profile
 from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, known_model, model_from_hf_config
 

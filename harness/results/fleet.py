@@ -37,11 +37,11 @@ from typing import Literal
 import pandas as pd
 from pydantic import Field
 
+from common.schema import VersionedFile
 from harness.engines.replicas import ReplicaFields
 from harness.store.manifest import read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.schema import VersionedFile
 from workloads.config import MultiRoundQAProbe
 
 from .aggregate import keep_chosen

@@ -20,12 +20,12 @@ from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
+from common import __version__
+from common.errors import RunDirError
 from harness.scenario.spec import Scenario
 from harness.store.events import ReplayDone, ReplaySample, TraceInfo
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench import __version__
-from kvbench.errors import RunDirError
 from offload.hits import counter_hit_rate, usage_hit_rate
 
 from .replay_result import ArmReplay, ReplayComparison, ReplayResult, TimelinePoint

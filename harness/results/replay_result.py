@@ -10,8 +10,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from common.schema import VersionedFile
 from harness.store.events import TraceInfo
-from kvbench.schema import VersionedFile
 
 from .run_result import Frozen
 from .sweep_result import Quantiles, SloLimits

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvbench.schema import VersionedFile
+from common.schema import VersionedFile
 from offload.hits import counter_hit_rate
 
 from .verdict import Outcome, Validity, outcome_of

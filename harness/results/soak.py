@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 
+from common import __version__
 from harness.scenario.soak import describe_load, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario, SoakSpec, SweepSpec
 from harness.store.events import FaultEvent, IntervalStats
 from harness.store.manifest import read_manifest
 from harness.store.records import read_records
 from harness.store.rundir import RunDir
-from kvbench import __version__
 
 from .soak_result import FaultOutcome, SoakResult, evaluate, fault_outcomes, planned_intervals, totals
 

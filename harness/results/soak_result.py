@@ -41,10 +41,10 @@ import pandas as pd
 from pydantic import Field
 from scipy import stats
 
+from common.schema import VersionedFile
 from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
 from harness.store.events import FaultEvent, IntervalStats
 from harness.store.records import RequestRecord
-from kvbench.schema import VersionedFile
 from offload.hits import usage_hit_rate
 
 from .run_result import Frozen

@@ -14,12 +14,12 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from common import __version__
+from common.errors import KvbenchError
 from harness.scenario.spec import Scenario
 from harness.store.events import PointDone
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench import __version__
-from kvbench.errors import KvbenchError
 from workloads.config import MultiUserQA
 from workloads.multi_user import plan_only
 

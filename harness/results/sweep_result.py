@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from kvbench.schema import VersionedFile
+from common.schema import VersionedFile
 from offload.analytical import Prediction, Regime
 
 from .run_result import Frozen

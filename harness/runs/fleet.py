@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from common.schema import VersionedFile
 from harness.client.fleet import FleetClient, page_counters
 from harness.client.openai import OpenAIClient
 from harness.client.prometheus import PrometheusReader
@@ -39,7 +40,6 @@ from harness.engines.router_process import RunningRouter, check_router, start_ro
 from harness.scenario.spec import Arm
 from harness.store.events import ReplicaCounters
 from harness.store.manifest import Manifest
-from kvbench.schema import VersionedFile
 
 if TYPE_CHECKING:
     from .spine import Runner

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import KvbenchError
+from common.schema import VersionedFile
 from harness.results.aggregate import summarize_run_dir
 from harness.results.fleet import summarize_fleet
 from harness.results.replay import summarize_replay
@@ -19,8 +21,6 @@ from harness.results.sweep_result import SweepResult
 from harness.scenario.soak import SoakError, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario
 from harness.store.rundir import RunDir, RunKind
-from kvbench.errors import KvbenchError
-from kvbench.schema import VersionedFile
 
 from .probe import ProbeRunner
 from .progress import RunProgress

@@ -14,7 +14,7 @@ from typing import Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from kvbench.markup import console_text
+from common.markup import console_text
 
 
 class RunProgress(Protocol):

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from common.errors import EngineStartError
 from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient
 from harness.client.scrape import MetricsSnapshot, counter_totals, delta, metric_value, parse_metrics, restarted
@@ -36,7 +37,6 @@ from harness.scenario.spec import Arm, Scenario, SoakFault, SoakSpec, SweepSpec
 from harness.store.events import FaultEvent, IntervalStats
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import EngineStartError
 from offload.hits import counter_hit_rate
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload

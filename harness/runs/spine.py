@@ -42,6 +42,8 @@ from typing import ClassVar, Generic, TypeVar
 
 import aiohttp
 
+from common.errors import KvbenchError, RunDirError, RunInterrupted
+from common.schema import VersionedFile
 from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.client.router import routing_key
@@ -57,8 +59,6 @@ from harness.scenario.spec import Arm, Scenario
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import KvbenchError, RunDirError, RunInterrupted
-from kvbench.schema import VersionedFile
 from offload.profiles import session_dir_name
 from workloads.multi_round_qa import build_filler
 from workloads.tokenizer import TokenIds, Tokenizer

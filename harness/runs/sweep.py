@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import time
 
+from common.errors import KvbenchError
 from harness.client.pool import ProcessClientPool, StreamingClient
 from harness.client.scrape import cache_counter_deltas
 from harness.results.sweep import summarize_sweep
@@ -26,7 +27,6 @@ from harness.results.sweep_result import SweepResult
 from harness.scenario.spec import Arm, SweepSpec
 from harness.store.events import PointDone
 from harness.store.records import RequestRecord
-from kvbench.errors import KvbenchError
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 

@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+from common.errors import KvbenchError
 from harness.client.openai import RequestOutcome
 from harness.client.scrape import cache_counter_deltas
 from harness.results.replay import summarize_replay
@@ -32,7 +33,6 @@ from harness.scenario.spec import Arm, Scenario
 from harness.store.events import ReplayDone, ReplaySample, TraceInfo
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import KvbenchError
 from workloads.config import TraceReplay
 from workloads.trace import Trace, TracePrompts, TraceRequest, load_trace, trace_stats
 

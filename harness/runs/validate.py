@@ -57,6 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.errors import CalibrationError
 from harness.engines.host_link import summary_text
 from harness.results.aggregate import chosen_measured, medians_by_pass
 from harness.results.calibrate import RunFacts, run_facts, simulator_lateness
@@ -68,7 +69,6 @@ from harness.scenario.spec import Scenario, parse_scenario
 from harness.sim.calibration import Calibration
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir, RunKind
-from kvbench.errors import CalibrationError
 from offload.profiles import resolve_profile
 
 from .kinds import launch

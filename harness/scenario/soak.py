@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvbench.errors import KvbenchError, ScenarioError
+from common.errors import KvbenchError, ScenarioError
 from workloads.config import MultiUserQA
 
 from .spec import Arm, Scenario, SoakSpec, SweepSpec

@@ -15,13 +15,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from common.errors import ScenarioError
+from common.schema import StrictModel
+from common.yamlfile import read_yaml_mapping
 from harness.engines import kinds
 from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
 from harness.engines.replicas import PrometheusSpec, RoutingSpec
 from harness.sim.config import SimEngineConfig
-from kvbench.errors import ScenarioError
-from kvbench.schema import StrictModel
-from kvbench.yamlfile import read_yaml_mapping
 from offload.profiles import OffloadProfile, resolve_profile
 from workloads.config import (
     ChoiceDist,

@@ -71,10 +71,10 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from common.errors import CalibrationError
+from common.schema import StrictModel, first_problem
+from common.yamlfile import read_yaml_mapping
 from harness.engines.host_link import HostLinkSummary
-from kvbench.errors import CalibrationError
-from kvbench.schema import StrictModel, first_problem
-from kvbench.yamlfile import read_yaml_mapping
 from offload.profiles import OffloadProfile, TierKind
 from offload.shapes import Deployment, Dtype, dtype_label
 

@@ -17,13 +17,13 @@ from types import TracebackType
 
 import aiohttp
 
-import kvbench
+import common
+from common.errors import EngineStartError
 from harness.client.endpoint import Endpoint
 from harness.engines.base import EngineConfigModel, EngineFacts, LaunchContext
 from harness.engines.common import RunningProcess
 from harness.engines.kvbench_replica_header import replica_env
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
-from kvbench.errors import EngineStartError
 from workloads.tokenizer import Tokenizer
 
 from .config import SimEngineConfig
@@ -126,7 +126,7 @@ class SimEngine:
         deployment = settings.deployment()
         facts = EngineFacts(
             kind="sim",
-            version=kvbench.__version__,
+            version=common.__version__,
             command=tuple(process.redacted_argv),
             details={
                 "model": settings.model,

@@ -33,7 +33,7 @@ from typing import Annotated, Literal, Protocol
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
-from kvbench.schema import StrictModel
+from common.schema import StrictModel
 from offload.profiles import TierKind
 
 FaultKind = Literal["latency_spike", "http_error", "drop_stream", "slow_tier", "full_tier"]

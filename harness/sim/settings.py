@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kvbench.schema import StrictModel
+from common.schema import StrictModel
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile
 from offload.shapes import Deployment
 

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from kvbench.errors import RunDirError
+from common.errors import RunDirError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

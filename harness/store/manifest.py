@@ -1,7 +1,7 @@
 """manifest.json: what ran, where, with which versions — enough to reproduce or to refuse a comparison.
 
 Written when a run starts and rewritten (atomically) as engines start and attempts end. Command
-lines, environment values and the scenario copy are redacted (:mod:`kvbench.redact`) before they
+lines, environment values and the scenario copy are redacted (:mod:`common.redact`) before they
 get here, and the file is created 0600.
 
 Each attempt records the host link it ran on (``attempts[i].host_link``,
@@ -33,14 +33,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from common import __version__
+from common.errors import RunDirError
+from common.private import FILE_MODE, open_private
+from common.redact import redact_argv, redact_data
+from common.schema import first_problem
 from harness.engines.base import EngineFacts
 from harness.engines.host_link import HostLink
 from harness.scenario.spec import Scenario
-from kvbench import __version__
-from kvbench.errors import RunDirError
-from kvbench.private import FILE_MODE, open_private
-from kvbench.redact import redact_argv, redact_data
-from kvbench.schema import first_problem
 
 MANIFEST_VERSION = 1
 SLACK_BYTES = 1024

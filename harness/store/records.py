@@ -17,8 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.private import open_private
 from harness.client.errors import ErrorKind
-from kvbench.private import open_private
 
 from .jsonl import iter_jsonl, repair_torn_tail
 

@@ -23,8 +23,8 @@ RUN_DIR/
 
 Every event file is append-only JSON Lines (:mod:`.jsonl`); result files are rewritten atomically.
 
-The directory is created 0700 and scenario.yaml 0600 (:mod:`kvbench.private`). scenario.yaml and
-manifest.json hold the scenario with its secrets removed (:func:`kvbench.redact.redact_data`);
+The directory is created 0700 and scenario.yaml 0600 (:mod:`common.private`). scenario.yaml and
+manifest.json hold the scenario with its secrets removed (:func:`common.redact.redact_data`);
 resuming such a run reads the secrets back from the original scenario file, which must still
 say the same thing (:meth:`RunDir.resume_scenario`).
 """
@@ -40,10 +40,10 @@ from typing import Literal
 
 import yaml
 
+from common.errors import KvbenchError, RunDirError
+from common.private import make_private_dir, write_private_text
+from common.redact import REDACTED, redact_data
 from harness.scenario.spec import Scenario, load_scenario, parse_scenario
-from kvbench.errors import KvbenchError, RunDirError
-from kvbench.private import make_private_dir, write_private_text
-from kvbench.redact import REDACTED, redact_data
 
 from .events import (
     FaultEvent,

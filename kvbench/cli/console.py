@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench.markup import console_text
-from kvbench.redact import redact_text
+from common.markup import console_text
+from common.redact import redact_text
 
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome

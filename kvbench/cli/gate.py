@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvbench.markup import console_text
+from common.markup import console_text
 
 from .console import console, fail, os_error
 
@@ -28,8 +28,8 @@ def compare(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON here.")] = None,
 ) -> None:
     """Regression gate: exit 0 = no regression, 1 = regression, 2 = cannot compare."""
+    from common.errors import KvbenchError
     from harness.gate.compare import compare_paths, render_markdown, write_outputs
-    from kvbench.errors import KvbenchError
 
     try:
         result = compare_paths(baseline, current, threshold or [])
@@ -75,8 +75,8 @@ def playbook_attach(
     run_dir: Annotated[Path, typer.Argument(help="Run (or soak, sweep) directory to attach.")],
 ) -> None:
     """Attach a run directory to a stage; its gate is judged on the stage's latest run."""
+    from common.errors import KvbenchError
     from harness.gate.playbook import attach_run
-    from kvbench.errors import KvbenchError
 
     try:
         attach_run(file, stage, run_dir)
@@ -92,8 +92,8 @@ def playbook_status_cmd(
     """Show every stage's gate, evidence and state, and what is next."""
     from rich.table import Table
 
+    from common.errors import KvbenchError
     from harness.gate.playbook import playbook_status
-    from kvbench.errors import KvbenchError
 
     try:
         status = playbook_status(file)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from kvbench.markup import console_text
+from common.markup import console_text
 
 from .console import console, fail, os_error, verdict_exit
 
@@ -40,12 +40,12 @@ def launch_kind(
     overrides: LaunchOverrides | None = None,
 ) -> RunDir:
     """Start (or resume) a run of ``kind`` through the one spine, then write every report of it."""
+    from common.errors import KvbenchError, RunInterrupted
     from harness.results.verdict import outcome_of_result
     from harness.runs.kinds import launch
     from harness.runs.progress import RichProgress
     from harness.scenario.spec import load_scenario
     from harness.store.rundir import RunDir
-    from kvbench.errors import KvbenchError, RunInterrupted
     from reports.outputs import write_outputs
 
     if (scenario is None) == (resume is None):
@@ -209,7 +209,7 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
-    from kvbench.errors import KvbenchError
+    from common.errors import KvbenchError
 
     dirs = list(run_dirs or [])
     if not dirs and playbook is None:
@@ -237,7 +237,7 @@ def versus(
     ] = None,
 ) -> None:
     """A published TTFT table beside kvbench's runs, with the analytical model's expectation per length."""
-    from kvbench.errors import KvbenchError
+    from common.errors import KvbenchError
     from reports.published import render_published
 
     try:

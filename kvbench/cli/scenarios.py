@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from kvbench.markup import console_text
+from common.markup import console_text
 
 from .console import console, err_console
 
@@ -15,8 +15,8 @@ def validate(
     files: Annotated[list[str], typer.Argument(help="Scenario files or bundled names.")],
 ) -> None:
     """Check scenario files without running anything."""
+    from common.errors import ScenarioError
     from harness.scenario.spec import load_scenario
-    from kvbench.errors import ScenarioError
 
     failed = 0
     for ref in files:

@@ -25,7 +25,7 @@ sim_app = typer.Typer(
 def _fail(message: str) -> typer.Exit:
     from rich.console import Console
 
-    from kvbench.markup import console_text
+    from common.markup import console_text
 
     Console(stderr=True).print(f"[bold red]error:[/] {console_text(message)}", highlight=False)
     return typer.Exit(2)
@@ -239,8 +239,8 @@ def calibrate(
     hardware: Annotated[str | None, typer.Option(help="Simulator hardware profile, if the GPU is not known.")] = None,
 ) -> None:
     """Fit the simulator to real runs: request overhead, prefill efficiencies, offload load/store costs, decode."""
+    from common.errors import KvbenchError
     from harness.results.calibrate import calibrate as fit
-    from kvbench.errors import KvbenchError
 
     try:
         calibration = fit(runs, _lengths(holdout), model, hardware, _loads(holdout_loads))
@@ -365,8 +365,8 @@ def validate(
 ) -> None:
     """Re-run a real run's scenario (probe run or sweep) on the (calibrated) simulator and compare per cell;
     exit 0 within the thresholds, 1 beyond, 2 cannot compare."""
+    from common.errors import KvbenchError
     from harness.runs.validate import validate_run
-    from kvbench.errors import KvbenchError
 
     try:
         result = validate_run(run, out, calibration, _lengths(holdout), conversations, max_error, max_capacity_error,

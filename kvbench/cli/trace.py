@@ -115,8 +115,8 @@ def synth(
     import yaml
     from pydantic import ValidationError
 
+    from common.errors import KvbenchError
     from harness.scenario.spec import format_validation_error, load_scenario
-    from kvbench.errors import KvbenchError
     from workloads.config import MultiUserQA
     from workloads.trace_synth import SynthSpec, synthesize
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from common.errors import EngineStartError
 from harness.engines.base import LaunchContext
 from harness.engines.fleet import Fleet
 from harness.engines.process import free_port
 from harness.sim.config import SimEngineConfig
-from kvbench.errors import EngineStartError
 from offload.profiles import resolve_profile
 
 pytestmark = pytest.mark.integration

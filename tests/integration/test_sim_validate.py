@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import kvbench
+import common
 from harness.runs.kinds import launch
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import CalibratedDeployment, Calibration, FitParam
@@ -30,7 +30,7 @@ LMC = {"name": "lmc", "tiers": [{"kind": "cpu", "capacity_gb": 8}], "backend": "
 def sim_calibration(hardware: str = "h100-sxm") -> Calibration:
     truth = chosen()
     deployment = CalibratedDeployment(model="llama-3.1-8b", hardware=hardware, tp=1, dtype="bf16", engine="sim",
-                                      engine_version=kvbench.__version__)  # fmt: skip
+                                      engine_version=common.__version__)  # fmt: skip
     return truth.model_copy(update={"deployment": deployment})
 
 

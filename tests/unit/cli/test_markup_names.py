@@ -7,8 +7,8 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
+from common.markup import console_text, md_text
 from kvbench.cli import app
-from kvbench.markup import console_text, md_text
 from tests.resultfiles import probe_scenario
 from tests.unit.gate.test_compare import make_run
 

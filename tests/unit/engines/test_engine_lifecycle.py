@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from common.errors import EngineStartError
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
 from harness.engines.configs import SglangEngineConfig, TrtllmEngineConfig
 from harness.engines.kinds import create_engine, engine_kinds
@@ -38,7 +39,6 @@ from harness.engines.sglang import (
     probe_version,
 )
 from harness.engines.trtllm import SERVE_ENV_VAR, ModelDirTokenizer, TrtllmEngine
-from kvbench.errors import EngineStartError
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
 from tests.support import FAKE_ENGINE
 

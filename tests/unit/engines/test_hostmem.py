@@ -7,10 +7,10 @@ from typing import Literal
 
 import pytest
 
+from common.errors import EngineStartError
 from harness.engines.configs import Parallelism, VllmEngineConfig
 from harness.engines.hostmem import NATIVE_PIN_FACTOR, available_host_bytes, check_host_memory
 from harness.engines.vllm_offload import render_vllm_launch
-from kvbench.errors import EngineStartError
 from offload.profiles import OffloadProfile, OffloadTier
 
 Backend = Literal["lmcache", "lmcache-mp", "native"]

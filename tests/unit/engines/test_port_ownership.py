@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import EngineStartError
 from harness.engines.base import LaunchContext
 from harness.engines.lmcache_server import LmcacheServer
 from harness.engines.process import EPHEMERAL_RANGE_FILE, PICK_LOW, ManagedProcess, ProcessSpec, free_port, port_busy
 from harness.engines.vllm_offload import LmcacheServerSpec
 from harness.sim.config import SimEngineConfig
 from harness.sim.engine import SimEngine
-from kvbench.errors import EngineStartError
 from offload.profiles import BUILTIN_PROFILES
 
 

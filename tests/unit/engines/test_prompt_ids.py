@@ -11,11 +11,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from common.errors import ScenarioError
 from harness.engines.common import ModelDirTokenizer, ServerTokenizer, open_session
 from harness.engines.modeldir import synthesize_model_dir
 from harness.scenario.spec import parse_scenario
 from harness.sim.tokenizer import SimTokenizer
-from kvbench.errors import ScenarioError
 
 pytest.importorskip("tokenizers")
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from common.errors import ScenarioError
 from harness.engines.base import LaunchContext
 from harness.engines.configs import SglangEngineConfig
 from harness.engines.sglang import (
@@ -28,7 +29,6 @@ from harness.engines.sglang import (
 )
 from harness.engines.sglang_offload import STORAGE_DIR_ENV, SUPPORTED, check_supported, render_sglang_launch
 from harness.scenario.spec import parse_scenario
-from kvbench.errors import ScenarioError
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier, TierScope, session_dir_name
 
 

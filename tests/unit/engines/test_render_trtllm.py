@@ -19,6 +19,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from common.errors import ScenarioError
 from harness.engines.base import LaunchContext
 from harness.engines.configs import TrtllmEngineConfig
 from harness.engines.trtllm import (
@@ -31,7 +32,6 @@ from harness.engines.trtllm import (
 )
 from harness.engines.trtllm_offload import RESET_ADVICE, SUPPORTED, check_supported, render_trtllm_options
 from harness.scenario.spec import parse_scenario
-from kvbench.errors import ScenarioError
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
 
 KV_CACHE_CONFIG_FIELDS = {

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from common.errors import EngineStartError
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
 from harness.engines.configs import VllmEngineConfig
 from harness.engines.kinds import create_engine, engine_kinds
@@ -36,7 +37,6 @@ from harness.engines.vllm import (
 )
 from harness.engines.vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch, resolve_backend
 from harness.scenario.spec import parse_scenario
-from kvbench.errors import EngineStartError
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier, TierScope, session_dir_name
 
 

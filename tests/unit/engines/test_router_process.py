@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from common.errors import EngineStartError
 from harness.engines.router_process import router_python, router_version
 from harness.engines.routers import ROUTER_PYTHON_ENV, RouterSpec
-from kvbench.errors import EngineStartError
 
 SPEC = RouterSpec(kind="vllm-router", policy="round_robin")
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import EngineStartError
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port, start_together
-from kvbench.errors import EngineStartError
 from tests.support import FAKE_ENGINE
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import CalibrationError
 from harness.results.calibrate import (
     ENGINE_CLOCK,
     LMCACHE_LOG,
@@ -33,7 +34,6 @@ from harness.store.events import MetricsDelta
 from harness.store.jsonl import append_jsonl
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import CalibrationError
 from offload.profiles import OffloadProfile, OffloadTier
 from offload.shapes import Deployment
 

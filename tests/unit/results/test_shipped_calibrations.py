@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import CalibrationError
 from harness.results.calibrate import run_facts
 from harness.runs.validate import sim_engine, validate
 from harness.sim.calibration import Calibration
 from harness.sim.config import SimEngineConfig
 from harness.sim.settings import SimSettings
 from harness.store.rundir import RunDir
-from kvbench.errors import CalibrationError
 from offload.profiles import resolve_profile
 
 ROOT = Path(__file__).resolve().parents[3]

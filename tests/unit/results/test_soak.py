@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ScenarioError
 from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.results.soak_result import (
     CriterionName,
@@ -25,7 +26,6 @@ from harness.scenario.spec import SLO, SoakSpec, parse_duration, parse_scenario
 from harness.store.events import IntervalStats
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
-from kvbench.errors import ScenarioError
 
 NS_MS = 1_000_000
 SLO_TARGETS = SLO(ttft_ms=500, tpot_ms=50)

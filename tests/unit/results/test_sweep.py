@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from common.errors import RunDirError, ScenarioError
 from harness.results.capacity import (
     Reuse,
     arm_capacity,
@@ -26,7 +27,6 @@ from harness.scenario.spec import CostSpec, Scenario, parse_scenario
 from harness.store.events import PointDone
 from harness.store.records import RequestRecord
 from kvbench.cli import app
-from kvbench.errors import RunDirError, ScenarioError
 from offload import analytical
 from offload.profiles import BUILTIN_PROFILES
 

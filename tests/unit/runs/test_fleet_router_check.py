@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import EngineStartError
 from harness.runs.probe import ProbeRunner
 from harness.runs.spine import run_sync
 from harness.scenario.spec import parse_scenario
 from harness.store.rundir import RunDir
-from kvbench.errors import EngineStartError
 
 
 def test_a_python_without_the_router_fails_before_the_replicas_start(tmp_path: Path) -> None:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import KvbenchError, RunDirError
 from harness.engines.host_link import HostLink
 from harness.runs.probe import ProbeRunner
 from harness.runs.spine import execute
 from harness.scenario.spec import Scenario, parse_scenario
 from harness.store.manifest import Manifest, attempt_host_links, read_manifest
 from harness.store.rundir import RunDir
-from kvbench.errors import KvbenchError, RunDirError
 
 ONE_GPU = "printf 'NVIDIA H200, 580.159.04, 143771 MiB, GPU-aaaa\\n'"
 

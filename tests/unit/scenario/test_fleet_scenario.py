@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from common.errors import ScenarioError
 from harness.scenario.spec import parse_scenario
-from kvbench.errors import ScenarioError
 
 FLEET_SIM = Path(__file__).resolve().parents[3] / "scenarios" / "fleet-sim.yaml"
 ROUTER = {"kind": "vllm-router", "policy": "consistent_hash"}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.errors import ScenarioError
 from harness.scenario.soak import soak_scenario
 from harness.scenario.spec import load_scenario, parse_duration
-from kvbench.errors import ScenarioError
 
 BASE = """\
 name: hostile
@@ -97,10 +97,10 @@ def test_soak_window_flag_inf_names_the_field() -> None:
 
 
 def test_every_yaml_input_fails_as_its_own_kind_naming_the_file(tmp_path: Path) -> None:
-    """Scenarios, playbooks, calibrations and published-table specs share one reader (kvbench.yamlfile)."""
+    """Scenarios, playbooks, calibrations and published-table specs share one reader (common.yamlfile)."""
+    from common.errors import CalibrationError
     from harness.gate.playbook import PlaybookError, load_playbook
     from harness.sim.calibration import Calibration
-    from kvbench.errors import CalibrationError
     from reports.published import PublishedError, load_spec
 
     listed = tmp_path / "list.yaml"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ScenarioError
 from harness.scenario.spec import bundled_scenarios, load_scenario
-from kvbench.errors import ScenarioError
 from tests.support import REPO
 
 SCENARIO_FILES = sorted((REPO / "scenarios").rglob("*.yaml"))

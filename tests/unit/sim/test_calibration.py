@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from common.errors import CalibrationError
 from harness.engines.configs import Parallelism
 from harness.sim.calibration import Calibration, FitParam, unloaded_ttft_s
 from harness.sim.config import SimEngineConfig
@@ -17,7 +18,6 @@ from harness.sim.settings import SimSettings
 from harness.sim.timemodel import TimeModel
 from harness.sim.whatif import _ignore, _run
 from kvbench.cli.sim import sim_app
-from kvbench.errors import CalibrationError
 from offload.profiles import OffloadProfile, OffloadTier
 from offload.shapes import Deployment
 from tests.unit.results.test_calibrate import chosen

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import RunDirError
+from common.redact import REDACTED, JsonData, redact_argv, redact_data, redact_text, secret_values
 from harness.scenario.spec import parse_scenario
 from harness.store.manifest import Manifest
 from harness.store.rundir import RunDir
-from kvbench.errors import RunDirError
-from kvbench.redact import REDACTED, JsonData, redact_argv, redact_data, redact_text, secret_values
 
 HF = "hf_abcdefghijklmnopQRST"
 API = "Zq9-plain-looking-key-77"

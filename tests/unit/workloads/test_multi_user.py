@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
+from common.errors import ScenarioError
 from harness.scenario.spec import load_scenario, parse_scenario
 from harness.sim.tokenizer import SimTokenizer
-from kvbench.errors import ScenarioError
 from tests.support import REPO
 from workloads.config import MultiUserQA
 from workloads.multi_user import (
