@@ -64,7 +64,7 @@ echo "== mypy"; python3 -m mypy
 # the unit tests need neither the engine environments nor the Debian packages: they run while those install
 if [ "$#" -eq 0 ]; then
   echo "== pytest: unit tests"
-  python3 -m pytest --durations=10 -m "not integration and not vllm and not router" tests
+  python3 -m pytest --durations=10 -m "not integration and not vllm and not router and not lab" tests
 fi
 
 failed=0
@@ -82,7 +82,10 @@ done
 # the slowest tests are listed at the end, so the CI log shows where its time goes (the budget is 30 minutes)
 if [ "$#" -eq 0 ]; then
   echo "== pytest: integration tests and the tests of the engine environments"
-  python3 -m pytest --durations=25 -m "integration or vllm or router" tests
+  python3 -m pytest --durations=25 -m "(integration or vllm or router) and not lab" tests
+  # last: the lab tier re-renders every run directory under lab/ and refits its calibrations
+  echo "== pytest: the lab tier"
+  python3 -m pytest --durations=10 -m lab tests
 else
   echo "== pytest"
   python3 -m pytest --durations=25 "$@"
