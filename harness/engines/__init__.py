@@ -1,1 +1,3 @@
 """Engine lifecycles behind one Protocol, picked by the scenario's ``engine.kind``."""
+
+from . import builtin as builtin

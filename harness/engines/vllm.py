@@ -55,8 +55,7 @@ from .host_link import HostLinkTarget, engine_target
 from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
 from .process import ManagedProcess, free_port, start_together
-from .vllm_fleet import name_replica, use_shared_server
-from .vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch
+from .vllm_offload import VllmLaunchPlan, check_supported, name_replica, render_vllm_launch, use_shared_server
 
 PYTHON_ENV_VAR = "KVBENCH_VLLM_PYTHON"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"

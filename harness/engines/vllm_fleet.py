@@ -1,15 +1,16 @@
 """vLLM fleets: the shared tier is one LMCache multi-process server that every replica connects to.
 
-Row ``vllm`` of :data:`harness.engines.kinds.KINDS` names :func:`shared_tier`. For an arm whose
+The ``vllm`` engine kind (:mod:`harness.engines.builtin`) names :func:`shared_tier`. For an arm whose
 profile renders to the ``lmcache-mp`` backend and has a ``shared`` tier, the fleet starts ONE
 ``lmcache server`` for the arm (log ``lmcache-server-shared.log`` in the arm's log directory): its L1
 is the profile's cpu tier (host DRAM, now seen by every replica), its filesystem L2 the shared
 tier's directory for the arm's engine session (``<path>/<session>``, :func:`offload.profiles.tier_dir`;
 a disk tier in the same server gets ``<path>/<session>/shared-server``), created here before the
-server starts. Each replica's launch plan is then pointed at that server (:func:`use_shared_server`)
-instead of starting a sidecar of its own, and creates no tier directories. The replicas start while
-the server does (:attr:`SharedTierHandle.ready`): a replica is started once it and the server are
-healthy, and a server that fails to start fails every replica with its error (naming its log). What each backend shares:
+server starts. Each replica's launch plan is then pointed at that server instead of starting a sidecar of
+its own (:func:`harness.engines.vllm_offload.use_shared_server`), and creates no tier directories. The
+replicas start while the server does (:attr:`SharedTierHandle.ready`): a replica is started once it and
+the server are healthy, and a server that fails to start fails every replica with its error (naming its
+log). What each backend shares:
 
 * ``lmcache-mp`` + ``shared`` tier: everything in the one server (L1 DRAM and the fs L2) -- shared;
 * ``lmcache-mp`` without a ``shared`` tier: one server per replica -- nothing shared;
@@ -17,7 +18,8 @@ healthy, and a server that fails to start fails every replica with its error (na
   plus the remote server the user runs at ``remote_url`` -- shared by construction, kvbench starts nothing;
 * ``native``: vLLM's CPU offload is per process -- nothing shared.
 
-Every replica of a fleet also names itself in a response header (:func:`name_replica`, module
+Every replica of a fleet also names itself in a response header
+(:func:`harness.engines.vllm_offload.name_replica`, module
 :mod:`harness.engines.kvbench_replica_header`), so that requests through a router are attributed
 exactly even when they overlap.
 """
@@ -27,20 +29,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
-import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from . import kvbench_replica_header
 from .base import EngineConfigModel, LaunchContext, SharedTierHandle
 from .common import make_offload_dirs
 from .configs import VllmEngineConfig
 from .hostmem import available_host_bytes, check_host_memory
 from .lmcache_server import LmcacheServer
-from .vllm_offload import LMCACHE_MP_CONNECTOR, LaunchFile, VllmLaunchPlan, render_vllm_launch, resolve_backend
+from .vllm import resolve_python
+from .vllm_offload import render_vllm_launch, resolve_backend
 
 SHARED_LOG = "lmcache-server-shared.log"
 SERVER_OWNER = "shared-server"
@@ -58,8 +58,6 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
     if not isinstance(config, VllmEngineConfig) or not shares_server(context, config):
         yield None
         return
-    from .vllm import resolve_python
-
     workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-fleet-"))
     try:
         scope = context.tier_scope
@@ -99,47 +97,3 @@ async def shared_tier(config: EngineConfigModel, context: LaunchContext) -> Asyn
             await server.process.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def name_replica(
-    plan: VllmLaunchPlan, workdir: Path, replica: int, fleet_size: int, inherited_pythonpath: str | None
-) -> VllmLaunchPlan:
-    """``plan`` whose server adds ``X-Kvbench-Replica: <replica>`` to every response.
-
-    vLLM's ``--middleware`` imports a module by name in the engine's own Python, which has no
-    kvbench: the middleware's file (standard library only) is written into the replica's working
-    directory, put first on its ``PYTHONPATH`` (after it the inherited one, which vLLM may need).
-    """
-    source = Path(kvbench_replica_header.__file__).read_text(encoding="utf-8")
-    module = kvbench_replica_header.MIDDLEWARE.rsplit(".", 1)[0]
-    path = str(workdir) if not inherited_pythonpath else f"{workdir}{os.pathsep}{inherited_pythonpath}"
-    return dataclasses.replace(
-        plan,
-        args=(*plan.args, "--middleware", kvbench_replica_header.MIDDLEWARE),
-        env={**plan.env, "PYTHONPATH": path, **kvbench_replica_header.replica_env(replica, fleet_size)},
-        files=(*plan.files, LaunchFile(workdir / f"{module}.py", source)),
-    )
-
-
-def use_shared_server(plan: VllmLaunchPlan, shared: SharedTierHandle) -> VllmLaunchPlan:
-    """``plan`` connecting to the fleet's LMCache server instead of starting its own sidecar."""
-    if plan.backend != "lmcache-mp" or shared.host is None or shared.port is None:
-        return plan
-    args = list(plan.args)
-    index = args.index("--kv-transfer-config") + 1
-    transfer = json.loads(args[index])
-    if transfer.get("kv_connector") != LMCACHE_MP_CONNECTOR:
-        return plan
-    transfer["kv_connector_extra_config"] = {"lmcache.mp.host": f"tcp://{shared.host}", "lmcache.mp.port": shared.port}
-    args[index] = json.dumps(transfer, separators=(",", ":"))
-    # the arm's one server pins the tiers and owns their directories, made and checked once (shared_tier), not
-    # per replica; the replica's own notes were about its dropped sidecar's tiers, the server's say where they are
-    return dataclasses.replace(
-        plan,
-        args=tuple(args),
-        sidecars=(),
-        notes=(f"shared tier: {shared.description}",),
-        pinned_host_bytes=0,
-        dirs=(),
-        must_exist=(),
-    )

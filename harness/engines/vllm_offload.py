@@ -33,7 +33,9 @@ scenario validation.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,8 @@ import yaml
 
 from offload.profiles import OffloadProfile, OffloadTier, TierScope, tier_dirs
 
+from . import kvbench_replica_header
+from .base import SharedTierHandle
 from .configs import VllmEngineConfig
 from .hostmem import NATIVE_PIN_FACTOR
 
@@ -375,3 +379,47 @@ def _distinct_ports(port_factory: Callable[[], int], count: int) -> list[int]:
 def _number(value: float) -> str:
     """A CLI number: ``2`` for 2.0, ``1.5`` for 1.5."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def name_replica(
+    plan: VllmLaunchPlan, workdir: Path, replica: int, fleet_size: int, inherited_pythonpath: str | None
+) -> VllmLaunchPlan:
+    """``plan`` whose server adds ``X-Kvbench-Replica: <replica>`` to every response.
+
+    vLLM's ``--middleware`` imports a module by name in the engine's own Python, which has no
+    kvbench: the middleware's file (standard library only) is written into the replica's working
+    directory, put first on its ``PYTHONPATH`` (after it the inherited one, which vLLM may need).
+    """
+    source = Path(kvbench_replica_header.__file__).read_text(encoding="utf-8")
+    module = kvbench_replica_header.MIDDLEWARE.rsplit(".", 1)[0]
+    path = str(workdir) if not inherited_pythonpath else f"{workdir}{os.pathsep}{inherited_pythonpath}"
+    return dataclasses.replace(
+        plan,
+        args=(*plan.args, "--middleware", kvbench_replica_header.MIDDLEWARE),
+        env={**plan.env, "PYTHONPATH": path, **kvbench_replica_header.replica_env(replica, fleet_size)},
+        files=(*plan.files, LaunchFile(workdir / f"{module}.py", source)),
+    )
+
+
+def use_shared_server(plan: VllmLaunchPlan, shared: SharedTierHandle) -> VllmLaunchPlan:
+    """``plan`` connecting to the fleet's LMCache server instead of starting its own sidecar."""
+    if plan.backend != "lmcache-mp" or shared.host is None or shared.port is None:
+        return plan
+    args = list(plan.args)
+    index = args.index("--kv-transfer-config") + 1
+    transfer = json.loads(args[index])
+    if transfer.get("kv_connector") != LMCACHE_MP_CONNECTOR:
+        return plan
+    transfer["kv_connector_extra_config"] = {"lmcache.mp.host": f"tcp://{shared.host}", "lmcache.mp.port": shared.port}
+    args[index] = json.dumps(transfer, separators=(",", ":"))
+    # the arm's one server pins the tiers and owns their directories, made and checked once (shared_tier), not
+    # per replica; the replica's own notes were about its dropped sidecar's tiers, the server's say where they are
+    return dataclasses.replace(
+        plan,
+        args=tuple(args),
+        sidecars=(),
+        notes=(f"shared tier: {shared.description}",),
+        pinned_host_bytes=0,
+        dirs=(),
+        must_exist=(),
+    )

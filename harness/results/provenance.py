@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.engines.kinds import KINDS
+import harness.scenario.spec  # noqa: F401  (registers every engine kind, the simulator's too)
+from harness.engines.kinds import find_engine_kind
 
 Origin = Literal["measured", "simulated", "unknown"]
 
@@ -63,7 +64,7 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
     """The provenance of every figure of the run whose manifest this is."""
     engine: Mapping[str, Any] = (manifest.get("scenario") or {}).get("engine") or {}
     kind = str(engine.get("kind", ""))
-    row = KINDS.get(kind)
+    row = find_engine_kind(kind)
     if row is None:
         return Provenance("unknown", "provenance unknown (no engine in the manifest)", "unknown")
     count = _gpu_count(engine)

@@ -21,11 +21,10 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 
-from common.schema import VersionedFile
 from harness.client.fleet import FleetClient, page_counters
 from harness.client.openai import OpenAIClient
 from harness.client.prometheus import PrometheusReader
@@ -37,12 +36,25 @@ from harness.engines.kinds import engine_kind
 from harness.engines.kvbench_replica_header import REPLICA_HEADER
 from harness.engines.replicas import RoutingSpec
 from harness.engines.router_process import RunningRouter, check_router, start_router
-from harness.scenario.spec import Arm
+from harness.scenario.spec import Arm, Scenario
 from harness.store.events import ReplicaCounters
 from harness.store.manifest import Manifest
+from harness.store.rundir import RunDir
 
-if TYPE_CHECKING:
-    from .spine import Runner
+
+class FleetRunner(Protocol):
+    """What opening a fleet needs of the run that opens it (:class:`harness.runs.spine.Runner` is one)."""
+
+    scenario: Scenario
+    run_dir: RunDir
+    attempt: int
+
+    def request_timeout_s(self) -> float: ...
+
+    def stall_timeout_s(self) -> float | None: ...
+
+    def connections(self) -> int: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +123,7 @@ def server_root(base_url: str) -> str:
 
 @contextlib.asynccontextmanager
 async def open_fleet(
-    runner: Runner[VersionedFile],
+    runner: FleetRunner,
     arm: Arm,
     context: LaunchContext,
     manifest: Manifest,

@@ -360,7 +360,7 @@ class Runner(ABC, Generic[ResultT]):
         self.progress.describe(f"{arm.name}: starting {self.scenario.engine.kind} engine")
         try:
             if fleet_size(self.scenario.engine) > 1 or (arm.routing or self.scenario.routing).router is not None:
-                async with open_fleet(self, arm, context, manifest) as (fleet, client):  # type: ignore[arg-type]
+                async with open_fleet(self, arm, context, manifest) as (fleet, client):
                     yield ArmSession(self, arm, fleet.first, client, writer, block=block, fleet=fleet)  # type: ignore[arg-type]
                 return
             async with create_engine(self.scenario.engine, context) as engine:

@@ -45,7 +45,8 @@ EngineConfig = Annotated[
     SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig | SglangEngineConfig | TrtllmEngineConfig,
     Field(discriminator="kind"),
 ]
-"""The ``engine:`` section: one model per row of :data:`harness.engines.kinds.KINDS` (a test keeps them equal)."""
+"""The ``engine:`` section: one model per registered engine kind (:mod:`harness.engines.kinds`; a test keeps
+them equal). Importing this module registers every kind: it imports ``harness.engines`` and ``harness.sim``."""
 
 
 def engine_config_models() -> tuple[type[BaseModel], ...]:

@@ -18,3 +18,24 @@ Modules, from the bottom up:
 * :mod:`.settings` -- the JSON settings a server is started with.
 * :mod:`.server` -- the aiohttp application; :mod:`.cli` -- ``kvbench sim serve|profiles``.
 """
+
+from harness.client.scrape import VLLM
+from harness.engines.kinds import EngineKind, register
+
+from .config import SimEngineConfig
+from .engine import SimEngine
+from .fleet import shared_tier
+
+register(
+    EngineKind(
+        "sim",
+        SimEngineConfig,
+        SimEngine,
+        None,
+        VLLM,
+        "kvbench simulator",
+        simulated=True,
+        fleet_shared_tier=shared_tier,
+        names_replica=True,
+    )
+)

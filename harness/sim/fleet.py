@@ -1,6 +1,6 @@
 """The simulator's fleet shared tier: one directory per arm that every replica indexes chunks in.
 
-Row ``sim`` of :data:`harness.engines.kinds.KINDS` names :func:`shared_tier`. When the arm's profile
+The ``sim`` engine kind (registered in ``harness/sim/__init__.py``) names :func:`shared_tier`. When the arm's profile
 has a ``shared`` tier, it creates ``<arm log dir>/shared-tier`` empty (so arms never share
 cached KV) and hands it to every replica (:mod:`harness.sim.shared_tier`); the directory is
 emptied again when the arm ends. A profile without a shared tier shares nothing: every replica

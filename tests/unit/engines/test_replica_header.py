@@ -23,8 +23,7 @@ from harness.engines.kvbench_replica_header import (
     replica_env,
 )
 from harness.engines.vllm import build_vllm_env
-from harness.engines.vllm_fleet import name_replica
-from harness.engines.vllm_offload import VllmLaunchPlan
+from harness.engines.vllm_offload import VllmLaunchPlan, name_replica
 
 BODY = [b"data: one\n\n", b"data: two\n\n"]
 

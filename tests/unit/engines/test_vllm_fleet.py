@@ -12,8 +12,8 @@ import pytest
 from common.errors import EngineStartError
 from harness.engines.base import LaunchContext, SharedTierHandle
 from harness.engines.configs import VllmEngineConfig
-from harness.engines.vllm_fleet import shared_tier, shares_server, use_shared_server
-from harness.engines.vllm_offload import render_vllm_launch
+from harness.engines.vllm_fleet import shared_tier, shares_server
+from harness.engines.vllm_offload import render_vllm_launch, use_shared_server
 from offload.profiles import OffloadProfile, OffloadTier
 
 CONFIG = VllmEngineConfig(kind="vllm", model="/m", device="cuda", replicas=2, gpus=[0, 1])
