@@ -48,6 +48,7 @@ from harness.store.records import RequestRecord
 from offload.hits import usage_hit_rate
 
 from .run_result import Frozen
+from .verdict import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, Outcome
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -142,6 +143,16 @@ class SoakResult(VersionedFile):
     faults: list[FaultOutcome] = Field(
         default_factory=list, description="Each rehearsed failure (soak.faults) and how long the SLO was broken."
     )
+
+    def outcome(self) -> Outcome:
+        """PASS completes (exit 0), FAIL fails (exit 1), INCOMPLETE is inconclusive (exit 3): the same codes
+        whether the window just ended (``kvbench soak``) or its files are re-read (``kvbench report``)."""
+        reasons = tuple(self.verdict.reasons)
+        if self.verdict.verdict == "PASS":
+            return Outcome(status="completed", exit_code=EXIT_OK, reasons=reasons)
+        if self.verdict.verdict == "FAIL":
+            return Outcome(status="failed", exit_code=EXIT_FAILED, reasons=reasons)
+        return Outcome(status="inconclusive", exit_code=EXIT_INCONCLUSIVE, reasons=reasons)
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient
 from harness.client.scrape import MetricsSnapshot, counter_totals, delta, metric_value, parse_metrics, restarted
 from harness.engines.base import FaultTarget, FaultUnsupported
+from harness.engines.kinds import engine_kind
 from harness.results.soak import build_result, summarize_soak
 from harness.results.soak_result import IntervalAccumulator, MetricsReading, SoakResult, planned_intervals
 from harness.scenario.soak import SoakError, describe_load, soak_arm, soak_scenario
@@ -212,7 +213,10 @@ class SoakRunner(Runner[SoakResult]):
             if collecting and record.phase == "measure":
                 accumulator.add(record)
 
-        previous = self.done[-1].counters if self.done else None
+        # an engine kvbench started for this attempt is a new process: its counters start at zero, which is no
+        # restart; an attached endpoint is the same service across attempts, so a drop in its counters is one
+        carried = self.done and not engine_kind(self.scenario.engine.kind).starts_process
+        previous = self.done[-1].counters if carried else None
         tracker = MetricsTracker(session.client, previous)
         await tracker.start()
         stop = asyncio.Event()

@@ -29,6 +29,12 @@ def soak_scenario(
         )
     if scenario.sweep is None:
         raise ScenarioError(f"{source}: sweep: required by kvbench soak (mode and load shape)")
+    if scenario.soak is None and window_s is None:
+        # a window is hours of engine time: never start one the user did not ask for
+        raise SoakError(
+            f"{source}: soak: missing; add a soak section (e.g. 'soak: {{window: 30m, interval: 60s, load: "
+            f"{max(scenario.sweep.values):g}}}') or give --window (and --interval, --load)"
+        )
     base = scenario.soak or SoakSpec()
     updates: dict[str, object] = {}
     if window_s is not None:

@@ -1,0 +1,111 @@
+"""A soak's verdict is its exit code, a resumed window does not count its own fresh engine as a restart, and a
+scenario without a window is refused before anything starts.
+
+``kvbench soak`` and ``kvbench report`` as a user runs them (subprocesses) against the built-in simulator,
+which kvbench starts and stops.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import kvbench, kvbench_argv, kvbench_env
+
+pytestmark = pytest.mark.integration
+
+SOAK_SCENARIO: dict[str, Any] = {
+    "name": "soak-verdicts",
+    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+    "arms": [{"name": "AMG-ON", "offload": "cpu"}],
+    "workload": {
+        "kind": "multi_user_qa",
+        "users": 8,
+        "rounds": {"dist": "uniform", "low": 2, "high": 3},
+        "context_tokens": {"dist": "uniform", "low": 500, "high": 1000},
+        "question_tokens": 16,
+        "answer_tokens": 8,
+        "think_time_s": {"dist": "exponential", "mean": 0.2},
+        "warmup_requests": 1,
+    },
+    "sweep": {"mode": "concurrency", "values": [2], "ramp_up": 0.5},
+    "slo": {"ttft_ms": 5000, "tpot_ms": 1000},
+    "soak": {"window": "12s", "interval": "3s", "criteria": {"max_restarts": 0}},
+    "seed": 5,
+}
+
+
+def write_scenario(tmp_path: Path, **changes: Any) -> Path:
+    data = json.loads(json.dumps(SOAK_SCENARIO)) | changes
+    path = tmp_path / "soak.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def criterion(soak_dir: Path, name: str) -> dict[str, Any]:
+    result = json.loads((soak_dir / "soak.json").read_text())
+    found: dict[str, Any] = next(c for c in result["verdict"]["criteria"] if c["name"] == name)
+    return found
+
+
+def test_a_resumed_window_does_not_count_its_own_engine_as_a_restart(tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path)
+    runs = tmp_path / "runs"
+    first = subprocess.Popen(
+        kvbench_argv("soak", str(scenario), "-o", str(runs)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=kvbench_env(),
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first.poll() is None:
+        intervals = list(runs.glob("*/intervals.jsonl"))
+        if intervals and intervals[0].read_text().count("\n") >= 1:
+            break
+        time.sleep(0.05)
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=60)
+    (soak_dir,) = runs.iterdir()
+    assert f"kvbench soak --resume {soak_dir}" in out + err
+
+    resumed = kvbench("soak", "--resume", str(soak_dir), cwd=tmp_path)
+    result = json.loads((soak_dir / "soak.json").read_text())
+    assert result["attempts"] == 2 and result["complete"], resumed.stdout + resumed.stderr
+    restarts = criterion(soak_dir, "restarts")
+    assert restarts["status"] == "pass", restarts
+    expected = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}[result["verdict"]["verdict"]]
+    assert resumed.returncode == expected, resumed.stdout + resumed.stderr
+
+
+def test_a_failed_window_exits_1_when_it_ends_and_when_its_files_are_reported_again(tmp_path: Path) -> None:
+    # a TTFT target no request can meet: the window fails its SLO criterion
+    scenario = write_scenario(tmp_path, slo={"ttft_ms": 0.001, "tpot_ms": 1000})
+    runs = tmp_path / "runs"
+    ended = kvbench("soak", str(scenario), "-o", str(runs), "--window", "6s", cwd=tmp_path)
+    (soak_dir,) = runs.iterdir()
+    assert json.loads((soak_dir / "soak.json").read_text())["verdict"]["verdict"] == "FAIL"
+    assert ended.returncode == 1, ended.stdout + ended.stderr
+    again = kvbench("report", str(soak_dir), cwd=tmp_path)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "FAILED" in again.stderr
+
+
+def test_a_scenario_without_a_window_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    data = {key: value for key, value in SOAK_SCENARIO.items() if key != "soak"}
+    scenario = tmp_path / "no-window.yaml"
+    scenario.write_text(yaml.safe_dump(data), encoding="utf-8")
+    runs = tmp_path / "runs"
+    refused = kvbench("soak", str(scenario), "-o", str(runs), cwd=tmp_path, timeout=60)
+    assert refused.returncode == 2
+    message = refused.stdout + refused.stderr
+    assert "soak: missing" in message and "--window" in message
+    assert len(message.strip().splitlines()) == 1, message
+    assert not runs.exists()
