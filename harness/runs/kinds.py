@@ -20,6 +20,7 @@ from harness.results.sweep import summarize_sweep
 from harness.results.sweep_result import SweepResult
 from harness.scenario.soak import SoakError, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario
+from harness.store.lock import run_dir_lock
 from harness.store.rundir import RunDir, RunKind
 
 from .probe import ProbeRunner
@@ -198,8 +199,10 @@ def launch(
             raise KvbenchError("missing scenario (a YAML file or a bundled name such as 'quickstart')")
         effective = spec.check(scenario, str(source or "scenario"), overrides)
         run_dir = RunDir.create(output_dir or Path(effective.output.dir), effective)
-    runner = spec.runner(effective, run_dir, source, progress, overrides)
-    return run_dir, run_sync(runner)
+    # the runner reads what is left to measure: only one process may do that and then measure it
+    with run_dir_lock(run_dir.path):
+        runner = spec.runner(effective, run_dir, source, progress, overrides)
+        return run_dir, run_sync(runner)
 
 
 def summarize(run_dir: RunDir) -> VersionedFile:
