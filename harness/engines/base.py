@@ -93,6 +93,15 @@ class RunningEngine(Protocol):
     def log_tail(self, lines: int = 50) -> list[str]: ...
 
 
+@runtime_checkable
+class Mortal(Protocol):
+    """A running engine whose process kvbench started, so kvbench can tell whether it is still alive."""
+
+    def exit_code(self) -> int | None:
+        """The engine process's exit code once it has exited (None while it runs)."""
+        ...
+
+
 class FaultUnsupported(Exception):
     """The running engine cannot take this fault drill (e.g. ``restart_tier`` without a tier server)."""
 

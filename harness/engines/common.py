@@ -298,6 +298,9 @@ class RunningProcess(RunningServer):
     def pid(self) -> int | None:
         return self._process.pid
 
+    def exit_code(self) -> int | None:
+        return self._process.returncode()
+
     def tier_processes(self) -> tuple[ManagedProcess, ...]:
         """The offload-tier servers kvbench runs beside the engine (none unless a kind says so)."""
         return ()

@@ -36,7 +36,7 @@ from .run_result import (
     TtftCell,
     pct_diff,
 )
-from .validity import judge_probe
+from .validity import judge_probe, with_engines_down
 
 NS_PER_MS = 1_000_000
 CellKey = tuple[str, int, int]
@@ -440,5 +440,8 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
     result = aggregate(
         scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics(), engine_logs=logs
     )
+    if result.validity is not None:
+        judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
+        result = result.model_copy(update={"validity": judged})
     result.write_file(run_dir.summary_file)
     return result

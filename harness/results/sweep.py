@@ -26,7 +26,7 @@ from workloads.multi_user import plan_only
 from .capacity import analytical_comparisons, arm_capacity, engine_shapes, savings
 from .sweep_metrics import point_data, point_result
 from .sweep_result import PointResult, SloLimits, SweepCounts, SweepResult
-from .validity import judge_errors
+from .validity import judge_errors, with_engines_down
 
 
 def _chosen(points: Iterable[PointDone]) -> dict[tuple[str, int], PointDone]:
@@ -146,5 +146,8 @@ def _errors_by_kind(points: list[PointResult]) -> dict[str, int]:
 def summarize_sweep(run_dir: RunDir) -> SweepResult:
     """Aggregate a sweep run directory's stored files into sweep.json."""
     result = aggregate_sweep(run_dir.scenario(), run_dir.run_id, run_dir.records(), run_dir.points())
+    if result.validity is not None:
+        judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
+        result = result.model_copy(update={"validity": judged})
     result.write_file(run_dir.sweep_file)
     return result

@@ -16,7 +16,9 @@ offload tier, must say so instead of printing a table (issue 11). Gates, over th
   hit tokens in turn ≥ 2 of a context of at least its ``chunk_tokens`` (shorter contexts have
   nothing to load) while the engine reports that counter, and ``between_turns`` is not ``none``;
 * ``engine_restarted`` (INCONCLUSIVE): an engine's cumulative counters went down or its process
-  start time moved during an arm (``engine_restarts`` in ``engine_metrics.jsonl``).
+  start time moved during an arm (``engine_restarts`` in ``engine_metrics.jsonl``);
+* ``engine_died`` (FAILED): in the run's last attempt an arm's engine process exited, or its endpoint refused
+  connections, and the arm ended there (``engine_events.jsonl``); a later attempt that finishes the arm clears it.
 
 Cells without ``/metrics`` counters are not judged by the cache gates (no evidence either way).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 
 from harness.scenario.spec import Scenario
+from harness.store.events import EngineDown
 
 from .run_result import CacheStats, RequestCounts, TtftCell
 from .verdict import Finding, Validity, verdict_of
@@ -151,6 +154,23 @@ def judge_probe(
         errors_by_kind=dict(counts.errors_by_kind),
         findings=findings,
     )
+
+
+def with_engines_down(validity: Validity, downs: Sequence[EngineDown], last_attempt: int) -> Validity:
+    """``validity`` with an ``engine_died`` finding for each arm whose engine died in the last attempt."""
+    findings = [
+        Finding(
+            gate="engine_died",
+            arm=down.arm,
+            message=f"{down.arm}: {down.reason} while {down.during}; the arm ended there",
+        )
+        for down in downs
+        if down.attempt == last_attempt
+    ]
+    if not findings:
+        return validity
+    every = [*validity.findings, *findings]
+    return validity.model_copy(update={"findings": every, "verdict": verdict_of(every)})
 
 
 def judge_errors(measured: int, ok: int, errors_by_kind: Mapping[str, int], max_error_rate: float) -> Validity:

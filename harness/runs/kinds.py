@@ -117,7 +117,7 @@ def _soak_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides) 
     if overrides.load_from is not None:
         if load is not None:
             raise SoakError("give --load or --load-from, not both")
-        soak_scenario(scenario, source=source)  # the workload and sweep checks first
+        soak_scenario(scenario, window_s=overrides.window_s, source=source)  # the workload and sweep checks first
         arm = soak_arm(scenario, overrides.arm).name
         load, load_source = load_from_sweep(scenario, arm, overrides.load_from, overrides.load_fraction)
     effective = soak_scenario(

@@ -38,6 +38,7 @@ import asyncio
 import collections
 import contextlib
 import math
+import random
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
@@ -52,6 +53,33 @@ from harness.store.records import Phase, RequestRecord
 from workloads.multi_user import MultiUserWorkload, Prompt, Session, stream
 
 NS = 1_000_000_000
+REFUSED_BACKOFF_BASE_S = 0.1
+REFUSED_BACKOFF_CAP_S = 5.0
+
+
+class RefusedBackoff:
+    """How long a closed-loop user waits after its request could not even connect.
+
+    A user whose engine refuses connections would otherwise send its next request at once, hundreds a second,
+    and the error rate would measure the client's loop, not the service. After the k-th refusal in a row it
+    waits ``min(cap, base * 2**(k-1))`` seconds times a jitter in [0.5, 1.5) (seeded per user, so a run is
+    repeatable); any answer, even an error, resets k. So each wait holds one failed attempt, and a dead
+    engine costs at most about ``window / cap`` failures per user once the waits reach the cap.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self.refused = 0
+
+    def after(self, outcome: RequestOutcome) -> float:
+        """Seconds to wait before the user's next request (0 unless the request could not connect)."""
+        if outcome.ok or outcome.error_kind != "connection":
+            self.refused = 0
+            return 0.0
+        self.refused += 1
+        delay: float = min(REFUSED_BACKOFF_CAP_S, REFUSED_BACKOFF_BASE_S * 2.0 ** (self.refused - 1))
+        return delay * self._rng.uniform(0.5, 1.5)
+
 
 LoadMode = Literal["concurrency", "qps"]
 Arrival = Literal["poisson", "constant"]
@@ -284,8 +312,8 @@ class _Runner(_Driver):
         self.counters.sessions += 1
         return session
 
-    async def send(self, session: Session, scheduled_ns: int | None = None) -> bool:
-        """Send the session's next round, record it, and keep the answer; False if it failed."""
+    async def send(self, session: Session, scheduled_ns: int | None = None) -> RequestOutcome:
+        """Send the session's next round, record it, and keep the answer."""
         if self.stopping:
             raise _Stopped
         prompt = session.prompt()
@@ -307,7 +335,7 @@ class _Runner(_Driver):
         self._emit(session, prompt, phase, outcome, scheduled_ns)
         if outcome.ok:
             session.record_answer(outcome.text)
-        return outcome.ok
+        return outcome
 
     async def _request(self, prompt: Prompt) -> RequestOutcome:
         config = self.workload.config
@@ -365,12 +393,17 @@ class _Runner(_Driver):
     async def user_slot(self, slot: int, users: int) -> None:
         await self.pause_until(self.start_ns + int(slot * self.plan.ramp_up_s * NS / users))
         staggered = self.plan.stagger_rounds
+        backoff = RefusedBackoff(seed=self.plan.seed * 1_000_003 + slot)
         while not self.stopping:
             session = await self.open_session(staggered=staggered)
             staggered = False
             while not session.done:
                 round_ = session.next_round
-                if not await self.send(session):
+                outcome = await self.send(session)
+                wait_s = backoff.after(outcome)
+                if wait_s > 0:
+                    await self.pause_until(time.monotonic_ns() + int(wait_s * NS))
+                if not outcome.ok:
                     break  # a failed round: later rounds would not measure a returning user
                 think = session.think_after(round_)
                 if not session.done and think > 0:
@@ -395,8 +428,8 @@ class _Runner(_Driver):
         async def one_request(session: Session, scheduled_ns: int) -> None:
             nonlocal active
             round_ = session.next_round
-            ok = await self.send(session, scheduled_ns)
-            if not ok or session.done:
+            outcome = await self.send(session, scheduled_ns)
+            if not outcome.ok or session.done:
                 active -= 1
                 wake.set()
                 return

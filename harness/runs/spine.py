@@ -34,11 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -48,7 +50,7 @@ from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.client.router import routing_key
 from harness.client.scrape import counter_totals, parse_metrics, restarted
-from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported, RunningEngine
+from harness.engines.base import LaunchContext, Mortal, PrefixCacheResetUnsupported, RunningEngine
 from harness.engines.common import remove_session_dirs
 from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.host_link import probe_host_link
@@ -56,6 +58,7 @@ from harness.engines.kinds import create_engine, host_link_target
 from harness.results.fleet import summarize_fleet
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
+from harness.store.events import EngineDown
 from harness.store.manifest import Manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
@@ -80,6 +83,8 @@ WARMUP_ATTEMPTS = 3
 """Tries per warm-up request; each failed try is kept as a ``warmup`` record (``turn`` = the try)."""
 WARMUP_RETRY_S = 1.0
 DEFAULT_CONNECTIONS = 100
+ALIVE_CHECK_S = 2.0
+"""How long a TCP connect to an attached endpoint may take before it counts as up but slow (not down)."""
 """aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
 
 
@@ -252,11 +257,36 @@ class ArmSession:
             counters = counter_totals(parse_metrics(text))
         except ValueError:
             return text  # the caller reports the unparseable page
-        if self._counters and restarted(self._counters, counters):
+        if self._counters and restarted(self._counters, counters) and await self.engine_down() is None:
             log.warning("arm %s: the engine restarted (its /metrics counters went back)", self.arm.name)
             self._restarts += 1
         self._counters = counters
         return text
+
+    async def engine_down(self) -> str | None:
+        """Why the arm's engine (or one replica of its fleet) is down, or None while every one is up.
+
+        A process kvbench started is down once it has exited; an attached endpoint, once it refuses a TCP
+        connection (a stalled one is not down: requests time out and the verdict judges them).
+        """
+        for index, replica in enumerate(self.fleet.replicas):
+            which = f"replica {index}" if self.fleet.size > 1 else "the engine"
+            if isinstance(replica, Mortal):
+                code = replica.exit_code()
+                if code is not None:
+                    return f"{which} exited (code {code})"
+                continue
+            endpoint = urlsplit(replica.endpoint.base_url)
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(endpoint.hostname, endpoint.port or 80), timeout=ALIVE_CHECK_S
+                )
+            except (OSError, TimeoutError) as error:
+                if isinstance(error, ConnectionRefusedError):
+                    return f"{which} at {replica.endpoint.base_url} refuses connections"
+                continue
+            writer.close()
+        return None
 
     def take_restarts(self) -> int:
         """Engine restarts seen by :meth:`scrape` since the last call."""
@@ -407,7 +437,7 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
             for block, arms in runner.blocks():
                 for arm in arms:
                     async with runner.arm_session(arm, writer, manifest, block) as session:
-                        await runner.run_arm(session)
+                        await run_arm_or_record_death(runner, session)
         result = runner.summarize()
         summarize_fleet(run_dir)  # fleets only (fleet.json): same vs moved, per-replica hits and load
         # a run that ran to the end but measured nothing trustworthy says so here, for every kind
@@ -428,6 +458,29 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
         except OSError as error:  # not even in place: say so, but keep the first error
             log.error("%s: could not record status %s: %s", manifest.path, status, error)
     return result
+
+
+async def run_arm_or_record_death(runner: Runner[ResultT], session: ArmSession) -> None:
+    """Run the arm; an engine that died under it ends the arm as a stored finding, not a traceback.
+
+    What the arm measured before stays in the records; the next arm runs; the result's verdict says FAILED
+    (``engine_died``, :mod:`harness.results.validity`). An error while the engine is up is kvbench's or the
+    engine's own and propagates as before.
+    """
+    try:
+        await runner.run_arm(session)
+    except (KvbenchError, RuntimeError, aiohttp.ClientError, TimeoutError, ConnectionError) as error:
+        down = await session.engine_down()
+        if down is None:
+            raise
+        during = (str(error).splitlines() or [type(error).__name__])[0]
+        event = EngineDown(
+            arm=session.arm.name, attempt=runner.attempt, at_unix_ns=time.time_ns(), reason=down, during=during[:500]
+        )
+        runner.run_dir.append_engine_down(event)
+        session.sync()
+        log.error("arm %s: %s; the arm ends here (%s)", session.arm.name, down, during)
+        runner.progress.note(f"{session.arm.name}: {down}; the arm ends here, its measurements so far are kept")
 
 
 def run_sync(runner: Runner[ResultT]) -> ResultT:

@@ -77,6 +77,16 @@ class ReplicaCounters(Frozen):
     counters: list[dict[str, float] | None]
 
 
+class EngineDown(Frozen):
+    """An arm's engine died (its process exited, or the endpoint refused connections) and the arm ended there."""
+
+    arm: str
+    attempt: int
+    at_unix_ns: int = Field(description="Wall clock when kvbench found it down (time.time_ns()).")
+    reason: str = Field(description="What kvbench saw: the exit code, or the refused connection.")
+    during: str = Field(description="What the arm was doing when the error surfaced (its exception, one line).")
+
+
 class PointDone(Frozen):
     """A progress event (``points.jsonl``): one load point of one arm finished in this attempt."""
 

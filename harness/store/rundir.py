@@ -46,6 +46,7 @@ from common.redact import REDACTED, redact_data
 from harness.scenario.spec import Scenario, load_scenario, parse_scenario
 
 from .events import (
+    EngineDown,
     FaultEvent,
     GroupDone,
     IntervalStats,
@@ -119,6 +120,10 @@ class RunDir:
     @property
     def faults_file(self) -> Path:
         return self.path / "faults.jsonl"
+
+    @property
+    def engine_events_file(self) -> Path:
+        return self.path / "engine_events.jsonl"
 
     @property
     def trace_info_file(self) -> Path:
@@ -263,6 +268,9 @@ class RunDir:
     def faults(self) -> list[FaultEvent]:
         return read_jsonl(self.faults_file, FaultEvent)
 
+    def engines_down(self) -> list[EngineDown]:
+        return read_jsonl(self.engine_events_file, EngineDown)
+
     def trace_info(self) -> TraceInfo | None:
         if not self.trace_info_file.exists():
             return None
@@ -311,6 +319,9 @@ class RunDir:
 
     def append_fault(self, event: FaultEvent) -> None:
         append_jsonl(self.faults_file, event)
+
+    def append_engine_down(self, event: EngineDown) -> None:
+        append_jsonl(self.engine_events_file, event)
 
     def write_trace_info(self, info: TraceInfo) -> None:
         """Written once, by the first attempt (a resumed replay sends the same window)."""
