@@ -13,6 +13,12 @@ Stages, in order:
 Runs are attached to stages (``kvbench playbook attach FILE STAGE RUN_DIR``); each gate is judged on
 the stage's latest run, from its stored result files only. ``kvbench playbook status FILE`` shows
 every stage's state and the next step.
+
+Every stage carries the provenance of its run (measured or simulated, from the run's manifest:
+:func:`harness.results.provenance.provenance`). Baseline and POC may be planned on the simulator (they show
+SIMULATED); staging and production decide a rollout, so their gates close only on measured evidence of the
+kind they need: staging a soak on a real engine, production a run attached to an endpoint kvbench did not
+start (the production service). Simulated or started-engine evidence there leaves the gate pending, with why.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ from pydantic import BaseModel, Field, ValidationError
 from common.errors import KvbenchError, RunDirError
 from common.schema import StrictModel
 from common.yamlfile import read_yaml_mapping
+from harness.engines.kinds import find_engine_kind
+from harness.results.provenance import provenance
 from harness.results.run_result import Frozen, RunResult
 from harness.scenario.spec import Duration
+from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
 PLAYBOOK_SCHEMA_VERSION = 1
@@ -235,6 +244,9 @@ def run_kind(path: Path) -> RunKind | Literal["unknown"]:
 # --------------------------------------------------------------------------------------------
 
 
+Provenance = Literal["measured", "simulated", "unknown", "none"]
+
+
 class StageStatus(Frozen):
     stage: StageName
     title: str
@@ -243,6 +255,10 @@ class StageStatus(Frozen):
     evidence: str
     runs: list[str]
     next_step: str
+    provenance: Provenance = Field(
+        description="Of the stage's latest run: measured on a real engine, simulated, unknown, or none attached."
+    )
+    provenance_label: str = Field(description="The run's provenance in words (engine, version, hardware).")
 
 
 class PlaybookStatus(Frozen):
@@ -401,9 +417,19 @@ class _Judge:
             return self._failed("staging", text, evidence, "fix what broke the criteria and run a new window")
         if gate.min_window is not None and soak.window_s < gate.min_window:
             return self._failed(
-                "staging", text, evidence + f"; window {soak.window_s:g} s < {gate.min_window:g} s",
+                "staging",
+                text,
+                evidence + f"; window {soak.window_s:g} s < {gate.min_window:g} s",
                 f"run a window of at least {gate.min_window:g} s",
-            )  # fmt: skip
+            )
+        if self.run_provenance(run)[0] != "measured":
+            return self._pending(
+                "staging",
+                text,
+                "the window ran on the simulator: a rollout needs it measured against the staging engine "
+                f"({_cmd('engine: {kind: vllm, ...}')} or {_cmd('{kind: openai, base_url: ...}')}), then attach it",
+                f"SIMULATED, not evidence for a rollout: {evidence}",
+            )
         return self._done("staging", text, evidence)
 
     def production(self, baseline: StageStatus) -> StageStatus:
@@ -441,7 +467,34 @@ class _Judge:
         )
         if gain < gate.min_gain_pct:
             return self._failed("production", text, evidence, "investigate the gap between POC and production")
+        kind, _ = self.run_provenance(run)
+        if kind != "measured" or self._started_by_kvbench(run):
+            what = "SIMULATED" if kind == "simulated" else "an engine kvbench started, not the production service"
+            return self._pending(
+                "production",
+                text,
+                f"measure the production endpoint itself ({_cmd('engine: {kind: openai, base_url: ...}')}), then "
+                f"{self.attach_hint('production', 'RUN_DIR')}",
+                f"{what}: {evidence}",
+            )
         return self._done("production", text, evidence)
+
+    def run_provenance(self, run: Path) -> tuple[Provenance, str]:
+        """(kind, label) of a run directory's figures, from its manifest."""
+        try:
+            found = provenance(read_manifest(run / "manifest.json"))
+        except (OSError, KvbenchError):
+            return "unknown", "provenance unknown (no readable manifest)"
+        kind: Provenance = found.origin if found.origin in ("measured", "simulated") else "unknown"
+        return kind, found.label
+
+    def _started_by_kvbench(self, run: Path) -> bool:
+        try:
+            engine = (read_manifest(run / "manifest.json").get("scenario") or {}).get("engine") or {}
+        except (OSError, KvbenchError):
+            return True
+        row = find_engine_kind(str(engine.get("kind", "")))
+        return row is None or row.starts_process
 
     def case_study(self) -> StageStatus:
         gate = self.playbook.stages.case_study.gate
@@ -464,6 +517,10 @@ class _Judge:
         return self._done("case_study", text, f"{report}")
 
     def _status(self, stage: StageName, state: State, gate: str, evidence: str, next_step: str) -> StageStatus:
+        run = self.latest(stage) if stage != "case_study" else None
+        kind, label = self.run_provenance(run) if run is not None else ("none", "no run attached")
+        if stage == "case_study":
+            kind, label = "none", "rendered from the runs of the other stages"
         return StageStatus(
             stage=stage,
             title=STAGE_TITLES[stage],
@@ -472,6 +529,8 @@ class _Judge:
             evidence=evidence,
             runs=list(self.playbook.stages.stage(stage).runs),
             next_step=next_step,
+            provenance=kind,
+            provenance_label=label,
         )
 
     def _pending(self, stage: StageName, gate: str, next_step: str, evidence: str = "no run attached") -> StageStatus:

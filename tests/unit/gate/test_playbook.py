@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -20,6 +21,14 @@ from harness.gate.playbook import (
 )
 from kvbench.cli import app
 from tests.resultfiles import make_probe_run, make_soak_dir
+
+
+def attached_to_endpoint(run_dir: Path) -> Path:
+    """The run, as if measured against an endpoint kvbench attached to (the production service)."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["scenario"]["engine"] = {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    return run_dir
 
 
 def new_playbook(tmp_path: Path, **gates: float) -> Path:
@@ -68,10 +77,15 @@ def test_walk_through_every_stage(tmp_path: Path) -> None:
     assert playbook_status(path).stage("staging").state == "done"
 
     only_on: list[dict[str, object]] = [{"name": "prod", "offload": "cpu"}]
-    attach_run(path, "production", make_probe_run(runs, name="prod", speedup=4.0, arms=only_on))
+    attach_run(path, "production", make_probe_run(runs, name="prod-sim", speedup=4.0, arms=only_on))
+    simulated = playbook_status(path).stage("production")
+    assert simulated.state == "pending" and simulated.provenance == "simulated", simulated
+    assert simulated.evidence.startswith("SIMULATED")
+    attach_run(path, "production", attached_to_endpoint(make_probe_run(runs, name="prod", speedup=4.0, arms=only_on)))
     status = playbook_status(path)
     production = status.stage("production")
     assert production.state == "done", production.evidence
+    assert production.provenance == "measured"
     assert "production (prod)" in production.evidence
     assert status.current == "case_study"
     assert "kvbench report --html --playbook" in status.next_step
