@@ -7,15 +7,16 @@ on a real engine closes it. Every stage says the provenance of its run.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from harness.gate.playbook import attach_run, playbook_status, save_playbook, starter_playbook
 from tests.resultfiles import make_probe_run, make_soak_dir
 
 
-def with_engine(run_dir: Path, engine: dict[str, object]) -> Path:
+def with_engine(run_dir: Path, engine: Mapping[str, object]) -> Path:
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    manifest["scenario"]["engine"] = engine
+    manifest["scenario"]["engine"] = dict(engine)
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     return run_dir
 
