@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import harness.scenario.spec  # noqa: F401  (registers every engine kind, the simulator's too)
 from harness.engines.kinds import find_engine_kind
+from harness.scenario.spec import EngineConfig  # noqa: F401  (importing it registers every engine kind)
 
 Origin = Literal["measured", "simulated", "unknown"]
 

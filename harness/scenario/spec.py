@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 import typing
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,6 +22,7 @@ from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, Trtl
 from harness.engines.replicas import PrometheusSpec, RoutingSpec
 from harness.sim.config import SimEngineConfig
 from offload.profiles import OffloadProfile, resolve_profile
+from scenarios import BUNDLED
 from workloads.config import (
     ChoiceDist,
     ExponentialDist,
@@ -511,12 +511,7 @@ def format_validation_error(source: str, error: ValidationError) -> str:
 
 def bundled_scenarios() -> dict[str, Path]:
     """Scenario files shipped with the package, by stem (``quickstart`` -> .../quickstart.yaml)."""
-    root = resources.files("scenarios")
-    found: dict[str, Path] = {}
-    for entry in root.iterdir():
-        if entry.name.endswith(".yaml"):
-            found[entry.name.removesuffix(".yaml")] = Path(str(entry))
-    return found
+    return {path.stem: path for path in sorted(BUNDLED.glob("*.yaml"))}
 
 
 def resolve_scenario_path(ref: str) -> Path:

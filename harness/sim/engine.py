@@ -17,7 +17,7 @@ from types import TracebackType
 
 import aiohttp
 
-import common
+from common import __version__
 from common.errors import EngineStartError
 from harness.client.endpoint import Endpoint
 from harness.engines.base import EngineConfigModel, EngineFacts, LaunchContext
@@ -126,7 +126,7 @@ class SimEngine:
         deployment = settings.deployment()
         facts = EngineFacts(
             kind="sim",
-            version=common.__version__,
+            version=__version__,
             command=tuple(process.redacted_argv),
             details={
                 "model": settings.model,

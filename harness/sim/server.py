@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-import common
+from common import __version__
 from harness.engines.kvbench_replica_header import REPLICA_ENV, REPLICA_HEADER
 from harness.engines.process import LAUNCH_TOKEN_ENV, LAUNCH_TOKEN_HEADER
 
@@ -169,7 +169,7 @@ class SimServer:
         return web.Response(status=200)
 
     async def version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": common.__version__})
+        return web.json_response({"version": __version__})
 
     async def models(self, request: web.Request) -> web.Response:
         card = {
