@@ -33,8 +33,7 @@ from pydantic import BaseModel, Field, ValidationError
 from common.errors import KvbenchError, RunDirError
 from common.schema import StrictModel
 from common.yamlfile import read_yaml_mapping
-from harness.engines.kinds import find_engine_kind
-from harness.results.provenance import provenance
+from harness.results.provenance import measured_on_attached_endpoint, provenance
 from harness.results.run_result import Frozen, RunResult
 from harness.scenario.spec import Duration
 from harness.store.manifest import read_manifest
@@ -490,11 +489,9 @@ class _Judge:
 
     def _started_by_kvbench(self, run: Path) -> bool:
         try:
-            engine = (read_manifest(run / "manifest.json").get("scenario") or {}).get("engine") or {}
+            return not measured_on_attached_endpoint(read_manifest(run / "manifest.json"))
         except (OSError, KvbenchError):
             return True
-        row = find_engine_kind(str(engine.get("kind", "")))
-        return row is None or row.starts_process
 
     def case_study(self) -> StageStatus:
         gate = self.playbook.stages.case_study.gate

@@ -93,3 +93,11 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
     versions = _versions(manifest.get("engines") or {})
     label = f"measured: {row.label} {versions}, {hardware}"
     return Provenance("measured", label, f"{kind} {model} {dtype or ''} {hardware}".replace("  ", " "))
+
+
+def measured_on_attached_endpoint(manifest: Mapping[str, Any]) -> bool:
+    """Whether the run measured an endpoint kvbench attached to (a service it did not start), not an engine it
+    started or the simulator: the evidence a production stage needs."""
+    engine: Mapping[str, Any] = (manifest.get("scenario") or {}).get("engine") or {}
+    row = find_engine_kind(str(engine.get("kind", "")))
+    return row is not None and not row.starts_process and not row.simulated
