@@ -322,7 +322,11 @@ class Scenario(StrictModel):
 
     schema_version: Literal[1] = 1
     name: str = Field(min_length=1, max_length=200)
-    description: str = ""
+    description: str = Field(
+        default="",
+        description="One line: what the scenario measures, on what (every bundled scenario has one; "
+        "`kvbench scenarios` prints it beside the name).",
+    )
     engine: EngineConfig
     arms: list[Arm] = Field(min_length=1)
     workload: WorkloadConfig

@@ -33,8 +33,11 @@ def validate(
 
 
 def scenarios() -> None:
-    """List the scenarios bundled with kvbench."""
-    from harness.scenario.spec import bundled_scenarios
+    """List the scenarios bundled with kvbench: name and what each measures (run one with `kvbench run NAME`)."""
+    from harness.scenario.spec import bundled_scenarios, load_scenario
 
-    for name, path in sorted(bundled_scenarios().items()):
-        console.print(f"{name:32s} {path}", highlight=False, markup=False)
+    bundled = sorted(bundled_scenarios().items())
+    width = max((len(name) for name, _ in bundled), default=0)
+    for name, path in bundled:
+        scenario, _ = load_scenario(path)
+        console.print(f"{name:{width}s}  {scenario.description}", highlight=False, markup=False)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts `scripts/gpu/kvbench.sh ARGS...` detached from the device call, so one run can outlive the 10-minute
 # limit of a call: a >= 20-minute soak window or a whole sweep in ONE engine process, with no restart between
-# calls. A warm machine keeps the process (verified 2026-11-26: a detached process went on writing between two
+# calls. A warm machine keeps the process (verified: a detached process went on writing between two
 # calls); it is given back 30 s after a call ends, so follow at once with back-to-back
 # `scripts/gpu/wait.sh 540` calls until it reports the run finished.
 #   usage: scripts/gpu/detach.sh soak scenarios/gpu-sweep-llama8b.yaml --arm AMG-ON-LMCache --window 20m --load 12
@@ -22,7 +22,7 @@ if [ "${1:-}" = "--each" ]; then
   shift
 fi
 # The run reads its code from a private copy of the checkout: every device call re-sends the checkout into the
-# same folder, and a run importing a module while the next call replaces it can die (2026-11-27: a run started
+# same folder, and a run importing a module while the next call replaces it can die (seen: a run started
 # here stopped at import with "No module named 'kvbench.cli.console'" as the next call's copy landed; the file was
 # there a minute later). The carried wheel parts stay behind.
 repo="$(cd "$here/../.." && pwd)"

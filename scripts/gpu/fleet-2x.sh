@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-runs}"
-# the VR-cache-own arm starts the vLLM Router from this python (scripts/install-router.sh; docs/gpu.md for an
+# the VR-cache-own arm starts the vLLM Router from this python (scripts/install-router.sh; lab/gpu-log.md for an
 # offline host); fail now rather than after the six other arms
 : "${KVBENCH_ROUTER_PYTHON:?set KVBENCH_ROUTER_PYTHON to a python with vllm-router (scripts/install-router.sh)}"
 # NVLink multicast stays off on the lent hosts; every replica process inherits these.

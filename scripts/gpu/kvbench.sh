@@ -3,7 +3,7 @@
 #   usage: scripts/gpu/kvbench.sh run scenarios/gpu-seed-llama70b-tp4-fp16.yaml -o /tmp/kvruns/fp16 --arm AMG-OFF
 # Expects the vLLM + LMCache wheelhouse parts in /tmp/wb (../shared/gpu/pack.sh; install.sh joins and
 # checks them) and, optionally, kvbench's own dependency wheels in /tmp/kvdeps
-# (scripts/gpu/pack-kvbench-deps.sh; the machines' image had all of them in 2026-11).
+# (scripts/gpu/pack-kvbench-deps.sh; the machines' image had all of them).
 # KVBENCH_RUN_TIMEOUT (seconds) stops kvbench cleanly (SIGTERM: engines stopped, records kept), so a
 # time-limited call can be continued with `kvbench run --resume RUN_DIR` in the next one. When $OUT is
 # set, every run directory under $KVBENCH_RUNS (default /tmp/kvruns; /tmp survives between calls to a

@@ -1,6 +1,7 @@
-"""The run directories committed under docs/results still load, and re-render to the same tables.
+"""The kept run directories still load, and re-render to the same tables.
 
-``kvbench report`` on a copy of each committed run directory (probe, sweep, soak and replay) rebuilds its result
+``kvbench report`` on a copy of each kept run directory (probe, sweep, soak and replay; the product's in the unit
+tier, the lab's under the ``lab`` marker) rebuilds its result
 file from the stored records alone and writes every output registered for its kind; the Markdown
 and CSV outputs must equal the committed ones byte for byte, and every field of the committed result
 file must come back unchanged except ``run_id`` (the directory was renamed when it was committed).
@@ -17,9 +18,9 @@ import pytest
 from harness.runs.kinds import summarize
 from harness.store.rundir import RunDir
 from reports.outputs import RESULT_FILES, write_outputs
+from tests.kept_runs import PRODUCT_RUNS, kept_runs
 
-RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
-STORED = sorted(path for path in RESULTS.iterdir() if (path / "scenario.yaml").exists())
+STORED = kept_runs(lambda path: (path / "scenario.yaml").exists())
 TEXT_OUTPUTS = {".md", ".csv"}
 
 
@@ -38,7 +39,7 @@ def contains(rebuilt: object, committed: object) -> bool:
     return rebuilt == committed
 
 
-@pytest.mark.parametrize("stored", STORED, ids=[path.name for path in STORED])
+@pytest.mark.parametrize("stored", STORED)
 def test_a_committed_run_rebuilds_to_the_same_reports(stored: Path, tmp_path: Path) -> None:
     copy = tmp_path / stored.name
     shutil.copytree(stored, copy, ignore=shutil.ignore_patterns("report"))
@@ -61,5 +62,5 @@ def test_a_committed_run_rebuilds_to_the_same_reports(stored: Path, tmp_path: Pa
 
 
 def test_every_kind_of_committed_result_is_covered() -> None:
-    kinds = {RunDir.open(path).kind for path in STORED}
+    kinds = {RunDir.open(path).kind for path in PRODUCT_RUNS.iterdir() if (path / "scenario.yaml").exists()}
     assert {"probe", "sweep", "replay"} <= kinds

@@ -17,9 +17,9 @@ def manifest(name: str) -> dict[str, Any]:
 
 
 def test_a_gpu_run_names_engine_versions_and_gpus() -> None:
-    origin = provenance(manifest("gpu-llama8b-lmcache-h200"))
+    origin = provenance(manifest("gpu-llama8b-lmcache-h100"))
     assert origin.origin == "measured"
-    assert origin.label == "measured: vLLM 0.26.0 + LMCache 0.5.3, 1× NVIDIA H200"
+    assert origin.label == "measured: vLLM 0.26.0 + LMCache 0.5.3, 1× NVIDIA H100 80GB HBM3"
 
 
 def test_a_simulated_run_says_it_is_not_a_measurement() -> None:
@@ -30,9 +30,9 @@ def test_a_simulated_run_says_it_is_not_a_measurement() -> None:
 
 
 def test_gpu_count_is_the_engines_parallelism() -> None:
-    data = manifest("gpu-llama8b-lmcache-h200")
+    data = manifest("gpu-llama8b-lmcache-h100")
     data["scenario"]["engine"]["parallelism"] = {"tp": 4, "pp": 1, "dp": 1, "replicas": 1}
-    assert provenance(data).label.endswith("4× NVIDIA H200")
+    assert provenance(data).label.endswith("4× NVIDIA H100 80GB HBM3")
 
 
 def test_an_attached_endpoint_reports_the_declared_hardware() -> None:
@@ -56,7 +56,7 @@ def test_a_cpu_engine_and_an_unknown_manifest() -> None:
 
 
 def test_setups_differ_when_model_dtype_hardware_or_engine_differ() -> None:
-    gpu = provenance(manifest("gpu-llama8b-lmcache-h200"))
+    gpu = provenance(manifest("gpu-llama8b-lmcache-h100"))
     sim = provenance(manifest("quickstart-sim"))
     assert gpu.setup != sim.setup
     assert provenance(manifest("quickstart-sim")).setup == sim.setup

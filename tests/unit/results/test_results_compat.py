@@ -1,4 +1,4 @@
-"""Run directories kept under docs/results still load, re-aggregate and render with this kvbench.
+"""Kept run directories (docs/results; lab/runs under ``lab``) still load, re-aggregate and render with this kvbench.
 
 Records and summaries are append-only files written by older versions; fields added since (the
 streaming check, per-request stream accounting) must be optional, and re-aggregating must give the
@@ -21,16 +21,16 @@ from harness.store.records import read_records
 from harness.store.rundir import RunDir
 from reports.outputs import write_outputs
 from reports.renderers import markdown_table, print_console, stream_lines
+from tests.kept_runs import kept_runs
 
-RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
-PROBE_DIRS = sorted(path for path in RESULTS.iterdir() if path.is_dir() and run_kind(path) == "probe")
+PROBE_DIRS = kept_runs(lambda path: path.is_dir() and run_kind(path) == "probe")
 
 
 def test_there_are_kept_probe_runs() -> None:
     assert PROBE_DIRS
 
 
-@pytest.mark.parametrize("stored", PROBE_DIRS, ids=lambda path: path.name)
+@pytest.mark.parametrize("stored", PROBE_DIRS)
 def test_kept_run_loads_rebuilds_and_renders(stored: Path, tmp_path: Path) -> None:
     old = RunResult.read_file(stored / "summary.json")
     markdown_table(old)

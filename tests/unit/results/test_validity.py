@@ -23,8 +23,8 @@ from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from reports.outputs import write_outputs
+from tests.kept_runs import kept_runs
 
-DOCS_RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 CONTEXTS = (100, 8000)  # 100 tokens is below the cpu profile's 256-token chunk: nothing to load
 
 
@@ -161,10 +161,10 @@ def test_no_metrics_means_no_cache_verdict() -> None:
 # -- schema_version 1: old run directories -------------------------------------------------------
 
 
-KEPT = sorted(p for p in DOCS_RESULTS.iterdir() if (p / "manifest.json").exists())
+KEPT = kept_runs(lambda path: (path / "manifest.json").exists())
 
 
-@pytest.mark.parametrize("kept", KEPT, ids=[p.name for p in KEPT])
+@pytest.mark.parametrize("kept", KEPT)
 def test_kept_run_directories_load_render_and_keep_their_verdict(kept: Path, tmp_path: Path) -> None:
     copy = tmp_path / kept.name
     shutil.copytree(kept, copy)

@@ -1,16 +1,20 @@
-"""Every YAML under scenarios/ validates; bad files fail with file, field path and allowed values."""
+"""Every YAML under scenarios/ (and lab/scenarios/, marker ``lab``) validates and the bundled ones say what they
+measure; bad files fail with file, field path and allowed values."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from common.errors import ScenarioError
 from harness.scenario.spec import bundled_scenarios, load_scenario
+from kvbench.cli import app
 from tests.support import REPO
 
 SCENARIO_FILES = sorted((REPO / "scenarios").rglob("*.yaml"))
+LAB_SCENARIO_FILES = sorted((REPO / "lab" / "scenarios").glob("*.yaml"))
 
 GOOD = """
 name: t
@@ -20,10 +24,22 @@ workload: {kind: multi_round_qa, context_tokens: [1000]}
 """
 
 
-@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [*SCENARIO_FILES, *(pytest.param(path, marks=pytest.mark.lab) for path in LAB_SCENARIO_FILES)],
+    ids=lambda p: p.name,
+)
 def test_every_repo_scenario_validates(path: Path) -> None:
     scenario, _ = load_scenario(path)
     assert scenario.arms
+
+
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
+def test_every_bundled_scenario_has_a_one_line_description(path: Path) -> None:
+    """``kvbench scenarios`` prints it beside the name: what the scenario measures, on what."""
+    scenario, _ = load_scenario(path)
+    assert scenario.description.strip(), f"{path.name}: no description"
+    assert "\n" not in scenario.description.strip(), f"{path.name}: the description is more than one line"
 
 
 def test_repo_has_scenarios_and_they_are_bundled() -> None:
@@ -101,3 +117,12 @@ def test_scenario_is_immutable(tmp_path: Path) -> None:
     scenario, _ = load_scenario(_write(tmp_path, GOOD))
     with pytest.raises(ValueError, match="frozen"):
         scenario.seed = 3  # type: ignore[misc]  # frozen on purpose: the runtime refusal
+
+
+def test_kvbench_scenarios_prints_each_name_with_its_description() -> None:
+    result = CliRunner().invoke(app, ["scenarios"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == len(bundled_scenarios())
+    quickstart, _ = load_scenario("quickstart")
+    assert any(line.split()[0] == "quickstart" and line.endswith(quickstart.description) for line in lines)
