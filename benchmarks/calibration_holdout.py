@@ -7,7 +7,7 @@ at 1,000 tokens or more (:data:`MIN_TOKENS`, where ``validate`` judges): the med
 calibration but the comparison variants (:data:`VARIANTS`: refits of a run also committed on its own, or pooled
 with another), and for LMCache's turn 1 and turn 2 cells apart.
 
-The prediction is the time model's TTFT of one unloaded request (:func:`harness.results.calibrate.residuals`), not
+The prediction is the time model's TTFT of one unloaded request (:func:`harness.calibrate.fit.residuals`), not
 a simulation: ``kvbench sim validate`` runs the simulator in real time and agreed with it within ~3 points on the
 committed runs. That makes a model change's effect on every committed run a 30-second question:
 
@@ -27,7 +27,7 @@ import json
 import statistics
 from pathlib import Path
 
-from harness.results.calibrate import calibrate
+from harness.calibrate.fit import calibrate
 from harness.sim.calibration import Calibration
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -59,9 +59,9 @@ class SimSettings(StrictModel):
         default=True, description="False forces the HBM prefix cache off even if the profile enables it."
     )
     faults: list[Fault] = Field(
-        default_factory=list, description="Injected faults (testing): latency spikes, 5xx bursts, dropped streams, "
-        "slow or full tiers.",
-    )  # fmt: skip
+        default_factory=list,
+        description="Injected faults (testing): latency spikes, 5xx bursts, dropped streams, slow or full tiers.",
+    )
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
     calibration: Calibration | None = Field(
         default=None, description="Fitted parameters (kvbench sim calibrate) for this deployment, inline."

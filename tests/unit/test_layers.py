@@ -34,6 +34,8 @@ HARNESS_STAGES: dict[str, set[str]] = {
     "harness.runs": {"harness.client", "harness.engines", "harness.sim", "harness.scenario", "harness.store",
                      "harness.results"},
     "harness.gate": {"harness.scenario", "harness.store", "harness.results"},
+    "harness.calibrate": {"harness.client", "harness.engines", "harness.sim", "harness.scenario", "harness.store",
+                          "harness.results", "harness.runs"},
 }  # fmt: skip
 ALLOWED: dict[str, set[str]] = {
     GROUND: set(),

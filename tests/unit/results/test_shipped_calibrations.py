@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import CalibrationError
-from harness.results.calibrate import run_facts
-from harness.runs.validate import sim_engine, validate
+from harness.calibrate.fit import run_facts
+from harness.calibrate.validate import sim_engine, validate
 from harness.sim.calibration import Calibration
 from harness.sim.config import SimEngineConfig
 from harness.sim.settings import SimSettings

@@ -92,8 +92,11 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from common.errors import CalibrationError, RunDirError
+from common.errors import CalibrationError
 from harness.engines.host_link import summarize_host_links
+from harness.results.aggregate import chosen_measured
+from harness.results.lmcache_log import split_requests
+from harness.results.modelshape import hf_config
 from harness.scenario.spec import Scenario
 from harness.sim.calibration import (
     BackendCalibration,
@@ -112,10 +115,7 @@ from harness.store.rundir import RunDir
 from offload.profiles import TierKind, resolve_profile
 from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, known_model, model_from_hf_config
 
-from .aggregate import chosen_measured
 from .engine_steps import EngineSteps, reconstruct
-from .lmcache_log import split_requests
-from .modelshape import hf_config
 
 DEFAULT_MAX_BATCH_TOKENS = 8192
 """vLLM V1's default --max-num-batched-tokens for the API server (and the simulator's)."""
@@ -137,8 +137,14 @@ efficiency to be determined: the step then grows visibly with batch x context. B
 of short contexts), the weights dominate every step, which fixes only their sum with the step
 overhead; the efficiency keeps its datasheet value and the overhead takes the rest."""
 
-DTYPES: dict[str, Dtype] = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
-                            "fp8": "fp8"}  # fmt: skip
+DTYPES: dict[str, Dtype] = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8",
+}
 QUANTIZED_WEIGHTS: dict[str, Dtype] = {"fp8": "fp8"}
 """Engine ``quantization`` -> the simulator's weight dtype (the KV cache keeps the engine's dtype)."""
 GPU_NAMES: tuple[tuple[str, str], ...] = (("H200", "h200-sxm"), ("H100", "h100-sxm"))
@@ -238,8 +244,20 @@ def decode_groups(samples: Sequence[DecodeSample]) -> list[DecodeSample]:
         steps = sum(s.span_s / s.step_s for s in group)
         batch_time = sum(s.batch * s.span_s for s in group)
         context = sum(s.context_tokens * s.batch * s.span_s for s in group) / batch_time
-        out.append(DecodeSample(batch_time / span, round(context), span / steps, run, arm,
-                                None if load < 0 else load, length, span, len(group), group[0].backend))  # fmt: skip
+        out.append(
+            DecodeSample(
+                batch_time / span,
+                round(context),
+                span / steps,
+                run,
+                arm,
+                None if load < 0 else load,
+                length,
+                span,
+                len(group),
+                group[0].backend,
+            )
+        )
     return out
 
 
@@ -449,8 +467,13 @@ class _Window:
 
 def _window(record: RequestRecord) -> _Window:
     first = record.started_ns + (record.ttft_ns or 0)
-    return _Window(float(record.started_ns), float(first), float(record.started_ns + (record.e2e_ns or 0)),
-                   float(record.prompt_tokens or 0), float(record.completion_tokens or 0))  # fmt: skip
+    return _Window(
+        float(record.started_ns),
+        float(first),
+        float(record.started_ns + (record.e2e_ns or 0)),
+        float(record.prompt_tokens or 0),
+        float(record.completion_tokens or 0),
+    )
 
 
 def _gaps(record: RequestRecord, first: float) -> list[tuple[float, float, int]]:
@@ -506,8 +529,9 @@ def decode_samples(group: Sequence[RequestRecord], sampled: Sequence[RequestReco
             context_time += contexts
             span += b - a
         if steps and span > 0:
-            out.append(DecodeSample(batch_time / span, round(context_time / batch_time), span / steps / 1e9,
-                                    span_s=span / 1e9))  # fmt: skip
+            out.append(
+                DecodeSample(batch_time / span, round(context_time / batch_time), span / steps / 1e9, span_s=span / 1e9)
+            )
     return out
 
 
@@ -552,14 +576,28 @@ def collect(
         for length in sorted({r.context_tokens for r in mine}):
             chosen = [by_id[r.request_id] for r in mine if r.context_tokens == length and r.request_id in by_id]
             target = held if held_point or (point is None and length in holdout) else fit
-            target.decode += [replace(s, run=facts.source.run_id, arm=name, load=load,
-                                      length=length if point is None else 0,
-                                      backend=arm_facts.backend if arm_facts else None)
-                              for s in decode_samples(group, chosen)]  # fmt: skip
+            target.decode += [
+                replace(
+                    s,
+                    run=facts.source.run_id,
+                    arm=name,
+                    load=load,
+                    length=length if point is None else 0,
+                    backend=arm_facts.backend if arm_facts else None,
+                )
+                for s in decode_samples(group, chosen)
+            ]
         steps = reconstruct(group, facts.max_batch_tokens) if point is not None and arm_facts else None
         if steps is not None and arm_facts is not None:
-            window = StepsWindow(facts.source.run_id, name, load, arm_facts.backend, steps.records,
-                                 frozenset(r.request_id for r in mine), facts.max_batch_tokens)  # fmt: skip
+            window = StepsWindow(
+                facts.source.run_id,
+                name,
+                load,
+                arm_facts.backend,
+                steps.records,
+                frozenset(r.request_id for r in mine),
+                facts.max_batch_tokens,
+            )
             (held if held_point else fit).windows.append(window)
     if facts.kind != "probe":
         return fit, held  # queueing under load: TTFT is not an unloaded request's
@@ -570,8 +608,14 @@ def collect(
         if lines is None:
             continue
         for split in split_requests([r for r in everything if r.arm == name], lines):
-            front = FrontSample(facts.source.run_id, split.context_tokens, split.turn, split.prompt_tokens,
-                                split.before_lookup_ms / 1000, LMCACHE_LOG)  # fmt: skip
+            front = FrontSample(
+                facts.source.run_id,
+                split.context_tokens,
+                split.turn,
+                split.prompt_tokens,
+                split.before_lookup_ms / 1000,
+                LMCACHE_LOG,
+            )
             (held if split.context_tokens in holdout else fit).front.append(front)
     for r in records:
         arm = facts.arms.get(r.arm)
@@ -617,7 +661,6 @@ class Params:
     store_latency_s: dict[str, float] = field(default_factory=dict)
     busy_intake_s: dict[str, float] = field(default_factory=dict)
     step_extra_s: dict[str, float] = field(default_factory=dict)
-    host_overlaps_gpu: bool = True
     prefill_host_s: float | None = None
     """None: a prefill step's host part is the step overhead."""
 
@@ -634,7 +677,6 @@ def timing_of(deployment: Deployment, params: Params, backend: str | None) -> Ti
         store_s_per_token=store,
         store_latency_s=fixed,
         step_s_per_seq=params.step_s_per_seq,
-        host_overlaps_gpu=params.host_overlaps_gpu,
         prefill_host_s=params.prefill_host_s,
         step_extra_s=params.step_extra_s.get(backend, 0.0) if backend else 0.0,
     )
@@ -728,8 +770,15 @@ def decode_windows(deployment: Deployment, params: Params, windows: Sequence[Ste
             intake.append(float(charge[first + 1 : last + 1].sum()))
             arrivals.append(float(arrived[first + 1 : last + 1].sum()))
             count.append(last - first)
-    return DecodeWindows(requests, np.array(measured), np.array(modelled), np.array(intake), np.array(count),
-                         np.array(arrivals), tuple(w.backend for w, _ in requests))  # fmt: skip
+    return DecodeWindows(
+        requests,
+        np.array(measured),
+        np.array(modelled),
+        np.array(intake),
+        np.array(count),
+        np.array(arrivals),
+        tuple(w.backend for w, _ in requests),
+    )
 
 
 @dataclass(frozen=True)
@@ -801,7 +850,7 @@ def _fit_ttft(
     (``params.prefill_host_s`` None).
     """
     params.prefill_host_s = None
-    if not samples or not params.host_overlaps_gpu:
+    if not samples:
         _solve(frees, params, residuals)
         return ""
     shortest = min(s.prompt_tokens for s in samples)
@@ -813,8 +862,10 @@ def _fit_ttft(
     plain_rms = _rms(_solve(frees, params, residuals), len(samples))
     floored_rms = _rms(_solve([*frees, floor], floored, residuals), len(samples))
     without = replace(floored, prefill_host_s=None)
-    moved = np.abs(predict_ttft(deployment, floored, chunk, samples) - predict_ttft(deployment, without, chunk,
-                                                                                    samples)) > 1e-6  # fmt: skip
+    moved = (
+        np.abs(predict_ttft(deployment, floored, chunk, samples) - predict_ttft(deployment, without, chunk, samples))
+        > 1e-6
+    )
     if not moved.any() or floored_rms > plain_rms - PREFILL_FLOOR_MARGIN:
         return ""
     for name, value in vars(floored).items():
@@ -838,6 +889,11 @@ def _spread(values: Sequence[float]) -> bool:
     return bool(positive) and max(positive) >= SPREAD * min(positive)
 
 
+def _free(attribute: str, low: float, high: float) -> Free:
+    """A free parameter that is an attribute of :class:`Params`."""
+    return Free(attribute, _getter(attribute), _setter(attribute), low, high)
+
+
 def _setter(attribute: str) -> Callable[[Params, float], None]:
     return lambda p, v: setattr(p, attribute, v)
 
@@ -856,7 +912,7 @@ def _keyed(table: str, key: str) -> tuple[Callable[[Params], float], Callable[[P
     return get, put
 
 
-def _cells(samples: Sequence[TtftSample]) -> dict[tuple[str, int, int], list[TtftSample]]:
+def cells_of(samples: Sequence[TtftSample]) -> dict[tuple[str, int, int], list[TtftSample]]:
     cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
     for s in samples:
         cells[(s.arm, s.context_tokens, s.turn)].append(s)
@@ -865,13 +921,13 @@ def _cells(samples: Sequence[TtftSample]) -> dict[tuple[str, int, int], list[Ttf
 
 def _memory_binds(deployment: Deployment, params: Params, groups: Sequence[DecodeSample]) -> bool:
     """Whether any group's decode step is as long as its GPU part (weights and KV reads), so that the HBM
-    rate shows in it; under ``host_overlaps_gpu`` an eager-mode step's host work often outlasts it."""
+    rate shows in it; an eager-mode step's host work often outlasts it."""
     for g in groups:
         work = StepWork()
         for _ in range(max(1, round(g.batch))):
             work.add_decode(g.context_tokens)
         cost = timing_of(deployment, params, g.backend).cost(work)
-        if not params.host_overlaps_gpu or cost.gpu_s >= cost.overhead_s + cost.host_s:
+        if cost.gpu_s >= cost.overhead_s + cost.host_s:
             return True
     return False
 
@@ -933,15 +989,23 @@ def _span(samples: Sequence[TtftSample]) -> str:
     return f"{len(samples)} requests, {lengths[0]:,}-{lengths[-1]:,} tokens"
 
 
-def calibrate(
-    paths: Sequence[Path],
-    holdout: Sequence[int] = (),
-    model: str | None = None,
-    hardware: str | None = None,
-    holdout_loads: Sequence[float] = (),
-) -> Calibration:
-    """Fit a calibration from run directories (all of one deployment); ``holdout`` lengths (probe runs) and
-    ``holdout_loads`` (sweep load points) are not fitted."""
+# -- the fit, step by step ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """The runs' samples, split into fitted and held out, and what the runs say about their deployment."""
+
+    facts: list[RunFacts]
+    fit: FitData
+    held: FitData
+    backend_facts: dict[str, ArmFacts]
+    backends: list[str]
+    warnings: list[str]
+
+
+def read_deployment(paths: Sequence[Path], model: str | None, hardware: str | None) -> list[RunFacts]:
+    """Each run's facts; an error naming both when two runs are of different deployments."""
     if not paths:
         raise CalibrationError("give at least one run directory")
     facts = [run_facts(path, model, hardware) for path in paths]
@@ -952,9 +1016,13 @@ def calibrate(
                 f"{other.source.path} is {other.deployment.label} but {first.source.path} is "
                 f"{first.deployment.label}: calibrate one deployment at a time"
             )
-    dep = first.deployment
-    deployment = dep.resolve()
-    chunk = first.max_batch_tokens
+    return facts
+
+
+def gather(
+    paths: Sequence[Path], facts: Sequence[RunFacts], holdout: Sequence[int], holdout_loads: Sequence[float]
+) -> Gathered:
+    """Every run's samples (:func:`collect`), outliers left out and named (:func:`drop_outliers`)."""
     fit, held = FitData(), FitData()
     backend_facts: dict[str, ArmFacts] = {}
     for path, fact in zip(paths, facts, strict=True):
@@ -962,14 +1030,48 @@ def calibrate(
         fit.add(part_fit)
         held.add(part_held)
         backend_facts.update({a.backend: a for a in fact.arms.values() if a.backend is not None})
+    fit.ttft, warnings = drop_outliers(fit.ttft)
     if not fit.ttft and not fit.decode:
         raise CalibrationError(
             f"{', '.join(map(str, paths))}: no measured requests to fit outside the held-out lengths {list(holdout)}"
             + (f" and loads {list(holdout_loads)}" if holdout_loads else "")
         )
+    backends = sorted({s.backend for s in fit.ttft if s.backend is not None} | set(backend_facts))
+    return Gathered(list(facts), fit, held, backend_facts, backends, warnings)
+
+
+OUTLIER_FACTOR = 3.0
+"""A request whose TTFT is more than this factor off its cell's median (or not positive) is left out of the fit."""
+
+
+def drop_outliers(samples: Sequence[TtftSample]) -> tuple[list[TtftSample], list[str]]:
+    """The samples without outliers, and one warning per cell that had any.
+
+    An outlier is a TTFT that is not positive or lies more than :data:`OUTLIER_FACTOR` from its cell's median
+    (arm, context, turn): a clock step or a stalled request, which a least-squares fit would follow far enough
+    to move every efficiency to a bound.
+    """
+    kept: list[TtftSample] = []
+    warnings: list[str] = []
+    for (arm, context, turn), cell in sorted(cells_of(samples).items()):
+        positive = [s.ttft_s for s in cell if s.ttft_s > 0]
+        median = float(np.median(positive)) if positive else 0.0
+        good = [s for s in cell if s.ttft_s > 0 and median / OUTLIER_FACTOR <= s.ttft_s <= median * OUTLIER_FACTOR]
+        dropped = [s.ttft_s for s in cell if s not in good]
+        if dropped:
+            shown = ", ".join(f"{t * 1e3:.0f} ms" for t in dropped)
+            warnings.append(
+                f"outlier: {len(dropped)} of {len(cell)} requests of {arm} {context:,} tokens turn {turn} left out "
+                f"of the fit (TTFT {shown}; the cell's median is {median * 1e3:.0f} ms)"
+            )
+        kept += good
+    return kept, warnings
+
+
+def starting_params(deployment: Deployment, backends: Sequence[str]) -> Params:
+    """The datasheet's efficiencies and a backend at 25 GB/s without fixed costs: where every fit starts."""
     hw = deployment.hardware
     params = Params(linear=hw.mfu, attention=hw.mfu, hbm=hw.hbm_efficiency)
-    backends = sorted({s.backend for s in fit.ttft if s.backend is not None} | set(backend_facts))
     for b in backends:
         params.load_s_per_gb[b] = 1 / 25.0
         params.load_latency_s[b] = 0.0
@@ -977,236 +1079,425 @@ def calibrate(
         params.store_latency_s[b] = 0.0
         params.busy_intake_s[b] = 0.0
         params.step_extra_s[b] = 0.0
+    return params
 
-    # 0. the request overhead's growth with the prompt, where the engine's clock or LMCache's log times the
-    # requests' way in: fixed here, so the TTFT fit leaves it out of the GEMM rate and the load rates
-    fronts = front_samples(fit.front)
-    front_fitted = _spread([float(s.context_tokens) for s in fronts])
-    if front_fitted:
-        params.overhead_s_per_ktoken = front_slope(fronts)
 
-    # 1. decode: the GPU's HBM rate from the probe runs' batch-1 steps (their contexts span 1k-128k), then
-    # the host's step overhead and per-sequence cost from the sweeps' load points, where capacity is decided
-    # (a probe's steps ran on an otherwise idle engine: on the 1x H100, 14.6 ms mean at batch 1 against
-    # 17-23 ms, 30 in slow stretches, at batch 2.5-9 in the sweep, nearly flat in the batch)
-    probe_groups = decode_groups([s for s in fit.decode if s.load is None])
-    sweep_groups = decode_groups([s for s in fit.decode if s.load is not None])
-    decode_stages: list[tuple[list[DecodeSample], list[Free]]] = []
-    overhead_free = Free("step_overhead_s", _getter("step_overhead_s"), _setter("step_overhead_s"), 0.0, 0.5)
-    hbm_free = Free("hbm", _getter("hbm"), _setter("hbm"), 0.05, 1.0)
-    per_seq_free = Free("step_s_per_seq", _getter("step_s_per_seq"), _setter("step_s_per_seq"), 0.0, 0.05)
-    # a backend's own per-step work (its connector's bookkeeping in every engine step), against the arm
-    # without a tier of the same runs
-    extra_frees = [
-        Free(f"step_extra_s[{b}]", *_keyed("step_extra_s", b), 0.0, 0.5)
-        for b in backends
-        if any(g.backend is None for g in probe_groups) and any(g.backend == b for g in probe_groups)
-    ]
-    if probe_groups:
-        decode_stages.append((probe_groups, [overhead_free, *([hbm_free] if _kv_spread(deployment, probe_groups)
-                                                                else []), *extra_frees]))  # fmt: skip
-    if sweep_groups:
-        batches = [g.batch for g in sweep_groups]
-        frees_sweep = [overhead_free]
-        if max(batches) >= BATCH_SPREAD * min(batches):
-            frees_sweep.append(per_seq_free)
-        if not probe_groups and _kv_spread(deployment, sweep_groups):
-            frees_sweep.append(hbm_free)
-        decode_stages.append((sweep_groups, frees_sweep))
-    decode_frees = [f for _, stage in decode_stages for f in stage]
+def fit_front_growth(samples: Sequence[FrontSample], params: Params) -> list[FrontSample]:
+    """Step 0: the request overhead's growth with the prompt, where the engine's clock or LMCache's log times the
+    requests' way in; fixed here, so the TTFT fit leaves it out of the GEMM rate and the load rates. Returns the
+    samples it was fitted from (none: not determined)."""
+    fronts = front_samples(samples)
+    if not _spread([float(s.context_tokens) for s in fronts]):
+        return []
+    params.overhead_s_per_ktoken = front_slope(fronts)
+    return fronts
 
-    def fit_decode(first: bool) -> None:
-        for groups, stage in decode_stages:
-            measured_steps = np.array([g.step_s for g in groups])
 
-            def decode_residuals(p: Params, groups: list[DecodeSample] = groups,
-                                 measured_steps: np.ndarray = measured_steps) -> np.ndarray:  # fmt: skip
-                return np.asarray(predict_decode(deployment, p, groups) / measured_steps - 1.0, dtype=float)
+@dataclass
+class DecodeFit:
+    """Step 1: the decode step's parameters, in stages.
 
-            # squared loss: a group's mean step already pools its requests, and slow stretches are real steps
-            if not (first and params.host_overlaps_gpu and overhead_free in stage):
-                _solve(stage, params, decode_residuals, robust=False)
-                continue
-            # a step is max(GPU, host): a parameter of the side that does not bind has no gradient, so start
-            # host-bound (from the datasheet's 1 ms the memory time binds every step and the fit would
-            # explain eager-mode steps by a slow HBM), and where the HBM rate is free also with the group
-            # that reads the most memory-bound; keep the better fit
-            params.step_overhead_s = float(np.min(measured_steps))
-            starts = [copy.deepcopy(params)]
-            if hbm_free in stage:
-                heaviest = max(groups, key=lambda g: g.batch * g.context_tokens)
-                reads = deployment.streamed_weight_bytes_per_gpu + (
-                    heaviest.batch * heaviest.context_tokens * deployment.kv_bytes_per_token_per_gpu
-                )
-                bound = copy.deepcopy(params)
-                bound.hbm = min(max(reads / (deployment.hardware.hbm_bytes_per_s * heaviest.step_s), hbm_free.low),
-                                hbm_free.high)  # fmt: skip
-                starts.append(bound)
-            fits = [
-                (_rms(_solve(stage, start, decode_residuals, robust=False), len(groups)), start) for start in starts
-            ]
-            # the host-bound reading stands unless the memory-bound start explains the steps clearly better:
-            # where both fit to rounding, the HBM rate is not identified and which start wins a tie would be
-            # decided by the platform's floating point
-            best = fits[0][1]
-            for rms, start in fits[1:]:
-                if rms < fits[0][0] - MEMORY_BOUND_MARGIN:
-                    best = start
-            for name, value in vars(best).items():
-                setattr(params, name, value)
+    The GPU's HBM rate from the probe runs' batch-1 steps (their contexts span 1k-128k), then the host's
+    step overhead and per-sequence cost from the sweeps' load points, where capacity is decided (a probe's
+    steps ran on an otherwise idle engine: on the 1x H100, 14.6 ms mean at batch 1 against 17-23 ms at
+    batch 2.5-9 in the sweep). A backend's ``step_extra_s`` is fitted against the arm without a tier.
+    """
 
-    fit_decode(first=True)
+    deployment: Deployment
+    probe_groups: list[DecodeSample]
+    sweep_groups: list[DecodeSample]
+    stages: list[tuple[list[DecodeSample], list[Free]]]
 
-    # 2. TTFT
-    samples = fit.ttft
-    measured = np.array([s.ttft_s for s in samples])
+    @classmethod
+    def plan(cls, deployment: Deployment, samples: Sequence[DecodeSample], backends: Sequence[str]) -> DecodeFit:
+        probe = decode_groups([s for s in samples if s.load is None])
+        sweep = decode_groups([s for s in samples if s.load is not None])
+        overhead = _free("step_overhead_s", 0.0, 0.5)
+        hbm = _free("hbm", 0.05, 1.0)
+        per_seq = _free("step_s_per_seq", 0.0, 0.05)
+        extras = [
+            Free(f"step_extra_s[{b}]", *_keyed("step_extra_s", b), 0.0, 0.5)
+            for b in backends
+            if any(g.backend is None for g in probe) and any(g.backend == b for g in probe)
+        ]
+        stages: list[tuple[list[DecodeSample], list[Free]]] = []
+        if probe:
+            stages.append((probe, [overhead, *([hbm] if _kv_spread(deployment, probe) else []), *extras]))
+        if sweep:
+            batches = [g.batch for g in sweep]
+            frees = [overhead]
+            if max(batches) >= BATCH_SPREAD * min(batches):
+                frees.append(per_seq)
+            if not probe and _kv_spread(deployment, sweep):
+                frees.append(hbm)
+            stages.append((sweep, frees))
+        return cls(deployment, probe, sweep, stages)
+
+    @property
+    def free_names(self) -> set[str]:
+        return {f.name for _, stage in self.stages for f in stage}
+
+    def run(self, params: Params, first: bool) -> None:
+        """Fit every stage with squared residuals (a group's mean step already pools its requests, and slow
+        stretches are real steps). ``first``: choose between the host-bound and memory-bound starts."""
+        for groups, stage in self.stages:
+            measured = np.array([g.step_s for g in groups])
+
+            def residuals(
+                p: Params, groups: list[DecodeSample] = groups, measured: np.ndarray = measured
+            ) -> np.ndarray:
+                return np.asarray(predict_decode(self.deployment, p, groups) / measured - 1.0, dtype=float)
+
+            if first and any(f.name == "step_overhead_s" for f in stage):
+                self._best_start(params, groups, stage, residuals)
+            else:
+                _solve(stage, params, residuals, robust=False)
+
+    def _best_start(
+        self, params: Params, groups: list[DecodeSample], stage: list[Free], residuals: Callable[[Params], np.ndarray]
+    ) -> None:
+        """A step is max(GPU, host): a parameter of the side that does not bind has no gradient, so start
+        host-bound (from the datasheet's 1 ms the memory time binds every step and the fit would explain
+        eager-mode steps by a slow HBM) and, where the HBM rate is free, also with the group that reads the most
+        memory-bound; keep the memory-bound reading only when it fits clearly better (by
+        :data:`MEMORY_BOUND_MARGIN`: where both fit to rounding the HBM rate is not identified)."""
+        params.step_overhead_s = float(min(g.step_s for g in groups))
+        starts = [copy.deepcopy(params)]
+        hbm = next((f for f in stage if f.name == "hbm"), None)
+        if hbm is not None:
+            heaviest = max(groups, key=lambda g: g.batch * g.context_tokens)
+            dep = self.deployment
+            reads = dep.streamed_weight_bytes_per_gpu + (
+                heaviest.batch * heaviest.context_tokens * dep.kv_bytes_per_token_per_gpu
+            )
+            bound = copy.deepcopy(params)
+            bound.hbm = min(max(reads / (dep.hardware.hbm_bytes_per_s * heaviest.step_s), hbm.low), hbm.high)
+            starts.append(bound)
+        fits = [(_rms(_solve(stage, start, residuals, robust=False), len(groups)), start) for start in starts]
+        best = fits[0][1]
+        for rms, start in fits[1:]:
+            if rms < fits[0][0] - MEMORY_BOUND_MARGIN:
+                best = start
+        for name, value in vars(best).items():
+            setattr(params, name, value)
+
+
+@dataclass(frozen=True)
+class TtftFit:
+    """Step 2's outcome: the free parameters' names, and the requests a prefill step's own host time holds up
+    ("" when it was not kept)."""
+
+    free_names: set[str]
+    prefill_floor: str
+
+
+def ttft_frees(samples: Sequence[TtftSample], backends: Sequence[str], front_fitted: bool) -> list[Free]:
+    """The TTFT parameters these requests determine; each needs its own spread of the data (module docstring)."""
     frees: list[Free] = []
-    if samples:
-        frees.append(Free("overhead_s", _getter("overhead_s"), _setter("overhead_s"), 0.0, 2.0))
-        frees.append(Free("linear", _getter("linear"), _setter("linear"), 0.02, 1.0))
-    has_hbm_served = any(s.hbm_tokens >= s.prompt_tokens // 2 for s in samples)
-    if has_hbm_served and not front_fitted:
-        frees.append(Free("overhead_s_per_ktoken", _getter("overhead_s_per_ktoken"),
-                          _setter("overhead_s_per_ktoken"), 0.0, 1.0))  # fmt: skip
-    long_prompts = any(s.prompt_tokens >= ATTENTION_MIN_TOKENS for s in samples)
-    if long_prompts:
-        frees.append(Free("attention", _getter("attention"), _setter("attention"), 0.02, 1.0))
+    if not samples:
+        return frees
+    frees.append(_free("overhead_s", 0.0, 2.0))
+    # intercept and slope need computed prompts of lengths SPREAD apart: over one length they are one number
+    computed = [float(s.prompt_tokens - s.hbm_tokens - s.loaded_tokens) for s in samples]
+    if _spread(computed):
+        frees.append(_free("linear", 0.02, 1.0))
+    if any(s.hbm_tokens >= s.prompt_tokens // 2 for s in samples) and not front_fitted:
+        frees.append(_free("overhead_s_per_ktoken", 0.0, 1.0))
+    if any(s.prompt_tokens >= ATTENTION_MIN_TOKENS for s in samples) and _spread(computed):
+        frees.append(_free("attention", 0.02, 1.0))
     no_tier = any(s.backend is None for s in samples)
-    fitted_load: dict[str, bool] = {}
-    fitted_latency: dict[str, bool] = {}
     for b in backends:
-        loads = [s.loaded_tokens for s in samples if s.backend == b and s.loaded_tokens > 0]
-        fitted_load[b] = bool(loads)
-        fitted_latency[b] = _spread([float(x) for x in loads])
-        if fitted_load[b]:
+        loads = [float(s.loaded_tokens) for s in samples if s.backend == b and s.loaded_tokens > 0]
+        if loads:
             frees.append(Free(f"load_s_per_gb[{b}]", *_keyed("load_s_per_gb", b), 1e-3, 10.0))
-        if fitted_latency[b]:
+        if _spread(loads):
             frees.append(Free(f"load_latency_s[{b}]", *_keyed("load_latency_s", b), 0.0, 2.0))
         if no_tier and any(s.backend == b for s in samples):
             frees.append(Free(f"store_s_per_gb[{b}]", *_keyed("store_s_per_gb", b), 0.0, 10.0))
             if _spread([float(s.prompt_tokens) for s in samples if s.backend == b and s.loaded_tokens == 0]):
                 frees.append(Free(f"store_latency_s[{b}]", *_keyed("store_latency_s", b), 0.0, 2.0))
+    return frees
 
-    def ttft_residuals(p: Params) -> np.ndarray:
+
+def fit_ttft(
+    deployment: Deployment,
+    params: Params,
+    chunk: int,
+    samples: Sequence[TtftSample],
+    backends: Sequence[str],
+    front_fitted: bool,
+) -> TtftFit:
+    """Step 2: unloaded TTFT of the probe runs' requests (relative residuals, ``soft_l1``)."""
+    frees = ttft_frees(samples, backends, front_fitted)
+    measured = np.array([s.ttft_s for s in samples])
+
+    def residuals(p: Params) -> np.ndarray:
         return np.asarray(predict_ttft(deployment, p, chunk, samples) / measured - 1.0, dtype=float)
 
-    prefill_floor = _fit_ttft(deployment, params, chunk, samples, frees, ttft_residuals)
-    # the prefill efficiencies enter large-batch decode steps: refit decode with them
-    fit_decode(first=False)
+    floor = _fit_ttft(deployment, params, chunk, samples, frees, residuals)
+    return TtftFit({f.name for f in frees} | ({PREFILL_HOST_NAME} if floor else set()), floor)
 
-    # 3. the engine-blocking share of the request overhead, from sweep requests' decode windows
-    windows_fit = decode_windows(deployment, params, fit.windows)
-    blocking_frees: list[Free] = []
-    if windows_fit.requests and float(windows_fit.intake_s.sum()) > 0:
-        blocking_frees.append(Free("blocking_share", _getter("blocking_share"), _setter("blocking_share"), 0.0, 1.0))
+
+def fit_blocking(
+    deployment: Deployment, params: Params, windows: Sequence[StepsWindow], backends: Sequence[str]
+) -> tuple[DecodeWindows, set[str]]:
+    """Step 3: the engine-blocking share of the request overhead and each backend's ``busy_intake_s``, from
+    sweep requests' whole decode windows, the other parameters fixed."""
+    fitted = decode_windows(deployment, params, windows)
+    frees: list[Free] = []
+    if fitted.requests and float(fitted.intake_s.sum()) > 0:
+        frees.append(_free("blocking_share", 0.0, 1.0))
     for b in backends:
-        if float(windows_fit.arrivals[[x == b for x in windows_fit.backends]].sum()) > 0:
-            blocking_frees.append(Free(f"busy_intake_s[{b}]", *_keyed("busy_intake_s", b), 0.0, 0.5))
+        if float(fitted.arrivals[[x == b for x in fitted.backends]].sum()) > 0:
+            frees.append(Free(f"busy_intake_s[{b}]", *_keyed("busy_intake_s", b), 0.0, 0.5))
 
-    def window_residuals(p: Params) -> np.ndarray:
-        return np.asarray(windows_fit.predicted_s(p) / windows_fit.measured_s - 1.0, dtype=float)
+    def residuals(p: Params) -> np.ndarray:
+        return np.asarray(fitted.predicted_s(p) / fitted.measured_s - 1.0, dtype=float)
 
-    _solve(blocking_frees, params, window_residuals)
-    free_names = {f.name for f in frees} | {f.name for f in decode_frees} | {f.name for f in blocking_frees}
-    if prefill_floor:
-        free_names.add(PREFILL_HOST_NAME)
-    if front_fitted:
-        free_names.add("overhead_s_per_ktoken")
-    if "hbm" in free_names and not _memory_binds(deployment, params, [*probe_groups, *sweep_groups]):
-        # the HBM rate changed no prediction: back to the datasheet's, said so
-        params.hbm = hw.hbm_efficiency
+    _solve(frees, params, residuals)
+    return fitted, {f.name for f in frees}
+
+
+def settle_hbm(deployment: Deployment, params: Params, decode: DecodeFit, free_names: set[str]) -> str:
+    """Where no decode step is memory-bound the HBM rate changed no prediction: back to the datasheet's, and
+    the reason it was not fitted."""
+    if "hbm" in free_names and not _memory_binds(deployment, params, [*decode.probe_groups, *decode.sweep_groups]):
+        params.hbm = deployment.hardware.hbm_efficiency
         free_names.discard("hbm")
-        hbm_why = "every decode step is host-bound (its host work outlasts its weight and KV reads): datasheet"
-    else:
-        hbm_why = f"KV read per step varies by less than {KV_SPREAD:g}x the weights: datasheet"
+        return "every decode step is host-bound (its host work outlasts its weight and KV reads): datasheet"
+    return f"KV read per step varies by less than {KV_SPREAD:g}x the weights: datasheet"
 
-    runs = ", ".join(f.source.run_id for f in facts)
-    probe_runs = ", ".join(f.source.run_id for f in facts if f.kind == "probe") or "no probe run"
-    no_tier_samples = [s for s in samples if s.backend is None]
 
+BOUND_SHARE = 1e-3
+"""A fitted value within this share of its range from a bound is reported as stuck there."""
+
+
+def bound_warnings(params: Params, free_names: set[str], frees: Sequence[Free]) -> list[str]:
+    """A fitted parameter that ended on its bound is not determined by the runs: one warning each."""
+    out: list[str] = []
+    for f in frees:
+        if f.name not in free_names:
+            continue
+        value, margin = f.get(params), BOUND_SHARE * (f.high - f.low)
+        for bound in (f.low, f.high):
+            if abs(value - bound) <= margin and bound != 0.0:
+                out.append(
+                    f"not identified: {f.name} = {value:.6g} ended on its bound {bound:g}; the runs do not "
+                    "determine it (too few lengths, or outliers)"
+                )
+    return out
+
+
+def calibrate(
+    paths: Sequence[Path],
+    holdout: Sequence[int] = (),
+    model: str | None = None,
+    hardware: str | None = None,
+    holdout_loads: Sequence[float] = (),
+) -> Calibration:
+    """Fit a calibration from run directories (all of one deployment); ``holdout`` lengths (probe runs) and
+    ``holdout_loads`` (sweep load points) are not fitted. Steps 1 and 2 alternate (the prefill efficiencies
+    enter large-batch decode steps, the step overhead enters prefill steps), then 3."""
+    facts = read_deployment(paths, model, hardware)
+    deployment = facts[0].deployment.resolve()
+    chunk = facts[0].max_batch_tokens
+    data = gather(paths, facts, holdout, holdout_loads)
+    params = starting_params(deployment, data.backends)
+
+    fronts = fit_front_growth(data.fit.front, params)
+    decode = DecodeFit.plan(deployment, data.fit.decode, data.backends)
+    decode.run(params, first=True)
+    ttft = fit_ttft(deployment, params, chunk, data.fit.ttft, data.backends, bool(fronts))
+    decode.run(params, first=False)
+    windows, blocking_names = fit_blocking(deployment, params, data.fit.windows, data.backends)
+
+    free_names = ttft.free_names | decode.free_names | blocking_names | ({"overhead_s_per_ktoken"} if fronts else set())
+    hbm_why = settle_hbm(deployment, params, decode, free_names)
+    all_frees = [
+        *ttft_frees(data.fit.ttft, data.backends, bool(fronts)),
+        *(f for _, stage in decode.stages for f in stage),
+    ]
+    warnings = [*data.warnings, *bound_warnings(params, free_names, all_frees)]
+    why = Why(data, ttft.prefill_floor, fronts, windows, hbm_why)
+    calibration = assemble(data, params, free_names, why, chunk, holdout, holdout_loads, warnings)
+    return calibration.model_copy(
+        update={
+            "residuals": residuals(calibration, deployment, data.fit.ttft, data.held.ttft),
+            "decode_residuals": decode_fit_residuals(calibration, deployment, data.fit.decode, data.held.decode),
+            "tpot_residuals": window_fit_residuals(calibration, deployment, data.fit.windows, data.held.windows),
+        }
+    )
+
+
+# -- writing the calibration: each parameter with what determined it, or why it kept its default ----------------
+
+
+@dataclass(frozen=True)
+class Why:
+    """What the steps used, for the parameters' ``source`` texts."""
+
+    data: Gathered
+    prefill_floor: str
+    fronts: list[FrontSample]
+    windows: DecodeWindows
+    hbm_why: str
+
+    @property
+    def runs(self) -> str:
+        return ", ".join(f.source.run_id for f in self.data.facts)
+
+    @property
+    def probe_runs(self) -> str:
+        return ", ".join(f.source.run_id for f in self.data.facts if f.kind == "probe") or "no probe run"
+
+
+def _param_maker(free_names: set[str]) -> Callable[[str, float, str, str, str], FitParam]:
     def param(name: str, value: float, unit: str, source: str, default_why: str) -> FitParam:
         fitted = name in free_names
         return FitParam(value=value, unit=unit, fitted=fitted, source=source if fitted else default_why)
 
-    backend_out: dict[str, BackendCalibration] = {}
-    for b in backends:
-        mine = [s for s in samples if s.backend == b]
-        hits = [s for s in mine if s.loaded_tokens > 0]
-        arm_fact = backend_facts.get(b)
-        backend_out[b] = BackendCalibration(
-            version=arm_fact.version if arm_fact else None,
-            tier=(arm_fact.tier if arm_fact and arm_fact.tier else "cpu"),
-            load_gbps=param(f"load_s_per_gb[{b}]", 1.0 / params.load_s_per_gb[b], "GB/s",
-                            f"tier hits of {_span(hits)} ({probe_runs})",
-                            "no tier hits in the fitted requests: default"),
-            load_latency_s=param(f"load_latency_s[{b}]", params.load_latency_s[b], "s",
-                                 f"intercept of load time vs loaded bytes, {_span(hits)}",
-                                 "loads of one size only: the latency is folded into the load rate"),
-            store_s_per_gb=param(f"store_s_per_gb[{b}]", params.store_s_per_gb[b], "s/GB",
-                                 f"turn-1 TTFT of {_span(mine)} against {_span(no_tier_samples)} without a tier",
-                                 "no arm without a tier: the store cost is folded into the prefill efficiencies"),
-            store_latency_s=param(f"store_latency_s[{b}]", params.store_latency_s[b], "s",
-                                  f"intercept of the arm's extra TTFT vs prompt length, {_span(mine)} against "
-                                  f"{_span(no_tier_samples)} without a tier",
-                                  f"no arm without a tier, or computed prompts differ by less than {SPREAD:g}x: "
-                                  "folded into the request overhead"),
-            step_extra_s=param(f"step_extra_s[{b}]", params.step_extra_s[b], "s per engine step",
-                               f"decode steps of the arm with this backend against the arm without a tier "
-                               f"({probe_runs})",
-                               "no probe run with this backend's arm and an arm without a tier: 0"),
-            busy_intake_s=param(f"busy_intake_s[{b}]", params.busy_intake_s[b],
-                                "s per request arriving at a busy engine",
-                                f"decode windows of {sum(x == b for x in windows_fit.backends)} sweep requests of "
-                                f"the arm with this backend (arrivals charged) ({runs})",
-                                "no sweep of an arm with this backend whose engine steps can be reconstructed: 0"),
-        )  # fmt: skip
-    decode_span = f"{_decode_span(fit.decode)} ({runs})"
-    held_loads = sorted({float(x) for x in holdout_loads})
-    calibration = Calibration(
-        deployment=dep,
-        sources=[f.source for f in facts],
-        fit_context_tokens=sorted({s.context_tokens for s in samples} | set()),
+    return param
+
+
+def backend_params(b: str, params: Params, free_names: set[str], why: Why) -> BackendCalibration:
+    """One offload backend's entry."""
+    param = _param_maker(free_names)
+    samples = why.data.fit.ttft
+    mine = [s for s in samples if s.backend == b]
+    hits = [s for s in mine if s.loaded_tokens > 0]
+    no_tier = _span([s for s in samples if s.backend is None])
+    arm = why.data.backend_facts.get(b)
+    sweep_requests = sum(x == b for x in why.windows.backends)
+    return BackendCalibration(
+        version=arm.version if arm else None,
+        tier=arm.tier if arm and arm.tier else "cpu",
+        load_gbps=param(
+            f"load_s_per_gb[{b}]",
+            1.0 / params.load_s_per_gb[b],
+            "GB/s",
+            f"tier hits of {_span(hits)} ({why.probe_runs})",
+            "no tier hits in the fitted requests: default",
+        ),
+        load_latency_s=param(
+            f"load_latency_s[{b}]",
+            params.load_latency_s[b],
+            "s",
+            f"intercept of load time vs loaded bytes, {_span(hits)}",
+            "loads of one size only: the latency is folded into the load rate",
+        ),
+        store_s_per_gb=param(
+            f"store_s_per_gb[{b}]",
+            params.store_s_per_gb[b],
+            "s/GB",
+            f"turn-1 TTFT of {_span(mine)} against {no_tier} without a tier",
+            "no arm without a tier: the store cost is folded into the prefill efficiencies",
+        ),
+        store_latency_s=param(
+            f"store_latency_s[{b}]",
+            params.store_latency_s[b],
+            "s",
+            f"intercept of the arm's extra TTFT vs prompt length, {_span(mine)} against {no_tier} without a tier",
+            f"no arm without a tier, or computed prompts differ by less than {SPREAD:g}x: in the request overhead",
+        ),
+        step_extra_s=param(
+            f"step_extra_s[{b}]",
+            params.step_extra_s[b],
+            "s per engine step",
+            f"decode steps of the arm with this backend against the arm without a tier ({why.probe_runs})",
+            "no probe run with this backend's arm and an arm without a tier: 0",
+        ),
+        busy_intake_s=param(
+            f"busy_intake_s[{b}]",
+            params.busy_intake_s[b],
+            "s per request arriving at a busy engine",
+            f"decode windows of {sweep_requests} sweep requests of the arm with this backend ({why.runs})",
+            "no sweep of an arm with this backend whose engine steps can be reconstructed: 0",
+        ),
+    )
+
+
+def assemble(
+    data: Gathered,
+    params: Params,
+    free_names: set[str],
+    why: Why,
+    chunk: int,
+    holdout: Sequence[int],
+    holdout_loads: Sequence[float],
+    warnings: list[str],
+) -> Calibration:
+    """The calibration file's content; its residuals are empty until the caller adds them."""
+    param = _param_maker(free_names)
+    samples = data.fit.ttft
+    decode_span = f"{_decode_span(data.fit.decode)} ({why.runs})"
+    growth = _front_source(why.fronts) if why.fronts else "requests served from the HBM prefix cache"
+    return Calibration(
+        deployment=data.facts[0].deployment,
+        sources=[f.source for f in data.facts],
+        fit_context_tokens=sorted({s.context_tokens for s in samples}),
         holdout_context_tokens=sorted(set(holdout)),
-        holdout_loads=held_loads,
+        holdout_loads=sorted({float(x) for x in holdout_loads}),
         max_batch_tokens=chunk,
-        request_overhead_s=param("overhead_s", params.overhead_s, "s",
-                                 f"intercept of TTFT vs prompt length, {_span(samples)} ({probe_runs})",
-                                 "no probe requests"),
+        request_overhead_s=param(
+            "overhead_s",
+            params.overhead_s,
+            "s",
+            f"intercept of TTFT vs prompt length, {_span(samples)} ({why.probe_runs})",
+            "no probe requests",
+        ),
         request_overhead_s_per_ktoken=param(
-            "overhead_s_per_ktoken", params.overhead_s_per_ktoken, "s per 1000 prompt tokens",
-            _front_source(fronts) if front_fitted else "requests served from the HBM prefix cache",
-            "no requests served from the HBM prefix cache: the growth is folded into the linear efficiency "
-            "and the load rates"),
-        linear_efficiency=param("linear", params.linear, "fraction of dense peak",
-                                f"slope of TTFT vs prompt length, {_span(samples)}", "no probe requests: datasheet"),
-        attention_efficiency=param("attention", params.attention, "fraction of BF16 dense peak",
-                                   f"curvature of TTFT vs prompt length, {_span(samples)}",
-                                   f"no prompts of {ATTENTION_MIN_TOKENS:,}+ tokens: datasheet"),
-        step_overhead_s=param("step_overhead_s", params.step_overhead_s, "s", decode_span,
-                              "no output of 2+ tokens: default"),
-        step_s_per_seq=param("step_s_per_seq", params.step_s_per_seq, "s per sequence in the step", decode_span,
-                             f"decode batches differ by less than {BATCH_SPREAD:g}x (no sweep): in the step overhead"),
-        hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span,
-                             hbm_why),
-        prefill_host_s=param(PREFILL_HOST_NAME, _prefill_host(params), "s per prefill step",
-                             f"the floor of TTFT vs prompt length, {prefill_floor}",
-                             "no fitted request's prefill step is host-bound, or one more parameter fits them no "
-                             f"better than {PREFILL_FLOOR_MARGIN:.1%}: the step overhead"),
+            "overhead_s_per_ktoken",
+            params.overhead_s_per_ktoken,
+            "s per 1000 prompt tokens",
+            growth,
+            "no requests served from the HBM prefix cache: the growth is in the linear efficiency and load rates",
+        ),
+        linear_efficiency=param(
+            "linear",
+            params.linear,
+            "fraction of dense peak",
+            f"slope of TTFT vs prompt length, {_span(samples)}",
+            f"computed prompts differ by less than {SPREAD:g}x (or no probe requests): datasheet",
+        ),
+        attention_efficiency=param(
+            "attention",
+            params.attention,
+            "fraction of BF16 dense peak",
+            f"curvature of TTFT vs prompt length, {_span(samples)}",
+            f"no prompts of {ATTENTION_MIN_TOKENS:,}+ tokens among lengths {SPREAD:g}x apart: datasheet",
+        ),
+        step_overhead_s=param(
+            "step_overhead_s", params.step_overhead_s, "s", decode_span, "no output of 2+ tokens: default"
+        ),
+        step_s_per_seq=param(
+            "step_s_per_seq",
+            params.step_s_per_seq,
+            "s per sequence in the step",
+            decode_span,
+            f"decode batches differ by less than {BATCH_SPREAD:g}x (no sweep): in the step overhead",
+        ),
+        hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span, why.hbm_why),
+        prefill_host_s=param(
+            PREFILL_HOST_NAME,
+            _prefill_host(params),
+            "s per prefill step",
+            f"the floor of TTFT vs prompt length, {why.prefill_floor}",
+            "no fitted request's prefill step is host-bound, or one more parameter fits them no better than "
+            f"{PREFILL_FLOOR_MARGIN:.1%}: the step overhead",
+        ),
         engine_blocking_share=param(
-            "blocking_share", params.blocking_share, "fraction of the request overhead",
-            f"decode windows of {len(windows_fit.requests)} sweep requests (every step, arrivals' overheads "
-            f"charged) ({runs})",
-            "no sweep whose engine steps can be reconstructed: the overhead blocks nobody"),
-        backends=backend_out,
-        host_overlaps_gpu=params.host_overlaps_gpu,
+            "blocking_share",
+            params.blocking_share,
+            "fraction of the request overhead",
+            f"decode windows of {len(why.windows.requests)} sweep requests (every step, arrivals' overheads "
+            f"charged) ({why.runs})",
+            "no sweep whose engine steps can be reconstructed: the overhead blocks nobody",
+        ),
+        backends={b: backend_params(b, params, free_names, why) for b in data.backends},
+        warnings=warnings,
         residuals=[],
-    )  # fmt: skip
-    return calibration.model_copy(
-        update={
-            "residuals": residuals(calibration, deployment, fit.ttft, held.ttft),
-            "decode_residuals": decode_fit_residuals(calibration, deployment, fit.decode, held.decode),
-            "tpot_residuals": window_fit_residuals(calibration, deployment, fit.windows, held.windows),
-        }
+        decode_residuals=[],
+        tpot_residuals=[],
     )
 
 
@@ -1224,8 +1515,10 @@ def window_fit_residuals(
                 continue
             predicted = got.predicted_s(params)
             steps = w.steps(params)
-            batch = [float(np.mean([len(steps.decodes[k]) for k in range(steps.first[i] + 1, steps.last[i] + 1)]))
-                     for _, i in got.requests]  # fmt: skip
+            batch = [
+                float(np.mean([len(steps.decodes[k]) for k in range(steps.first[i] + 1, steps.last[i] + 1)]))
+                for _, i in got.requests
+            ]
             contexts = [steps.records[i].prompt_tokens or 0 for _, i in got.requests]
             out.append(
                 DecodeResidual(
@@ -1286,7 +1579,7 @@ def residuals(
     params = params_of(calibration)
     out: list[Residual] = []
     for used, samples in ((True, fitted), (False, held)):
-        for (arm, context, turn), cell in sorted(_cells(samples).items()):
+        for (arm, context, turn), cell in sorted(cells_of(samples).items()):
             predicted = predict_ttft(deployment, params, calibration.max_batch_tokens, cell)
             out.append(
                 Residual(
@@ -1320,64 +1613,5 @@ def params_of(calibration: Calibration) -> Params:
         store_latency_s={b: c.store_latency_s.value for b, c in calibration.backends.items()},
         busy_intake_s={b: c.busy_intake_s.value for b, c in calibration.backends.items()},
         step_extra_s={b: c.step_extra_s.value for b, c in calibration.backends.items()},
-        host_overlaps_gpu=calibration.host_overlaps_gpu,
         prefill_host_s=calibration.fitted_prefill_host_s,
     )
-
-
-CALIBRATION_IN_RUN = "calibration.yaml"
-"""A calibration stored in a run directory: reports show its predictions beside the measurements."""
-
-
-def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str, int, int], float], str]:
-    """Median TTFT (ms) the calibrated simulator predicts per (arm, context, turn) of a probe run.
-
-    Returns ``({}, why)`` when the calibration cannot be used for the run (another deployment, an
-    unreadable file); arms whose offload backend the calibration lacks are left out.
-    """
-    try:
-        calibration = Calibration.load(calibration_file)
-        facts = run_facts(run)
-    except (CalibrationError, RunDirError) as error:
-        return {}, str(error)
-    if not calibration.deployment.agrees(facts.deployment):
-        return {}, (
-            f"calibration {calibration_file} is for {calibration.deployment.label}; the run is {facts.deployment.label}"
-        )
-    dep = calibration.deployment
-    out = {key: float(np.median(predicted)) for key, (predicted, _) in _time_model(run, facts, calibration).items()}
-    fitted = ", ".join(f"{n:,}" for n in calibration.fit_context_tokens)
-    return out, f"calibration {calibration_file.name} ({dep.label}, fitted on {fitted} tokens)"
-
-
-def _time_model(
-    run: Path, facts: RunFacts, calibration: Calibration
-) -> dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]:
-    """Per (arm, context, turn): (the time model's unloaded TTFT, the run's TTFT), ms per request, for the
-    arms whose backend the calibration has."""
-    deployment = calibration.deployment.resolve()
-    samples, _ = collect(run, facts, ())
-    usable = [s for s in samples.ttft if s.backend is None or s.backend in calibration.backends]
-    params = params_of(calibration)
-    return {
-        key: (
-            predict_ttft(deployment, params, calibration.max_batch_tokens, cell) * 1e3,
-            np.array([s.ttft_s for s in cell]) * 1e3,
-        )
-        for key, cell in _cells(usable).items()
-    }
-
-
-def simulator_lateness(sim_run: Path, calibration: Calibration) -> dict[tuple[str, int, int], float]:
-    """Per (arm, context, turn) of a calibrated simulator run: the median of (its TTFT - its own time model's
-    TTFT for the same request), ms.
-
-    The real-time simulator cannot be earlier than its time model, and is later by what the host that runs it
-    adds: the client's and the HTTP server's Python, and event-loop wake-ups. The calibration's fitted overhead
-    already holds the measured host's share of that, so this is the part of a simulated cell that belongs to
-    the simulating machine, not to the model.
-    """
-    return {
-        key: float(np.median(simulated - predicted))
-        for key, (predicted, simulated) in _time_model(sim_run, run_facts(sim_run), calibration).items()
-    }
