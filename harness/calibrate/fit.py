@@ -1197,8 +1197,8 @@ def ttft_frees(samples: Sequence[TtftSample], backends: Sequence[str], front_fit
     if not samples:
         return frees
     frees.append(_free("overhead_s", 0.0, 2.0))
-    # intercept and slope need computed prompts of lengths SPREAD apart: over one length they are one number
-    computed = [float(s.prompt_tokens - s.hbm_tokens - s.loaded_tokens) for s in samples]
+    # intercept and slope need whole prompts computed at lengths SPREAD apart: over one length they are one number
+    computed = [float(s.prompt_tokens) for s in samples if s.loaded_tokens == 0 and 2 * s.hbm_tokens < s.prompt_tokens]
     if _spread(computed):
         frees.append(_free("linear", 0.02, 1.0))
     if any(s.hbm_tokens >= s.prompt_tokens // 2 for s in samples) and not front_fitted:
@@ -1268,8 +1268,9 @@ def settle_hbm(deployment: Deployment, params: Params, decode: DecodeFit, free_n
     return f"KV read per step varies by less than {KV_SPREAD:g}x the weights: datasheet"
 
 
-BOUND_SHARE = 1e-3
-"""A fitted value within this share of its range from a bound is reported as stuck there."""
+BOUND_SHARE = 1e-4
+"""A fitted value within this share of a (non-zero) bound is reported as stuck there; 0 is a physical value
+(no cost), not a bound the data pushed the fit against."""
 
 
 def bound_warnings(params: Params, free_names: set[str], frees: Sequence[Free]) -> list[str]:
@@ -1278,9 +1279,9 @@ def bound_warnings(params: Params, free_names: set[str], frees: Sequence[Free]) 
     for f in frees:
         if f.name not in free_names:
             continue
-        value, margin = f.get(params), BOUND_SHARE * (f.high - f.low)
+        value = f.get(params)
         for bound in (f.low, f.high):
-            if abs(value - bound) <= margin and bound != 0.0:
+            if bound != 0.0 and abs(value - bound) <= BOUND_SHARE * abs(bound):
                 out.append(
                     f"not identified: {f.name} = {value:.6g} ended on its bound {bound:g}; the runs do not "
                     "determine it (too few lengths, or outliers)"

@@ -387,3 +387,33 @@ def unloaded_ttft_s(
     """
     cached = min(prompt_tokens - 1, hbm_tokens + loaded_tokens)
     return overhead_s + load_s + timing.prefill_seconds(prompt_tokens, cached, chunk_tokens)
+
+
+SHIPPED_DIR = Path(__file__).parent / "calibrations"
+"""The calibrations kvbench ships, one per measured deployment (``engine.calibration: auto`` picks one)."""
+AUTO = "auto"
+
+
+def shipped_calibrations() -> dict[Path, Calibration]:
+    """Every shipped calibration by file, in name order."""
+    return {path: Calibration.load(path) for path in sorted(SHIPPED_DIR.glob("*.yaml"))}
+
+
+def pick_shipped(deployment: Deployment, cuda_graphs: bool | None = None) -> tuple[Path, Calibration]:
+    """The shipped calibration of this deployment (model, hardware, TP, weight and KV dtypes) and, where
+    given, engine mode. Where both modes were measured and none is given, CUDA graphs (vLLM's default).
+    No match is a one-line error listing the shipped ones."""
+    shipped = shipped_calibrations()
+    matches = [
+        (path, c)
+        for path, c in shipped.items()
+        if c.deployment.matches(deployment) and (cuda_graphs is None or c.deployment.cuda_graphs in (None, cuda_graphs))
+    ]
+    matches.sort(key=lambda item: item[1].deployment.cuda_graphs is not True)
+    if not matches:
+        known = "; ".join(f"{path.name} ({c.deployment.label})" for path, c in shipped.items())
+        mode = {None: "", True: " with CUDA graphs", False: " in eager mode"}[cuda_graphs]
+        raise CalibrationError(
+            f"engine.calibration: auto: no shipped calibration for {deployment.label}{mode}; shipped: {known}"
+        )
+    return matches[0]

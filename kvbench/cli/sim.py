@@ -303,6 +303,7 @@ def _describe(calibration: object) -> str:
     )
     if calibration.holdout_loads:
         lines.append(f"  sweep load points held out: {[f'{v:g}' for v in calibration.holdout_loads]}")
+    lines += [f"WARNING: {warning}" for warning in calibration.warnings]
 
     def show(name: str, p: FitParam) -> str:
         state = "fitted " if p.fitted else "default"
@@ -322,8 +323,7 @@ def _describe(calibration: object) -> str:
         value = getattr(calibration, name)
         assert isinstance(value, FitParam)
         lines.append(show(name, value))
-    if calibration.prefill_host_s is not None:
-        lines.append(show("prefill_host_s", calibration.prefill_host_s))
+    lines.append(show("prefill_host_s", calibration.prefill_host_s))
     for backend, entry in calibration.backends.items():
         label = f"{backend} {entry.version or ''}".strip()
         lines.append(show(f"{label}: load_gbps", entry.load_gbps))

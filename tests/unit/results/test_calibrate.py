@@ -106,6 +106,7 @@ def write_run(
     arms: dict[str, OffloadProfile] | None = None,
     keep_hbm: frozenset[str] = frozenset(),
     engine: dict[str, object] | None = None,
+    lengths: tuple[int, ...] = LENGTHS,
 ) -> Path:
     """A probe run directory whose records the simulator's engine core produced under ``truth``.
 
@@ -118,7 +119,7 @@ def write_run(
             "name": "calib-truth",
             "engine": engine_section,
             "arms": [{"name": name, "offload": profile.model_dump(mode="json")} for name, profile in arms.items()],
-            "workload": {"kind": "multi_round_qa", "context_tokens": list(LENGTHS), "conversations": 1, "turns": 2},
+            "workload": {"kind": "multi_round_qa", "context_tokens": list(lengths), "conversations": 1, "turns": 2},
         },
         "test",
     )
@@ -129,7 +130,7 @@ def write_run(
         engines[arm] = {"kind": "vllm", "version": "9.9.9", "details": details}
         core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=profile, calibration=truth))
         now = 0.0
-        for length in LENGTHS:
+        for length in lengths:
             prompt = [1000 + (i * 7 + length) % 50000 for i in range(length)]
             for turn, tokens in ((1, prompt), (2, prompt + list(range(7, 7 + QUESTION)))):
                 request = SimRequest(f"{arm}-{length}-{turn}", tokens, OUTPUT_TOKENS, _ignore)
@@ -550,9 +551,51 @@ def test_sweep_loads_held_out_stay_out_of_the_fit(tmp_path: Path) -> None:
     assert all(abs(r.error) < 0.05 for r in fitted.tpot_residuals if not r.used_in_fit)
 
 
-def test_a_schema_1_file_is_refused_with_the_command_that_refits_it() -> None:
-    root = Path(__file__).resolve().parents[3]
-    old = root / "tests" / "golden" / "calibration" / "llama8b-h200-2026-11-26.yaml"
+def test_an_outlier_record_is_left_out_and_named_not_followed(tmp_path: Path) -> None:
+    """R4: one record of -5 s among the run's requests moved every efficiency to its bound, silently."""
+    truth = chosen()
+    run = write_run(tmp_path, truth)
+    records = (run / "records.jsonl").read_text(encoding="utf-8").splitlines()
+    bad = json.loads(records[4])
+    bad["ttft_ns"] = -5_000_000_000
+    records[4] = json.dumps(bad)
+    (run / "records.jsonl").write_text("\n".join(records) + "\n", encoding="utf-8")
+    fitted = calibrate([run])
+    for name in ("linear_efficiency", "attention_efficiency", "request_overhead_s"):
+        assert getattr(fitted, name).value == pytest.approx(getattr(truth, name).value, rel=0.03), name
+    named = f"{bad['arm']} {bad['context_tokens']:,} tokens turn {bad['turn']}"
+    assert any(w.startswith("outlier: 1 of 1 requests of " + named) and "-5000 ms" in w for w in fitted.warnings)
+
+
+def test_one_length_does_not_determine_the_prefill_slope(tmp_path: Path) -> None:
+    """R4: two requests at one length gave ``linear_efficiency: 0.65, fitted: true`` from a 'slope' over one
+    length; the intercept takes them and the efficiency keeps its datasheet value, saying why."""
+    fitted = calibrate([write_run(tmp_path, chosen(), arms={"OFF": ARMS["OFF"]}, lengths=(8000,))])
+    assert fitted.request_overhead_s.fitted
+    for name in ("linear_efficiency", "attention_efficiency"):
+        param = getattr(fitted, name)
+        assert not param.fitted and "4x" in param.source, (name, param)
+    hardware = fitted.deployment.resolve().hardware
+    assert fitted.linear_efficiency.value == hardware.mfu
+
+
+def test_a_value_fitted_onto_its_bound_is_a_warning() -> None:
+    from harness.calibrate.fit import Params, _free, bound_warnings
+
+    params = Params(linear=0.99999999)
+    frees = [_free("linear", 0.02, 1.0), _free("overhead_s", 0.0, 2.0)]
+    warnings = bound_warnings(params, {"linear", "overhead_s"}, frees)
+    assert warnings == [
+        "not identified: linear = 1 ended on its bound 1; the runs do not determine it (too few lengths, or outliers)"
+    ]
+
+
+def test_a_schema_1_file_is_refused_with_the_command_that_refits_it(tmp_path: Path) -> None:
+    old = tmp_path / "old.yaml"
+    data = chosen().model_dump(mode="json")
+    data["schema_version"] = 1
+    del data["warnings"]
+    old.write_text(yaml.safe_dump(data), encoding="utf-8")
     with pytest.raises(CalibrationError) as error:
         Calibration.load(old)
     message = str(error.value)
