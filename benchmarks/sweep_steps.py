@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.calibrate.engine_steps import EngineSteps, reconstruct
-from harness.calibrate.fit import run_facts
+from harness.calibrate.samples import run_facts
 from harness.sim.calibration import Calibration
 from harness.sim.timemodel import TimeModel
 from harness.store.records import RequestRecord

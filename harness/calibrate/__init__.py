@@ -7,8 +7,10 @@ model -- stays in :mod:`harness.sim`.
 
 Modules, by job:
 
-* :mod:`.fit` -- ``kvbench sim calibrate``: run directories in, a calibration file out.
+* :mod:`.fit` -- ``kvbench sim calibrate``: run directories in, a calibration file out, step by step; its
+  inputs come from :mod:`.samples` (what a run directory holds) and its predictions and solver from :mod:`.model`.
 * :mod:`.engine_steps` -- the engine's steps rebuilt from a sweep's token arrival times (used by the fit).
+* :mod:`.holdout` -- the held-out error of every shipped calibration, refitted with this checkout's code.
 * :mod:`.validate` -- ``kvbench sim validate``: a run's scenario re-run on the calibrated simulator, cell by cell.
 * :mod:`.predict` -- the calibrated time model's TTFT per cell of a probe run, stored for reports.
 * :mod:`.whatif` -- ``kvbench sim whatif``: turn-2 TTFT against tier read bandwidth.

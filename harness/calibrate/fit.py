@@ -1,124 +1,81 @@
 """Fit a simulator calibration from real runs: a pure function of stored run directories.
 
-``calibrate([RUN_DIR, ...])`` reads each run's scenario, manifest, ``records.jsonl`` and
-``engine_metrics.jsonl`` and fits the parameters of :class:`harness.sim.calibration.Calibration`
-for the one deployment they share (model, hardware, TP, weight dtype -- FP8 with
-``engine.quantization: fp8`` --, KV-cache dtype, engine and version; runs of two deployments are an
-error naming both).
+``calibrate([RUN_DIR, ...])`` reads each run's scenario, manifest, records and ``/metrics`` deltas and fits
+:class:`harness.sim.calibration.Calibration` for the one deployment they share (two deployments are an error
+naming both). Least squares on relative residuals ``predicted / measured - 1``, so a 50 ms and a 10 s request
+weigh the same. :func:`calibrate` reads top-down; its steps, with the simulator's own formulas
+(``P`` prompt tokens, ``b`` decoding batch, ``c`` context tokens):
 
-What is fitted, from what (all by least squares on *relative* residuals ``predicted/measured - 1``,
-so a 50 ms and a 10 s request weigh the same; ``soft_l1`` loss, so a request whose TTFT includes a
-few decode steps does not drag the fit):
+0. :func:`fit_front_growth`: ``request_overhead_s_per_ktoken`` = slope of the front-end time (the client's TTFT
+   minus the engine's queue and prefill time, or LMCache's log) against ``P``, where lengths are 4x apart.
+1. :class:`DecodeFit`: a decode step ``max(step_overhead + per_seq x b + extra_backend, (weights + b x c x KV
+   bytes) / (HBM bw x hbm_eff))`` against each (run, arm, load point or probe length)'s mean clean step
+   (:func:`.samples.decode_samples`: gaps while no other request prefilled).
+2. :func:`fit_ttft`: a probe request's unloaded TTFT ``overhead(P) + [latency_b + loaded GB / load_gbps_b] +
+   prefill(P | cached)`` (:func:`harness.sim.calibration.unloaded_ttft_s`; ``soft_l1`` loss), with and without a
+   prefill step's own host time (kept where it binds and fits better by :data:`PREFILL_FLOOR_MARGIN`).
+3. :func:`fit_blocking`: a sweep request's decode window = the sum of its rebuilt steps (:mod:`.engine_steps`)
+   ``+ share x overhead(P)`` of each arrival charged to them ``+ busy_intake_s`` per arrival at a busy engine.
 
-1. Decode (every run kind, every request with two or more output tokens): one step per token is
-   ``max(step_overhead + per_seq x batch, max(compute, (weights + batch x context x KV bytes) /
-   (HBM bw x hbm_eff)))``: the host's part overlaps the GPU's (``host_overlaps_gpu``; a parameter
-   of the side that does not bind has no gradient, so the fit starts host-bound and, where the HBM
-   rate is free, also memory-bound at the heaviest group, and keeps the better). Per request, its
-   *clean* gaps (no other request of its window between send
-   and first token, :func:`decode_samples`); per (run, arm, load point or probe length) the *mean*
-   step over them (:func:`decode_groups`: clean time / clean steps), fitted with squared residuals:
-   TPS/user and RPS are means, and a real engine's steps have a long tail (on the measured 1x H100
-   sweep, vLLM 0.26.0, the clean steps' median is 15-18 ms and their mean 17-21 ms, slow stretches
-   lasting seconds). When the stream carried fewer content chunks than tokens (outputs that decode
-   to no text), the whole decode window over ``completion_tokens - 1`` is used (a lower bound).
-   ``batch`` is the time-averaged number of requests of the same window decoding at once (1 in a
-   probe run). The HBM efficiency and a first step overhead come from probe runs (batch 1, contexts
-   that differ; the efficiency only when the KV read per step varies by half the weights' bytes);
-   with a sweep, the step overhead and ``per_seq`` (``step_s_per_seq``, when batches differ 2x) are
-   then fitted on its load points alone: a probe's steps ran on an otherwise idle engine, a sweep's
-   beside arrivals and other streams, which is where capacity is decided. An arm with an offload
-   backend adds the backend's ``step_extra_s`` to every step, fitted jointly from a probe run's
-   steps of that arm and of an arm without a tier (both are needed to tell it from the overhead).
-2. TTFT (probe runs only: an unloaded request's TTFT, no queueing): each measured request is
-   ``overhead(P) + [latency_b + loaded x KV bytes / load_bw_b] + prefill(P | cached)``, the
-   simulator's own unloaded formula (:func:`harness.sim.calibration.unloaded_ttft_s`), where the
-   prefill uses the time model with the fitted GEMM and attention efficiencies plus the backend's
-   blocking store per computed token. Per request, HBM hits and tier hits (``loaded``) are the
-   group's ``/metrics`` deltas (``gpu_prefix_hits``, ``external_prefix_hits``) divided by its
-   requests, or ``cached_tokens`` when no deltas exist. Under ``host_overlaps_gpu`` the fit runs twice, the
-   second time with a prefill step's own host time (``prefill_host_s``, eager mode's short-prompt floor: vLLM
-   0.26.0 --enforce-eager took 42-43 ms per 8B prefill from 250 to 1,500 tokens on one H200), and keeps it
-   where it binds and fits better (:func:`_fit_ttft`).
-3. Engine-blocking share (sweeps): the engine's steps are rebuilt from the records
-   (:mod:`.engine_steps`), and with the other parameters fixed, the share ``beta`` of the per-request
-   overhead that stalls the running requests is fitted from the measured requests' whole decode
-   windows: each window is predicted as the sum of its steps' modelled times (decodes, prefill
-   chunks, stores, per-sequence cost) plus ``beta x overhead(P)`` of every request whose intake is
-   charged to one of its steps (the first step that starts after it was sent, as the simulator
-   charges it); jointly, per offload backend, ``busy_intake_s``: seconds of engine-loop work per
-   request that arrives while the engine is busy, fitted from that backend's arm's windows alone
-   (each arrival charged to a step of the window adds it). On the 1x H100 sweep native's decode
-   steps slow with the load beyond what the shared share (0 there) predicts, LMCache's do not.
-
-0. Front end (probe runs): the time a request spends outside the engine core's queue and prefill -- HTTP,
-   rendering, tokenizing, the engine's intake, the first token's way back -- grows with the prompt. Timed by the
-   engine's own histograms where every request of a group was (the client's mean TTFT minus vLLM's mean queue and
-   prefill time: every arm; 2.6 and 3.1 ms per 1000 tokens on the two committed runs that scraped them), else by
-   LMCache's log lines (sent to the scheduler's lookup, :mod:`.lmcache_log`: 1.7-2.7 ms per 1000 tokens, without
-   the way back); :func:`front_samples` picks. Its slope over the cells' medians (:func:`front_slope`) is the request
-   overhead's growth, fixed before step 2 for every arm (one vLLM front end), so the load rates and the GEMM rate
-   no longer absorb it.
-
-Steps 1-2 alternate (decode, TTFT, decode: the prefill efficiencies enter large-batch decode
-steps and the step overhead enters prefill steps), then 3. ``holdout_loads`` leaves sweep load
-points out of every step (``decode_residuals`` and ``tpot_residuals`` mark them held out).
-
-Some parameters are not determined by some runs; they keep their default and say why:
-
-* the per-token growth of the request overhead needs the engine's queue and prefill histograms or LMCache's log
-  lines (step 0) at context lengths 4x apart (the workload's lengths: 32k and 128k are, though the question and
-  chat template make their prompts just under 4x), or requests served from the HBM prefix cache (otherwise it is
-  indistinguishable from the GEMM rate and the load rate);
-* the store cost needs an arm without a tier (otherwise it is indistinguishable from prefill), and
-  its fixed part per request (``store_latency_s``) also computed prompts whose sizes differ 4x;
-* a backend's load latency needs loads of sizes that differ by 4x or more, its rate any load;
-* the attention efficiency needs prompts of 16k tokens or more;
-* the per-sequence step cost needs decode batches that differ 2x (a sweep), the engine-blocking
-  share a sweep whose schedule can be reconstructed (every token streamed as its own chunk).
+A parameter is free only where the runs determine it (lengths or loads :data:`SPREAD` apart, batches
+:data:`BATCH_SPREAD` apart, an arm without a tier, ...); otherwise it keeps its default and its ``source`` says
+why. :func:`gather` leaves outlier requests out and :func:`bound_warnings` flags values stuck on a bound; both land
+in the file's ``warnings``. ``holdout`` lengths and ``holdout_loads`` stay out of every step.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import statistics
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from itertools import pairwise
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from common.errors import CalibrationError
-from harness.engines.host_link import summarize_host_links
-from harness.results.aggregate import chosen_measured
-from harness.results.lmcache_log import split_requests
-from harness.results.modelshape import hf_config
-from harness.scenario.spec import Scenario
 from harness.sim.calibration import (
     BackendCalibration,
-    CalibratedDeployment,
     Calibration,
     DecodeResidual,
     FitParam,
     Residual,
-    SourceRun,
-    unloaded_ttft_s,
 )
-from harness.sim.timemodel import STEP_OVERHEAD_S, Efficiencies, StepWork, TimeModel
-from harness.store.manifest import attempt_host_links, read_manifest
-from harness.store.records import RequestRecord
-from harness.store.rundir import RunDir
-from offload.profiles import TierKind, resolve_profile
-from offload.shapes import HARDWARE, MODELS, Deployment, Dtype, ModelProfile, known_model, model_from_hf_config
+from harness.sim.timemodel import StepWork
+from offload.shapes import Deployment
 
-from .engine_steps import EngineSteps, reconstruct
-
-DEFAULT_MAX_BATCH_TOKENS = 8192
-"""vLLM V1's default --max-num-batched-tokens for the API server (and the simulator's)."""
+from .model import (
+    PREFILL_HOST_NAME,
+    DecodeWindows,
+    Free,
+    Params,
+    decode_windows,
+    free_param,
+    keyed,
+    params_of,
+    predict_decode,
+    predict_ttft,
+    prefill_host,
+    rms,
+    setter,
+    solve,
+    timing_of,
+)
+from .samples import (
+    ENGINE_CLOCK,
+    ArmFacts,
+    DecodeSample,
+    FitData,
+    FrontSample,
+    RunFacts,
+    StepsWindow,
+    TtftSample,
+    cells_of,
+    collect,
+    decode_groups,
+    front_samples,
+    run_facts,
+)
 
 ATTENTION_MIN_TOKENS = 16_000
 MEMORY_BOUND_MARGIN = 0.001
@@ -136,699 +93,6 @@ KV_SPREAD = 0.5
 efficiency to be determined: the step then grows visibly with batch x context. Below it (a sweep
 of short contexts), the weights dominate every step, which fixes only their sum with the step
 overhead; the efficiency keeps its datasheet value and the overhead takes the rest."""
-
-DTYPES: dict[str, Dtype] = {
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "fp8": "fp8",
-}
-QUANTIZED_WEIGHTS: dict[str, Dtype] = {"fp8": "fp8"}
-"""Engine ``quantization`` -> the simulator's weight dtype (the KV cache keeps the engine's dtype)."""
-GPU_NAMES: tuple[tuple[str, str], ...] = (("H200", "h200-sxm"), ("H100", "h100-sxm"))
-"""Substring of the GPU name in the manifest -> simulator hardware profile."""
-
-
-@dataclass(frozen=True)
-class ArmFacts:
-    backend: str | None
-    """Offload backend the arm used (None: no tier)."""
-    version: str | None
-    tier: TierKind | None
-    chunk_tokens: int = 256
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    """What a run directory says about its deployment."""
-
-    source: SourceRun
-    deployment: CalibratedDeployment
-    arms: dict[str, ArmFacts]
-    max_batch_tokens: int
-    kind: str
-
-
-@dataclass(frozen=True)
-class TtftSample:
-    arm: str
-    backend: str | None
-    context_tokens: int
-    turn: int
-    prompt_tokens: int
-    hbm_tokens: int
-    loaded_tokens: int
-    ttft_s: float
-
-
-ENGINE_CLOCK = "engine clock"
-LMCACHE_LOG = "LMCache log"
-
-
-@dataclass(frozen=True)
-class FrontSample:
-    """The time a request spends outside the engine core's queue and prefill: HTTP, rendering, tokenizing, the
-    engine's intake, the first token's way back. ``source`` says how it was timed:
-
-    * :data:`ENGINE_CLOCK`: one group of requests (arm, repetition, length, turn): the client's mean TTFT minus the
-      engine's mean queue and prefill time (vLLM's ``request_queue_time_seconds`` and
-      ``request_prefill_time_seconds`` histograms over the group's ``/metrics`` delta);
-    * :data:`LMCACHE_LOG`: one request, sent to the scheduler's LMCache lookup (:mod:`.lmcache_log`; relative to its
-      arm's fastest request, and without the way back).
-    """
-
-    run: str
-    context_tokens: int
-    turn: int
-    prompt_tokens: int
-    front_s: float
-    source: str = LMCACHE_LOG
-
-
-@dataclass(frozen=True)
-class DecodeSample:
-    batch: float
-    """Time-averaged number of requests decoding together (:func:`decode_samples`)."""
-    context_tokens: int
-    """Their time-averaged context per request (prompt + tokens generated so far)."""
-    step_s: float
-    """Mean step (seconds) over the request's clean gaps."""
-    run: str = ""
-    arm: str = ""
-    load: float | None = None
-    """The sweep point's load (None: a probe run)."""
-    length: int = 0
-    """A probe run's context length (0 in sweeps)."""
-    span_s: float = 0.0
-    """Seconds of clean gaps the step is the mean of."""
-    requests: int = 1
-    """Requests pooled into this sample (:func:`decode_groups`)."""
-    backend: str | None = None
-    """The offload backend of the sample's arm (None: no tier)."""
-
-
-def decode_groups(samples: Sequence[DecodeSample]) -> list[DecodeSample]:
-    """One sample per (run, arm, load point or probe length): the requests' clean time over their clean steps.
-
-    Batch and context are time-weighted over the same clean gaps. A group's mean step weighs every
-    step alike, as a load point's TPS/user does, whether its requests ran in a slow or a fast stretch.
-    """
-    groups: dict[tuple[str, str, float, int], list[DecodeSample]] = defaultdict(list)
-    for s in samples:
-        groups[(s.run, s.arm, -1.0 if s.load is None else s.load, s.length)].append(s)
-    out: list[DecodeSample] = []
-    for (run, arm, load, length), group in sorted(groups.items()):
-        span = sum(s.span_s for s in group)
-        steps = sum(s.span_s / s.step_s for s in group)
-        batch_time = sum(s.batch * s.span_s for s in group)
-        context = sum(s.context_tokens * s.batch * s.span_s for s in group) / batch_time
-        out.append(
-            DecodeSample(
-                batch_time / span,
-                round(context),
-                span / steps,
-                run,
-                arm,
-                None if load < 0 else load,
-                length,
-                span,
-                len(group),
-                group[0].backend,
-            )
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class StepsWindow:
-    """One load point's records (every request its engine served), whose engine steps can be rebuilt."""
-
-    run: str
-    arm: str
-    load: float | None
-    backend: str | None
-    records: tuple[RequestRecord, ...]
-    sampled: frozenset[str]
-    """Request ids of the measured requests whose decode windows are fitted."""
-    max_batch_tokens: int
-    _cache: dict[tuple[float, float], EngineSteps] = field(default_factory=dict, compare=False, repr=False)
-
-    def steps(self, params: Params) -> EngineSteps:
-        """The steps, with prefill chunks placed as the simulator would under ``params``' request overhead."""
-        key = (params.overhead_s, params.overhead_s_per_ktoken)
-        if key not in self._cache:
-            steps = reconstruct(self.records, self.max_batch_tokens, *key)
-            assert steps is not None  # collect() keeps only windows that can be rebuilt
-            self._cache.clear()
-            self._cache[key] = steps
-        return self._cache[key]
-
-
-@dataclass
-class FitData:
-    ttft: list[TtftSample] = field(default_factory=list)
-    decode: list[DecodeSample] = field(default_factory=list)
-    windows: list[StepsWindow] = field(default_factory=list)
-    front: list[FrontSample] = field(default_factory=list)
-
-    def add(self, other: FitData) -> None:
-        self.ttft += other.ttft
-        self.decode += other.decode
-        self.windows += other.windows
-        self.front += other.front
-
-
-# -- what a run directory is ---------------------------------------------------------------------
-
-
-def _engine_attr(scenario: Scenario, name: str) -> object:
-    # engine configs differ per kind; these optional knobs are read where a kind has them
-    return getattr(scenario.engine, name, None)
-
-
-def _model_name(scenario: Scenario, where: str, override: str | None) -> str:
-    if override is not None:
-        if override not in MODELS:
-            raise CalibrationError(f"--model {override!r}: unknown; known: {', '.join(sorted(MODELS))}")
-        return override
-    ref = scenario.engine.model
-    if ref in MODELS:
-        return ref
-    profile = run_model_shape(scenario)
-    name = known_model(profile) if profile is not None else None
-    if name is None:
-        raise CalibrationError(
-            f"{where}: engine.model {ref!r} matches no simulator model profile "
-            f"({', '.join(sorted(MODELS))}); pass --model"
-        )
-    return name
-
-
-def run_model_shape(scenario: Scenario) -> ModelProfile | None:
-    """The model shape a run used: a simulator profile, or its model directory's config.json."""
-    ref = scenario.engine.model
-    if ref in MODELS:
-        return MODELS[ref]
-    config, where = hf_config(ref)
-    if config is None:
-        return None
-    try:
-        return model_from_hf_config(config, ref, where)
-    except ValueError:
-        return None
-
-
-def run_dtypes(scenario: Scenario, default: Dtype, where: str) -> tuple[Dtype, Dtype | None]:
-    """(weight dtype, KV-cache dtype or None when the same) of a run's engine.
-
-    ``engine.dtype`` is the activations' and the KV cache's dtype (``auto``/absent: the model's);
-    ``engine.quantization`` quantizes the weights only (vLLM's ``--quantization fp8``: FP8 GEMMs,
-    the KV cache stays in ``dtype``); a simulator engine's ``kv_dtype`` sets the KV cache's.
-    """
-    value = _engine_attr(scenario, "dtype")
-    dtype = DTYPES.get(str(value), default) if value is not None else default
-    kv_value = _engine_attr(scenario, "kv_dtype")
-    kv = DTYPES.get(str(kv_value), dtype) if kv_value is not None else dtype
-    quantization = _engine_attr(scenario, "quantization")
-    if quantization is not None:
-        weights = QUANTIZED_WEIGHTS.get(str(quantization))
-        if weights is None:
-            known = ", ".join(sorted(QUANTIZED_WEIGHTS))
-            raise CalibrationError(f"{where}: engine.quantization {quantization!r}: no simulator dtype; known: {known}")
-        dtype = weights
-    return dtype, (None if kv == dtype else kv)
-
-
-def _gpu_names(manifest: dict[str, object]) -> list[str]:
-    host = manifest.get("host")
-    gpus = host.get("gpus") if isinstance(host, dict) else None
-    return [str(gpu.get("name", "")) for gpu in gpus if isinstance(gpu, dict)] if isinstance(gpus, list) else []
-
-
-def _hardware_name(details: dict[str, str], manifest: dict[str, object], where: str, override: str | None) -> str:
-    if override is not None:
-        if override not in HARDWARE:
-            raise CalibrationError(f"--hardware {override!r}: unknown; known: {', '.join(sorted(HARDWARE))}")
-        return override
-    if details.get("hardware") in HARDWARE:
-        return details["hardware"]
-    names = _gpu_names(manifest)
-    for gpu in names:
-        for needle, profile in GPU_NAMES:
-            if needle in gpu:
-                return profile
-    raise CalibrationError(
-        f"{where}: manifest.json host.gpus {names or 'is empty'}: no simulator hardware profile "
-        f"({', '.join(sorted(HARDWARE))}) matches; pass --hardware"
-    )
-
-
-def run_facts(path: Path, model: str | None = None, hardware: str | None = None) -> RunFacts:
-    """The deployment, per-arm offload backends and source identity of one run directory."""
-    run_dir = RunDir.open(path)
-    scenario = run_dir.scenario()
-    if not run_dir.manifest_file.exists():
-        raise CalibrationError(f"{run_dir.manifest_file}: missing; a calibration needs the run's manifest")
-    raw = run_dir.manifest_file.read_bytes()
-    manifest: dict[str, object] = read_manifest(run_dir.manifest_file)
-    engines = manifest.get("engines")
-    if not isinstance(engines, dict) or not engines:
-        raise CalibrationError(f"{run_dir.manifest_file}: field 'engines' is empty (the run never started an engine)")
-    where = str(run_dir.manifest_file)
-    versions = {(str(e.get("kind")), str(e.get("version"))) for e in engines.values() if isinstance(e, dict)}
-    if len(versions) != 1:
-        raise CalibrationError(f"{where}: arms ran different engines {sorted(versions)}; calibrate one at a time")
-    engine, version = versions.pop()
-    first = next(iter(engines.values()))
-    first_details = {str(k): str(v) for k, v in first.get("details", {}).items()}
-    name = _model_name(scenario, where, model)
-    tp_value = getattr(_engine_attr(scenario, "parallelism"), "tp", 1)
-    tp = tp_value if isinstance(tp_value, int) else 1
-    dtype, kv_dtype = run_dtypes(scenario, MODELS[name].dtype, where)
-    chunk = _engine_attr(scenario, "max_batch_tokens") or _engine_attr(scenario, "max_num_batched_tokens")
-    arms: dict[str, ArmFacts] = {}
-    for arm in scenario.arms:
-        profile = resolve_profile(arm.offload)
-        entry = engines.get(arm.name)
-        details = {str(k): str(v) for k, v in entry.get("details", {}).items()} if isinstance(entry, dict) else {}
-        if not profile.offload_enabled:
-            arms[arm.name] = ArmFacts(None, None, None)
-            continue
-        backend = details.get("offload_backend", profile.backend)
-        arms[arm.name] = ArmFacts(
-            backend, details.get(f"{backend}_version"), profile.tiers[0].kind, profile.chunk_tokens
-        )
-    gpu = next(iter(_gpu_names(manifest)), "")
-    eager = _engine_attr(scenario, "enforce_eager")  # kinds kvbench does not configure (attach): unknown
-    return RunFacts(
-        source=SourceRun(
-            path=str(path),
-            run_id=str(manifest.get("run_id", path.name)),
-            manifest_sha256=hashlib.sha256(raw).hexdigest(),
-            gpu=gpu or first_details.get("hardware", "unknown"),
-            host_link=summarize_host_links(attempt_host_links(manifest, where)),
-        ),
-        deployment=CalibratedDeployment(
-            model=name,
-            hardware=_hardware_name(first_details, manifest, where, hardware),
-            tp=tp,
-            dtype=dtype,
-            kv_dtype=kv_dtype,
-            engine=engine,
-            engine_version=version,
-            cuda_graphs=not eager if isinstance(eager, bool) else None,
-        ),
-        arms=arms,
-        max_batch_tokens=chunk if isinstance(chunk, int) else DEFAULT_MAX_BATCH_TOKENS,
-        kind=run_dir.kind,
-    )
-
-
-# -- samples -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Window:
-    """When one request was prefilling (sent .. first token) and decoding (first token .. last byte), in ns."""
-
-    start: float
-    first: float
-    end: float
-    prompt: float
-    tokens: float
-
-    def context_at(self, t: float) -> float:
-        """Tokens of context at time ``t`` of its decode (prompt + tokens generated by then)."""
-        share = (t - self.first) / (self.end - self.first) if self.end > self.first else 1.0
-        return self.prompt + self.tokens * min(max(share, 0.0), 1.0)
-
-
-def _window(record: RequestRecord) -> _Window:
-    first = record.started_ns + (record.ttft_ns or 0)
-    return _Window(
-        float(record.started_ns),
-        float(first),
-        float(record.started_ns + (record.e2e_ns or 0)),
-        float(record.prompt_tokens or 0),
-        float(record.completion_tokens or 0),
-    )
-
-
-def _gaps(record: RequestRecord, first: float) -> list[tuple[float, float, int]]:
-    """(start ns, end ns, decode steps) of each gap between the request's chunks.
-
-    When the stream carried fewer content chunks than tokens (outputs that decode to no text), the
-    gaps do not mark steps: the whole decode window is one span of ``tokens - 1`` steps (a lower
-    bound of the step, as some steps happened before the first content chunk).
-    """
-    tokens = record.completion_tokens or 0
-    if record.output_chunks < tokens:
-        return [(first, first + float(sum(record.itl_ns)), tokens - 1)]
-    edges = first + np.concatenate(([0.0], np.cumsum(np.asarray(record.itl_ns, dtype=float))))
-    return [(float(a), float(b), 1) for a, b in pairwise(edges) if b > a]
-
-
-def decode_samples(group: Sequence[RequestRecord], sampled: Sequence[RequestRecord]) -> list[DecodeSample]:
-    """One decode sample per request of ``sampled``, from the gaps during which no request of ``group`` prefilled.
-
-    ``group``: every successful request one engine served in one window (an arm's probe attempt, or
-    one load point of a sweep, warm-up included), ``sampled`` those of them to sample. A gap between
-    two chunks is *clean* when no other request of the group was between its send and its first
-    token (then the engine's steps were decode steps; a step that also computes another request's
-    prefill chunk is the prefill's cost, not decode's). Per request: step = mean clean gap
-    (clean time / clean steps), batch = the time-averaged number of requests decoding during its clean gaps, context
-    = the time-averaged context of those requests (prompt + tokens generated so far). A request
-    without clean gaps gives no sample.
-    """
-    windows = [_window(r) for r in group]
-    start = np.array([w.start for w in windows])
-    first = np.array([w.first for w in windows])
-    end = np.array([w.end for w in windows])
-    index = {id(r): i for i, r in enumerate(group)}
-    out: list[DecodeSample] = []
-    for record in sampled:
-        tokens = record.completion_tokens or 0
-        i = index.get(id(record))
-        if i is None or not record.ok or tokens < 2 or not record.itl_ns:
-            continue
-        steps = 0
-        batch_time = context_time = span = 0.0
-        for a, b, n in _gaps(record, first[i]):
-            prefilling = (start < b) & (first > a)
-            prefilling[i] = False
-            if prefilling.any():
-                continue
-            overlap = np.clip(np.minimum(end, b) - np.maximum(first, a), 0.0, None)
-            overlap[i] = b - a
-            mid = (a + b) / 2
-            contexts = sum(overlap[j] * windows[j].context_at(mid) for j in np.nonzero(overlap)[0])
-            steps += n
-            batch_time += float(overlap.sum())
-            context_time += contexts
-            span += b - a
-        if steps and span > 0:
-            out.append(
-                DecodeSample(batch_time / span, round(context_time / batch_time), span / steps / 1e9, span_s=span / 1e9)
-            )
-    return out
-
-
-def collect(
-    path: Path, facts: RunFacts, holdout: Sequence[int], holdout_loads: Sequence[float] = ()
-) -> tuple[FitData, FitData]:
-    """(fit samples, held-out samples) of one run: probe lengths in ``holdout`` and sweep loads in
-    ``holdout_loads`` are held out."""
-    run_dir = RunDir.open(path)
-    records = [r for r in chosen_measured(run_dir) if r.ok and r.ttft_ns is not None and r.prompt_tokens]
-    per_group: dict[tuple[str, int, int, int, int], list[RequestRecord]] = defaultdict(list)
-    for r in records:
-        per_group[(r.arm, r.attempt, r.repetition, r.context_tokens, r.turn)].append(r)
-    hits: dict[tuple[str, int, int, int, int], tuple[float, float]] = {}
-    engine_clock: list[FrontSample] = []
-    for delta in run_dir.metrics():
-        key = (delta.arm, delta.attempt, delta.repetition, delta.context_tokens, delta.turn)
-        group = per_group.get(key, [])
-        if group:
-            values = delta.values
-            count = len(group)
-            hits[key] = (values.get("gpu_prefix_hits", 0.0) / count, values.get("external_prefix_hits", 0.0) / count)
-            front = _engine_clock_front(facts.source.run_id, group, values)
-            if front is not None:
-                engine_clock.append(front)
-    fit, held = FitData(), FitData()
-    # every request the engine served in a window counts towards the batch, warm-up included
-    served: dict[tuple[str, int, int | None], list[RequestRecord]] = defaultdict(list)
-    everything = run_dir.records()
-    for r in everything:
-        if r.ok and r.ttft_ns is not None and r.e2e_ns is not None:
-            served[(r.arm, r.attempt, r.point)].append(r)
-    sampled: dict[tuple[str, int, int | None], list[RequestRecord]] = defaultdict(list)
-    for r in records:
-        sampled[(r.arm, r.attempt, r.point)].append(r)
-    for (name, attempt, point), mine in sampled.items():
-        group = served[(name, attempt, point)]
-        by_id = {r.request_id: r for r in group}
-        load = mine[0].load
-        held_point = point is not None and load in holdout_loads
-        arm_facts = facts.arms.get(name)
-        for length in sorted({r.context_tokens for r in mine}):
-            chosen = [by_id[r.request_id] for r in mine if r.context_tokens == length and r.request_id in by_id]
-            target = held if held_point or (point is None and length in holdout) else fit
-            target.decode += [
-                replace(
-                    s,
-                    run=facts.source.run_id,
-                    arm=name,
-                    load=load,
-                    length=length if point is None else 0,
-                    backend=arm_facts.backend if arm_facts else None,
-                )
-                for s in decode_samples(group, chosen)
-            ]
-        steps = reconstruct(group, facts.max_batch_tokens) if point is not None and arm_facts else None
-        if steps is not None and arm_facts is not None:
-            window = StepsWindow(
-                facts.source.run_id,
-                name,
-                load,
-                arm_facts.backend,
-                steps.records,
-                frozenset(r.request_id for r in mine),
-                facts.max_batch_tokens,
-            )
-            (held if held_point else fit).windows.append(window)
-    if facts.kind != "probe":
-        return fit, held  # queueing under load: TTFT is not an unloaded request's
-    for front in engine_clock:
-        (held if front.context_tokens in holdout else fit).front.append(front)
-    for name, arm_facts in facts.arms.items():
-        lines = run_dir.engine_log(name) if arm_facts.backend == "lmcache" else None
-        if lines is None:
-            continue
-        for split in split_requests([r for r in everything if r.arm == name], lines):
-            front = FrontSample(
-                facts.source.run_id,
-                split.context_tokens,
-                split.turn,
-                split.prompt_tokens,
-                split.before_lookup_ms / 1000,
-                LMCACHE_LOG,
-            )
-            (held if split.context_tokens in holdout else fit).front.append(front)
-    for r in records:
-        arm = facts.arms.get(r.arm)
-        if arm is None or r.ttft_ns is None or r.prompt_tokens is None:
-            continue
-        key = (r.arm, r.attempt, r.repetition, r.context_tokens, r.turn)
-        hbm, loaded = hits.get(key, (0.0, float(r.cached_tokens or 0)))
-        # the simulator loads whole chunks: a group's few stray hit tokens (a shared system
-        # prompt, spread over its requests) are no load at all
-        loaded = loaded if loaded >= arm.chunk_tokens else 0.0
-        sample = TtftSample(
-            arm=r.arm,
-            backend=arm.backend,
-            context_tokens=r.context_tokens,
-            turn=r.turn,
-            prompt_tokens=r.prompt_tokens,
-            hbm_tokens=round(hbm),
-            loaded_tokens=round(loaded) if arm.backend is not None else 0,
-            ttft_s=r.ttft_ns / 1e9,
-        )
-        (held if r.context_tokens in holdout else fit).ttft.append(sample)
-    return fit, held
-
-
-# -- the model and the fit ------------------------------------------------------------------------
-
-
-@dataclass
-class Params:
-    """The fitted quantities, in the units the simulator uses."""
-
-    overhead_s: float = 0.0
-    overhead_s_per_ktoken: float = 0.0
-    linear: float = 0.65
-    attention: float = 0.65
-    hbm: float = 0.85
-    step_overhead_s: float = STEP_OVERHEAD_S
-    step_s_per_seq: float = 0.0
-    blocking_share: float = 0.0
-    load_s_per_gb: dict[str, float] = field(default_factory=dict)
-    load_latency_s: dict[str, float] = field(default_factory=dict)
-    store_s_per_gb: dict[str, float] = field(default_factory=dict)
-    store_latency_s: dict[str, float] = field(default_factory=dict)
-    busy_intake_s: dict[str, float] = field(default_factory=dict)
-    step_extra_s: dict[str, float] = field(default_factory=dict)
-    prefill_host_s: float | None = None
-    """None: a prefill step's host part is the step overhead."""
-
-
-def timing_of(deployment: Deployment, params: Params, backend: str | None) -> TimeModel:
-    """The simulator's time model with these parameters, for an arm with ``backend`` (None: no tier)."""
-    store = params.store_s_per_gb.get(backend, 0.0) * deployment.kv_bytes_per_token / 1e9 if backend else 0.0
-    fixed = params.store_latency_s.get(backend, 0.0) if backend else 0.0
-    eff = Efficiencies(
-        linear=params.linear,
-        attention=params.attention,
-        hbm=params.hbm,
-        step_overhead_s=params.step_overhead_s,
-        store_s_per_token=store,
-        store_latency_s=fixed,
-        step_s_per_seq=params.step_s_per_seq,
-        prefill_host_s=params.prefill_host_s,
-        step_extra_s=params.step_extra_s.get(backend, 0.0) if backend else 0.0,
-    )
-    return TimeModel(deployment, eff)
-
-
-def predict_ttft(deployment: Deployment, params: Params, chunk: int, samples: Sequence[TtftSample]) -> np.ndarray:
-    """Seconds, per sample, of the simulator's unloaded TTFT with these parameters."""
-    kv_gb = deployment.kv_bytes_per_token / 1e9
-    timings: dict[str | None, TimeModel] = {}
-    out = np.empty(len(samples))
-    for i, s in enumerate(samples):
-        timing = timings.get(s.backend)
-        if timing is None:
-            timing = timings[s.backend] = timing_of(deployment, params, s.backend)
-        load = 0.0
-        if s.backend is not None and s.loaded_tokens > 0:
-            rate = params.load_s_per_gb.get(s.backend, 1 / 25.0)
-            load = params.load_latency_s.get(s.backend, 0.0) + s.loaded_tokens * kv_gb * rate
-        overhead = params.overhead_s + params.overhead_s_per_ktoken * s.prompt_tokens / 1000
-        out[i] = unloaded_ttft_s(timing, overhead, s.prompt_tokens, s.hbm_tokens, s.loaded_tokens, load, chunk)
-    return out
-
-
-def predict_decode(deployment: Deployment, params: Params, samples: Sequence[DecodeSample]) -> np.ndarray:
-    """Seconds, per sample, of a decode step of the sample's (time-averaged) batch at its context.
-
-    A fractional batch b is the time-weighted mix of steps of floor(b) and ceil(b) sequences.
-    """
-    timings: dict[str | None, TimeModel] = {}
-    out = np.empty(len(samples))
-    for i, s in enumerate(samples):
-        timing = timings.get(s.backend)
-        if timing is None:
-            timing = timings[s.backend] = timing_of(deployment, params, s.backend)
-        low = max(1, int(s.batch))
-        share = max(0.0, s.batch - low)
-        step = timing.decode_step_seconds(low, s.context_tokens)
-        if share > 0:
-            step += share * (timing.decode_step_seconds(low + 1, s.context_tokens) - step)
-        out[i] = step
-    return out
-
-
-@dataclass(frozen=True)
-class DecodeWindows:
-    """Per measured request of some windows: its decode window, measured and as the model's two parts."""
-
-    requests: list[tuple[StepsWindow, int]]
-    measured_s: np.ndarray
-    modelled_s: np.ndarray
-    """Sum of the window's steps' modelled times, intake left out."""
-    intake_s: np.ndarray
-    """Sum of the per-request overheads whose intake is charged to the window's steps."""
-    steps: np.ndarray
-    arrivals: np.ndarray
-    """Requests whose intake is charged to the window's steps (each adds its backend's ``busy_intake_s``)."""
-    backends: tuple[str | None, ...]
-    """The offload backend of each request's arm (None: no tier)."""
-
-    def predicted_s(self, params: Params) -> np.ndarray:
-        """Each window: its steps' modelled times, the blocking share of the charged overheads, and the
-        backend's ``busy_intake_s`` per charged arrival."""
-        busy = np.array([params.busy_intake_s.get(b, 0.0) if b else 0.0 for b in self.backends])
-        return np.asarray(self.modelled_s + params.blocking_share * self.intake_s + busy * self.arrivals, dtype=float)
-
-
-def decode_windows(deployment: Deployment, params: Params, windows: Sequence[StepsWindow]) -> DecodeWindows:
-    """The decode windows (first token's step + 1 .. last token's step) of the windows' sampled requests
-    with 2+ steps, each predicted as ``modelled + blocking_share x intake``."""
-    requests: list[tuple[StepsWindow, int]] = []
-    measured: list[float] = []
-    modelled: list[float] = []
-    intake: list[float] = []
-    count: list[int] = []
-    arrivals: list[float] = []
-    for w in windows:
-        steps = w.steps(params)
-        base = steps.modelled_s(timing_of(deployment, params, w.backend))
-        charge = steps.intake_overhead_s(params.overhead_s, params.overhead_s_per_ktoken)
-        arrived = steps.intake_arrivals()
-        for i, record in enumerate(steps.records):
-            if record.request_id not in w.sampled:
-                continue
-            first, last = int(steps.first[i]), int(steps.last[i])
-            if last - first < 2:
-                continue
-            requests.append((w, i))
-            measured.append(float(steps.ends_ns[last] - steps.ends_ns[first]) / 1e9)
-            modelled.append(float(base[first + 1 : last + 1].sum()))
-            intake.append(float(charge[first + 1 : last + 1].sum()))
-            arrivals.append(float(arrived[first + 1 : last + 1].sum()))
-            count.append(last - first)
-    return DecodeWindows(
-        requests,
-        np.array(measured),
-        np.array(modelled),
-        np.array(intake),
-        np.array(count),
-        np.array(arrivals),
-        tuple(w.backend for w, _ in requests),
-    )
-
-
-@dataclass(frozen=True)
-class Free:
-    """One free parameter: how to read it from and write it into :class:`Params`, and its bounds."""
-
-    name: str
-    get: Callable[[Params], float]
-    set: Callable[[Params, float], None]
-    low: float
-    high: float
-
-
-def _solve(
-    frees: Sequence[Free], params: Params, residuals: Callable[[Params], np.ndarray], robust: bool = True
-) -> float:
-    """Least squares on ``residuals`` over ``frees``; ``robust``: a ``soft_l1`` loss (outliers pull less).
-    Returns the final cost (half the sum of the loss over the residuals)."""
-    if not frees:
-        return 0.0
-    # a start on a bound can stay stuck there (the trust region's scaling); start just inside
-    inset = [1e-3 * (f.high - f.low) for f in frees]
-    start = np.array([min(max(f.get(params), f.low + d), f.high - d) for f, d in zip(frees, inset, strict=True)])
-
-    def apply(vector: np.ndarray) -> Params:
-        for f, value in zip(frees, vector, strict=True):
-            f.set(params, float(value))
-        return params
-
-    def objective(vector: np.ndarray) -> np.ndarray:
-        return residuals(apply(vector))
-
-    result = least_squares(
-        objective,
-        start,
-        bounds=([f.low for f in frees], [f.high for f in frees]),
-        loss="soft_l1" if robust else "linear",
-        f_scale=0.05,
-        x_scale="jac",
-        diff_step=[1e-4] * len(frees),
-    )
-    apply(result.x)
-    return float(result.cost)
-
-
-def _prefill_host(p: Params) -> float:
-    return p.step_overhead_s if p.prefill_host_s is None else p.prefill_host_s
-
-
-PREFILL_HOST_NAME = "prefill_host_s"
 
 
 def _fit_ttft(
@@ -851,16 +115,16 @@ def _fit_ttft(
     """
     params.prefill_host_s = None
     if not samples:
-        _solve(frees, params, residuals)
+        solve(frees, params, residuals)
         return ""
     shortest = min(s.prompt_tokens for s in samples)
     floored = copy.deepcopy(params)
     floored.prefill_host_s = max(
         float(np.median([s.ttft_s for s in samples if s.prompt_tokens == shortest])), params.step_overhead_s
     )
-    floor = Free(PREFILL_HOST_NAME, _prefill_host, _setter(PREFILL_HOST_NAME), params.step_overhead_s, 1.0)
-    plain_rms = _rms(_solve(frees, params, residuals), len(samples))
-    floored_rms = _rms(_solve([*frees, floor], floored, residuals), len(samples))
+    floor = Free(PREFILL_HOST_NAME, prefill_host, setter(PREFILL_HOST_NAME), params.step_overhead_s, 1.0)
+    plain_rms = rms(solve(frees, params, residuals), len(samples))
+    floored_rms = rms(solve([*frees, floor], floored, residuals), len(samples))
     without = replace(floored, prefill_host_s=None)
     moved = (
         np.abs(predict_ttft(deployment, floored, chunk, samples) - predict_ttft(deployment, without, chunk, samples))
@@ -879,44 +143,9 @@ def _kv_spread(deployment: Deployment, groups: Sequence[DecodeSample]) -> bool:
     return max(kv_read) - min(kv_read) >= KV_SPREAD * deployment.streamed_weight_bytes_per_gpu
 
 
-def _rms(cost: float, residuals: int) -> float:
-    """Root mean square relative error from a least-squares cost (half the sum of squared residuals)."""
-    return float(np.sqrt(2.0 * cost / max(1, residuals)))
-
-
 def _spread(values: Sequence[float]) -> bool:
     positive = [v for v in values if v > 0]
     return bool(positive) and max(positive) >= SPREAD * min(positive)
-
-
-def _free(attribute: str, low: float, high: float) -> Free:
-    """A free parameter that is an attribute of :class:`Params`."""
-    return Free(attribute, _getter(attribute), _setter(attribute), low, high)
-
-
-def _setter(attribute: str) -> Callable[[Params, float], None]:
-    return lambda p, v: setattr(p, attribute, v)
-
-
-def _getter(attribute: str) -> Callable[[Params], float]:
-    return lambda p: float(getattr(p, attribute))
-
-
-def _keyed(table: str, key: str) -> tuple[Callable[[Params], float], Callable[[Params, float], None]]:
-    def get(p: Params) -> float:
-        return getattr(p, table)[key]  # type: ignore[no-any-return]
-
-    def put(p: Params, v: float) -> None:
-        getattr(p, table)[key] = v
-
-    return get, put
-
-
-def cells_of(samples: Sequence[TtftSample]) -> dict[tuple[str, int, int], list[TtftSample]]:
-    cells: dict[tuple[str, int, int], list[TtftSample]] = defaultdict(list)
-    for s in samples:
-        cells[(s.arm, s.context_tokens, s.turn)].append(s)
-    return cells
 
 
 def _memory_binds(deployment: Deployment, params: Params, groups: Sequence[DecodeSample]) -> bool:
@@ -930,26 +159,6 @@ def _memory_binds(deployment: Deployment, params: Params, groups: Sequence[Decod
         if cost.gpu_s >= cost.overhead_s + cost.host_s:
             return True
     return False
-
-
-def _engine_clock_front(run: str, group: Sequence[RequestRecord], values: Mapping[str, float]) -> FrontSample | None:
-    """A group's :data:`ENGINE_CLOCK` front time, or None when the engine did not time every one of its requests
-    (no such histograms, or a count that differs from the group's)."""
-    count = len(group)
-    if values.get("queued_requests") != count or values.get("prefilled_requests") != count:
-        return None
-    client_s = statistics.fmean(r.ttft_ns or 0 for r in group) / 1e9
-    engine_s = (values.get("queue_seconds", 0.0) + values.get("prefill_seconds", 0.0)) / count
-    first = group[0]
-    prompt = round(statistics.median(r.prompt_tokens or 0 for r in group))
-    return FrontSample(run, first.context_tokens, first.turn, prompt, client_s - engine_s, ENGINE_CLOCK)
-
-
-def front_samples(samples: Sequence[FrontSample]) -> list[FrontSample]:
-    """The samples step 0 fits: the engine clock's where any run has it (it times every arm, and the first token's
-    way back too), else LMCache's log."""
-    timed = [s for s in samples if s.source == ENGINE_CLOCK]
-    return timed or [s for s in samples if s.source == LMCACHE_LOG]
 
 
 def front_slope(samples: Sequence[FrontSample]) -> float:
@@ -1112,11 +321,11 @@ class DecodeFit:
     def plan(cls, deployment: Deployment, samples: Sequence[DecodeSample], backends: Sequence[str]) -> DecodeFit:
         probe = decode_groups([s for s in samples if s.load is None])
         sweep = decode_groups([s for s in samples if s.load is not None])
-        overhead = _free("step_overhead_s", 0.0, 0.5)
-        hbm = _free("hbm", 0.05, 1.0)
-        per_seq = _free("step_s_per_seq", 0.0, 0.05)
+        overhead = free_param("step_overhead_s", 0.0, 0.5)
+        hbm = free_param("hbm", 0.05, 1.0)
+        per_seq = free_param("step_s_per_seq", 0.0, 0.05)
         extras = [
-            Free(f"step_extra_s[{b}]", *_keyed("step_extra_s", b), 0.0, 0.5)
+            Free(f"step_extra_s[{b}]", *keyed("step_extra_s", b), 0.0, 0.5)
             for b in backends
             if any(g.backend is None for g in probe) and any(g.backend == b for g in probe)
         ]
@@ -1151,7 +360,7 @@ class DecodeFit:
             if first and any(f.name == "step_overhead_s" for f in stage):
                 self._best_start(params, groups, stage, residuals)
             else:
-                _solve(stage, params, residuals, robust=False)
+                solve(stage, params, residuals, robust=False)
 
     def _best_start(
         self, params: Params, groups: list[DecodeSample], stage: list[Free], residuals: Callable[[Params], np.ndarray]
@@ -1173,10 +382,10 @@ class DecodeFit:
             bound = copy.deepcopy(params)
             bound.hbm = min(max(reads / (dep.hardware.hbm_bytes_per_s * heaviest.step_s), hbm.low), hbm.high)
             starts.append(bound)
-        fits = [(_rms(_solve(stage, start, residuals, robust=False), len(groups)), start) for start in starts]
+        fits = [(rms(solve(stage, start, residuals, robust=False), len(groups)), start) for start in starts]
         best = fits[0][1]
-        for rms, start in fits[1:]:
-            if rms < fits[0][0] - MEMORY_BOUND_MARGIN:
+        for error, start in fits[1:]:
+            if error < fits[0][0] - MEMORY_BOUND_MARGIN:
                 best = start
         for name, value in vars(best).items():
             setattr(params, name, value)
@@ -1196,26 +405,26 @@ def ttft_frees(samples: Sequence[TtftSample], backends: Sequence[str], front_fit
     frees: list[Free] = []
     if not samples:
         return frees
-    frees.append(_free("overhead_s", 0.0, 2.0))
+    frees.append(free_param("overhead_s", 0.0, 2.0))
     # intercept and slope need whole prompts computed at lengths SPREAD apart: over one length they are one number
     computed = [float(s.prompt_tokens) for s in samples if s.loaded_tokens == 0 and 2 * s.hbm_tokens < s.prompt_tokens]
     if _spread(computed):
-        frees.append(_free("linear", 0.02, 1.0))
+        frees.append(free_param("linear", 0.02, 1.0))
     if any(s.hbm_tokens >= s.prompt_tokens // 2 for s in samples) and not front_fitted:
-        frees.append(_free("overhead_s_per_ktoken", 0.0, 1.0))
+        frees.append(free_param("overhead_s_per_ktoken", 0.0, 1.0))
     if any(s.prompt_tokens >= ATTENTION_MIN_TOKENS for s in samples) and _spread(computed):
-        frees.append(_free("attention", 0.02, 1.0))
+        frees.append(free_param("attention", 0.02, 1.0))
     no_tier = any(s.backend is None for s in samples)
     for b in backends:
         loads = [float(s.loaded_tokens) for s in samples if s.backend == b and s.loaded_tokens > 0]
         if loads:
-            frees.append(Free(f"load_s_per_gb[{b}]", *_keyed("load_s_per_gb", b), 1e-3, 10.0))
+            frees.append(Free(f"load_s_per_gb[{b}]", *keyed("load_s_per_gb", b), 1e-3, 10.0))
         if _spread(loads):
-            frees.append(Free(f"load_latency_s[{b}]", *_keyed("load_latency_s", b), 0.0, 2.0))
+            frees.append(Free(f"load_latency_s[{b}]", *keyed("load_latency_s", b), 0.0, 2.0))
         if no_tier and any(s.backend == b for s in samples):
-            frees.append(Free(f"store_s_per_gb[{b}]", *_keyed("store_s_per_gb", b), 0.0, 10.0))
+            frees.append(Free(f"store_s_per_gb[{b}]", *keyed("store_s_per_gb", b), 0.0, 10.0))
             if _spread([float(s.prompt_tokens) for s in samples if s.backend == b and s.loaded_tokens == 0]):
-                frees.append(Free(f"store_latency_s[{b}]", *_keyed("store_latency_s", b), 0.0, 2.0))
+                frees.append(Free(f"store_latency_s[{b}]", *keyed("store_latency_s", b), 0.0, 2.0))
     return frees
 
 
@@ -1246,15 +455,15 @@ def fit_blocking(
     fitted = decode_windows(deployment, params, windows)
     frees: list[Free] = []
     if fitted.requests and float(fitted.intake_s.sum()) > 0:
-        frees.append(_free("blocking_share", 0.0, 1.0))
+        frees.append(free_param("blocking_share", 0.0, 1.0))
     for b in backends:
         if float(fitted.arrivals[[x == b for x in fitted.backends]].sum()) > 0:
-            frees.append(Free(f"busy_intake_s[{b}]", *_keyed("busy_intake_s", b), 0.0, 0.5))
+            frees.append(Free(f"busy_intake_s[{b}]", *keyed("busy_intake_s", b), 0.0, 0.5))
 
     def residuals(p: Params) -> np.ndarray:
         return np.asarray(fitted.predicted_s(p) / fitted.measured_s - 1.0, dtype=float)
 
-    _solve(frees, params, residuals)
+    solve(frees, params, residuals)
     return fitted, {f.name for f in frees}
 
 
@@ -1480,7 +689,7 @@ def assemble(
         hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span, why.hbm_why),
         prefill_host_s=param(
             PREFILL_HOST_NAME,
-            _prefill_host(params),
+            prefill_host(params),
             "s per prefill step",
             f"the floor of TTFT vs prompt length, {why.prefill_floor}",
             "no fitted request's prefill step is host-bound, or one more parameter fits them no better than "
@@ -1515,7 +724,7 @@ def window_fit_residuals(
             if not got.requests:
                 continue
             predicted = got.predicted_s(params)
-            steps = w.steps(params)
+            steps = w.steps(params.overhead_s, params.overhead_s_per_ktoken)
             batch = [
                 float(np.mean([len(steps.decodes[k]) for k in range(steps.first[i] + 1, steps.last[i] + 1)]))
                 for _, i in got.requests
@@ -1595,24 +804,3 @@ def residuals(
                 )
             )
     return out
-
-
-def params_of(calibration: Calibration) -> Params:
-    """The fit's working parameters back from a calibration file."""
-    return Params(
-        overhead_s=calibration.request_overhead_s.value,
-        overhead_s_per_ktoken=calibration.request_overhead_s_per_ktoken.value,
-        linear=calibration.linear_efficiency.value,
-        attention=calibration.attention_efficiency.value,
-        hbm=calibration.hbm_efficiency.value,
-        step_overhead_s=calibration.step_overhead_s.value,
-        step_s_per_seq=calibration.step_s_per_seq.value,
-        blocking_share=calibration.engine_blocking_share.value,
-        load_s_per_gb={b: 1.0 / c.load_gbps.value for b, c in calibration.backends.items()},
-        load_latency_s={b: c.load_latency_s.value for b, c in calibration.backends.items()},
-        store_s_per_gb={b: c.store_s_per_gb.value for b, c in calibration.backends.items()},
-        store_latency_s={b: c.store_latency_s.value for b, c in calibration.backends.items()},
-        busy_intake_s={b: c.busy_intake_s.value for b, c in calibration.backends.items()},
-        step_extra_s={b: c.step_extra_s.value for b, c in calibration.backends.items()},
-        prefill_host_s=calibration.fitted_prefill_host_s,
-    )

@@ -17,7 +17,8 @@ from common.errors import CalibrationError, RunDirError
 from harness.results.calibrated import CalibratedCell, CalibratedTtft
 from harness.sim.calibration import Calibration
 
-from .fit import RunFacts, cells_of, collect, params_of, predict_ttft, run_facts
+from .model import params_of, predict_ttft
+from .samples import RunFacts, cells_of, collect, run_facts
 
 
 def calibrated_cells(run: Path, calibration_file: Path) -> tuple[dict[tuple[str, int, int], float], str]:

@@ -70,9 +70,9 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir, RunKind
 from offload.profiles import resolve_profile
 
-from .fit import RunFacts, run_facts
 from .fit import calibrate as fit_calibration
 from .predict import simulator_lateness
+from .samples import RunFacts, run_facts
 
 CALIBRATION_FILE = "calibration.yaml"
 CARRIED_ENGINE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -16,16 +16,8 @@ import pytest
 import yaml
 
 from common.errors import CalibrationError
-from harness.calibrate.fit import (
-    ENGINE_CLOCK,
-    LMCACHE_LOG,
-    FrontSample,
-    calibrate,
-    collect,
-    front_samples,
-    front_slope,
-    run_facts,
-)
+from harness.calibrate.fit import calibrate, front_slope
+from harness.calibrate.samples import ENGINE_CLOCK, LMCACHE_LOG, FrontSample, collect, front_samples, run_facts
 from harness.calibrate.whatif import _ignore, _run
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import BackendCalibration, CalibratedDeployment, Calibration, FitParam
@@ -316,7 +308,7 @@ def _decoding(name: str, start_ms: float, ttft_ms: float, gaps_ms: list[float], 
 
 
 def test_decode_steps_come_from_gaps_while_no_other_request_prefills() -> None:
-    from harness.calibrate.fit import decode_samples
+    from harness.calibrate.samples import decode_samples
 
     # A: first token at 10 ms, then 10 gaps of 10 ms (decodes 10-110 ms). B is sent at 35 ms and
     # prefills until 60 ms: A's gaps overlapping 35-60 ms (30-40, 40-50, 50-60) may hold B's prefill
@@ -580,10 +572,11 @@ def test_one_length_does_not_determine_the_prefill_slope(tmp_path: Path) -> None
 
 
 def test_a_value_fitted_onto_its_bound_is_a_warning() -> None:
-    from harness.calibrate.fit import Params, _free, bound_warnings
+    from harness.calibrate.fit import bound_warnings
+    from harness.calibrate.model import Params, free_param
 
     params = Params(linear=0.99999999)
-    frees = [_free("linear", 0.02, 1.0), _free("overhead_s", 0.0, 2.0)]
+    frees = [free_param("linear", 0.02, 1.0), free_param("overhead_s", 0.0, 2.0)]
     warnings = bound_warnings(params, {"linear", "overhead_s"}, frees)
     assert warnings == [
         "not identified: linear = 1 ended on its bound 1; the runs do not determine it (too few lengths, or outliers)"

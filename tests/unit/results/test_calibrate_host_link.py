@@ -12,7 +12,8 @@ import json
 import statistics
 from pathlib import Path
 
-from harness.calibrate.fit import calibrate, run_facts
+from harness.calibrate.fit import calibrate
+from harness.calibrate.samples import run_facts
 from harness.calibrate.validate import _prepare, host_link_lines
 from harness.engines.host_link import HostLink
 from harness.sim.calibration import Calibration

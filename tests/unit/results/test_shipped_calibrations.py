@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import CalibrationError
-from harness.calibrate.fit import run_facts
+from harness.calibrate.samples import run_facts
 from harness.calibrate.validate import sim_engine, validate
 from harness.sim.calibration import SHIPPED_DIR, Calibration, pick_shipped, shipped_calibrations
 from harness.sim.config import SimEngineConfig
