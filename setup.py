@@ -62,7 +62,12 @@ class BuildPy(build_py):
         return outfile, copied
 
 
-PACKAGE_DATA = {"scenarios": ["*.yaml"], "reports": ["templates/*.html.j2"], DISTRIBUTION: ["py.typed"]}
+PACKAGE_DATA = {
+    "scenarios": ["*.yaml"],
+    "reports": ["templates/*.html.j2"],
+    "harness.sim": ["calibrations/*.yaml"],
+    DISTRIBUTION: ["py.typed"],
+}
 
 
 def main() -> None:

@@ -201,13 +201,43 @@ def run_vllm_bench(
     name = f"vllm-c{concurrency}.json"
     prompts = max(3 * concurrency, 30)
     argv = [
-        python, "-c", _VLLM_BENCH, "--backend", "openai-chat", "--base-url", base_url,
-        "--endpoint", "/v1/chat/completions", "--model", MODEL_NAME, "--tokenizer", str(tokenizer_dir),
-        "--dataset-name", "random", "--random-input-len", "96", "--random-output-len", str(output_tokens),
-        "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-        "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft", "--metric-percentiles", "50,90,99",
-        "--save-result", "--result-dir", str(result_dir), "--result-filename", name,
-    ]  # fmt: skip
+        python,
+        "-c",
+        _VLLM_BENCH,
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        MODEL_NAME,
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "96",
+        "--random-output-len",
+        str(output_tokens),
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        name,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
@@ -261,9 +291,20 @@ def main() -> None:
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     server_argv = [
-        sys.executable, "-m", "harness.sim.fixed", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
-        "--itl-ms", str(args.itl_ms), "--workers", str(args.server_workers), "--stats-dir", str(stats_dir),
-    ] + (["--uvloop"] if args.uvloop else [])  # fmt: skip
+        sys.executable,
+        "-m",
+        "harness.sim.fixed",
+        "--port",
+        str(port),
+        "--ttft-ms",
+        str(args.ttft_ms),
+        "--itl-ms",
+        str(args.itl_ms),
+        "--workers",
+        str(args.server_workers),
+        "--stats-dir",
+        str(stats_dir),
+    ] + (["--uvloop"] if args.uvloop else [])
     server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     python = None if args.no_vllm else vllm_python()
     tokenizer_dir = work / "tokenizer"
@@ -312,15 +353,33 @@ def main() -> None:
         caption=f"{os.cpu_count()} CPUs; server workers {args.server_workers}, client workers "
         f"{args.client_workers}, uvloop {'on' if args.uvloop else 'off'}",
     )
-    for column in ("users", "req/s", "kvbench p50", "p90", "p99", "max", "server late p50", "p99",
-                   "vllm bench p50", "p99"):  # fmt: skip
+    for column in (
+        "users",
+        "req/s",
+        "kvbench p50",
+        "p90",
+        "p99",
+        "max",
+        "server late p50",
+        "p99",
+        "vllm bench p50",
+        "p99",
+    ):
         table.add_column(column, justify="right")
     for row in rows:
         k, s, v = row.kvbench, row.server_lateness, row.vllm
         table.add_row(
-            str(row.concurrency), f"{row.requests_per_s:.0f}", _fmt(k.p50), _fmt(k.p90), _fmt(k.p99), _fmt(k.max),
-            _fmt(s.p50), _fmt(s.p99), _fmt(v.p50 if v else None), _fmt(v.p99 if v else None),
-        )  # fmt: skip
+            str(row.concurrency),
+            f"{row.requests_per_s:.0f}",
+            _fmt(k.p50),
+            _fmt(k.p90),
+            _fmt(k.p99),
+            _fmt(k.max),
+            _fmt(s.p50),
+            _fmt(s.p99),
+            _fmt(v.p50 if v else None),
+            _fmt(v.p99 if v else None),
+        )
     console.print(table)
     for row in rows:
         if row.vllm is None and row.vllm_note:

@@ -1,7 +1,7 @@
 """Where a sweep's decode time goes: the engine's steps, rebuilt from the records, per arm and load point.
 
 For each arm and load point of a sweep run directory it rebuilds the engine's steps from the token
-arrival times (:func:`harness.results.engine_steps.reconstruct`) and prints, in milliseconds:
+arrival times (:func:`harness.calibrate.engine_steps.reconstruct`) and prints, in milliseconds:
 
 * ``batch``: mean number of requests decoding per step;
 * ``clean med`` / ``clean mean``: steps with decodes only, while no request was between its send and
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.results.calibrate import run_facts
-from harness.results.engine_steps import EngineSteps, reconstruct
+from harness.calibrate.engine_steps import EngineSteps, reconstruct
+from harness.calibrate.samples import run_facts
 from harness.sim.calibration import Calibration
 from harness.sim.timemodel import TimeModel
 from harness.store.records import RequestRecord
@@ -97,8 +97,10 @@ def main() -> None:
             groups[(r.arm, r.point)].append(r)
     regression: dict[str, list[tuple[float, float]]] = defaultdict(list)
     runs: dict[str, list[float]] = defaultdict(list)  # lag-1 products of consecutive clean steps, per arm
-    print(f"{'arm':<16} {'load':>5} {'steps':>6} {'batch':>6} {'clean med':>10} {'clean mean':>11} "
-          f"{'pending':>8} {'all (tok)':>10} {'pre-adm':>8} {'prefill':>8}")  # fmt: skip
+    print(
+        f"{'arm':<16} {'load':>5} {'steps':>6} {'batch':>6} {'clean med':>10} {'clean mean':>11} "
+        f"{'pending':>8} {'all (tok)':>10} {'pre-adm':>8} {'prefill':>8}"
+    )
     for (arm, point), records in sorted(groups.items()):
         steps = reconstruct(records, facts.max_batch_tokens)
         if steps is None:
@@ -106,8 +108,9 @@ def main() -> None:
         load = records[0].load or 0.0
         durations = steps.durations_s * 1e3
         batch = np.array([len(d) for d in steps.decodes])
-        decode_only = np.array([bool(steps.decodes[k]) and not steps.prefills[k] and steps.busy[k]
-                                for k in range(len(steps))])  # fmt: skip
+        decode_only = np.array(
+            [bool(steps.decodes[k]) and not steps.prefills[k] and steps.busy[k] for k in range(len(steps))]
+        )
         pending = _pending(steps)
         clean = decode_only & ~pending
         waiting = decode_only & pending
@@ -127,20 +130,29 @@ def main() -> None:
                     regression[arm].append((float(len(steps.decodes[k])), host))
             if backend is None:
                 model = TimeModel(deployment, eff)
-                ratios = [durations[k] / (model.step_seconds(steps.work(k)) * 1e3) for k in range(1, len(steps))
-                          if len(steps.prefills[k]) == 1 and steps.prefills[k][0][0] >= PREFILL_STEP_TOKENS
-                          and steps.busy[k] and not steps.intake[k]]  # fmt: skip
+                ratios = [
+                    durations[k] / (model.step_seconds(steps.work(k)) * 1e3)
+                    for k in range(1, len(steps))
+                    if len(steps.prefills[k]) == 1
+                    and steps.prefills[k][0][0] >= PREFILL_STEP_TOKENS
+                    and steps.busy[k]
+                    and not steps.intake[k]
+                ]
                 ratio = f"{np.median(ratios):.2f}" if ratios else "-"
-        print(f"{arm:<16} {load:>5g} {len(steps):>6} {batch[1:].mean():>6.2f} {np.median(durations[clean]):>10.1f} "
-              f"{durations[clean].mean():>11.1f} {durations[waiting].mean() if waiting.any() else float('nan'):>8.1f} "
-              f"{weighted:>10.1f} {np.median(brackets) if brackets else float('nan'):>8.1f} {ratio:>8}")  # fmt: skip
+        print(
+            f"{arm:<16} {load:>5g} {len(steps):>6} {batch[1:].mean():>6.2f} {np.median(durations[clean]):>10.1f} "
+            f"{durations[clean].mean():>11.1f} {durations[waiting].mean() if waiting.any() else float('nan'):>8.1f} "
+            f"{weighted:>10.1f} {np.median(brackets) if brackets else float('nan'):>8.1f} {ratio:>8}"
+        )
     for arm, rows in regression.items():
         x = np.array(rows)
         design = np.column_stack((np.ones(len(x)), x[:, 0]))
         coef, *_ = np.linalg.lstsq(design, x[:, 1], rcond=None)
-        print(f"{arm}: host time per decode step (loads <= {args.max_load:g}, {len(x)} clean steps) = "
-              f"{coef[0]:.2f} ms + {coef[1]:.3f} ms x batch; consecutive clean steps correlate at "
-              f"{min(runs[arm]):.2f}-{max(runs[arm]):.2f} (per load point)")  # fmt: skip
+        print(
+            f"{arm}: host time per decode step (loads <= {args.max_load:g}, {len(x)} clean steps) = "
+            f"{coef[0]:.2f} ms + {coef[1]:.3f} ms x batch; consecutive clean steps correlate at "
+            f"{min(runs[arm]):.2f}-{max(runs[arm]):.2f} (per load point)"
+        )
 
 
 if __name__ == "__main__":

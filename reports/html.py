@@ -28,7 +28,7 @@ from common import __version__
 from common.errors import KvbenchError, RunDirError
 from common.redact import redact_text
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
-from harness.results.calibrate import CALIBRATION_IN_RUN, calibrated_cells
+from harness.results.calibrated import CalibratedTtft
 from harness.results.provenance import Provenance, provenance
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
@@ -676,9 +676,12 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
     tier = profile.tiers[0]
     calibrated: dict[tuple[str, int, int], float] = {}
     calibration_note = ""
-    calibration_file = probe.path / CALIBRATION_IN_RUN
-    if calibration_file.exists():
-        calibrated, calibration_note = calibrated_cells(probe.path, calibration_file)
+    if (probe.path / CalibratedTtft.FILE_NAME).exists():
+        try:
+            stored = CalibratedTtft.read_file(probe.path)
+            calibrated, calibration_note = stored.by_cell(), stored.note
+        except RunDirError as error:
+            calibration_note = str(error)
     rows = []
     contexts: list[str] = []
     predicted: list[float | None] = []

@@ -1,69 +1,34 @@
 """A simulator calibration: fitted parameters for one deployment, and how the simulator applies them.
 
-A calibration file (``kvbench sim calibrate`` writes it, see :mod:`harness.results.calibrate`)
-replaces the datasheet efficiency factors of one deployment -- model profile, hardware profile,
-tensor-parallel degree, weight dtype (FP8 with vLLM's ``--quantization fp8``), KV-cache dtype, and
-the real engine and version it was measured on -- with values
-fitted to real runs. Every parameter is physical and says where it came from (:class:`FitParam`):
+A calibration file (``kvbench sim calibrate`` writes it, :mod:`harness.calibrate.fit`) replaces the
+datasheet efficiency factors of one deployment -- model, hardware, tensor-parallel degree, weight dtype
+(FP8 with vLLM's ``--quantization fp8``), KV-cache dtype, the engine and version it was measured on,
+and whether the engine ran CUDA graphs -- with values fitted to real runs. Every parameter is physical
+and says whether the runs determined it and from what (:class:`FitParam`). Units are seconds, GB
+(10^9 bytes) and token counts; ``P`` is a request's prompt length in tokens.
 
-* ``request_overhead_s`` + ``request_overhead_s_per_ktoken`` x prompt/1000: time a real server
-  spends on a request before its first engine step can start (HTTP, JSON, tokenisation,
-  scheduling, prefix-block hashing). The simulator holds the request back until that long after it
-  arrived; its own HTTP and tokenisation time counts towards it.
-* ``engine_blocking_share``: the fraction of that overhead that is CPU work inside the engine's own
-  loop (hashing the prompt's blocks for the prefix cache, a connector's chunk lookups) and so
-  stalls every running request. The simulator charges ``share x overhead`` as engine-busy time to
-  the first step that starts after the request arrived (less any time the engine sat idle since,
-  when the work ran in the idle time): the request's own TTFT is unchanged (the work overlaps its
-  overhead), the others' next token is that much later. 0 (files written before it was fitted):
-  the overhead blocks nobody.
-* ``linear_efficiency`` / ``attention_efficiency``: achieved fraction of the dense peak of the
-  GEMM term (``2 x params x tokens``) and of the attention term (``4 x L x heads x head_dim x
-  pairs``) of prefill; together they get both 1k (linear-dominated) and 128k (attention-dominated)
-  prompts right.
-* ``step_overhead_s``, ``step_s_per_seq`` and ``hbm_efficiency``: a decode step is ``max(overhead +
-  per_seq x batch, (weights + batch x context x KV bytes) / (HBM bandwidth x efficiency))`` when
-  ``host_overlaps_gpu`` (files fitted since 2026-11-27: the host launches while the GPU runs; the
-  HBM efficiency is reported as not fitted when every measured step was host-bound), their sum in
-  older files (from
-  inter-token latencies of probe runs and sweeps; ``decode_residuals`` shows the fit per run, arm and
-  load point; ``tpot_residuals`` the decode windows of sweep requests, every step included).
-  ``step_s_per_seq`` is 0 in files written before it was fitted.
-* ``prefill_host_s``: the host's part of a step that runs a prompt's prefill chunk, where the fit found one
-  that binds (``max(GPU, prefill_host_s)``): without CUDA graphs a short prompt's prefill takes about as
-  long whatever its length (vLLM 0.26.0 --enforce-eager, 8B on one H200: 42-43 ms from 250 to 1,500
-  tokens by the engine's own prefill histogram, against 17-21 ms per decode step), and the GPU's work
-  hides it from about 2,000 tokens. Not fitted (no fitted request's prefill is host-bound) or absent
-  (files written before it was fitted): the step overhead, as for a decode step.
-* per offload backend (``lmcache``, ``native``, ...): ``load_gbps`` and ``load_latency_s``, the
-  effective rate and fixed cost of loading a turn-2 hit from the tier (these replace the tier's
-  read bandwidth, latency and the host-link cap), and ``store_s_per_gb``, the seconds per GB of
-  new KV that storing it to the tier adds to the prefill (0: stored in the background), and
-  ``store_latency_s``, the fixed time the backend's save path adds to every request's prefill;
-  and ``busy_intake_s``, seconds of engine-loop work the backend adds per request that arrives while
-  the engine is busy (its lookups and store scheduling beside running requests). The simulator
-  charges it to the first step after the arrival, like the blocking share (that step may also hold
-  the request's own first prefill chunk, when its overhead is shorter than it); a request that arrives
-  at an idle engine pays nothing (its fixed cost on an idle engine is ``store_latency_s``, fitted
-  from probe runs). Fitted per backend from a sweep's decode windows of that backend's arm; 0 in
-  files written before it was fitted (then the backend blocks as the deployment's share says).
-  And ``step_extra_s``, seconds the backend adds to every engine step of its deployment (its
-  connector's per-step bookkeeping in the engine loop and in each TP worker), fitted from a probe
-  run's decode steps of the backend's arm against the arm without a tier; 0 in files written before
-  it was fitted. Measured: LMCache 0.5.3 at TP=4 slowed 70B steps by 17 % and 74 % on two hosts,
-  the 8B's by 17 % on one H200 and not at all on the H100.
+* request overhead ``request_overhead_s + request_overhead_s_per_ktoken x P/1000``: the time a server
+  spends on a request before its first engine step can start (HTTP, tokenising, scheduling); the
+  simulator holds the request back that long. ``engine_blocking_share`` of it stalls the running
+  requests (CPU work in the engine's own loop), charged to the first step after the arrival.
+* prefill: GEMM at ``linear_efficiency`` of the dense peak, attention at ``attention_efficiency``
+  of the BF16 peak (:mod:`.timemodel`).
+* one engine step: ``max(GPU, host) + store + intake`` with ``host = step_overhead_s + step_s_per_seq
+  x sequences + step_extra_s`` (``prefill_host_s`` in place of the step overhead in a step that runs a
+  prefill chunk, where the fit kept it) and the GPU's memory part at ``hbm_efficiency`` of the HBM
+  bandwidth.
+* per offload backend: a turn-2 tier hit loads in ``load_latency_s + GB / load_gbps``; a prefill that
+  stores to the tier adds ``store_latency_s + GB x store_s_per_gb``; a request that arrives while the
+  engine is busy adds ``busy_intake_s`` of engine-loop work; every step adds ``step_extra_s``.
 
-Each source run keeps its host link (:class:`harness.engines.host_link.HostLinkSummary`, from the
-run's manifest): shown beside the fitted load rates, never used to scale them.
-
-Using a calibration for another deployment is an error naming both (:func:`check_deployment`); the
-deployment includes whether the engine ran with CUDA graphs (``cuda_graphs``: eager steps cost the
-host several times more), where the runs recorded it.
-The file is YAML (JSON is YAML too) with ``schema_version``.
+Every field is present in a file (schema version 2); a file of another version is refused with the
+command that refits it, and every value is range-checked on load (:data:`RANGES`). Using a
+calibration for another deployment is an error naming both (:meth:`Calibration.check_deployment`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Literal
@@ -80,7 +45,48 @@ from offload.shapes import Deployment, Dtype, dtype_label
 
 from .timemodel import Efficiencies, TimeModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+REFIT = "kvbench sim calibrate RUN_DIR... --holdout LENGTHS -o FILE"
+"""The command that writes a calibration of this schema."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed values of a parameter: ``low`` to ``high``, ``low`` itself excluded when ``open_low`` (a rate
+    or an efficiency of 0 would divide by zero)."""
+
+    low: float
+    high: float
+    open_low: bool = False
+
+    def admits(self, value: float) -> bool:
+        return (value > self.low if self.open_low else value >= self.low) and value <= self.high
+
+    def __str__(self) -> str:
+        return f"{'(' if self.open_low else '['}{self.low:g}, {self.high:g}]"
+
+
+RANGES: dict[str, Range] = {
+    "request_overhead_s": Range(0.0, 10.0),
+    "request_overhead_s_per_ktoken": Range(0.0, 1.0),
+    "linear_efficiency": Range(0.0, 1.0, open_low=True),
+    "attention_efficiency": Range(0.0, 1.0, open_low=True),
+    "step_overhead_s": Range(0.0, 1.0),
+    "step_s_per_seq": Range(0.0, 0.1),
+    "hbm_efficiency": Range(0.0, 1.0, open_low=True),
+    "prefill_host_s": Range(0.0, 2.0),
+    "engine_blocking_share": Range(0.0, 1.0),
+}
+"""Allowed values of the deployment's parameters (fractions of a peak; seconds)."""
+BACKEND_RANGES: dict[str, Range] = {
+    "load_gbps": Range(0.0, 10_000.0, open_low=True),
+    "load_latency_s": Range(0.0, 10.0),
+    "store_s_per_gb": Range(0.0, 100.0),
+    "store_latency_s": Range(0.0, 10.0),
+    "busy_intake_s": Range(0.0, 1.0),
+    "step_extra_s": Range(0.0, 1.0),
+}
+"""Allowed values of an offload backend's parameters (GB/s; seconds; seconds per GB)."""
 
 
 class FitParam(StrictModel):
@@ -100,9 +106,8 @@ class SourceRun(StrictModel):
     manifest_sha256: str
     gpu: str = Field(description="The GPU the manifest recorded.")
     host_link: HostLinkSummary | None = Field(
-        default=None,
         description="Pinned host -> GPU copy rates of the run's attempts (GB/s per GPU, median and minimum, alone "
-        "and all GPUs at once); None: the run has none (no GPU, an older run, or files written before the field).",
+        "and all GPUs at once); None: the run measured none (no GPU).",
     )
 
 
@@ -110,7 +115,7 @@ class CalibratedDeployment(StrictModel):
     """What a calibration applies to: the simulator's deployment and the engine it imitates.
 
     ``dtype`` is the weights' dtype (vLLM's ``--quantization fp8`` makes it ``fp8``), ``kv_dtype``
-    the KV cache's when it differs (``None``: the same; files written before the field read so).
+    the KV cache's when it differs (``None``: the same).
     FP8 weights with a BF16 KV cache and BF16 weights are different deployments: the GEMM peak, the
     weights and the fitted efficiencies all differ, so one's calibration is refused for the other.
     """
@@ -123,9 +128,8 @@ class CalibratedDeployment(StrictModel):
     engine: str = Field(description="Engine kind the runs measured, e.g. 'vllm'.")
     engine_version: str
     cuda_graphs: bool | None = Field(
-        default=None,
-        description="Whether the engine ran with CUDA graphs (vLLM without --enforce-eager); None: not recorded "
-        "(files written before, engines kvbench does not configure). Eager steps cost the host several times more.",
+        description="Whether the engine ran with CUDA graphs (vLLM without --enforce-eager); None: the runs did "
+        "not record it (engines kvbench does not configure). Eager steps cost the host several times more.",
     )
 
     @model_validator(mode="before")
@@ -170,17 +174,9 @@ class BackendCalibration(StrictModel):
     load_gbps: FitParam
     load_latency_s: FitParam
     store_s_per_gb: FitParam
-    store_latency_s: FitParam = FitParam(
-        value=0.0, unit="s", fitted=False, source="not in this calibration file (written before it was fitted)"
-    )
-    busy_intake_s: FitParam = FitParam(
-        value=0.0, unit="s per request arriving at a busy engine", fitted=False,
-        source="not in this calibration file (written before it was fitted)",
-    )  # fmt: skip
-    step_extra_s: FitParam = FitParam(
-        value=0.0, unit="s per engine step", fitted=False,
-        source="not in this calibration file (written before it was fitted)",
-    )  # fmt: skip
+    store_latency_s: FitParam
+    busy_intake_s: FitParam
+    step_extra_s: FitParam
 
 
 class _Predicted(StrictModel):
@@ -214,50 +210,35 @@ class DecodeResidual(_Predicted):
     context_tokens: int = Field(description="Mean context per decoding request.")
 
 
-_OLD_FILE = "not in this calibration file (written before it was fitted)"
-
-
 class Calibration(StrictModel):
     """The calibration file (``kvbench sim calibrate -o FILE``)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     deployment: CalibratedDeployment
     sources: list[SourceRun]
     fit_context_tokens: list[int] = Field(description="Context lengths whose requests the fit used.")
     holdout_context_tokens: list[int] = Field(description="Context lengths left out of the fit (for validation).")
-    holdout_loads: list[float] = Field(
-        default_factory=list, description="Sweep load points left out of the fit (for validation); absent: none."
-    )
-    max_batch_tokens: int = Field(description="Prefill chunk (tokens per step) the fit assumed.")
+    holdout_loads: list[float] = Field(description="Sweep load points left out of the fit (for validation).")
+    max_batch_tokens: int = Field(ge=1, description="Prefill chunk (tokens per step) the fit assumed.")
     request_overhead_s: FitParam
     request_overhead_s_per_ktoken: FitParam
     linear_efficiency: FitParam
     attention_efficiency: FitParam
     step_overhead_s: FitParam
-    step_s_per_seq: FitParam = FitParam(value=0.0, unit="s per sequence", fitted=False, source=_OLD_FILE)
+    step_s_per_seq: FitParam
     hbm_efficiency: FitParam
-    prefill_host_s: FitParam | None = Field(
-        default=None,
-        description="Host seconds of an engine step that runs a prompt's prefill chunk, where fitted (the step "
-        "takes max(GPU, this)); not fitted or absent (files written before): the step overhead, as a decode step.",
+    prefill_host_s: FitParam = Field(
+        description="Host seconds of an engine step that runs a prompt's prefill chunk (the step takes max(GPU, "
+        "this)) where fitted; not fitted: the step overhead, as a decode step."
     )
-    engine_blocking_share: FitParam = FitParam(
-        value=0.0, unit="fraction of the request overhead", fitted=False, source=f"{_OLD_FILE}: it blocks nobody"
-    )
-    host_overlaps_gpu: bool = Field(
-        default=False,
-        description="True: a step takes max(GPU, host), the host launching while the GPU runs; False (files "
-        "written before): their sum. The parameters were fitted under this model.",
-    )
-    backends: dict[str, BackendCalibration] = Field(default_factory=dict)
-    residuals: list[Residual] = Field(default_factory=list)
-    decode_residuals: list[DecodeResidual] = Field(
-        default_factory=list, description="Decode steps per (run, arm, load point); absent in older files."
-    )
+    engine_blocking_share: FitParam
+    backends: dict[str, BackendCalibration]
+    warnings: list[str] = Field(description="What the fit could not determine or left out (outliers, bounds).")
+    residuals: list[Residual]
+    decode_residuals: list[DecodeResidual] = Field(description="Decode steps per (run, arm, load point).")
     tpot_residuals: list[DecodeResidual] = Field(
-        default_factory=list,
         description="Mean step over sweep requests' whole decode windows (prefill chunks and intake included) "
-        "per (run, arm, load point); absent in older files.",
+        "per (run, arm, load point)."
     )
 
     def falling_tier_hits(self, min_tokens: int = 1000) -> list[tuple[Residual, Residual]]:
@@ -283,11 +264,31 @@ class Calibration(StrictModel):
         data = read_yaml_mapping(path, CalibrationError, hint="kvbench sim calibrate writes one")
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise CalibrationError(f"{path}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}")
+            raise CalibrationError(
+                f"{path}: schema_version {version!r}; this kvbench reads {SCHEMA_VERSION}: refit it with `{REFIT}`"
+            )
         try:
-            return cls.model_validate(data)
+            calibration = cls.model_validate(data)
         except ValidationError as error:
             raise CalibrationError(f"{path}: {first_problem(error, whole='calibration')}") from None
+        problem = calibration.out_of_range()
+        if problem:
+            raise CalibrationError(f"{path}: {problem}")
+        return calibration
+
+    def out_of_range(self) -> str:
+        """The first parameter outside its allowed range (:data:`RANGES`, :data:`BACKEND_RANGES`) as
+        ``field = value: allowed range``; "" when every one is inside."""
+        values = [(name, getattr(self, name).value, allowed) for name, allowed in RANGES.items()]
+        for backend, entry in self.backends.items():
+            values += [
+                (f"backends.{backend}.{name}", getattr(entry, name).value, allowed)
+                for name, allowed in BACKEND_RANGES.items()
+            ]
+        for name, value, allowed in values:
+            if not allowed.admits(value):
+                return f"{name} = {value:g}: allowed {allowed}"
+        return ""
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +335,6 @@ class Calibration(StrictModel):
             store_s_per_token=store,
             store_latency_s=backend.store_latency_s.value if backend else 0.0,
             step_s_per_seq=self.step_s_per_seq.value,
-            host_overlaps_gpu=self.host_overlaps_gpu,
             prefill_host_s=self.fitted_prefill_host_s,
             step_extra_s=backend.step_extra_s.value if backend else 0.0,
         )
@@ -342,7 +342,7 @@ class Calibration(StrictModel):
     @property
     def fitted_prefill_host_s(self) -> float | None:
         """A prefill step's own host seconds where the fit kept one; None: the step overhead."""
-        return self.prefill_host_s.value if self.prefill_host_s is not None and self.prefill_host_s.fitted else None
+        return self.prefill_host_s.value if self.prefill_host_s.fitted else None
 
     def request_overhead(self, prompt_tokens: int) -> float:
         """Seconds from a request's arrival until the engine may schedule it."""
@@ -387,3 +387,33 @@ def unloaded_ttft_s(
     """
     cached = min(prompt_tokens - 1, hbm_tokens + loaded_tokens)
     return overhead_s + load_s + timing.prefill_seconds(prompt_tokens, cached, chunk_tokens)
+
+
+SHIPPED_DIR = Path(__file__).parent / "calibrations"
+"""The calibrations kvbench ships, one per measured deployment (``engine.calibration: auto`` picks one)."""
+AUTO = "auto"
+
+
+def shipped_calibrations() -> dict[Path, Calibration]:
+    """Every shipped calibration by file, in name order."""
+    return {path: Calibration.load(path) for path in sorted(SHIPPED_DIR.glob("*.yaml"))}
+
+
+def pick_shipped(deployment: Deployment, cuda_graphs: bool | None = None) -> tuple[Path, Calibration]:
+    """The shipped calibration of this deployment (model, hardware, TP, weight and KV dtypes) and, where
+    given, engine mode. Where both modes were measured and none is given, CUDA graphs (vLLM's default).
+    No match is a one-line error listing the shipped ones."""
+    shipped = shipped_calibrations()
+    matches = [
+        (path, c)
+        for path, c in shipped.items()
+        if c.deployment.matches(deployment) and (cuda_graphs is None or c.deployment.cuda_graphs in (None, cuda_graphs))
+    ]
+    matches.sort(key=lambda item: item[1].deployment.cuda_graphs is not True)
+    if not matches:
+        known = "; ".join(f"{path.name} ({c.deployment.label})" for path, c in shipped.items())
+        mode = {None: "", True: " with CUDA graphs", False: " in eager mode"}[cuda_graphs]
+        raise CalibrationError(
+            f"engine.calibration: auto: no shipped calibration for {deployment.label}{mode}; shipped: {known}"
+        )
+    return matches[0]

@@ -47,7 +47,13 @@ class SimEngineConfig(ReplicaFields):
         default=None,
         strict=False,  # a path in YAML is a string
         description="Calibration file (kvbench sim calibrate) for this deployment: fitted overheads, "
-        "efficiencies and offload-backend costs replace the datasheet figures.",
+        "efficiencies and offload-backend costs replace the datasheet figures. 'auto' (a reserved name, not a file): "
+        "the calibration kvbench ships for this deployment; the engine's start says which.",
+    )
+    cuda_graphs: bool | None = Field(
+        default=None,
+        description="With calibration 'auto': the measured engine mode to imitate (true: CUDA graphs, false: "
+        "eager); default: CUDA graphs where both were measured.",
     )
     client_time_s: float = Field(
         default=0.0,

@@ -140,7 +140,7 @@ class SimEngine:
                 "block_tokens": str(settings.block_tokens),
                 "gpu_memory_utilization": repr(settings.gpu_memory_utilization),
                 "settings_file": str(self.settings_path),
-                **({"calibration": str(config.calibration)} if config.calibration is not None else {}),
+                **({"calibration": settings.calibration_file} if settings.calibration_file else {}),
             },
         )
         return RunningSim(Endpoint(base_url=base_url, model=settings.name), facts, process)

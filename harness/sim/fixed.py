@@ -140,8 +140,11 @@ class FixedServer:
         first_due = received + int(self.latency.ttft_s * NS)
         itl_ns = int(self.latency.itl_s * NS)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                 "total_tokens": prompt_tokens + max_tokens}  # fmt: skip
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": max_tokens,
+            "total_tokens": prompt_tokens + max_tokens,
+        }
         if not body.get("stream"):
             await _sleep_until(first_due + (max_tokens - 1) * itl_ns)
             self.tokens += max_tokens
@@ -152,8 +155,15 @@ class FixedServer:
                 else {"index": 0, "text": text, "finish_reason": "length"}
             )
             self._log(received, first_due, first_due)
-            return web.json_response({"id": request_id, "object": "chat.completion" if chat else "text_completion",
-                                      "model": self.latency.model, "choices": [choice], "usage": usage})  # fmt: skip
+            return web.json_response(
+                {
+                    "id": request_id,
+                    "object": "chat.completion" if chat else "text_completion",
+                    "model": self.latency.model,
+                    "choices": [choice],
+                    "usage": usage,
+                }
+            )
         options = body.get("stream_options")
         include_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

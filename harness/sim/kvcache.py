@@ -265,7 +265,7 @@ class OffloadTiers:
 
     ``shared_chunks``: a fleet's shared tier -- the ``shared`` tier keeps its chunk index (and so
     its capacity) in this mapping, which every replica of the fleet uses: one dictionary for engine
-    cores in one process (:mod:`harness.sim.fleet_whatif`), a directory for simulator processes
+    cores in one process (:mod:`harness.calibrate.fleet_whatif`), a directory for simulator processes
     (:class:`~harness.sim.shared_tier.DirectoryChunks`). Each replica keeps its own read and write
     queues (its own network link); the storage's aggregate bandwidth is not modelled.
     """

@@ -112,13 +112,25 @@ class SimCollector(Collector):
         yield self._counter("kvbench_sim:engine_busy_seconds", "Modelled time spent in steps.", stats.busy_s)
         yield self._counter("kvbench_sim:hbm_evicted_blocks", "Cached HBM blocks evicted.", core.pool.evictions)
         tier_families = (
-            (CounterMetricFamily("kvbench_sim:tier_bytes_written", "Bytes written to an offload tier.",
-                                 labels=[*LABELS, "tier"]), "bytes_written"),
-            (CounterMetricFamily("kvbench_sim:tier_bytes_read", "Bytes loaded from an offload tier.",
-                                 labels=[*LABELS, "tier"]), "bytes_read"),
-            (CounterMetricFamily("kvbench_sim:tier_evicted_chunks", "Chunks evicted from an offload tier.",
-                                 labels=[*LABELS, "tier"]), "evictions"),
-        )  # fmt: skip
+            (
+                CounterMetricFamily(
+                    "kvbench_sim:tier_bytes_written", "Bytes written to an offload tier.", labels=[*LABELS, "tier"]
+                ),
+                "bytes_written",
+            ),
+            (
+                CounterMetricFamily(
+                    "kvbench_sim:tier_bytes_read", "Bytes loaded from an offload tier.", labels=[*LABELS, "tier"]
+                ),
+                "bytes_read",
+            ),
+            (
+                CounterMetricFamily(
+                    "kvbench_sim:tier_evicted_chunks", "Chunks evicted from an offload tier.", labels=[*LABELS, "tier"]
+                ),
+                "evictions",
+            ),
+        )
         hits = CounterMetricFamily(
             "kvbench_sim:tier_hit_tokens",
             "Prompt tokens loaded from an offload tier (by tier kind).",

@@ -63,14 +63,53 @@ logger = logging.getLogger(__name__)
 
 TTFT_BUCKETS: tuple[float, ...] = (
     # vLLM's buckets for vllm:time_to_first_token_seconds
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     # vLLM's buckets for its per-request phase histograms (vllm:request_queue_time_seconds, ..._prefill_time_...)
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-)  # fmt: skip
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 @dataclass
@@ -134,12 +173,34 @@ class SimRequest:
     """One request inside the engine."""
 
     __slots__ = (
-        "arrival", "blocks", "cached_tokens", "chunk_keys", "external_tokens", "first_scheduled_at", "first_token_at",
-        "hashes", "hbm_hit_tokens", "intake_from", "intake_s", "load_from", "load_ready_at", "load_to", "max_tokens",
-        "num_computed", "outputs", "phase",
-        "prefill_target", "prompt_tokens", "received_at", "registered", "request_id", "rng", "schedulable_at", "sink",
+        "arrival",
+        "blocks",
+        "cached_tokens",
+        "chunk_keys",
+        "external_tokens",
+        "first_scheduled_at",
+        "first_token_at",
+        "hashes",
+        "hbm_hit_tokens",
+        "intake_from",
+        "intake_s",
+        "load_from",
+        "load_ready_at",
+        "load_to",
+        "max_tokens",
+        "num_computed",
+        "outputs",
+        "phase",
+        "prefill_target",
+        "prompt_tokens",
+        "received_at",
+        "registered",
+        "request_id",
+        "rng",
+        "schedulable_at",
+        "sink",
         "tokens",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ the offload tiers; ``kvbench sim serve --faults FILE`` sets it.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -21,7 +22,7 @@ from common.schema import StrictModel
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile
 from offload.shapes import Deployment
 
-from .calibration import Calibration
+from .calibration import AUTO, Calibration, pick_shipped
 from .config import SimEngineConfig
 from .faults import Fault
 from .timemodel import Efficiencies
@@ -59,12 +60,15 @@ class SimSettings(StrictModel):
         default=True, description="False forces the HBM prefix cache off even if the profile enables it."
     )
     faults: list[Fault] = Field(
-        default_factory=list, description="Injected faults (testing): latency spikes, 5xx bursts, dropped streams, "
-        "slow or full tiers.",
-    )  # fmt: skip
+        default_factory=list,
+        description="Injected faults (testing): latency spikes, 5xx bursts, dropped streams, slow or full tiers.",
+    )
     fault_seed: int = Field(default=0, description="Seed of the faults' probability draws.")
     calibration: Calibration | None = Field(
         default=None, description="Fitted parameters (kvbench sim calibrate) for this deployment, inline."
+    )
+    calibration_file: str | None = Field(
+        default=None, description="Where the calibration came from: its path, or 'auto: NAME' for a shipped one."
     )
     shared_tier_dir: str | None = Field(
         default=None,
@@ -131,7 +135,15 @@ class SimSettings(StrictModel):
         # SimEngineConfig already refused pp, dp and replicas other than 1 at validation
         parallel = config.parallelism
         calibration = None
-        if config.calibration is not None:
+        calibration_file = None if config.calibration is None else str(config.calibration)
+        if config.calibration == Path(AUTO):
+            deployment = Deployment.resolve(config.model, config.hardware, parallel.tp, config.dtype, config.kv_dtype)
+            path, calibration = pick_shipped(deployment, config.cuda_graphs)
+            calibration_file = f"auto: {path.name}"
+            # said once per engine start, so that a run's log shows which measured deployment it imitates
+            print(f"calibration auto: {path.name} ({calibration.deployment.label})", file=sys.stderr)
+            calibration.backend_for(profile, f"calibration {path.name}")
+        elif config.calibration is not None:
             where = f"calibration {config.calibration}"
             calibration = Calibration.load(config.calibration)
             deployment = Deployment.resolve(config.model, config.hardware, parallel.tp, config.dtype, config.kv_dtype)
@@ -152,6 +164,7 @@ class SimSettings(StrictModel):
             faults=list(config.faults),
             fault_seed=config.fault_seed,
             calibration=calibration,
+            calibration_file=calibration_file,
             client_time_s=config.client_time_s,
         )
 

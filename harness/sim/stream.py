@@ -149,15 +149,23 @@ class StreamEncoder:
             chat_choice["token_ids"] = None
             return self._chunk([chat_choice])
         choice: CompletionChoice = {
-            "index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None,
-            "prompt_token_ids": None, "token_ids": None,
-        }  # fmt: skip
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "prompt_token_ids": None,
+            "token_ids": None,
+        }
         return self._chunk([choice])
 
     def role_chunk(self) -> Chunk:
         choice: ChatChoice = {
-            "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None,
-        }  # fmt: skip
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
         chunk = self._chunk([choice])
         chunk["prompt_token_ids"] = None
         return chunk

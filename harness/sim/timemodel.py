@@ -2,15 +2,14 @@
 
 A step runs one forward pass over a batch that mixes prefill chunks and decode tokens. Its time is
 
-    GPU + host + store + intake,  GPU = max(compute, memory) + all-reduce,  host = step overhead + host x sequences
+    max(GPU, host) + store + intake,  GPU = max(compute, memory) + all-reduce,
+    host = step overhead + host x sequences
 
-or, when the host's work overlaps the GPU's (``Efficiencies.host_overlaps_gpu``, calibrations fitted
-since 2026-11-27), ``max(GPU, host) + store + intake``: kernel launches are asynchronous, so the
-host prepares and launches a step's kernels while the GPU runs earlier ones, and a step is as long
-as the slower of the two. Without CUDA graphs (vLLM's ``--enforce-eager``) the host part is large --
-16-17 ms per decode step of the 8B on one H100/H200, 56 ms for the 70B at TP=4 -- and a short step
-is host-bound while a long prefill chunk hides it; the additive model charged it to every prefill
-chunk too (docs/simulator.md, "The overlapped step", compares the two on held-out lengths).
+Kernel launches are asynchronous, so the host prepares and launches a step's kernels while the GPU
+runs earlier ones, and a step is as long as the slower of the two. Without CUDA graphs (vLLM's
+``--enforce-eager``) the host part is large -- 16-17 ms per decode step of the 8B on one H100/H200,
+56 ms for the 70B at TP=4 -- so a short step is host-bound while a long prefill chunk hides it.
+(The additive form ``GPU + host`` fits held-out runs worse; docs/simulator.md has the table.)
 
 * compute: the transformer layers cost ``2 x body_params`` FLOPs per token and the LM head
   ``2 x vocab x hidden`` per *sampled* token (the last prompt token, each decode token), at the
@@ -86,8 +85,6 @@ class Efficiencies:
     """Seconds a step is blocked per request whose prefill it completes (the backend's per-request save cost)."""
     step_s_per_seq: float = 0.0
     """Host seconds per sequence in a step (eager mode's per-request Python work; 0: all in the overhead)."""
-    host_overlaps_gpu: bool = False
-    """True: a step takes ``max(GPU, host)`` (asynchronous launches); False: their sum (files fitted before)."""
     prefill_host_s: float | None = None
     """Host seconds of a step that runs a prompt's prefill chunk, in place of ``step_overhead_s`` (None: the
     same as a decode step's). Eager mode's short-prompt floor: on one H200, vLLM 0.26.0 --enforce-eager
@@ -153,8 +150,6 @@ class StepCost:
     """Per-sequence host work (``step_s_per_seq`` x sequences)."""
     intake_s: float = 0.0
     """Engine-blocking intake work of newly arrived requests."""
-    host_overlaps_gpu: bool = False
-    """The host's part (overhead + per-sequence work) runs while the GPU computes."""
 
     @property
     def gpu_s(self) -> float:
@@ -162,9 +157,8 @@ class StepCost:
 
     @property
     def total_s(self) -> float:
-        host = self.overhead_s + self.host_s
-        core = max(self.gpu_s, host) if self.host_overlaps_gpu else self.gpu_s + host
-        return core + self.store_s + self.intake_s
+        # the host launches a step's kernels while the GPU runs earlier ones: the slower of the two binds
+        return max(self.gpu_s, self.overhead_s + self.host_s) + self.store_s + self.intake_s
 
 
 class TimeModel:
@@ -196,7 +190,6 @@ class TimeModel:
         self._store_s_per_token = eff.store_s_per_token
         self._store_latency_s = eff.store_latency_s
         self._host_s_per_seq = eff.step_s_per_seq
-        self._host_overlaps_gpu = eff.host_overlaps_gpu
 
     def cost(self, work: StepWork) -> StepCost:
         compute = (
@@ -209,7 +202,7 @@ class TimeModel:
         store = work.prefill_tokens * self._store_s_per_token + work.prompts_done * self._store_latency_s
         host = work.sequences * self._host_s_per_seq
         overhead = self._prefill_overhead_s if work.prefill_tokens else self._overhead_s
-        return StepCost(compute, memory, allreduce, overhead, store, host, work.intake_s, self._host_overlaps_gpu)
+        return StepCost(compute, memory, allreduce, overhead, store, host, work.intake_s)
 
     def step_seconds(self, work: StepWork) -> float:
         return self.cost(work).total_s

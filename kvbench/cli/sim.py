@@ -1,6 +1,6 @@
 """``kvbench sim``: run the engine simulator, list its model and hardware profiles, or run the
 compute-vs-load what-if (``whatif``: turn-2 TTFT against tier read bandwidth, see
-:mod:`harness.sim.whatif`).
+:mod:`harness.calibrate.whatif`).
 
 Only typer is imported at module level; the server and its dependencies load inside the commands,
 so mounting this sub-app keeps ``kvbench --help`` fast.
@@ -123,9 +123,16 @@ def profiles() -> None:
         models.add_column(column, justify="left" if column in ("name", "checkpoint") else "right")
     for m in MODELS.values():
         models.add_row(
-            m.name, m.hf_id, f"{m.params / 1e9:.2f} B", str(m.layers), str(m.hidden_size),
-            f"{m.heads}/{m.kv_heads}", str(m.head_dim), str(m.intermediate_size), str(m.max_position_embeddings),
-        )  # fmt: skip
+            m.name,
+            m.hf_id,
+            f"{m.params / 1e9:.2f} B",
+            str(m.layers),
+            str(m.hidden_size),
+            f"{m.heads}/{m.kv_heads}",
+            str(m.head_dim),
+            str(m.intermediate_size),
+            str(m.max_position_embeddings),
+        )
     console.print(models)
 
     hardware = Table(title="Hardware profiles (per GPU)")
@@ -133,9 +140,14 @@ def profiles() -> None:
         hardware.add_column(column, justify="left" if column == "name" else "right")
     for hw in HARDWARE.values():
         hardware.add_row(
-            hw.name, f"{hw.peak_bf16_flops / 1e12:.0f}", f"{hw.peak_fp8_flops / 1e12:.0f}", f"{hw.mfu:.2f}",
-            f"{hw.hbm_bytes / 1e9:.1f}", f"{hw.hbm_bytes_per_s / 1e12:.2f}", f"{hw.host_link_bytes_per_s / 1e9:.0f}",
-        )  # fmt: skip
+            hw.name,
+            f"{hw.peak_bf16_flops / 1e12:.0f}",
+            f"{hw.peak_fp8_flops / 1e12:.0f}",
+            f"{hw.mfu:.2f}",
+            f"{hw.hbm_bytes / 1e9:.1f}",
+            f"{hw.hbm_bytes_per_s / 1e12:.2f}",
+            f"{hw.host_link_bytes_per_s / 1e9:.0f}",
+        )
     console.print(hardware)
 
     shipped = Table(title="Shipped deployments (gpu_memory_utilization 0.9, 8192-token steps)")
@@ -150,9 +162,16 @@ def profiles() -> None:
             return f"{timing.prefill_seconds(tokens):.2f} s" if tokens <= limit else "-"
 
         shipped.add_row(
-            model, hw_name, str(tp), dtype_label(dtype, kv_dtype), f"{deployment.kv_cache_tokens(0.9, 8192):,}",
-            ttft(8192), ttft(32768), ttft(131072), f"{timing.decode_step_seconds(1, 8192) * 1e3:.1f} ms",
-        )  # fmt: skip
+            model,
+            hw_name,
+            str(tp),
+            dtype_label(dtype, kv_dtype),
+            f"{deployment.kv_cache_tokens(0.9, 8192):,}",
+            ttft(8192),
+            ttft(32768),
+            ttft(131072),
+            f"{timing.decode_step_seconds(1, 8192) * 1e3:.1f} ms",
+        )
     console.print(shipped)
 
 
@@ -172,7 +191,7 @@ def whatif(
 ) -> None:
     """Compute, load or both: simulated turn-2 TTFT against tier read bandwidth (compute-only, load-only,
     layerwise, bidirectional), as a table, a CSV and a PNG plot."""
-    from harness.sim import whatif as what
+    from harness.calibrate import whatif as what
 
     try:
         points = what.run_whatif(
@@ -240,7 +259,7 @@ def calibrate(
 ) -> None:
     """Fit the simulator to real runs: request overhead, prefill efficiencies, offload load/store costs, decode."""
     from common.errors import KvbenchError
-    from harness.results.calibrate import calibrate as fit
+    from harness.calibrate.fit import calibrate as fit
 
     try:
         calibration = fit(runs, _lengths(holdout), model, hardware, _loads(holdout_loads))
@@ -251,32 +270,60 @@ def calibrate(
     typer.echo(f"Wrote {out}")
 
 
+@sim_app.command()
+def predict(
+    run: Annotated[Path, typer.Argument(help="A probe run directory.")],
+    calibration: Annotated[Path, typer.Option("--calibration", help="Calibration file for the run's deployment.")],
+) -> None:
+    """Store the calibrated TTFT per cell in the run directory (calibrated_ttft.json); reports show it beside
+    the measured TTFT."""
+    from common.errors import KvbenchError
+    from harness.calibrate.predict import write_predictions
+
+    try:
+        stored = write_predictions(run, calibration)
+    except KvbenchError as error:
+        raise _fail(str(error)) from None
+    typer.echo(f"{len(stored.cells)} cells predicted; {stored.note}")
+    typer.echo(f"Wrote {run / stored.FILE_NAME}")
+
+
 def _describe(calibration: object) -> str:
     from harness.engines.host_link import summary_text
     from harness.sim.calibration import Calibration, FitParam
 
     assert isinstance(calibration, Calibration)
     lines = [f"Calibration for {calibration.deployment.label}"]
-    lines += [f"  from {s.path} (run {s.run_id}, {s.gpu}, manifest sha256 {s.manifest_sha256[:16]}…)"
-              for s in calibration.sources]  # fmt: skip
+    lines += [
+        f"  from {s.path} (run {s.run_id}, {s.gpu}, manifest sha256 {s.manifest_sha256[:16]}…)"
+        for s in calibration.sources
+    ]
     lines.append(
         f"  fitted on lengths {calibration.fit_context_tokens}; held out {calibration.holdout_context_tokens or 'none'}"
     )
     if calibration.holdout_loads:
         lines.append(f"  sweep load points held out: {[f'{v:g}' for v in calibration.holdout_loads]}")
+    lines += [f"WARNING: {warning}" for warning in calibration.warnings]
 
     def show(name: str, p: FitParam) -> str:
         state = "fitted " if p.fitted else "default"
         return f"  {name:<32} {p.value:>12.5g} {p.unit:<28} {state}  {p.source}"
 
     lines.append("Parameters:")
-    for name in ("request_overhead_s", "request_overhead_s_per_ktoken", "engine_blocking_share", "linear_efficiency",
-                 "attention_efficiency", "step_overhead_s", "step_s_per_seq", "hbm_efficiency"):  # fmt: skip
+    for name in (
+        "request_overhead_s",
+        "request_overhead_s_per_ktoken",
+        "engine_blocking_share",
+        "linear_efficiency",
+        "attention_efficiency",
+        "step_overhead_s",
+        "step_s_per_seq",
+        "hbm_efficiency",
+    ):
         value = getattr(calibration, name)
         assert isinstance(value, FitParam)
         lines.append(show(name, value))
-    if calibration.prefill_host_s is not None:
-        lines.append(show("prefill_host_s", calibration.prefill_host_s))
+    lines.append(show("prefill_host_s", calibration.prefill_host_s))
     for backend, entry in calibration.backends.items():
         label = f"{backend} {entry.version or ''}".strip()
         lines.append(show(f"{label}: load_gbps", entry.load_gbps))
@@ -298,33 +345,50 @@ def _describe(calibration: object) -> str:
         )
     for r in calibration.residuals:
         where = "fit" if r.used_in_fit else "held out"
-        lines.append(f"  {r.arm:<22} {r.context_tokens:>8} {r.turn:>4} {r.measured_ms:>12.1f} "
-                     f"{r.predicted_ms:>12.1f} {r.error:>+8.1%}  {where}")  # fmt: skip
+        lines.append(
+            f"  {r.arm:<22} {r.context_tokens:>8} {r.turn:>4} {r.measured_ms:>12.1f} "
+            f"{r.predicted_ms:>12.1f} {r.error:>+8.1%}  {where}"
+        )
     drops = calibration.falling_tier_hits()
     if drops:
-        lines.append("Turn 2 from the tier is faster at a longer prompt (measured medians; the model's tier load grows "
-                     "with the bytes loaded and cannot follow these):")  # fmt: skip
-        lines += [f"  {a.arm}: {a.context_tokens:,} -> {b.context_tokens:,} tokens, {a.measured_ms:.1f} -> "
-                  f"{b.measured_ms:.1f} ms" for a, b in drops]  # fmt: skip
+        lines.append(
+            "Turn 2 from the tier is faster at a longer prompt (measured medians; the model's tier load grows "
+            "with the bytes loaded and cannot follow these):"
+        )
+        lines += [
+            f"  {a.arm}: {a.context_tokens:,} -> {b.context_tokens:,} tokens, {a.measured_ms:.1f} -> "
+            f"{b.measured_ms:.1f} ms"
+            for a, b in drops
+        ]
     titles = (
-        (calibration.decode_residuals, "Decode residuals (mean clean step per run, arm and load point or probe length; "
-         "batch = requests decoding at once, context = their mean context):"),
-        (calibration.tpot_residuals, "Decode-window residuals (sweeps: median over requests of the mean step of "
-         "the whole decode window, prefill chunks and arrivals' intake included):"),
-    )  # fmt: skip
+        (
+            calibration.decode_residuals,
+            "Decode residuals (mean clean step per run, arm and load point or probe length; "
+            "batch = requests decoding at once, context = their mean context):",
+        ),
+        (
+            calibration.tpot_residuals,
+            "Decode-window residuals (sweeps: median over requests of the mean step of "
+            "the whole decode window, prefill chunks and arrivals' intake included):",
+        ),
+    )
     for rows, title in titles:
         if not rows:
             continue
         lines.append(title)
         width = max(len(d.run) for d in rows)
-        lines.append(f"  {'run':<{width}} {'arm':<18} {'load':>6} {'reqs':>5} {'batch':>6} {'context':>8} "
-                     f"{'measured ms':>12} {'predicted ms':>12} {'error':>8}  set")  # fmt: skip
+        lines.append(
+            f"  {'run':<{width}} {'arm':<18} {'load':>6} {'reqs':>5} {'batch':>6} {'context':>8} "
+            f"{'measured ms':>12} {'predicted ms':>12} {'error':>8}  set"
+        )
         for d in rows:
             load = "probe" if d.load is None else f"{d.load:g}"
             where = "fit" if d.used_in_fit else "held out"
-            lines.append(f"  {d.run:<{width}} {d.arm:<18} {load:>6} {d.requests:>5} {d.batch:>6.2f} "
-                         f"{d.context_tokens:>8,} {d.measured_ms:>12.2f} {d.predicted_ms:>12.2f} {d.error:>+8.1%}  "
-                         f"{where}")  # fmt: skip
+            lines.append(
+                f"  {d.run:<{width}} {d.arm:<18} {load:>6} {d.requests:>5} {d.batch:>6.2f} "
+                f"{d.context_tokens:>8,} {d.measured_ms:>12.2f} {d.predicted_ms:>12.2f} {d.error:>+8.1%}  "
+                f"{where}"
+            )
     return "\n".join(lines)
 
 
@@ -366,11 +430,12 @@ def validate(
     """Re-run a real run's scenario (probe run or sweep) on the (calibrated) simulator and compare per cell;
     exit 0 within the thresholds, 1 beyond, 2 cannot compare."""
     from common.errors import KvbenchError
-    from harness.runs.validate import validate_run
+    from harness.calibrate.validate import validate_run
 
     try:
-        result = validate_run(run, out, calibration, _lengths(holdout), conversations, max_error, max_capacity_error,
-                              count_client_time)  # fmt: skip
+        result = validate_run(
+            run, out, calibration, _lengths(holdout), conversations, max_error, max_capacity_error, count_client_time
+        )
     except KvbenchError as error:
         raise _fail(str(error)) from None
     typer.echo(f"Simulated {result.sim_run} against measured {result.run} ({result.kind})")
@@ -398,7 +463,7 @@ def validate(
 
 def _validation_table(result: object) -> str:
     """The cells, one line each: key columns, measured, simulated, error, note; ``!`` marks a cell beyond."""
-    from harness.runs.validate import Validation
+    from harness.calibrate.validate import Validation
 
     assert isinstance(result, Validation)
     widths = [max(len(name), *(len(c.key[i]) for c in result.cells)) for i, name in enumerate(result.columns)]
@@ -437,12 +502,18 @@ def fleet_whatif(
 ) -> None:
     """Fleet what-if: round robin + shared tier vs session affinity vs prefix-aware routing (and round robin
     with per-replica tiers) at N simulated replicas: returning-user TTFT (same vs moved), hotspots, GPUs needed."""
-    from harness.sim import fleet_whatif as fleet
+    from harness.calibrate import fleet_whatif as fleet
 
     traffic = fleet.Traffic(
-        users=users, skew=skew, rate=rate, context_tokens=context_tokens, turns=turns, duration_s=duration,
-        warmup_s=warmup, seed=seed,
-    )  # fmt: skip
+        users=users,
+        skew=skew,
+        rate=rate,
+        context_tokens=context_tokens,
+        turns=turns,
+        duration_s=duration,
+        warmup_s=warmup,
+        seed=seed,
+    )
     try:
         results, utilisation = fleet.run_fleet_whatif(
             replicas, traffic, target_utilization=target_utilization, model=model, hardware=hardware

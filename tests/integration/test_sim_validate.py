@@ -29,8 +29,15 @@ LMC = {"name": "lmc", "tiers": [{"kind": "cpu", "capacity_gb": 8}], "backend": "
 
 def sim_calibration(hardware: str = "h100-sxm") -> Calibration:
     truth = chosen()
-    deployment = CalibratedDeployment(model="llama-3.1-8b", hardware=hardware, tp=1, dtype="bf16", engine="sim",
-                                      engine_version=common.__version__)  # fmt: skip
+    deployment = CalibratedDeployment(
+        model="llama-3.1-8b",
+        hardware=hardware,
+        tp=1,
+        dtype="bf16",
+        engine="sim",
+        engine_version=common.__version__,
+        cuda_graphs=None,
+    )
     return truth.model_copy(update={"deployment": deployment})
 
 
@@ -60,8 +67,10 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_validate_exit_codes(measured: tuple[Path, Path], tmp_path: Path) -> None:
     run, calibration = measured
-    ok = runner.invoke(sim_app, ["validate", str(run), "--calibration", str(calibration), "--holdout", "8000",
-                                 "-o", str(tmp_path / "ok")])  # fmt: skip
+    ok = runner.invoke(
+        sim_app,
+        ["validate", str(run), "--calibration", str(calibration), "--holdout", "8000", "-o", str(tmp_path / "ok")],
+    )
     assert ok.exit_code == 0, ok.output
     assert "Validated on lengths [8000]" in ok.output and "within" in ok.output
     for arm in ("OFF", "LMC"):
@@ -73,8 +82,9 @@ def test_validate_exit_codes(measured: tuple[Path, Path], tmp_path: Path) -> Non
     # this machine's client time is measured first and taken out of the calibrated overhead: a few ms, not a
     # share of the 4k-8k prefill the model decides; what is left over the time model is smaller than it
     client = re.search(r"client time, measured first .*?: ([\d.]+) ms, taken out", ok.output)
-    left = re.search(r"Left in the simulated values: median ([+-][\d.]+) ms per cell, ([+-][\d.]+) to ([+-][\d.]+);",
-                     ok.output)  # fmt: skip
+    left = re.search(
+        r"Left in the simulated values: median ([+-][\d.]+) ms per cell, ([+-][\d.]+) to ([+-][\d.]+);", ok.output
+    )
     assert client is not None and left is not None, ok.output
     client_ms = float(client.group(1))
     median_ms, lowest_ms, highest_ms = (float(g) for g in left.groups())
@@ -85,21 +95,36 @@ def test_validate_exit_codes(measured: tuple[Path, Path], tmp_path: Path) -> Non
         update={"linear_efficiency": FitParam(value=0.25, unit="", fitted=True, source="wrong on purpose")}
     )
     wrong = slow.save(tmp_path / "wrong.yaml")
-    beyond = runner.invoke(sim_app, ["validate", str(run), "--calibration", str(wrong), "--holdout", "8000",
-                                     "--count-client-time", "-o", str(tmp_path / "beyond")])  # fmt: skip
+    beyond = runner.invoke(
+        sim_app,
+        [
+            "validate",
+            str(run),
+            "--calibration",
+            str(wrong),
+            "--holdout",
+            "8000",
+            "--count-client-time",
+            "-o",
+            str(tmp_path / "beyond"),
+        ],
+    )
     assert beyond.exit_code == 1, beyond.output
     assert "BEYOND" in beyond.output
     # --count-client-time: no client-time run first; the whole of this machine's time stays in, never negative
     assert not (tmp_path / "beyond" / "client-time").exists() and (tmp_path / "ok" / "client-time").is_dir()
-    counted = re.search(r"own time in the simulated values .*?: median ([+-][\d.]+) ms per cell, ([+-][\d.]+) to",
-                        beyond.output)  # fmt: skip
+    counted = re.search(
+        r"own time in the simulated values .*?: median ([+-][\d.]+) ms per cell, ([+-][\d.]+) to", beyond.output
+    )
     assert counted is not None, beyond.output
     assert float(counted.group(2)) > -0.5
     # a 4x slower GEMM lands outside the cell's one measured request: a model miss, not the run's spread
     assert "beyond: " in beyond.output and "inside the range" not in beyond.output
 
-    absent = runner.invoke(sim_app, ["validate", str(run), "--calibration", str(calibration), "--holdout", "12345",
-                                     "-o", str(tmp_path / "absent")])  # fmt: skip
+    absent = runner.invoke(
+        sim_app,
+        ["validate", str(run), "--calibration", str(calibration), "--holdout", "12345", "-o", str(tmp_path / "absent")],
+    )
     assert absent.exit_code == 2 and "12345" in absent.output
 
     other = sim_calibration("h200-sxm").save(tmp_path / "h200.yaml")

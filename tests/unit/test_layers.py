@@ -55,6 +55,15 @@ HARNESS_STAGES: dict[str, set[str]] = {
         "harness.results",
     },
     "harness.gate": {"harness.scenario", "harness.store", "harness.results"},
+    "harness.calibrate": {
+        "harness.client",
+        "harness.engines",
+        "harness.sim",
+        "harness.scenario",
+        "harness.store",
+        "harness.results",
+        "harness.runs",
+    },
 }
 READS_BUNDLED_FILES = {"harness.scenario": {"scenarios"}}
 ALLOWED: dict[str, set[str]] = {

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.calibrate.predict import write_predictions
 from harness.results.aggregate import summarize_run_dir
 from harness.store.rundir import RunDir
 from offload.analytical import kv_bytes_per_token
@@ -32,7 +33,7 @@ def test_a_vllm_run_gets_the_analytical_prediction_from_config_json(vllm_run: Pa
 
 
 def test_a_calibration_in_the_run_adds_the_simulated_prediction(vllm_run: Path) -> None:
-    chosen().save(vllm_run / "calibration.yaml")
+    write_predictions(vllm_run, chosen().save(vllm_run / "calibration.yaml"))
     view = predictions(load_probe(vllm_run), 2)
     assert view.table is not None
     assert view.table.columns[-2:] == ["calibrated sim TTFT", "sim vs measured"]
@@ -42,7 +43,7 @@ def test_a_calibration_in_the_run_adds_the_simulated_prediction(vllm_run: Path) 
 
 
 def test_a_calibration_for_another_deployment_is_named_not_used(vllm_run: Path) -> None:
-    chosen("h200-sxm").save(vllm_run / "calibration.yaml")
+    write_predictions(vllm_run, chosen("h200-sxm").save(vllm_run / "calibration.yaml"))
     view = predictions(load_probe(vllm_run), 2)
     assert view.table is not None
     assert "calibrated sim TTFT" not in view.table.columns

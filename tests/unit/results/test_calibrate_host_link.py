@@ -12,16 +12,14 @@ import json
 import statistics
 from pathlib import Path
 
+from harness.calibrate.fit import calibrate
+from harness.calibrate.samples import run_facts
+from harness.calibrate.validate import _prepare, host_link_lines
 from harness.engines.host_link import HostLink
-from harness.results.calibrate import calibrate, run_facts
-from harness.runs.validate import _prepare, host_link_lines
 from harness.sim.calibration import Calibration
 from harness.store.rundir import RunDir
 from kvbench.cli.sim import _describe
 from tests.unit.results.test_calibrate import chosen, write_run
-
-ROOT = Path(__file__).resolve().parents[3]
-OLD_FILE = ROOT / "docs" / "results" / "calibration-llama8b-h200-vllm0.26.yaml"
 
 
 def link(alone: list[float], together: list[float]) -> dict[str, object]:
@@ -30,10 +28,16 @@ def link(alone: list[float], together: list[float]) -> dict[str, object]:
         for i, (a, t) in enumerate(zip(alone, together, strict=True))
     ]
     document = {
-        "python": "/venv/bin/python", "requested_gpus": list(range(len(gpus))), "cuda_visible_devices": None,
-        "seconds": 12.0, "bytes_per_copy": 1 << 30, "repeats": 5, "torch": "2.9.0", "gpus": gpus,
+        "python": "/venv/bin/python",
+        "requested_gpus": list(range(len(gpus))),
+        "cuda_visible_devices": None,
+        "seconds": 12.0,
+        "bytes_per_copy": 1 << 30,
+        "repeats": 5,
+        "torch": "2.9.0",
+        "gpus": gpus,
         "concurrent_aggregate_gbps": sum(together),
-    }  # fmt: skip
+    }
     return HostLink.model_validate(document).model_dump(mode="json")
 
 
@@ -51,9 +55,12 @@ def with_attempts(run: Path, *host_links: dict[str, object] | None) -> Path:
 def test_each_source_carries_its_runs_host_link_pooled_over_attempts(tmp_path: Path) -> None:
     first, resumed = ([24.0, 26.0], [20.0, 13.5]), ([55.0], [55.0])  # a resumed attempt on another host
     not_measured: dict[str, object] = {
-        "python": "p", "requested_gpus": None, "cuda_visible_devices": None, "seconds": 0.5,
+        "python": "p",
+        "requested_gpus": None,
+        "cuda_visible_devices": None,
+        "seconds": 0.5,
         "not_measured": "the probe reports: CUDA is not available to torch",
-    }  # fmt: skip
+    }
     run = with_attempts(write_run(tmp_path / "a", chosen()), link(*first), not_measured, None, link(*resumed))
     fitted = calibrate([run])
     summary = fitted.sources[0].host_link
@@ -71,12 +78,12 @@ def test_each_source_carries_its_runs_host_link_pooled_over_attempts(tmp_path: P
     assert lines[shown - 1].startswith("  lmcache 0.0.1: ")  # right below the backend's fitted load rate and terms
 
 
-def test_a_run_without_a_host_link_and_an_old_file_say_none(tmp_path: Path) -> None:
+def test_a_run_without_a_host_link_says_none(tmp_path: Path) -> None:
     run = with_attempts(write_run(tmp_path / "a", chosen()), None)
     assert run_facts(run).source.host_link is None
-    old = Calibration.load(OLD_FILE)
-    assert old.sources and all(source.host_link is None for source in old.sources)
-    assert f"  {old.sources[0].run_id}: not recorded" in _describe(old).splitlines()
+    fitted = Calibration.load(calibrate([run]).save(tmp_path / "calibration.yaml"))
+    assert fitted.sources and all(source.host_link is None for source in fitted.sources)
+    assert f"  {fitted.sources[0].run_id}: not recorded" in _describe(fitted).splitlines()
 
 
 def test_validate_shows_the_runs_host_link_beside_the_calibrations_sources(tmp_path: Path) -> None:

@@ -1,28 +1,42 @@
-"""``harness.results.engine_steps``: the engine's steps, rebuilt from the token arrival times of a window."""
+"""``harness.calibrate.engine_steps``: the engine's steps, rebuilt from the token arrival times of a window."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from harness.results.engine_steps import reconstruct
+from harness.calibrate.engine_steps import reconstruct
 from harness.store.records import RequestRecord
 
 MS = 1_000_000
 
 
-def _record(name: str, sent_ms: float, token_ms: list[float], prompt: int, cached: int = 0,
-            chunks: int | None = None) -> RequestRecord:  # fmt: skip
+def _record(
+    name: str, sent_ms: float, token_ms: list[float], prompt: int, cached: int = 0, chunks: int | None = None
+) -> RequestRecord:
     """A request sent at ``sent_ms`` whose tokens arrived at ``token_ms`` (absolute, ms)."""
     first = token_ms[0]
     gaps = np.diff(token_ms)
     return RequestRecord(
-        arm="A", attempt=0, phase="measure", repetition=0, context_tokens=prompt, conversation=0, turn=1,
-        request_id=name, api="chat", started_ns=int(sent_ms * MS), ttft_ns=int((first - sent_ms) * MS),
-        e2e_ns=int((token_ms[-1] - sent_ms) * MS), itl_ns=[int(g * MS) for g in gaps],
-        output_chunks=len(token_ms) if chunks is None else chunks, prompt_tokens=prompt,
-        completion_tokens=len(token_ms), cached_tokens=cached, ok=True,
-    )  # fmt: skip
+        arm="A",
+        attempt=0,
+        phase="measure",
+        repetition=0,
+        context_tokens=prompt,
+        conversation=0,
+        turn=1,
+        request_id=name,
+        api="chat",
+        started_ns=int(sent_ms * MS),
+        ttft_ns=int((first - sent_ms) * MS),
+        e2e_ns=int((token_ms[-1] - sent_ms) * MS),
+        itl_ns=[int(g * MS) for g in gaps],
+        output_chunks=len(token_ms) if chunks is None else chunks,
+        prompt_tokens=prompt,
+        completion_tokens=len(token_ms),
+        cached_tokens=cached,
+        ok=True,
+    )
 
 
 def test_steps_decodes_prefill_chunks_and_intake_are_placed() -> None:

@@ -13,7 +13,7 @@ from harness.results.lmcache_log import RANK_MIN_TOKENS, parse_log, ranks, split
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 
-RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "lab" / "runs"
 COLOR = "\x1b[32;20m"  # as LMCache colours its level
 
 
@@ -21,10 +21,22 @@ def record(
     started_s: float, ttft_ms: float, prompt: int, turn: int, *, phase: str = "measure", attempt: int = 0
 ) -> RequestRecord:
     return RequestRecord(
-        arm="ON", attempt=attempt, phase=phase, repetition=0, context_tokens=96000, conversation=0, turn=turn,
-        request_id=f"r{started_s}", api="chat", started_ns=int(started_s * 1e9), ttft_ns=int(ttft_ms * 1e6),
-        e2e_ns=None, ok=True, prompt_tokens=prompt, cached_tokens=0,
-    )  # fmt: skip
+        arm="ON",
+        attempt=attempt,
+        phase=phase,
+        repetition=0,
+        context_tokens=96000,
+        conversation=0,
+        turn=turn,
+        request_id=f"r{started_s}",
+        api="chat",
+        started_ns=int(started_s * 1e9),
+        ttft_ns=int(ttft_ms * 1e6),
+        e2e_ns=None,
+        ok=True,
+        prompt_tokens=prompt,
+        cached_tokens=0,
+    )
 
 
 def lookup(stamp: str, request: str, total: int, hit: int) -> str:
@@ -132,6 +144,7 @@ def test_records_that_do_not_pair_with_the_log_give_no_split() -> None:
     assert timeline(RECORDS, {}) == []
 
 
+@pytest.mark.lab
 def test_a_committed_h200_run_splits_every_request_of_its_lmcache_arm(tmp_path: Path) -> None:
     # 1x H200, vLLM 0.26.0 + LMCache 0.5.3, CUDA graphs: every one of the arm's 112 requests pairs with a lookup
     copy = tmp_path / "run"
@@ -150,6 +163,7 @@ def test_a_committed_h200_run_splits_every_request_of_its_lmcache_arm(tmp_path: 
     assert statistics.median([cell.before_lookup_ms for cell in cells if cell.context_tokens == 1000]) < 5.0
 
 
+@pytest.mark.lab
 def test_a_committed_tp4_run_waits_for_its_slowest_rank() -> None:
     # 4x H200, vLLM 0.26.0 + LMCache 0.5.3, TP=4: each rank logs its own load, and one was 150 ms behind the others
     run = RunDir.open(RESULTS / "gpu-seed-llama70b-tp4-fp16-h200-3pass")
@@ -180,9 +194,11 @@ def test_each_rank_gets_its_rate_and_how_often_the_others_waited_for_it() -> Non
     assert tp0.median_gbps == pytest.approx((50.0 + 40.0) / 2) and tp1.min_gbps == pytest.approx(20.0)
 
 
+@pytest.mark.lab
 def test_a_committed_host_with_a_slow_rank_shows_it() -> None:
     # 4x H200, 70B BF16 eager, vLLM 0.26.0 + LMCache 0.5.3: TP1's median rate was 0.62x TP0's (19.3 / 31.1 GB/s)
-    lines = RunDir.open(RESULTS / "gpu-seed-llama70b-tp4-fp16-h200").engine_log("AMG-ON-LMCache")
+    run = RESULTS.parents[1] / "docs" / "results" / "gpu-seed-llama70b-tp4-fp16-h200"
+    lines = RunDir.open(run).engine_log("AMG-ON-LMCache")
     assert lines is not None
     by_worker = {rank.worker: rank for rank in ranks({"AMG-ON-LMCache": parse_log(lines)})}
     assert set(by_worker) == {"Worker_TP0", "Worker_TP1", "Worker_TP2", "Worker_TP3"}

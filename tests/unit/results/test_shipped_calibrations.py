@@ -1,4 +1,5 @@
-"""The calibrations shipped under docs/results match the runs they name, and refuse other deployments."""
+"""The calibrations kvbench ships (harness/sim/calibrations): at most one per measured deployment, each for the
+deployment of the runs it names, and ``engine.calibration: auto`` picks the one that matches a scenario."""
 
 from __future__ import annotations
 
@@ -8,31 +9,89 @@ from pathlib import Path
 import pytest
 
 from common.errors import CalibrationError
-from harness.results.calibrate import run_facts
-from harness.runs.validate import sim_engine, validate
-from harness.sim.calibration import Calibration
+from harness.calibrate.samples import run_facts
+from harness.calibrate.validate import sim_engine, validate
+from harness.sim.calibration import SHIPPED_DIR, Calibration, pick_shipped, shipped_calibrations
 from harness.sim.config import SimEngineConfig
 from harness.sim.settings import SimSettings
 from harness.store.rundir import RunDir
 from offload.profiles import resolve_profile
+from offload.shapes import Deployment
 
 ROOT = Path(__file__).resolve().parents[3]
-SHIPPED = sorted((ROOT / "docs" / "results").glob("calibration-*.yaml"))
-FP8_70B = ROOT / "docs" / "results" / "calibration-llama70b-fp8-tp4-h200-vllm0.26.yaml"
+SHIPPED = sorted(SHIPPED_DIR.glob("*.yaml"))
+FP8_70B = SHIPPED_DIR / "llama70b-fp8-tp4-h200-eager.yaml"
 BF16_70B_RUN = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp16-h200"
+FP8_70B_RUN = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp8-h200"
 
 
-def test_there_are_shipped_calibrations() -> None:
-    assert FP8_70B in SHIPPED
+def test_at_most_six_calibrations_ship_one_per_deployment() -> None:
+    shipped = shipped_calibrations()
+    assert FP8_70B in shipped and 1 <= len(shipped) <= 6
+    deployments = [c.deployment for c in shipped.values()]
+    assert len(set(deployments)) == len(deployments)
+
+
+def test_no_calibration_file_lies_outside_lab_but_the_shipped_ones() -> None:
+    found = set()
+    for path in ROOT.rglob("*.yaml"):
+        top = path.relative_to(ROOT).parts[0]
+        if top not in ("lab", ".git") and _is_calibration(path):
+            found.add(path)
+    assert found == set(SHIPPED)
+
+
+def _is_calibration(path: Path) -> bool:
+    head = path.read_text(encoding="utf-8", errors="replace")[:2000]
+    return "schema_version:" in head and "\ndeployment:" in head and "\nsources:" in head
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_auto_picks_each_shipped_calibration_for_its_own_deployment(path: Path) -> None:
+    calibration = Calibration.load(path)
+    dep = calibration.deployment
+    picked, _ = pick_shipped(dep.resolve(), dep.cuda_graphs)
+    assert picked == path
+
+
+@pytest.mark.lab
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_a_shipped_calibration_is_for_the_deployment_of_its_source_runs(path: Path) -> None:
     calibration = Calibration.load(path)
+    assert calibration.holdout_context_tokens, "every shipped calibration keeps lengths held out for validation"
     for source in calibration.sources:
         run = ROOT / source.path
         assert hashlib.sha256((run / "manifest.json").read_bytes()).hexdigest() == source.manifest_sha256
         assert run_facts(run).deployment == calibration.deployment
+
+
+def test_auto_without_a_match_is_one_line_listing_the_shipped_ones() -> None:
+    with pytest.raises(CalibrationError) as error:
+        pick_shipped(Deployment.resolve("llama-3.1-8b", "h100-sxm", 2))
+    message = str(error.value)
+    assert "\n" not in message and "no shipped calibration for llama-3.1-8b bf16 on 2x h100-sxm" in message
+    assert all(path.name in message for path in SHIPPED)
+
+
+def test_a_sim_scenario_with_calibration_auto_says_which_it_took(capsys: pytest.CaptureFixture[str]) -> None:
+    engine = SimEngineConfig.model_validate(
+        {
+            "kind": "sim",
+            "model": "llama-3.1-70b",
+            "hardware": "h200-sxm",
+            "parallelism": {"tp": 4},
+            "dtype": "fp8",
+            "kv_dtype": "bf16",
+            "calibration": "auto",
+        }
+    )
+    settings = SimSettings.from_engine_config(engine, resolve_profile("cpu"), True)
+    assert settings.calibration == Calibration.load(FP8_70B)
+    assert settings.calibration_file == f"auto: {FP8_70B.name}"
+    assert (
+        f"calibration auto: {FP8_70B.name} (llama-3.1-70b fp8 weights, bf16 KV on 4x h200-sxm"
+        in capsys.readouterr().err
+    )
 
 
 def test_the_fp8_70b_calibration_refuses_the_bf16_run_naming_both(tmp_path: Path) -> None:
@@ -45,12 +104,12 @@ def test_the_fp8_70b_calibration_refuses_the_bf16_run_naming_both(tmp_path: Path
 
 
 def test_the_simulator_takes_the_fp8_70b_calibration_for_its_run() -> None:
-    run = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp8-h200"
-    facts = run_facts(run)
+    facts = run_facts(FP8_70B_RUN)
     calibration = Calibration.load(FP8_70B)
-    engine = SimEngineConfig.model_validate(sim_engine(RunDir.open(run).scenario(), facts, calibration, FP8_70B))
+    scenario = RunDir.open(FP8_70B_RUN).scenario()
+    engine = SimEngineConfig.model_validate(sim_engine(scenario, facts, calibration, FP8_70B))
     assert (engine.dtype, engine.kv_dtype, engine.parallelism.tp) == ("fp8", "bf16", 4)
-    for arm in RunDir.open(run).scenario().arms:
+    for arm in scenario.arms:
         settings = SimSettings.from_engine_config(engine, resolve_profile(arm.offload), True)
         assert settings.deployment().label == "llama-3.1-70b fp8 weights, bf16 KV on 4x h200-sxm"
 

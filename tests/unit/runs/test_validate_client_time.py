@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.runs.validate import client_time_line, lateness_lines
+from harness.calibrate.validate import client_time_line, lateness_lines
 
 CELL = ("LMC", 2000, 2)
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from harness.runs.validate import length_roles, load_roles
+from harness.calibrate.validate import length_roles, load_roles
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import SourceRun
 from harness.store.rundir import RunDir
@@ -28,7 +28,7 @@ def _run(path: Path, run_id: str) -> RunDir:
 def test_loads_of_a_source_sweep_are_fit_or_held_out_and_another_sweep_is_out_of_sample(tmp_path: Path) -> None:
     mine, other = _run(tmp_path / "a", "mine"), _run(tmp_path / "b", "other")
     digest = hashlib.sha256(mine.manifest_file.read_bytes()).hexdigest()
-    source = SourceRun(path=str(mine.path), run_id="mine", manifest_sha256=digest, gpu="H100")
+    source = SourceRun(path=str(mine.path), run_id="mine", manifest_sha256=digest, gpu="H100", host_link=None)
     calibration = chosen().model_copy(update={"sources": [source], "holdout_loads": [16.0, 24.0]})
     assert load_roles(calibration, mine, [4.0, 12.0, 16.0, 24.0]) == {
         4.0: "fit",
@@ -43,7 +43,7 @@ def test_loads_of_a_source_sweep_are_fit_or_held_out_and_another_sweep_is_out_of
 def test_lengths_of_a_source_probe_are_fit_or_held_out_and_another_run_is_out_of_sample(tmp_path: Path) -> None:
     mine, other = _run(tmp_path / "a", "mine"), _run(tmp_path / "b", "other")
     digest = hashlib.sha256(mine.manifest_file.read_bytes()).hexdigest()
-    source = SourceRun(path=str(mine.path), run_id="mine", manifest_sha256=digest, gpu="H200")
+    source = SourceRun(path=str(mine.path), run_id="mine", manifest_sha256=digest, gpu="H200", host_link=None)
     calibration = chosen().model_copy(update={"sources": [source], "fit_context_tokens": [1000, 8000]})
     assert length_roles(calibration, mine, [1000, 2000, 8000]) == {1000: "fit", 2000: "held out", 8000: "fit"}
     assert length_roles(calibration, other, [1000, 2000]) == {1000: "other run", 2000: "other run"}

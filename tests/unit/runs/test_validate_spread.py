@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runs.validate import Cell, NeighbourLine, Validation, neighbour_line
+from harness.calibrate.validate import Cell, NeighbourLine, Validation, neighbour_line
 
 
 def _cell(arm: str, measured: float, simulated: float, low: float, high: float) -> Cell:

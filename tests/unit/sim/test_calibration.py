@@ -10,13 +10,13 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from common.errors import CalibrationError
+from harness.calibrate.whatif import _ignore, _run
 from harness.engines.configs import Parallelism
 from harness.sim.calibration import Calibration, FitParam, unloaded_ttft_s
 from harness.sim.config import SimEngineConfig
 from harness.sim.scheduler import EngineCore, Event, SimRequest, TokenEvent
 from harness.sim.settings import SimSettings
 from harness.sim.timemodel import TimeModel
-from harness.sim.whatif import _ignore, _run
 from kvbench.cli.sim import sim_app
 from offload.profiles import OffloadProfile, OffloadTier
 from offload.shapes import Deployment
@@ -57,8 +57,9 @@ def test_another_deployment_is_refused_naming_both(tmp_path: Path) -> None:
         SimSettings(model="llama-3.1-8b", hardware="h200-sxm", offload=CPU, calibration=truth)
     assert "h100-sxm" in str(error.value) and "h200-sxm" in str(error.value)
     path = truth.save(tmp_path / "cal.yaml")
-    config = SimEngineConfig(kind="sim", model="llama-3.1-8b", hardware="h100-sxm", parallelism=Parallelism(tp=2),
-                             calibration=path)  # fmt: skip
+    config = SimEngineConfig(
+        kind="sim", model="llama-3.1-8b", hardware="h100-sxm", parallelism=Parallelism(tp=2), calibration=path
+    )
     with pytest.raises(CalibrationError) as refused:
         SimSettings.from_engine_config(config, CPU, True)
     message = str(refused.value)
@@ -108,10 +109,12 @@ def test_the_local_client_time_comes_out_of_the_calibrated_overhead_only() -> No
 
 def _blocking(share: float) -> Calibration:
     truth = chosen()
-    return truth.model_copy(update={
-        "engine_blocking_share": FitParam(value=share, unit="", fitted=True, source="chosen"),
-        "request_overhead_s_per_ktoken": FitParam(value=0.002, unit="s", fitted=True, source="chosen"),
-    })  # fmt: skip
+    return truth.model_copy(
+        update={
+            "engine_blocking_share": FitParam(value=share, unit="", fitted=True, source="chosen"),
+            "request_overhead_s_per_ktoken": FitParam(value=0.002, unit="s", fitted=True, source="chosen"),
+        }
+    )
 
 
 def _token_times(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from harness.sim.calibration import Residual
@@ -12,8 +13,16 @@ from tests.unit.results.test_calibrate import chosen
 
 
 def _cell(arm: str, backend: str, tokens: int, turn: int, measured_ms: float) -> Residual:
-    return Residual(measured_ms=measured_ms, predicted_ms=measured_ms, used_in_fit=True, arm=arm, backend=backend,
-                    context_tokens=tokens, turn=turn, requests=3)  # fmt: skip
+    return Residual(
+        measured_ms=measured_ms,
+        predicted_ms=measured_ms,
+        used_in_fit=True,
+        arm=arm,
+        backend=backend,
+        context_tokens=tokens,
+        turn=turn,
+        requests=3,
+    )
 
 
 def test_only_turn_2_of_tier_arms_from_1k_tokens_and_only_where_the_longer_prompt_is_faster() -> None:
@@ -36,8 +45,9 @@ def test_only_turn_2_of_tier_arms_from_1k_tokens_and_only_where_the_longer_promp
     assert rising.falling_tier_hits() == []
 
 
+@pytest.mark.lab
 def test_calibrate_prints_them_for_the_committed_bf16_70b_three_pass_run(tmp_path: Path) -> None:
-    run = Path(__file__).resolve().parents[3] / "docs" / "results" / "gpu-seed-llama70b-tp4-fp16-h200-3pass"
+    run = Path(__file__).resolve().parents[3] / "lab" / "runs" / "gpu-seed-llama70b-tp4-fp16-h200-3pass"
     result = CliRunner().invoke(
         sim_app, ["calibrate", str(run), "--holdout", "2000,16000,96000", "-o", str(tmp_path / "c.yaml")]
     )

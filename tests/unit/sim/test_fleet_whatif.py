@@ -1,13 +1,13 @@
 """The fleet what-if on a virtual clock: 2 replicas, working set larger than one replica's HBM.
 
 Reference times are computed independently: a cold prefill of a returning user's prompt with the
-single-engine what-if (:func:`harness.sim.whatif.turn2`, compute-only), not constants.
+single-engine what-if (:func:`harness.calibrate.whatif.turn2`, compute-only), not constants.
 """
 
 from __future__ import annotations
 
-from harness.sim.fleet_whatif import Traffic, run_fleet_whatif
-from harness.sim.whatif import settings_for, turn2
+from harness.calibrate.fleet_whatif import Traffic, run_fleet_whatif
+from harness.calibrate.whatif import settings_for, turn2
 
 TRAFFIC = Traffic(users=64, rate=6, context_tokens=16000, duration_s=40, warmup_s=20, skew=0.0)
 

@@ -84,9 +84,14 @@ async def test_tokenize_matches_usage_and_detokenize_round_trips(api: tuple[aioh
 async def test_chat_stream_with_usage(api: tuple[aiohttp.ClientSession, str]) -> None:
     session, url = api
     body = {
-        "model": MODEL, "messages": MESSAGES, "max_tokens": 5, "stream": True, "temperature": 0,
-        "ignore_eos": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": 5,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     frames = await sse(session, url + "/v1/chat/completions", body)
     assert frames[-1] == "[DONE]"
     assert frames[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -111,9 +116,14 @@ async def test_completions_stream_and_token_prompt(api: tuple[aiohttp.ClientSess
     frames = await sse(
         session,
         url + "/v1/completions",
-        {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "stream": True,
-         "stream_options": {"include_usage": True}},
-    )  # fmt: skip
+        {
+            "model": MODEL,
+            "prompt": "Once upon a time",
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert frames[0]["object"] == "text_completion" and frames[0]["choices"][0]["text"]
     assert frames[-2]["usage"]["prompt_tokens"] == 4
     answer = await post(session, url + "/v1/completions", {"model": MODEL, "prompt": [100, 200, 300], "max_tokens": 2})
@@ -150,8 +160,11 @@ async def test_metrics_have_vllm_names(api: tuple[aiohttp.ClientSession, str]) -
     values = await metrics(session, url)
     labels = '{engine="0",model_name="tiny"}'
     prompt = first["usage"]["prompt_tokens"]
-    for name in ("vllm:prefix_cache_queries_total", "vllm:external_prefix_cache_queries_total",
-                 "vllm:prompt_tokens_total"):  # fmt: skip
+    for name in (
+        "vllm:prefix_cache_queries_total",
+        "vllm:external_prefix_cache_queries_total",
+        "vllm:prompt_tokens_total",
+    ):
         assert values[name + labels] == 2 * prompt, name
     assert values["vllm:prefix_cache_hits_total" + labels] == 0
     assert (

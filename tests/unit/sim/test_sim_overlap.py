@@ -11,10 +11,10 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from harness.calibrate.whatif import rows, run_whatif, settings_for, turn2
 from harness.sim.scheduler import EngineCore, Event, SimRequest
 from harness.sim.settings import SimSettings
 from harness.sim.timemodel import TimeModel
-from harness.sim.whatif import rows, run_whatif, settings_for, turn2
 from offload.profiles import OffloadProfile
 
 MODEL, HARDWARE = "llama-3.1-8b", "h100-sxm"

@@ -42,21 +42,37 @@ def test_chat_role_comes_with_the_first_token_and_finish_rides_on_the_last() -> 
     first, second, last = writes
     # the first write (after prefill) carries the role chunk and the first token, in that order
     assert [f["choices"][0]["delta"] for f in first] == [{"role": "assistant", "content": ""}, {"content": "Hello"}]
-    assert second[0]["choices"][0] == {"index": 0, "delta": {"content": " there"}, "logprobs": None,
-                                       "finish_reason": None, "token_ids": None}  # fmt: skip
+    assert second[0]["choices"][0] == {
+        "index": 0,
+        "delta": {"content": " there"},
+        "logprobs": None,
+        "finish_reason": None,
+        "token_ids": None,
+    }
     # vLLM: the last token's chunk has finish_reason and stop_reason; then the usage chunk
-    assert last[0]["choices"][0] == {"index": 0, "delta": {"content": "!"}, "logprobs": None,
-                                     "finish_reason": "length", "stop_reason": None, "token_ids": None}  # fmt: skip
+    assert last[0]["choices"][0] == {
+        "index": 0,
+        "delta": {"content": "!"},
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": None,
+    }
     assert last[1]["choices"] == [] and last[1]["usage"] == {
-        "prompt_tokens": 100, "total_tokens": 103, "completion_tokens": 3,
+        "prompt_tokens": 100,
+        "total_tokens": 103,
+        "completion_tokens": 3,
         "prompt_tokens_details": {"cached_tokens": 64},
-    }  # fmt: skip
+    }
     assert list(last[1]["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"]
     for frame in (*first, *second, *last):
         assert list(frame)[:5] == ["id", "object", "created", "model", "choices"]
         assert (frame["id"], frame["object"], frame["created"], frame["model"]) == (
-            "chatcmpl-1", "chat.completion.chunk", 1700000000, "m",
-        )  # fmt: skip
+            "chatcmpl-1",
+            "chat.completion.chunk",
+            1700000000,
+            "m",
+        )
     assert "usage" not in first[0] and "usage" not in last[0]
 
 
@@ -80,8 +96,13 @@ def test_same_shape_as_a_stream_captured_from_vllm() -> None:
         captured = [json.loads(part[len("data: ") :]) for part in raw if part.startswith("data: {")]
         assert raw[-2] == "data: [DONE]"
         encoder = StreamEncoder("x", "tiny", 1, chat=chat, include_usage=True)
-        ours = [f for write in run(encoder, [[TokenEvent(i, "w")] for i in range(2)] + [
-            [TokenEvent(2, "w"), FinishEvent("length", USAGE)]]) for f in write]  # fmt: skip
+        ours = [
+            f
+            for write in run(
+                encoder, [[TokenEvent(i, "w")] for i in range(2)] + [[TokenEvent(2, "w"), FinishEvent("length", USAGE)]]
+            )
+            for f in write
+        ]
         assert [shape(f) for f in ours] == [shape(f) for f in captured], name
         assert [f["choices"][0]["finish_reason"] if f["choices"] else "usage" for f in ours] == [
             f["choices"][0]["finish_reason"] if f["choices"] else "usage" for f in captured
@@ -107,9 +128,25 @@ def test_a_finish_without_a_token_gets_an_empty_chunk() -> None:
 def test_completions_have_no_role_chunk() -> None:
     encoder = StreamEncoder("cmpl-1", "m", 1, chat=False, include_usage=True)
     first, last = run(encoder, [[TokenEvent(1, " Paris")], [TokenEvent(2, "."), FinishEvent("length", USAGE)]])
-    assert first == [{"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m", "choices": [
-        {"index": 0, "text": " Paris", "logprobs": None, "finish_reason": None, "stop_reason": None,
-         "prompt_token_ids": None, "token_ids": None}]}]  # fmt: skip
+    assert first == [
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": " Paris",
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "stop_reason": None,
+                    "prompt_token_ids": None,
+                    "token_ids": None,
+                }
+            ],
+        }
+    ]
     assert last[0]["choices"][0]["finish_reason"] == "length" and last[0]["choices"][0]["text"] == "."
     assert last[1]["object"] == "text_completion" and last[1]["choices"] == [] and "usage" in last[1]
 
@@ -129,8 +166,13 @@ async def test_first_chunk_arrives_after_prefill_with_the_first_token() -> None:
     """
     settings = SimSettings(model="llama-3.1-8b", hardware="h100-sxm")
     prompt = " ".join(random.Random(5).choice(WORDS) for _ in range(2000))
-    body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": prompt}], "max_tokens": 4,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "llama-3.1-8b",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with running_server(settings) as url, aiohttp.ClientSession() as session:
         async with session.post(url + "/tokenize", json=body) as response:
             prompt_tokens = (await response.json())["count"]

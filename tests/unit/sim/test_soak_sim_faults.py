@@ -13,9 +13,12 @@ from offload.profiles import OffloadTier
 
 def tier() -> TierState:
     return TierState(
-        tier=OffloadTier(kind="cpu", capacity_gb=1), capacity_chunks=100, read_bytes_per_s=1e9,
-        write_bytes_per_s=1e9, latency_s=0.0,
-    )  # fmt: skip
+        tier=OffloadTier(kind="cpu", capacity_gb=1),
+        capacity_chunks=100,
+        read_bytes_per_s=1e9,
+        write_bytes_per_s=1e9,
+        latency_s=0.0,
+    )
 
 
 def test_request_windows_and_kinds() -> None:
@@ -62,10 +65,12 @@ def test_slow_and_full_tier() -> None:
     assert cpu.store(1, 1e6, now=0.0)
     written_fast = cpu.write_busy_until
     faults = parse_faults(
-        [{"kind": "slow_tier", "factor": 10, "from_request": 1, "requests": 1},
-         {"kind": "full_tier", "tier": "cpu", "from_request": 2, "requests": 1}],
+        [
+            {"kind": "slow_tier", "factor": 10, "from_request": 1, "requests": 1},
+            {"kind": "full_tier", "tier": "cpu", "from_request": 2, "requests": 1},
+        ],
         "test",
-    )  # fmt: skip
+    )
     injector = FaultInjector(faults)
     injector.on_request([cpu])
     assert cpu.slow_factor == 1.0

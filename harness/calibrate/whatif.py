@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from harness.sim.scheduler import EngineCore, Event, SimRequest
+from harness.sim.settings import SimSettings
 from offload.profiles import LoadOverlap, OffloadProfile, OffloadTier
-
-from .scheduler import EngineCore, Event, SimRequest
-from .settings import SimSettings
 
 Mode = Literal["compute-only", "load-only", "layerwise", "bidirectional"]
 MODES: tuple[Mode, ...] = ("compute-only", "load-only", "layerwise", "bidirectional")

@@ -47,10 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.client.router import Policy, Router
+from harness.sim.scheduler import EngineCore, Event, FinishEvent, Plan, SimRequest
+from harness.sim.settings import SimSettings
 from offload.profiles import OffloadProfile, OffloadTier
-
-from .scheduler import EngineCore, Event, FinishEvent, Plan, SimRequest
-from .settings import SimSettings
 
 ROUTER_PREFIX_TOKENS = 256
 """prefix_aware: the document's leading tokens that are hashed (as text) for the ring."""
@@ -188,8 +187,10 @@ def simulate(
         user.turn += 1
         if user.turn > traffic.turns:
             user.conversation, user.turn, user.history = user.conversation + 1, 1, []
-        question = [60000 + (user.index * 131 + user.conversation * 17 + user.turn * 7 + i) % 5000
-                    for i in range(traffic.question_tokens)]  # fmt: skip
+        question = [
+            60000 + (user.index * 131 + user.conversation * 17 + user.turn * 7 + i) % 5000
+            for i in range(traffic.question_tokens)
+        ]
         prompt = documents[user.index] + user.history + question
         key = f"{user.index}:{user.conversation}"
         text = " ".join(map(str, prompt[:ROUTER_PREFIX_TOKENS]))
@@ -202,10 +203,18 @@ def simulate(
                 return
             request = requests[id(user)]
             if request.first_token_at is not None and arrival >= window[0] and arrival < window[1]:
-                served.append(Served(
-                    user.index, user.turn, arrival, request.first_token_at - arrival, replica,
-                    moved, request.prompt_tokens, event.usage.cached_tokens,
-                ))  # fmt: skip
+                served.append(
+                    Served(
+                        user.index,
+                        user.turn,
+                        arrival,
+                        request.first_token_at - arrival,
+                        replica,
+                        moved,
+                        request.prompt_tokens,
+                        event.usage.cached_tokens,
+                    )
+                )
             user.history = request.tokens[len(documents[user.index]) :]
             push(clock + rng.expovariate(1.0 / user.think_s), "arrive", user.index)
 
@@ -237,8 +246,9 @@ def simulate(
     return served, busy
 
 
-def summarize(setup: Setup, replicas: int, traffic: Traffic, served: list[Served], busy: list[float],
-              target_utilization: float) -> SetupResult:  # fmt: skip
+def summarize(
+    setup: Setup, replicas: int, traffic: Traffic, served: list[Served], busy: list[float], target_utilization: float
+) -> SetupResult:
     returning = [s for s in served if s.moved is not None]
     if not returning:
         raise ValueError(f"{setup.name}: no returning-user request completed inside the window; lengthen it")
@@ -248,20 +258,30 @@ def summarize(setup: Setup, replicas: int, traffic: Traffic, served: list[Served
     utils = [b / traffic.duration_s for b in busy]
     util_max, util_mean = max(utils), statistics.fmean(utils)
     return SetupResult(
-        setup=setup.name, replicas=replicas, requests=len(returning),
-        ttft_p50_s=_quantile(ttfts, 0.5), ttft_p90_s=_quantile(ttfts, 0.9),
-        same_p50_s=_quantile(same, 0.5) if same else None, moved_p50_s=_quantile(moved, 0.5) if moved else None,
+        setup=setup.name,
+        replicas=replicas,
+        requests=len(returning),
+        ttft_p50_s=_quantile(ttfts, 0.5),
+        ttft_p90_s=_quantile(ttfts, 0.9),
+        same_p50_s=_quantile(same, 0.5) if same else None,
+        moved_p50_s=_quantile(moved, 0.5) if moved else None,
         moved_share=len(moved) / len(returning),
         hit_share=sum(s.cached_tokens for s in returning) / max(1, sum(s.prompt_tokens for s in returning)),
-        util_max=util_max, util_mean=util_mean,
+        util_max=util_max,
+        util_mean=util_mean,
         gpus_needed=math.ceil(replicas * util_max / target_utilization),
-    )  # fmt: skip
+    )
 
 
 def run_fleet_whatif(
-    replicas: int, traffic: Traffic, setups: Sequence[Setup] | None = None, *, target_utilization: float = 0.7,
-    model: str = "llama-3.1-8b", hardware: str = "h100-sxm",
-) -> tuple[list[SetupResult], dict[str, list[float]]]:  # fmt: skip
+    replicas: int,
+    traffic: Traffic,
+    setups: Sequence[Setup] | None = None,
+    *,
+    target_utilization: float = 0.7,
+    model: str = "llama-3.1-8b",
+    hardware: str = "h100-sxm",
+) -> tuple[list[SetupResult], dict[str, list[float]]]:
     """Every setup at ``replicas``: the results and each setup's per-replica utilisation."""
     results: list[SetupResult] = []
     utilisation: dict[str, list[float]] = {}
@@ -294,11 +314,39 @@ def markdown_table(results: Sequence[SetupResult]) -> str:
 def write_csv(results: Sequence[SetupResult], path: Path) -> None:
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["setup", "replicas", "requests", "ttft_p50_s", "ttft_p90_s", "same_p50_s", "moved_p50_s",
-                         "moved_share", "hit_share", "util_max", "util_mean", "gpus_needed"])  # fmt: skip
+        writer.writerow(
+            [
+                "setup",
+                "replicas",
+                "requests",
+                "ttft_p50_s",
+                "ttft_p90_s",
+                "same_p50_s",
+                "moved_p50_s",
+                "moved_share",
+                "hit_share",
+                "util_max",
+                "util_mean",
+                "gpus_needed",
+            ]
+        )
         for r in results:
-            writer.writerow([r.setup, r.replicas, r.requests, r.ttft_p50_s, r.ttft_p90_s, r.same_p50_s, r.moved_p50_s,
-                             r.moved_share, r.hit_share, r.util_max, r.util_mean, r.gpus_needed])  # fmt: skip
+            writer.writerow(
+                [
+                    r.setup,
+                    r.replicas,
+                    r.requests,
+                    r.ttft_p50_s,
+                    r.ttft_p90_s,
+                    r.same_p50_s,
+                    r.moved_p50_s,
+                    r.moved_share,
+                    r.hit_share,
+                    r.util_max,
+                    r.util_mean,
+                    r.gpus_needed,
+                ]
+            )
 
 
 def plot(results: Sequence[SetupResult], utilisation: dict[str, list[float]], path: Path, title: str) -> None:

@@ -101,8 +101,9 @@ class EngineSteps:
     def intake_arrivals(self) -> np.ndarray:
         """Per step, how many requests' intake it is charged (0 while idle): each adds its backend's
         ``busy_intake_s``."""
-        return np.array([len(prompts) if prompts and self.busy[k] else 0 for k, prompts in enumerate(self.intake)],
-                        dtype=float)  # fmt: skip
+        return np.array(
+            [len(prompts) if prompts and self.busy[k] else 0 for k, prompts in enumerate(self.intake)], dtype=float
+        )
 
 
 def _admission(budget: np.ndarray, first: int, new: int, earliest: int, full: int) -> tuple[int, int]:
@@ -190,8 +191,7 @@ def reconstruct(
     # much as the budget left allows in every step from its admission on: the first step that starts once
     # its overhead has passed, moved as little as needed for its prefill to end in its first token's step
     budget = np.array([max_batch_tokens - len(d) for d in decodes])
-    delays_ns = np.array([(overhead_s + overhead_s_per_ktoken * (r.prompt_tokens or 0) / 1000.0) * 1e9
-                          for r in served])  # fmt: skip
+    delays_ns = np.array([(overhead_s + overhead_s_per_ktoken * (r.prompt_tokens or 0) / 1000.0) * 1e9 for r in served])
     admitted_ns = np.array([r.started_ns for r in served], dtype=np.float64) + delays_ns
     last_ns = ends[last]
     for i in sorted(range(len(served)), key=lambda i: (first[i], served[i].started_ns)):

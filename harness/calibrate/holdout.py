@@ -1,23 +1,20 @@
-"""How this checkout's calibration fit does on held-out lengths, over every calibration committed under docs/results.
+"""The rule's table: how this checkout's fit does on held-out lengths, over every shipped calibration.
 
-Each committed calibration names its source runs and the lengths it held out. This refits each one from the same
-runs with the same held-out lengths, with the code of this checkout, and prints per calibration the held-out cells
-at 1,000 tokens or more (:data:`MIN_TOKENS`, where ``validate`` judges): the median and the worst relative error
-``predicted / measured - 1`` of the cells' median TTFT, and how many lie beyond 15 %. Then the totals over every
-calibration but the comparison variants (:data:`VARIANTS`: refits of a run also committed on its own, or pooled
-with another), and for LMCache's turn 1 and turn 2 cells apart.
+A new model term enters only when it lowers the error on held-out runs it was not fitted on. Each shipped
+calibration (:data:`harness.sim.calibration.SHIPPED_DIR`) names its source runs and the lengths and sweep loads it
+held out; this refits each one from the same runs with the code of this checkout and prints per calibration the
+held-out cells at 1,000 tokens or more (:data:`MIN_TOKENS`, where ``validate`` judges): the median and the worst
+relative error ``predicted / measured - 1`` of the cells' median TTFT, and how many lie beyond 15 %; then the
+totals, with LMCache's turn 1 and turn 2 cells apart.
 
-The prediction is the time model's TTFT of one unloaded request (:func:`harness.results.calibrate.residuals`), not
-a simulation: ``kvbench sim validate`` runs the simulator in real time and agreed with it within ~3 points on the
-committed runs. That makes a model change's effect on every committed run a 30-second question:
+The prediction is the time model's TTFT of one unloaded request (:func:`harness.calibrate.fit.residuals`), not a
+simulation, so a model change's effect on every kept run is a short question:
 
-    python benchmarks/calibration_holdout.py --json /tmp/before.json
+    python -m harness.calibrate.holdout --json before.json
     git switch my-model-change
-    python benchmarks/calibration_holdout.py --compare /tmp/before.json
+    python -m harness.calibrate.holdout --compare before.json
 
-(``--compare`` prints the cells that moved by 2 points or more, and both totals.) An analysis, not a test: it
-asserts nothing and prints figures of committed GPU runs (measured: vLLM 0.26.0 + LMCache 0.5.3 on the GPUs their
-manifests name) against the fit's predictions.
+(``--compare`` prints the cells that moved by 2 points or more, and both totals.)
 """
 
 from __future__ import annotations
@@ -27,24 +24,24 @@ import json
 import statistics
 from pathlib import Path
 
-from harness.results.calibrate import calibrate
-from harness.sim.calibration import Calibration
+from harness.sim.calibration import SHIPPED_DIR, Calibration
 
-ROOT = Path(__file__).resolve().parents[1]
+from .fit import calibrate
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout: a calibration's source paths are relative to it."""
 MIN_TOKENS = 1000
 THRESHOLD = 0.15
 MOVED = 0.02
-VARIANTS = ("no-prefill-floor", "prefill-floor", "with-short-grid", "holdout-loads")
-"""Name parts of committed calibrations fitted only to compare with another fit of the same runs."""
 
 Errors = dict[str, dict[str, float]]
 """Per calibration file name, per held-out cell ("ARM LENGTH tTURN"): predicted / measured - 1."""
 
 
-def held_out_errors(results: Path) -> Errors:
-    """Refit every ``calibration-*.yaml`` under ``results`` from its own sources and held-out lengths."""
+def held_out_errors(folder: Path = SHIPPED_DIR) -> Errors:
+    """Refit every calibration in ``folder`` from its own sources and held-out lengths and loads."""
     out: Errors = {}
-    for path in sorted(results.glob("calibration-*.yaml")):
+    for path in sorted(folder.glob("*.yaml")):
         committed = Calibration.load(path)
         refit = calibrate(
             [ROOT / source.path for source in committed.sources],
@@ -69,8 +66,8 @@ def _line(name: str, cells: dict[str, float]) -> str:
 
 
 def totals(errors: Errors) -> str:
-    """Median and mean |error|, cells beyond the threshold, and LMCache's turns apart, over the non-variants."""
-    kept = {name: cells for name, cells in errors.items() if not any(part in name for part in VARIANTS)}
+    """Median and mean |error|, cells beyond the threshold, and LMCache's turns apart."""
+    kept = errors
     every = [abs(error) for cells in kept.values() for error in cells.values()]
     turn = {
         t: [abs(e) for cells in kept.values() for cell, e in cells.items() if "LMCache" in cell and cell.endswith(t)]
@@ -88,13 +85,13 @@ def totals(errors: Errors) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results", help="where the calibrations are")
+    parser.add_argument("--calibrations", type=Path, default=SHIPPED_DIR, help="where the calibrations are")
     parser.add_argument("--json", type=Path, help="write the per-cell errors here")
     parser.add_argument("--compare", type=Path, help="a --json file of another checkout: print what moved")
     args = parser.parse_args()
-    errors = held_out_errors(args.results)
+    errors = held_out_errors(args.calibrations)
     for name, cells in errors.items():
-        print(_line(name.removeprefix("calibration-").removesuffix(".yaml"), cells))
+        print(_line(name.removesuffix(".yaml"), cells))
     print(f"this checkout: {totals(errors)}")
     if args.compare is not None:
         before: Errors = json.loads(args.compare.read_text(encoding="utf-8"))

@@ -16,12 +16,12 @@ One path for every run kind it compares (probe runs and sweeps):
 Probe runs (:func:`validate`): per (arm, context length, turn) the median TTFT, at the held-out
 lengths (all lengths without ``holdout``) and ``conversations`` conversations per length (default 1,
 to keep it short). Without a calibration file, one is fitted from the run itself on the lengths that
-are not held out (:func:`harness.results.calibrate.calibrate`) and written next to the simulator
+are not held out (:func:`harness.calibrate.fit.calibrate`) and written next to the simulator
 run. Cells below ``min_tokens`` (1,000) are shown but not judged. The calibrated overhead holds the measured
 host's client time, and the real-time simulator's client on this machine adds its own: unless
 ``count_client_time``, a short run first measures it (:func:`measure_client_time`) and the validation's
 simulator charges the overhead less that. A note gives what is left of this machine's time in the simulated
-values (:func:`harness.results.calibrate.simulator_lateness`: the simulator's TTFT minus its time model's for
+values (:func:`harness.calibrate.predict.simulator_lateness`: the simulator's TTFT minus its time model's for
 the same requests, ms).
 
 Below the verdict, the cells beyond the threshold are read three ways, none used in the verdict: whether the
@@ -60,18 +60,19 @@ from pathlib import Path
 from common.errors import CalibrationError
 from harness.engines.host_link import summary_text
 from harness.results.aggregate import chosen_measured, medians_by_pass
-from harness.results.calibrate import RunFacts, run_facts, simulator_lateness
-from harness.results.calibrate import calibrate as fit_calibration
 from harness.results.run_result import SETTLE_WARN, last_move
 from harness.results.sweep import aggregate_sweep
 from harness.results.sweep_result import PointResult, SweepResult
+from harness.runs.kinds import launch
 from harness.scenario.spec import Scenario, parse_scenario
 from harness.sim.calibration import Calibration
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir, RunKind
 from offload.profiles import resolve_profile
 
-from .kinds import launch
+from .fit import calibrate as fit_calibration
+from .predict import simulator_lateness
+from .samples import RunFacts, run_facts
 
 CALIBRATION_FILE = "calibration.yaml"
 CARRIED_ENGINE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -98,8 +99,9 @@ class NeighbourLine:
         return value_ms / self.at_cell_ms - 1.0
 
 
-def neighbour_line(medians: dict[tuple[str, int, int], float], key: tuple[str, int, int],
-                   references: Sequence[int]) -> NeighbourLine | None:  # fmt: skip
+def neighbour_line(
+    medians: dict[tuple[str, int, int], float], key: tuple[str, int, int], references: Sequence[int]
+) -> NeighbourLine | None:
     """The line through ``medians`` of ``key``'s arm and turn at the nearest ``references`` below and above its
     length, linear in tokens (a turn-2 load grows with the bytes; a prefill a little faster than linearly, so a line
     through two far-apart lengths lies a few per cent above it). None when a side has no measured median."""
@@ -163,8 +165,10 @@ class Cell:
         measured_off, simulated_off = self.line.off(self.measured), self.line.off(self.simulated)
         if abs(measured_off) <= self.limit or abs(simulated_off) >= abs(measured_off):
             return None
-        return (f"{' '.join(self.key)} ({measured_off:+.1%} off the line through {self.line.below:,} and "
-                f"{self.line.above:,}; simulated {simulated_off:+.1%})")  # fmt: skip
+        return (
+            f"{' '.join(self.key)} ({measured_off:+.1%} off the line through {self.line.below:,} and "
+            f"{self.line.above:,}; simulated {simulated_off:+.1%})"
+        )
 
 
 @dataclass(frozen=True)
@@ -235,17 +239,21 @@ class Validation:
         if len(left) < len(beyond):
             lines.append(
                 "with the cells beyond that lie inside their own requests' range or bend set aside, "
-                + (f"{len(left)} would be left (not the verdict): " + "; ".join(left) if left else "none is left "
-                   "(not the verdict: every cell beyond still counts)")
-            )  # fmt: skip
+                + (
+                    f"{len(left)} would be left (not the verdict): " + "; ".join(left)
+                    if left
+                    else "none is left (not the verdict: every cell beyond still counts)"
+                )
+            )
         return lines
 
 
 # -- the simulator run ---------------------------------------------------------------------------------
 
 
-def sim_engine(scenario: Scenario, facts: RunFacts, calibration: Calibration | None,
-               calibration_file: Path | None) -> dict[str, object]:  # fmt: skip
+def sim_engine(
+    scenario: Scenario, facts: RunFacts, calibration: Calibration | None, calibration_file: Path | None
+) -> dict[str, object]:
     """The ``engine:`` section of the simulator run: the calibration's deployment (or the run's)."""
     if calibration is None and scenario.engine.kind == "sim":
         return dict(scenario.engine.model_dump(mode="json", exclude_none=True))  # the run's own simulator
@@ -263,15 +271,20 @@ def sim_engine(scenario: Scenario, facts: RunFacts, calibration: Calibration | N
         engine["calibration"] = str(calibration_file)
     for name, sources in CARRIED_ENGINE_FIELDS:
         # engine configs differ per kind: each of these knobs is read where the kind has it
-        value = next((getattr(scenario.engine, s) for s in sources if getattr(scenario.engine, s, None) is not None),
-                     None)  # fmt: skip
+        value = next(
+            (getattr(scenario.engine, s) for s in sources if getattr(scenario.engine, s, None) is not None), None
+        )
         if value is not None:
             engine[name] = value
     return engine
 
 
-def sim_scenario(scenario: Scenario, engine: dict[str, object], backends: dict[str, str | None],
-                 workload: dict[str, object] | None = None) -> Scenario:  # fmt: skip
+def sim_scenario(
+    scenario: Scenario,
+    engine: dict[str, object],
+    backends: dict[str, str | None],
+    workload: dict[str, object] | None = None,
+) -> Scenario:
     """The run's scenario on the simulator ``engine``, each arm with its real backend, ``workload`` changes."""
     data = scenario.model_dump(mode="json")
     data["name"] = f"{scenario.name}-sim-validate"
@@ -300,13 +313,15 @@ class _Prepared:
 def _open(run: Path, kind: RunKind) -> RunDir:
     run_dir = RunDir.open(run)
     if run_dir.kind != kind:
-        raise CalibrationError(f"{run}: a {run_dir.kind} run, not a {kind}; kvbench sim validate compares probe runs "
-                               "and sweeps")  # fmt: skip
+        raise CalibrationError(
+            f"{run}: a {run_dir.kind} run, not a {kind}; kvbench sim validate compares probe runs and sweeps"
+        )
     return run_dir
 
 
-def _prepare(run_dir: RunDir, kind: RunKind, out: Path, calibration_file: Path | None,
-             holdout: Sequence[int] = ()) -> _Prepared:  # fmt: skip
+def _prepare(
+    run_dir: RunDir, kind: RunKind, out: Path, calibration_file: Path | None, holdout: Sequence[int] = ()
+) -> _Prepared:
     """The run's facts and scenario, and the calibration read (or, for a probe run without one, fitted)."""
     run = run_dir.path
     facts = run_facts(run)
@@ -324,8 +339,9 @@ def _prepare(run_dir: RunDir, kind: RunKind, out: Path, calibration_file: Path |
     return _Prepared(run_dir, facts, run_dir.scenario(), calibration, calibration_file)
 
 
-def _simulate(prepared: _Prepared, kind: RunKind, out: Path, workload: dict[str, object] | None = None,
-              client_time_s: float = 0.0) -> RunDir:  # fmt: skip
+def _simulate(
+    prepared: _Prepared, kind: RunKind, out: Path, workload: dict[str, object] | None = None, client_time_s: float = 0.0
+) -> RunDir:
     engine = _engine(prepared)
     if client_time_s > 0:
         engine["client_time_s"] = client_time_s
@@ -404,8 +420,10 @@ def _fit_line(roles: dict[float, str]) -> str:
         return "This sweep is not among the calibration's source runs: every load point is out of sample"
     fitted = [f"{load:g}" for load, role in roles.items() if role == "fit"]
     held = [f"{load:g}" for load, role in roles.items() if role != "fit"]
-    return (f"The calibration was fitted on this sweep's load points {fitted or 'none'}; held out (out of sample): "
-            f"{held or 'none'}")  # fmt: skip
+    return (
+        f"The calibration was fitted on this sweep's load points {fitted or 'none'}; held out (out of sample): "
+        f"{held or 'none'}"
+    )
 
 
 # -- probe runs ----------------------------------------------------------------------------------------
@@ -488,8 +506,9 @@ def validate(
         note += "" if judged else "  (not judged)"
         move = last_move(by_pass.get((arm, context, turn), []))
         line = neighbour_line(measured, (arm, context, turn), references)
-        cells.append(Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high), move,
-                          line))  # fmt: skip
+        cells.append(
+            Cell((arm, str(context), str(turn)), reference, value, max_error, note, judged, (low, high), move, line)
+        )
     if not cells:
         raise CalibrationError(f"{run}: no (arm, length, turn) cell of the simulator run has a measurement to compare")
     notes = lateness_lines(simulator_lateness(sim_dir.path, prepared.calibration), measured, client_s)
