@@ -25,7 +25,7 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from common import __version__
-from common.errors import KvbenchError, RunDirError
+from common.errors import KvbenchError
 from common.redact import redact_text
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
 from harness.results.calibrate import CALIBRATION_IN_RUN, calibrated_cells
@@ -972,19 +972,3 @@ def write_html(sources: ReportSources, out: Path) -> Path:
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out)
     return out
-
-
-def report_html(paths: Sequence[Path], *, playbook: Path | None = None, out: Path | None = None) -> Path:
-    """What ``kvbench report --html`` calls: collect the sources, render, return the file written."""
-    try:
-        sources = collect_sources(paths, playbook)
-    except RunDirError as error:
-        raise HtmlReportError(str(error)) from None
-    if out is None:
-        if playbook is not None:
-            out = playbook.resolve().parent / load_playbook(playbook).stages.case_study.gate.report
-        elif len(paths) == 1:
-            out = paths[0] / "report" / HTML_FILE
-        else:
-            out = Path(HTML_FILE)
-    return write_html(sources, out)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reports.html import report_html
+from reports.outputs import report_html
 from tests.resultfiles import make_probe_run, make_soak_dir
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,13 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from harness.gate.playbook import attach_run, save_playbook, starter_playbook
 from kvbench.cli import app
-from reports.html import collect_sources, render_html, report_html
+from reports.html import collect_sources, render_html
+from reports.outputs import report_html
 from tests.resultfiles import make_probe_run, make_soak_dir
 
 XSS = "<script>alert(1)</script>"
@@ -119,7 +121,7 @@ def test_fp8_and_bf16_weights_are_different_setups(tmp_path: Path) -> None:
     """The committed 70B runs (4x H200): the same model, host and engine, FP8 vs BF16 weights."""
     results = Path(__file__).resolve().parents[3] / "docs" / "results"
     fp8 = results / "gpu-seed-llama70b-tp4-fp8-h200"
-    bf16 = results / "gpu-seed-llama70b-tp4-fp16-h200-hash-miss"
+    bf16 = results / "gpu-seed-llama70b-tp4-fp16-h200"
     alone = render_html(collect_sources([fp8]), tmp_path)
     text = " ".join(parse(alone).text)
     assert "bfloat16, weights quantized to fp8" in text
@@ -147,11 +149,12 @@ def test_the_measured_h100_case_study_shows_every_setup(tmp_path: Path) -> None:
     assert "hit rate (/metrics counters)" in text  # recorded during the window, before usage came first
 
 
+@pytest.mark.lab
 def test_a_measured_lmcache_run_shows_where_its_turn_2_goes(tmp_path: Path) -> None:
-    """The committed 70B FP8 graphs run (4x H200): LMCache's timeline as a table and a stacked chart of turn 2."""
+    """The lab's 70B FP8 graphs run (4x H200): LMCache's timeline as a table and a stacked chart of turn 2."""
     from harness.results.run_result import RunResult
 
-    run = Path(__file__).resolve().parents[3] / "docs" / "results" / "gpu-seed-llama70b-tp4-fp8-graphs-h200"
+    run = Path(__file__).resolve().parents[3] / "lab" / "runs" / "gpu-seed-llama70b-tp4-fp8-graphs-h200"
     html = render_html(collect_sources([run]), tmp_path)
     text = " ".join(parse(html).text)
     assert "Where the TTFT goes" in text and "Ranks' spread" in text and 'id="chart-lmcache-turn2"' in html

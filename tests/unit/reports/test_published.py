@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "docs" / "published" / "seed-llama70b.yaml"
 FP8 = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp8-h200"
 BF16 = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp16-h200"
-HASH_MISS = ROOT / "docs" / "results" / "gpu-seed-llama70b-tp4-fp16-h200-hash-miss"
+HASH_MISS = ROOT / "lab" / "runs" / "gpu-seed-llama70b-tp4-fp16-h200-hash-miss"
 
 
 def test_the_committed_page_is_what_the_spec_renders_today() -> None:
@@ -38,6 +38,7 @@ def test_columns_carry_the_runs_medians_and_reject_the_turns_the_verdict_rejects
     assert not any("✗" in cell for row in rows for cell in row) and not any(n.startswith("✗") for n in notes)
 
 
+@pytest.mark.lab
 def test_turns_the_verdict_rejects_are_crossed_out(tmp_path: Path) -> None:
     """The first BF16 run's LMCache arm never hit the tier (hash seeds per process): its turn 2 is
     rejected, its turn 1 (a real turn 1) is kept."""
