@@ -21,7 +21,7 @@ from rich.table import Table
 from harness.results.replay_result import ArmReplay, ReplayResult
 from harness.results.sweep_result import Quantiles
 
-from .curves import COLORS, _caption, _save
+from .figures import caption, color, legend_outside, log_scale, new_figure, save, styled
 
 
 def _ms(q: Quantiles | None, field: str) -> str:
@@ -157,15 +157,15 @@ def write_csv(result: ReplayResult, path: Path, provenance: str = "") -> Path:
     return path
 
 
+@styled()
 def figure(result: ReplayResult, provenance: str = "") -> Figure:
     """One panel per arm (prompt and hit tokens/s by source over time) and one of TTFT percentiles per arm."""
     arms = [item.arm for item in result.results]
-    fig = Figure(figsize=(9.0, 2.6 * (len(arms) + 1)), dpi=110)
+    fig = new_figure(9.0, 2.4 * (len(arms) + 1), dpi=110)
     axes = fig.subplots(len(arms) + 1, 1, squeeze=False)[:, 0]
-    top = max(
-        [p.prompt_tps or 0.0 for p in result.timeline] + [(p.gpu_hit_tps or 0.0) + (p.external_hit_tps or 0.0)
-                                                          for p in result.timeline] + [1.0]
-    )  # fmt: skip
+    hit_tps = [(p.gpu_hit_tps or 0.0) + (p.external_hit_tps or 0.0) for p in result.timeline]
+    top = max([p.prompt_tps or 0.0 for p in result.timeline] + hit_tps + [1.0])
+    ceiling = _share(result.trace.infinite_cache_hit_rate)
     for ax, arm in zip(axes, arms, strict=False):
         points = sorted((p for p in result.timeline if p.arm == arm), key=lambda p: p.t_s)
         # each sample covers (t_s − duration_s, t_s]: draw it as a step from its start, closed at the last end
@@ -176,20 +176,18 @@ def figure(result: ReplayResult, provenance: str = "") -> Figure:
 
         gpu = steps([p.gpu_hit_tps or 0.0 for p in points])
         tier = steps([p.external_hit_tps or 0.0 for p in points])
-        ax.stackplot(xs, gpu, tier, colors=("#2ca02c", "#1f77b4"), alpha=0.6,
-                     labels=("hit tokens/s: GPU prefix cache", "hit tokens/s: offload tier"), step="post")  # fmt: skip
-        ax.step(xs, steps([p.prompt_tps or 0.0 for p in points]), where="post", color="black", linewidth=1.0,
-                label="prompt tokens/s")  # fmt: skip
+        sources = ("hit tokens/s: GPU prefix cache", "hit tokens/s: offload tier")
+        ax.stackplot(xs, gpu, tier, colors=(color(0), color(4)), alpha=0.6, labels=sources, step="post")
+        prompt = steps([p.prompt_tps or 0.0 for p in points])
+        ax.step(xs, prompt, where="post", color=color(5), linewidth=1.0, label="prompt tokens/s")
         item = result.arm(arm)
-        rate = "—" if item is None else _share(item.hit_rate)
-        ax.set_title(f"{arm}: hit rate {rate} % (ceiling {_share(result.trace.infinite_cache_hit_rate)} %)",
-                     fontsize=9)  # fmt: skip
+        ax.set_title(f"{arm}: hit rate {'—' if item is None else _share(item.hit_rate)} % (ceiling {ceiling} %)")
         ax.set_ylim(0, top * 1.1)
         ax.set_xlim(left=0)
-        ax.set_ylabel("tokens/s", fontsize=8)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="best", framealpha=0.6)
-    axes[len(arms) - 1].set_xlabel("seconds since the replay started")
+        ax.set_ylabel("tokens/s")
+    if arms:
+        legend_outside(axes[0])
+        axes[len(arms) - 1].set_xlabel("seconds since the replay started")
     ax = axes[-1]
     labels = ("p50", "p90", "p99")
     width = 0.8 / max(len(arms), 1)
@@ -197,16 +195,15 @@ def figure(result: ReplayResult, provenance: str = "") -> Figure:
         if item.ttft is None:
             continue
         values = [item.ttft.p50_ms, item.ttft.p90_ms, item.ttft.p99_ms]
-        xs = [k + index * width for k in range(len(labels))]
-        ax.bar(xs, values, width=width, color=COLORS[index % len(COLORS)], label=item.arm)
+        ax.bar([k + index * width for k in range(len(labels))], values, width=width, color=color(index), label=item.arm)
     ax.set_xticks([k + width * (len(arms) - 1) / 2 for k in range(len(labels))], labels)
-    ax.set_yscale("log")
-    ax.set_ylabel("TTFT (ms, log)", fontsize=8)
-    ax.set_title("TTFT percentiles per arm (same requests)", fontsize=9)
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.suptitle(f"{result.scenario_name} — {result.model} on {result.hardware} ({result.engine_kind})", fontsize=10)
-    _caption(fig, provenance)
+    log_scale(ax)
+    ax.set_ylabel("TTFT (ms, log)")
+    ax.set_title("TTFT percentiles per arm (same requests)")
+    ax.grid(False, axis="x")
+    legend_outside(ax)
+    fig.suptitle(f"{result.scenario_name} — {result.model} on {result.hardware} ({result.engine_kind})")
+    caption(fig, provenance)
     return fig
 
 
@@ -215,7 +212,7 @@ def write_replay_reports(result: ReplayResult, out: Path, provenance: str = "") 
     md = out / "replay.md"
     md.write_text(markdown(result, provenance), encoding="utf-8")
     paths = [md, write_csv(result, out / "replay.csv", provenance)]
-    return paths + _save(figure(result, provenance), out / "replay")
+    return paths + save(figure(result, provenance), out / "replay")
 
 
 def print_replay(result: ReplayResult, console: Console, provenance: str = "") -> None:
