@@ -28,6 +28,7 @@ from common.markup import console_text, md_table, md_text
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
+from .tables import csv_cell
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -153,53 +154,28 @@ def ttft_figure(result: SweepResult, provenance: str = "") -> Figure:
     return fig
 
 
-CSV_FIELDS = (
-    "arm", "point", "load", "mode", "gpus", "window_s", "sent", "measured", "ok", "errors", "rps", "rps_per_gpu",
-    "output_tps", "output_tps_per_gpu", "tps_user_mean", "tps_user_p50", "ttft_p50_ms", "ttft_p90_ms",
-    "ttft_p99_ms", "ttft_round1_p50_ms", "ttft_round1_p99_ms", "ttft_later_p50_ms", "ttft_later_p99_ms",
-    "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "goodput_rps",
-    "goodput_rps_per_gpu", "slo_attainment", "meets_slo", "pareto", "gpu_hit_rate", "external_hit_rate",
-    "hit_rate", "cached_share", "cached_share_later", "prompt_tokens_mean", "lag_p99_ms",
-)  # fmt: skip
-
-
-def _q(q: Quantiles | None, field: str) -> float | str:
-    return "" if q is None else float(getattr(q, field))
-
-
-def _b(value: float | bool | None) -> float | bool | str:
-    return "" if value is None else value
+CSV_FIELDS = tuple(
+    """
+    arm point load mode gpus window_s sent measured ok errors rps rps_per_gpu output_tps output_tps_per_gpu
+    tps_user_mean tps_user_p50 ttft_p50_ms ttft_p90_ms ttft_p99_ms ttft_round1_p50_ms ttft_round1_p99_ms
+    ttft_later_p50_ms ttft_later_p99_ms tpot_p50_ms tpot_p99_ms itl_p50_ms itl_p99_ms e2e_p50_ms e2e_p99_ms
+    goodput_rps goodput_rps_per_gpu slo_attainment meets_slo pareto gpu_hit_rate external_hit_rate hit_rate
+    cached_share cached_share_later prompt_tokens_mean lag_p99_ms
+    """.split()
+)
+"""sweep.csv's columns: a point's field, or ``NAME_pNN_ms`` of its quantiles NAME (:func:`reports.tables.csv_cell`);
+``pareto`` whether the point is on its arm's frontier."""
 
 
 def write_csv(result: SweepResult, path: Path, provenance: str = "") -> Path:
     flags = frontier_flags(result)
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "provenance"])
-        writer.writeheader()
+        writer = csv.writer(handle)
+        writer.writerow([*CSV_FIELDS, "provenance"])
         for p in sorted(result.points, key=lambda p: (result.arms.index(p.arm), p.load)):
-            writer.writerow(
-                {
-                    "arm": p.arm, "point": p.point, "load": p.load, "mode": p.mode, "gpus": p.gpus,
-                    "window_s": p.window_s, "sent": p.sent, "measured": p.measured, "ok": p.ok, "errors": p.errors,
-                    "rps": p.rps, "rps_per_gpu": p.rps_per_gpu, "output_tps": p.output_tps,
-                    "output_tps_per_gpu": p.output_tps_per_gpu, "tps_user_mean": _b(p.tps_user_mean),
-                    "tps_user_p50": _b(p.tps_user_p50), "ttft_p50_ms": _q(p.ttft, "p50_ms"),
-                    "ttft_p90_ms": _q(p.ttft, "p90_ms"), "ttft_p99_ms": _q(p.ttft, "p99_ms"),
-                    "ttft_round1_p50_ms": _q(p.ttft_round1, "p50_ms"),
-                    "ttft_round1_p99_ms": _q(p.ttft_round1, "p99_ms"),
-                    "ttft_later_p50_ms": _q(p.ttft_later, "p50_ms"), "ttft_later_p99_ms": _q(p.ttft_later, "p99_ms"),
-                    "tpot_p50_ms": _q(p.tpot, "p50_ms"), "tpot_p99_ms": _q(p.tpot, "p99_ms"),
-                    "itl_p50_ms": _q(p.itl, "p50_ms"), "itl_p99_ms": _q(p.itl, "p99_ms"),
-                    "e2e_p50_ms": _q(p.e2e, "p50_ms"), "e2e_p99_ms": _q(p.e2e, "p99_ms"),
-                    "goodput_rps": _b(p.goodput_rps), "goodput_rps_per_gpu": _b(p.goodput_rps_per_gpu),
-                    "slo_attainment": _b(p.slo_attainment), "meets_slo": _b(p.meets_slo),
-                    "pareto": flags.get((p.arm, p.point), False), "gpu_hit_rate": _b(p.gpu_hit_rate),
-                    "external_hit_rate": _b(p.external_hit_rate), "hit_rate": _b(p.hit_rate),
-                    "cached_share": _b(p.cached_share), "cached_share_later": _b(p.cached_share_later),
-                    "prompt_tokens_mean": _b(p.prompt_tokens_mean), "lag_p99_ms": _b(p.lag_p99_ms),
-                    "provenance": provenance,
-                }
-            )  # fmt: skip
+            on_frontier = flags.get((p.arm, p.point), False)
+            row = [on_frontier if name == "pareto" else csv_cell(p, name) for name in CSV_FIELDS]
+            writer.writerow([*row, provenance])
     return path
 
 
@@ -223,21 +199,46 @@ def _pct(value: float | None) -> str:
 def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     unit = "users" if result.mode == "concurrency" else "req/s"
     header = [
-        "arm", f"load ({unit})", "RPS/GPU", "TPS/user", "TTFT p50", "TTFT p99", "TTFT r1 p50", "TTFT r≥2 p50",
-        "TPOT p50", "TPOT p99", "E2E p50", "goodput/GPU", "SLO %", "meets", "hit %", "errors",
-    ]  # fmt: skip
+        "arm",
+        f"load ({unit})",
+        "RPS/GPU",
+        "TPS/user",
+        "TTFT p50",
+        "TTFT p99",
+        "TTFT r1 p50",
+        "TTFT r≥2 p50",
+        "TPOT p50",
+        "TPOT p99",
+        "E2E p50",
+        "goodput/GPU",
+        "SLO %",
+        "meets",
+        "hit %",
+        "errors",
+    ]
     body = []
     for arm in result.arms:
         for p in result.arm_points(arm):
             body.append(
                 [
-                    arm, f"{p.load:g}", _f(p.rps_per_gpu), _f(p.tps_user_mean), _ms(p.ttft), _ms(p.ttft, "p99_ms"),
-                    _ms(p.ttft_round1), _ms(p.ttft_later), _ms(p.tpot), _ms(p.tpot, "p99_ms"), _ms(p.e2e),
-                    _f(p.goodput_rps_per_gpu), _pct(p.slo_attainment),
+                    arm,
+                    f"{p.load:g}",
+                    _f(p.rps_per_gpu),
+                    _f(p.tps_user_mean),
+                    _ms(p.ttft),
+                    _ms(p.ttft, "p99_ms"),
+                    _ms(p.ttft_round1),
+                    _ms(p.ttft_later),
+                    _ms(p.tpot),
+                    _ms(p.tpot, "p99_ms"),
+                    _ms(p.e2e),
+                    _f(p.goodput_rps_per_gpu),
+                    _pct(p.slo_attainment),
                     "—" if p.meets_slo is None else ("yes" if p.meets_slo else "no"),
-                    _pct(p.hit_rate if p.hit_rate is not None else p.cached_share), str(p.errors),
+                    _pct(p.hit_rate if p.hit_rate is not None else p.cached_share),
+                    str(p.errors),
                 ]
-            )  # fmt: skip
+            )
     return header, body
 
 
@@ -269,20 +270,44 @@ def capacity_lines(result: SweepResult) -> list[str]:
 def analytical_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     """Predicted vs measured later-round TTFT per (treatment arm, load)."""
     header = [
-        "arm", "load", "N", "a", "a GPU", "a tier", "a'", "regime", "pred TTFT", "pred base", "meas p50",
-        "meas base p50", "pred ×", "meas ×", "out TPS ×",
-    ]  # fmt: skip
+        "arm",
+        "load",
+        "N",
+        "a",
+        "a GPU",
+        "a tier",
+        "a'",
+        "regime",
+        "pred TTFT",
+        "pred base",
+        "meas p50",
+        "meas base p50",
+        "pred ×",
+        "meas ×",
+        "out TPS ×",
+    ]
     body = []
     for c in result.analytical:
         i = c.inputs
         body.append(
             [
-                c.arm, f"{c.load:g}", f"{i.n_tokens:.0f}", f"{i.a:.3f}", f"{i.a_gpu:.3f}", f"{i.a_tier:.3f}",
-                f"{c.prediction.a:.3f}", c.regime, f"{c.predicted_ttft_ms:.1f}", f"{c.predicted_baseline_ttft_ms:.1f}",
-                _f(c.measured_ttft_ms, ".1f"), _f(c.measured_baseline_ttft_ms, ".1f"),
-                _f(c.predicted_speedup_vs_baseline), _f(c.measured_speedup), _f(c.measured_output_tps_ratio),
+                c.arm,
+                f"{c.load:g}",
+                f"{i.n_tokens:.0f}",
+                f"{i.a:.3f}",
+                f"{i.a_gpu:.3f}",
+                f"{i.a_tier:.3f}",
+                f"{c.prediction.a:.3f}",
+                c.regime,
+                f"{c.predicted_ttft_ms:.1f}",
+                f"{c.predicted_baseline_ttft_ms:.1f}",
+                _f(c.measured_ttft_ms, ".1f"),
+                _f(c.measured_baseline_ttft_ms, ".1f"),
+                _f(c.predicted_speedup_vs_baseline),
+                _f(c.measured_speedup),
+                _f(c.measured_output_tps_ratio),
             ]
-        )  # fmt: skip
+        )
     return header, body
 
 

@@ -46,10 +46,22 @@ from .figures import color
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HTML_FILE = "case-study.html"
 RAW_FILES = (
-    "scenario.yaml", "manifest.json", "summary.json", "records.jsonl", "progress.jsonl", "engine_metrics.jsonl",
-    "intervals.jsonl", "soak.json", "sweep.json", "report/ttft_table.md", "report/ttft.csv",
-    "report/engine_timing.csv", "report/lmcache_timeline.csv", "report/lmcache_ranks.csv", "report/pass_medians.csv",
-)  # fmt: skip
+    "scenario.yaml",
+    "manifest.json",
+    "summary.json",
+    "records.jsonl",
+    "progress.jsonl",
+    "engine_metrics.jsonl",
+    "intervals.jsonl",
+    "soak.json",
+    "sweep.json",
+    "report/ttft_table.md",
+    "report/ttft.csv",
+    "report/engine_timing.csv",
+    "report/lmcache_timeline.csv",
+    "report/lmcache_ranks.csv",
+    "report/pass_medians.csv",
+)
 
 
 class HtmlReportError(KvbenchError):
@@ -152,8 +164,11 @@ def collect_sources(paths: Sequence[Path], playbook_path: Path | None = None) ->
             return (base / refs[-1]) if refs else None
 
         stages = playbook.stages
-        for attr, refs in (("baseline", stages.baseline.runs), ("poc", stages.poc.runs),
-                           ("production", stages.production.runs)):  # fmt: skip
+        for attr, refs in (
+            ("baseline", stages.baseline.runs),
+            ("poc", stages.poc.runs),
+            ("production", stages.production.runs),
+        ):
             probe_refs = [r for r in refs if run_kind(base / r) == "probe"]
             sources.sweeps += [base / r for r in refs if run_kind(base / r) == "sweep"]
             path = latest(probe_refs)
@@ -369,9 +384,11 @@ def executive_summary(sources: ReportSources) -> list[Headline]:
         open_stages = [s.stage for s in stages if s.state != "done"]
         if open_stages in ([], ["case_study"]):
             card = Headline(
-                "Rollout playbook", "all gates passed",
-                "baseline, POC, staging and production gates passed; this report is the case study", "good",
-            )  # fmt: skip
+                "Rollout playbook",
+                "all gates passed",
+                "baseline, POC, staging and production gates passed; this report is the case study",
+                "good",
+            )
         else:
             card = Headline("Rollout playbook", f"{done}/{len(stages)} stages done", sources.playbook.next_step)
         cards.append(card)
@@ -428,10 +445,12 @@ def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
             ["Hardware", f"{engine_cfg.get('hardware', '—')}; GPUs on the host: {gpus}"],
             ["Parallelism", ", ".join(f"{k}={v}" for k, v in (engine_cfg.get("parallelism") or {}).items()) or "—"],
             ["kvbench", f"{manifest.get('kvbench_version', '—')} (git {sha})"],
-            ["Host", f"{host.get('platform', '—')}, Python {host.get('python', '—')}, {host.get('cpu_count', '—')} "
-             "CPUs"],
+            [
+                "Host",
+                f"{host.get('platform', '—')}, Python {host.get('python', '—')}, {host.get('cpu_count', '—')} CPUs",
+            ],
             ["Run directory", str(path)],
-        ]  # fmt: skip
+        ]
         if commands:
             rows.append(["Engine command (redacted)", commands[0]])
         out.append((label, TableView(["", ""], rows, [False, False])))
@@ -462,17 +481,25 @@ def spread_table(probe: ProbeSource) -> TableView:
         ttft = cell.ttft
         rows.append(
             [
-                cell.arm, f"{cell.context_tokens:,}", f"t{cell.turn}", str(ttft.n if ttft else 0), str(cell.errors),
-                fmt_ms(ttft.min_ms if ttft else None), fmt_ms(ttft.median_ms if ttft else None),
-                fmt_ms(ttft.p90_ms if ttft else None), fmt_ms(ttft.max_ms if ttft else None),
+                cell.arm,
+                f"{cell.context_tokens:,}",
+                f"t{cell.turn}",
+                str(ttft.n if ttft else 0),
+                str(cell.errors),
+                fmt_ms(ttft.min_ms if ttft else None),
+                fmt_ms(ttft.median_ms if ttft else None),
+                fmt_ms(ttft.p90_ms if ttft else None),
+                fmt_ms(ttft.max_ms if ttft else None),
                 fmt_pct((ttft.p90_ms / ttft.median_ms - 1) if ttft and ttft.median_ms > 0 else None),
             ]
-        )  # fmt: skip
+        )
     settle, _ = settle_line(probe.result)  # whether more passes would still move the medians
     return TableView(
         ["Arm", "Tokens", "Turn", "n", "Errors", "min", "median", "p90", "max", "p90 over median"],
-        rows, [False, True, False, True, True, True, True, True, True, True], caption=settle or "",
-    )  # fmt: skip
+        rows,
+        [False, True, False, True, True, True, True, True, True, True],
+        caption=settle or "",
+    )
 
 
 def poc_chart(probe: ProbeSource) -> Chart:
@@ -830,8 +857,9 @@ def raw_files(sources: ReportSources, out_dir: Path) -> list[RawFile]:
                 continue
             rel = os.path.relpath(path.resolve(), out_dir.resolve())
             href = "/".join(quote(part) for part in Path(rel).parts)
-            files.append(RawFile(label, href, str(Path(directory.name) / name), fmt_bytes(path.stat().st_size),
-                                 _sha256(path)))  # fmt: skip
+            files.append(
+                RawFile(label, href, str(Path(directory.name) / name), fmt_bytes(path.stat().st_size), _sha256(path))
+            )
     return files
 
 

@@ -22,6 +22,7 @@ from harness.results.replay_result import ArmReplay, ReplayResult
 from harness.results.sweep_result import Quantiles
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, styled
+from .tables import csv_cell, md_rows
 
 
 def _ms(q: Quantiles | None, field: str) -> str:
@@ -43,9 +44,24 @@ def _source_shares(item: ArmReplay) -> tuple[float | None, float | None]:
 
 
 ARM_COLUMNS = (
-    "Arm", "Requests", "Errors", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
-    "SLO %", "Hit % (GPU)", "Hit % (tier)", "Hit % (all)", "Ceiling %", "Lag p99", "Late",
-)  # fmt: skip
+    "Arm",
+    "Requests",
+    "Errors",
+    "TTFT p50",
+    "TTFT p90",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p99",
+    "E2E p50",
+    "E2E p99",
+    "SLO %",
+    "Hit % (GPU)",
+    "Hit % (tier)",
+    "Hit % (all)",
+    "Ceiling %",
+    "Lag p99",
+    "Late",
+)
 
 
 def arm_rows(result: ReplayResult) -> list[list[str]]:
@@ -53,13 +69,27 @@ def arm_rows(result: ReplayResult) -> list[list[str]]:
     out = []
     for item in result.results:
         gpu, tier = _source_shares(item)
-        out.append([
-            item.arm + ("" if item.complete else " (incomplete)"), str(item.requests), str(item.errors),
-            _ms(item.ttft, "p50_ms"), _ms(item.ttft, "p90_ms"), _ms(item.ttft, "p99_ms"),
-            _ms(item.tpot, "p50_ms"), _ms(item.tpot, "p99_ms"), _ms(item.e2e, "p50_ms"), _ms(item.e2e, "p99_ms"),
-            _share(item.slo_attainment), _share(gpu), _share(tier), _share(item.hit_rate), ceiling,
-            _ms(item.lag, "p99_ms"), str(item.late),
-        ])  # fmt: skip
+        out.append(
+            [
+                item.arm + ("" if item.complete else " (incomplete)"),
+                str(item.requests),
+                str(item.errors),
+                _ms(item.ttft, "p50_ms"),
+                _ms(item.ttft, "p90_ms"),
+                _ms(item.ttft, "p99_ms"),
+                _ms(item.tpot, "p50_ms"),
+                _ms(item.tpot, "p99_ms"),
+                _ms(item.e2e, "p50_ms"),
+                _ms(item.e2e, "p99_ms"),
+                _share(item.slo_attainment),
+                _share(gpu),
+                _share(tier),
+                _share(item.hit_rate),
+                ceiling,
+                _ms(item.lag, "p99_ms"),
+                str(item.late),
+            ]
+        )
     return out
 
 
@@ -68,10 +98,15 @@ COMPARISON_COLUMNS = ("Arm vs baseline", "TTFT p50 % diff", "TTFT p90 % diff", "
 
 def comparison_rows(result: ReplayResult) -> list[list[str]]:
     return [
-        [f"{c.arm} vs {c.baseline}", _pct(c.ttft_p50_pct), _pct(c.ttft_p90_pct), _pct(c.ttft_p99_pct),
-         _pct(c.e2e_p50_pct)]
+        [
+            f"{c.arm} vs {c.baseline}",
+            _pct(c.ttft_p50_pct),
+            _pct(c.ttft_p90_pct),
+            _pct(c.ttft_p99_pct),
+            _pct(c.e2e_p50_pct),
+        ]
         for c in result.comparisons
-    ]  # fmt: skip
+    ]
 
 
 def trace_line(result: ReplayResult) -> str:
@@ -94,24 +129,19 @@ def behind_lines(result: ReplayResult) -> list[str]:
     ]
 
 
-def _md_table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(columns) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
-
-
 def markdown(result: ReplayResult, provenance: str = "") -> str:
     lines = [f"# Replay: {result.scenario_name}", "", trace_line(result) + ".", ""]
     if provenance:
         lines += [provenance + ".", ""]
-    lines += ["Latencies in ms; hit % from the engine's /metrics (tokens served from the GPU prefix cache or the "
-              "offload tier / prompt tokens); ceiling = the trace's infinite-cache hit rate.", ""]  # fmt: skip
-    lines += _md_table(ARM_COLUMNS, arm_rows(result))
+    lines += [
+        "Latencies in ms; hit % from the engine's /metrics (tokens served from the GPU prefix cache or the "
+        "offload tier / prompt tokens); ceiling = the trace's infinite-cache hit rate.",
+        "",
+    ]
+    lines += md_rows(ARM_COLUMNS, arm_rows(result))
     if result.comparisons:
         lines += ["", "% diff = (baseline / arm − 1) × 100: how much slower the baseline is.", ""]
-        lines += _md_table(COMPARISON_COLUMNS, comparison_rows(result))
+        lines += md_rows(COMPARISON_COLUMNS, comparison_rows(result))
     for line in behind_lines(result):
         lines += ["", f"**Warning:** {line}."]
     if not result.complete:
@@ -119,41 +149,25 @@ def markdown(result: ReplayResult, provenance: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-CSV_FIELDS = (
-    "arm", "attempt", "complete", "requests", "ok", "errors", "wall_s", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-    "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "slo_attainment", "prompt_tokens", "gpu_hit_tokens",
-    "external_hit_tokens", "hit_rate", "infinite_cache_hit_rate", "cached_share", "lag_p50_ms", "lag_p99_ms", "late",
-    "fell_behind", "prompt_tokens_off",
-)  # fmt: skip
-
-
-def _q(q: Quantiles | None, field: str) -> float | str:
-    return "" if q is None else float(getattr(q, field))
-
-
-def _b(value: float | int | bool | None) -> float | int | bool | str:
-    return "" if value is None else value
+CSV_FIELDS = tuple(
+    """
+    arm attempt complete requests ok errors wall_s ttft_p50_ms ttft_p90_ms ttft_p99_ms tpot_p50_ms tpot_p99_ms
+    e2e_p50_ms e2e_p99_ms slo_attainment prompt_tokens gpu_hit_tokens external_hit_tokens hit_rate
+    infinite_cache_hit_rate cached_share lag_p50_ms lag_p99_ms late fell_behind prompt_tokens_off
+    """.split()
+)
+"""replay.csv's columns: an arm's field, or ``NAME_pNN_ms`` of its quantiles NAME (:func:`reports.tables.csv_cell`);
+``infinite_cache_hit_rate`` the trace's."""
 
 
 def write_csv(result: ReplayResult, path: Path, provenance: str = "") -> Path:
+    ceiling = "" if result.trace.infinite_cache_hit_rate is None else result.trace.infinite_cache_hit_rate
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "provenance"])
-        writer.writeheader()
+        writer = csv.writer(handle)
+        writer.writerow([*CSV_FIELDS, "provenance"])
         for item in result.results:
-            writer.writerow({
-                "arm": item.arm, "attempt": item.attempt, "complete": item.complete, "requests": item.requests,
-                "ok": item.ok, "errors": item.errors, "wall_s": _b(item.wall_s),
-                "ttft_p50_ms": _q(item.ttft, "p50_ms"), "ttft_p90_ms": _q(item.ttft, "p90_ms"),
-                "ttft_p99_ms": _q(item.ttft, "p99_ms"), "tpot_p50_ms": _q(item.tpot, "p50_ms"),
-                "tpot_p99_ms": _q(item.tpot, "p99_ms"), "e2e_p50_ms": _q(item.e2e, "p50_ms"),
-                "e2e_p99_ms": _q(item.e2e, "p99_ms"), "slo_attainment": _b(item.slo_attainment),
-                "prompt_tokens": _b(item.prompt_tokens), "gpu_hit_tokens": _b(item.gpu_hit_tokens),
-                "external_hit_tokens": _b(item.external_hit_tokens), "hit_rate": _b(item.hit_rate),
-                "infinite_cache_hit_rate": _b(result.trace.infinite_cache_hit_rate),
-                "cached_share": _b(item.cached_share), "lag_p50_ms": _q(item.lag, "p50_ms"),
-                "lag_p99_ms": _q(item.lag, "p99_ms"), "late": item.late, "fell_behind": item.fell_behind,
-                "prompt_tokens_off": item.prompt_tokens_off, "provenance": provenance,
-            })  # fmt: skip
+            row = [ceiling if name == "infinite_cache_hit_rate" else csv_cell(item, name) for name in CSV_FIELDS]
+            writer.writerow([*row, provenance])
     return path
 
 
@@ -224,8 +238,10 @@ def print_replay(result: ReplayResult, console: Console, provenance: str = "") -
     console.print(escape(trace_line(result)), highlight=False)
     console.print(table)
     for row in comparison_rows(result):
-        console.print(escape(f"{row[0]}: TTFT p50 {row[1]} %, p90 {row[2]} %, p99 {row[3]} %, E2E p50 {row[4]} %"),
-                      highlight=False)  # fmt: skip
+        console.print(
+            escape(f"{row[0]}: TTFT p50 {row[1]} %, p90 {row[2]} %, p99 {row[3]} %, E2E p50 {row[4]} %"),
+            highlight=False,
+        )
     for line in behind_lines(result):
         console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     if not result.complete:

@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 
 from reports.charts import PALETTE, BarSeries, Limit, LineSeries, bar_chart, line_chart
 from reports.figures import format_number
+from tests.unit.reports.test_html import parse
 
 XSS = "<script>alert(1)</script> & $x$"
-
-
-class Tags(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[str] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append(tag)
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-
-def parse(markup: str) -> Tags:
-    tags = Tags()
-    tags.feed(markup)
-    return tags
 
 
 def test_every_label_reaching_the_svg_is_escaped_and_a_dollar_is_a_dollar() -> None:
