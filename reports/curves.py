@@ -9,7 +9,8 @@
 * ``capacity.md``: the points table, capacity at the SLO, GPUs saved and $/year, and the
   analytical model beside the measurement.
 
-The figures use matplotlib's object API (no pyplot global state) and the Agg/SVG canvases.
+The figures use matplotlib's object API (no pyplot global state) in the shared style of
+:mod:`reports.figures`; the HTML case study embeds the same two figures.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib import rc_context
-from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
@@ -28,7 +27,8 @@ from rich.table import Table
 from common.markup import console_text, md_table, md_text
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
 
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
+from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
+from .tables import csv_cell
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -86,159 +86,96 @@ def _slo_text(result: SweepResult) -> str:
     return f"SLO p{s.percentile:g}: " + ", ".join(parts) if parts else "no SLO"
 
 
+@styled()
 def capacity_figure(result: SweepResult, provenance: str = "") -> Figure:
     """RPS/GPU vs TPS/user per arm, frontier marked, SLO-allowed region shaded."""
-    fig = Figure(figsize=(8.0, 5.5), dpi=120)
+    fig = new_figure(8.0, 5.0)
     ax = fig.add_subplot()
     flags = frontier_flags(result)
-    xs_all: list[float] = []
     for index, arm in enumerate(result.arms):
-        color = COLORS[index % len(COLORS)]
         pts = _curve_points(result, arm)
         if not pts:
             continue
         xs = [p.tps_user_mean or 0.0 for p in pts]
         ys = [p.rps_per_gpu for p in pts]
-        xs_all.extend(xs)
-        ax.plot(xs, ys, "-", color=color, linewidth=1.2, alpha=0.6, label=f"{arm}")
+        ax.plot(xs, ys, "-", color=color(index), linewidth=1.2, alpha=0.6, label=f"{arm}")
         for p, x, y in zip(pts, xs, ys, strict=True):
-            filled = bool(p.meets_slo) if p.meets_slo is not None else True
-            ax.plot(
-                [x], [y], "o", markersize=6, color=color, markerfacecolor=color if filled else "white",
-                markeredgewidth=1.2,
-            )  # fmt: skip
-            ax.annotate(f"{p.load:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+            face = color(index) if p.meets_slo is not False else "white"
+            ax.plot([x], [y], "o", markersize=6, color=color(index), markerfacecolor=face, markeredgewidth=1.2)
+            ax.annotate(
+                f"{p.load:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color(index)
+            )
         frontier = [(x, y) for p, x, y in zip(pts, xs, ys, strict=True) if flags.get((arm, p.point))]
         if frontier:
             fx, fy = zip(*sorted(frontier), strict=True)
-            ax.step(fx, fy, "--", where="post", color=color, linewidth=1.0, alpha=0.9, label=f"{arm} Pareto frontier")
-            ax.plot(fx, fy, "D", markersize=9, markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.0)
-    if result.slo.tpot_ms is not None:
-        threshold = 1000.0 / result.slo.tpot_ms
-        right = max([*xs_all, threshold]) * 1.1
-        ax.axvspan(threshold, right, color="#2ca02c", alpha=0.08, label=f"TPOT ≤ {result.slo.tpot_ms:g} ms")
-        ax.axvline(threshold, color="#2ca02c", linewidth=0.8, alpha=0.6)
-        ax.set_xlim(left=0, right=right)
-    else:
-        ax.set_xlim(left=0)
+            ax.step(fx, fy, "--", where="post", color=color(index), linewidth=1.0, label=f"{arm} Pareto frontier")
+            ax.plot(fx, fy, "D", markersize=9, markerfacecolor="none", markeredgecolor=color(index))
+    ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
+    if result.slo.tpot_ms is not None:
+        slo_band(ax, 1000.0 / result.slo.tpot_ms, f"TPOT ≤ {result.slo.tpot_ms:g} ms", "right")
     ax.set_xlabel("TPS/user: output tokens/s per user while decoding (mean)")
     ax.set_ylabel("RPS/GPU: completed requests/s per GPU")
-    ax.set_title(_title(result), fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best", title=f"{_slo_text(result)}; filled = meets SLO", title_fontsize=7)
-    _caption(fig, provenance)
+    fig.suptitle(_title(result))
+    legend_outside(ax, f"{_slo_text(result)}; filled = meets SLO")
+    caption(fig, provenance)
     return fig
-
-
-def _caption(fig: Figure, provenance: str) -> None:
-    """Lay the figure out, with the provenance line under the axes (measured on what, or simulated)."""
-    if provenance:
-        fig.text(0.01, 0.01, provenance, fontsize=7, color="#444444", ha="left", va="bottom")
-        fig.tight_layout(rect=(0.0, 0.04, 1.0, 1.0))
-    else:
-        fig.tight_layout()
 
 
 def _p99(q: Quantiles | None) -> float | None:
     return None if q is None else q.p99_ms
 
 
+@styled()
 def ttft_figure(result: SweepResult, provenance: str = "") -> Figure:
     """TTFT p99 (all rounds, and later rounds dashed) vs load per arm, the TTFT limit shaded."""
-    fig = Figure(figsize=(8.0, 5.0), dpi=120)
+    fig = new_figure(8.0, 4.5)
     ax = fig.add_subplot()
-    top = 0.0
     for index, arm in enumerate(result.arms):
-        color = COLORS[index % len(COLORS)]
         pts = [p for p in result.arm_points(arm) if p.ttft is not None]
         if not pts:
             continue
-        loads = [p.load for p in pts]
-        p99 = [_p99(p.ttft) or 0.0 for p in pts]
-        top = max(top, *p99)
-        ax.plot(loads, p99, "o-", color=color, label=f"{arm} TTFT p99")
+        ax.plot(
+            [p.load for p in pts], [_p99(p.ttft) or 0.0 for p in pts], "o-", color=color(index), label=f"{arm} TTFT p99"
+        )
         later = [(p.load, p.ttft_later.p99_ms) for p in pts if p.ttft_later is not None]
         if later:
-            ax.plot(
-                [x for x, _ in later], [y for _, y in later], "s--", color=color, alpha=0.6, markersize=4,
-                label=f"{arm} TTFT p99, rounds ≥ 2",
-            )  # fmt: skip
-    ax.set_yscale("log")
-    _ax_slo(ax, result)
+            loads, p99 = zip(*later, strict=True)
+            label = f"{arm} TTFT p99, rounds ≥ 2"
+            ax.plot(loads, p99, "s--", color=color(index), alpha=0.6, markersize=4, label=label)
+    log_scale(ax)
+    if result.slo.ttft_ms is not None:
+        slo_band(ax, result.slo.ttft_ms, f"TTFT ≤ {result.slo.ttft_ms:g} ms", "below")
     ax.set_xlabel(_load_label(result))
     ax.set_ylabel("TTFT p99 (ms, log scale)")
-    ax.set_title(_title(result), fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    _caption(fig, provenance)
+    fig.suptitle(_title(result))
+    legend_outside(ax)
+    caption(fig, provenance)
     return fig
 
 
-def _ax_slo(ax: Axes, result: SweepResult) -> None:
-    if result.slo.ttft_ms is not None:
-        low = ax.get_ylim()[0]
-        ax.axhspan(low, result.slo.ttft_ms, color="#2ca02c", alpha=0.08)
-        ax.set_ylim(bottom=low)
-        ax.axhline(result.slo.ttft_ms, color="#2ca02c", linewidth=0.8, label=f"TTFT ≤ {result.slo.ttft_ms:g} ms")
-
-
-def _save(fig: Figure, stem: Path) -> list[Path]:
-    png = stem.with_suffix(".png")
-    svg = stem.with_suffix(".svg")
-    fig.savefig(png, metadata={"Software": None})
-    with rc_context({"svg.hashsalt": "kvbench"}):  # stable element ids: identical input, identical SVG
-        fig.savefig(svg, metadata={"Date": None})
-    return [png, svg]
-
-
-CSV_FIELDS = (
-    "arm", "point", "load", "mode", "gpus", "window_s", "sent", "measured", "ok", "errors", "rps", "rps_per_gpu",
-    "output_tps", "output_tps_per_gpu", "tps_user_mean", "tps_user_p50", "ttft_p50_ms", "ttft_p90_ms",
-    "ttft_p99_ms", "ttft_round1_p50_ms", "ttft_round1_p99_ms", "ttft_later_p50_ms", "ttft_later_p99_ms",
-    "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "goodput_rps",
-    "goodput_rps_per_gpu", "slo_attainment", "meets_slo", "pareto", "gpu_hit_rate", "external_hit_rate",
-    "hit_rate", "cached_share", "cached_share_later", "prompt_tokens_mean", "lag_p99_ms",
-)  # fmt: skip
-
-
-def _q(q: Quantiles | None, field: str) -> float | str:
-    return "" if q is None else float(getattr(q, field))
-
-
-def _b(value: float | bool | None) -> float | bool | str:
-    return "" if value is None else value
+CSV_FIELDS = tuple(
+    """
+    arm point load mode gpus window_s sent measured ok errors rps rps_per_gpu output_tps output_tps_per_gpu
+    tps_user_mean tps_user_p50 ttft_p50_ms ttft_p90_ms ttft_p99_ms ttft_round1_p50_ms ttft_round1_p99_ms
+    ttft_later_p50_ms ttft_later_p99_ms tpot_p50_ms tpot_p99_ms itl_p50_ms itl_p99_ms e2e_p50_ms e2e_p99_ms
+    goodput_rps goodput_rps_per_gpu slo_attainment meets_slo pareto gpu_hit_rate external_hit_rate hit_rate
+    cached_share cached_share_later prompt_tokens_mean lag_p99_ms
+    """.split()
+)
+"""sweep.csv's columns: a point's field, or ``NAME_pNN_ms`` of its quantiles NAME (:func:`reports.tables.csv_cell`);
+``pareto`` whether the point is on its arm's frontier."""
 
 
 def write_csv(result: SweepResult, path: Path, provenance: str = "") -> Path:
     flags = frontier_flags(result)
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "provenance"])
-        writer.writeheader()
+        writer = csv.writer(handle)
+        writer.writerow([*CSV_FIELDS, "provenance"])
         for p in sorted(result.points, key=lambda p: (result.arms.index(p.arm), p.load)):
-            writer.writerow(
-                {
-                    "arm": p.arm, "point": p.point, "load": p.load, "mode": p.mode, "gpus": p.gpus,
-                    "window_s": p.window_s, "sent": p.sent, "measured": p.measured, "ok": p.ok, "errors": p.errors,
-                    "rps": p.rps, "rps_per_gpu": p.rps_per_gpu, "output_tps": p.output_tps,
-                    "output_tps_per_gpu": p.output_tps_per_gpu, "tps_user_mean": _b(p.tps_user_mean),
-                    "tps_user_p50": _b(p.tps_user_p50), "ttft_p50_ms": _q(p.ttft, "p50_ms"),
-                    "ttft_p90_ms": _q(p.ttft, "p90_ms"), "ttft_p99_ms": _q(p.ttft, "p99_ms"),
-                    "ttft_round1_p50_ms": _q(p.ttft_round1, "p50_ms"),
-                    "ttft_round1_p99_ms": _q(p.ttft_round1, "p99_ms"),
-                    "ttft_later_p50_ms": _q(p.ttft_later, "p50_ms"), "ttft_later_p99_ms": _q(p.ttft_later, "p99_ms"),
-                    "tpot_p50_ms": _q(p.tpot, "p50_ms"), "tpot_p99_ms": _q(p.tpot, "p99_ms"),
-                    "itl_p50_ms": _q(p.itl, "p50_ms"), "itl_p99_ms": _q(p.itl, "p99_ms"),
-                    "e2e_p50_ms": _q(p.e2e, "p50_ms"), "e2e_p99_ms": _q(p.e2e, "p99_ms"),
-                    "goodput_rps": _b(p.goodput_rps), "goodput_rps_per_gpu": _b(p.goodput_rps_per_gpu),
-                    "slo_attainment": _b(p.slo_attainment), "meets_slo": _b(p.meets_slo),
-                    "pareto": flags.get((p.arm, p.point), False), "gpu_hit_rate": _b(p.gpu_hit_rate),
-                    "external_hit_rate": _b(p.external_hit_rate), "hit_rate": _b(p.hit_rate),
-                    "cached_share": _b(p.cached_share), "cached_share_later": _b(p.cached_share_later),
-                    "prompt_tokens_mean": _b(p.prompt_tokens_mean), "lag_p99_ms": _b(p.lag_p99_ms),
-                    "provenance": provenance,
-                }
-            )  # fmt: skip
+            on_frontier = flags.get((p.arm, p.point), False)
+            row = [on_frontier if name == "pareto" else csv_cell(p, name) for name in CSV_FIELDS]
+            writer.writerow([*row, provenance])
     return path
 
 
@@ -262,21 +199,46 @@ def _pct(value: float | None) -> str:
 def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     unit = "users" if result.mode == "concurrency" else "req/s"
     header = [
-        "arm", f"load ({unit})", "RPS/GPU", "TPS/user", "TTFT p50", "TTFT p99", "TTFT r1 p50", "TTFT r≥2 p50",
-        "TPOT p50", "TPOT p99", "E2E p50", "goodput/GPU", "SLO %", "meets", "hit %", "errors",
-    ]  # fmt: skip
+        "arm",
+        f"load ({unit})",
+        "RPS/GPU",
+        "TPS/user",
+        "TTFT p50",
+        "TTFT p99",
+        "TTFT r1 p50",
+        "TTFT r≥2 p50",
+        "TPOT p50",
+        "TPOT p99",
+        "E2E p50",
+        "goodput/GPU",
+        "SLO %",
+        "meets",
+        "hit %",
+        "errors",
+    ]
     body = []
     for arm in result.arms:
         for p in result.arm_points(arm):
             body.append(
                 [
-                    arm, f"{p.load:g}", _f(p.rps_per_gpu), _f(p.tps_user_mean), _ms(p.ttft), _ms(p.ttft, "p99_ms"),
-                    _ms(p.ttft_round1), _ms(p.ttft_later), _ms(p.tpot), _ms(p.tpot, "p99_ms"), _ms(p.e2e),
-                    _f(p.goodput_rps_per_gpu), _pct(p.slo_attainment),
+                    arm,
+                    f"{p.load:g}",
+                    _f(p.rps_per_gpu),
+                    _f(p.tps_user_mean),
+                    _ms(p.ttft),
+                    _ms(p.ttft, "p99_ms"),
+                    _ms(p.ttft_round1),
+                    _ms(p.ttft_later),
+                    _ms(p.tpot),
+                    _ms(p.tpot, "p99_ms"),
+                    _ms(p.e2e),
+                    _f(p.goodput_rps_per_gpu),
+                    _pct(p.slo_attainment),
                     "—" if p.meets_slo is None else ("yes" if p.meets_slo else "no"),
-                    _pct(p.hit_rate if p.hit_rate is not None else p.cached_share), str(p.errors),
+                    _pct(p.hit_rate if p.hit_rate is not None else p.cached_share),
+                    str(p.errors),
                 ]
-            )  # fmt: skip
+            )
     return header, body
 
 
@@ -308,20 +270,44 @@ def capacity_lines(result: SweepResult) -> list[str]:
 def analytical_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     """Predicted vs measured later-round TTFT per (treatment arm, load)."""
     header = [
-        "arm", "load", "N", "a", "a GPU", "a tier", "a'", "regime", "pred TTFT", "pred base", "meas p50",
-        "meas base p50", "pred ×", "meas ×", "out TPS ×",
-    ]  # fmt: skip
+        "arm",
+        "load",
+        "N",
+        "a",
+        "a GPU",
+        "a tier",
+        "a'",
+        "regime",
+        "pred TTFT",
+        "pred base",
+        "meas p50",
+        "meas base p50",
+        "pred ×",
+        "meas ×",
+        "out TPS ×",
+    ]
     body = []
     for c in result.analytical:
         i = c.inputs
         body.append(
             [
-                c.arm, f"{c.load:g}", f"{i.n_tokens:.0f}", f"{i.a:.3f}", f"{i.a_gpu:.3f}", f"{i.a_tier:.3f}",
-                f"{c.prediction.a:.3f}", c.regime, f"{c.predicted_ttft_ms:.1f}", f"{c.predicted_baseline_ttft_ms:.1f}",
-                _f(c.measured_ttft_ms, ".1f"), _f(c.measured_baseline_ttft_ms, ".1f"),
-                _f(c.predicted_speedup_vs_baseline), _f(c.measured_speedup), _f(c.measured_output_tps_ratio),
+                c.arm,
+                f"{c.load:g}",
+                f"{i.n_tokens:.0f}",
+                f"{i.a:.3f}",
+                f"{i.a_gpu:.3f}",
+                f"{i.a_tier:.3f}",
+                f"{c.prediction.a:.3f}",
+                c.regime,
+                f"{c.predicted_ttft_ms:.1f}",
+                f"{c.predicted_baseline_ttft_ms:.1f}",
+                _f(c.measured_ttft_ms, ".1f"),
+                _f(c.measured_baseline_ttft_ms, ".1f"),
+                _f(c.predicted_speedup_vs_baseline),
+                _f(c.measured_speedup),
+                _f(c.measured_output_tps_ratio),
             ]
-        )  # fmt: skip
+        )
     return header, body
 
 
@@ -387,8 +373,8 @@ def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Pat
 def write_sweep_reports(result: SweepResult, out_dir: Path, provenance: str = "") -> list[Path]:
     """Every sweep output, from the result (and the provenance line of its manifest) alone."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = _save(capacity_figure(result, provenance), out_dir / "capacity")
-    paths += _save(ttft_figure(result, provenance), out_dir / "ttft_p99")
+    paths = save(capacity_figure(result, provenance), out_dir / "capacity")
+    paths += save(ttft_figure(result, provenance), out_dir / "ttft_p99")
     paths.append(write_csv(result, out_dir / "sweep.csv", provenance))
     paths.append(write_markdown(result, out_dir / "capacity.md", provenance))
     return paths

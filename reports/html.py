@@ -25,7 +25,7 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from common import __version__
-from common.errors import KvbenchError, RunDirError
+from common.errors import KvbenchError
 from common.redact import redact_text
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
 from harness.results.calibrated import CalibratedTtft
@@ -40,15 +40,28 @@ from offload import analytical
 from offload.profiles import OffloadProfile
 from workloads.config import MultiRoundQAProbe
 
-from .charts import PALETTE, BarSeries, Chart, Highlight, LineSeries, bar_chart, line_chart, stacked_bar_chart
+from .charts import PALETTE, BarSeries, Chart, Highlight, Limit, LineSeries, bar_chart, figure_chart, line_chart
+from .figures import color
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 HTML_FILE = "case-study.html"
 RAW_FILES = (
-    "scenario.yaml", "manifest.json", "summary.json", "records.jsonl", "progress.jsonl", "engine_metrics.jsonl",
-    "intervals.jsonl", "soak.json", "sweep.json", "report/ttft_table.md", "report/ttft.csv",
-    "report/engine_timing.csv", "report/lmcache_timeline.csv", "report/lmcache_ranks.csv", "report/pass_medians.csv",
-)  # fmt: skip
+    "scenario.yaml",
+    "manifest.json",
+    "summary.json",
+    "records.jsonl",
+    "progress.jsonl",
+    "engine_metrics.jsonl",
+    "intervals.jsonl",
+    "soak.json",
+    "sweep.json",
+    "report/ttft_table.md",
+    "report/ttft.csv",
+    "report/engine_timing.csv",
+    "report/lmcache_timeline.csv",
+    "report/lmcache_ranks.csv",
+    "report/pass_medians.csv",
+)
 
 
 class HtmlReportError(KvbenchError):
@@ -151,8 +164,11 @@ def collect_sources(paths: Sequence[Path], playbook_path: Path | None = None) ->
             return (base / refs[-1]) if refs else None
 
         stages = playbook.stages
-        for attr, refs in (("baseline", stages.baseline.runs), ("poc", stages.poc.runs),
-                           ("production", stages.production.runs)):  # fmt: skip
+        for attr, refs in (
+            ("baseline", stages.baseline.runs),
+            ("poc", stages.poc.runs),
+            ("production", stages.production.runs),
+        ):
             probe_refs = [r for r in refs if run_kind(base / r) == "probe"]
             sources.sweeps += [base / r for r in refs if run_kind(base / r) == "sweep"]
             path = latest(probe_refs)
@@ -368,9 +384,11 @@ def executive_summary(sources: ReportSources) -> list[Headline]:
         open_stages = [s.stage for s in stages if s.state != "done"]
         if open_stages in ([], ["case_study"]):
             card = Headline(
-                "Rollout playbook", "all gates passed",
-                "baseline, POC, staging and production gates passed; this report is the case study", "good",
-            )  # fmt: skip
+                "Rollout playbook",
+                "all gates passed",
+                "baseline, POC, staging and production gates passed; this report is the case study",
+                "good",
+            )
         else:
             card = Headline("Rollout playbook", f"{done}/{len(stages)} stages done", sources.playbook.next_step)
         cards.append(card)
@@ -427,10 +445,12 @@ def setup_tables(sources: ReportSources) -> list[tuple[str, TableView]]:
             ["Hardware", f"{engine_cfg.get('hardware', '—')}; GPUs on the host: {gpus}"],
             ["Parallelism", ", ".join(f"{k}={v}" for k, v in (engine_cfg.get("parallelism") or {}).items()) or "—"],
             ["kvbench", f"{manifest.get('kvbench_version', '—')} (git {sha})"],
-            ["Host", f"{host.get('platform', '—')}, Python {host.get('python', '—')}, {host.get('cpu_count', '—')} "
-             "CPUs"],
+            [
+                "Host",
+                f"{host.get('platform', '—')}, Python {host.get('python', '—')}, {host.get('cpu_count', '—')} CPUs",
+            ],
             ["Run directory", str(path)],
-        ]  # fmt: skip
+        ]
         if commands:
             rows.append(["Engine command (redacted)", commands[0]])
         out.append((label, TableView(["", ""], rows, [False, False])))
@@ -461,37 +481,40 @@ def spread_table(probe: ProbeSource) -> TableView:
         ttft = cell.ttft
         rows.append(
             [
-                cell.arm, f"{cell.context_tokens:,}", f"t{cell.turn}", str(ttft.n if ttft else 0), str(cell.errors),
-                fmt_ms(ttft.min_ms if ttft else None), fmt_ms(ttft.median_ms if ttft else None),
-                fmt_ms(ttft.p90_ms if ttft else None), fmt_ms(ttft.max_ms if ttft else None),
+                cell.arm,
+                f"{cell.context_tokens:,}",
+                f"t{cell.turn}",
+                str(ttft.n if ttft else 0),
+                str(cell.errors),
+                fmt_ms(ttft.min_ms if ttft else None),
+                fmt_ms(ttft.median_ms if ttft else None),
+                fmt_ms(ttft.p90_ms if ttft else None),
+                fmt_ms(ttft.max_ms if ttft else None),
                 fmt_pct((ttft.p90_ms / ttft.median_ms - 1) if ttft and ttft.median_ms > 0 else None),
             ]
-        )  # fmt: skip
+        )
     settle, _ = settle_line(probe.result)  # whether more passes would still move the medians
     return TableView(
         ["Arm", "Tokens", "Turn", "n", "Errors", "min", "median", "p90", "max", "p90 over median"],
-        rows, [False, True, False, True, True, True, True, True, True, True], caption=settle or "",
-    )  # fmt: skip
+        rows,
+        [False, True, False, True, True, True, True, True, True, True],
+        caption=settle or "",
+    )
 
 
 def poc_chart(probe: ProbeSource) -> Chart:
     result = probe.result
     groups = [f"{c:,}" for c in result.context_tokens]
-    series = []
-    color = 0
     order = [a for a in result.arms if a != result.baseline_arm] + [result.baseline_arm]
-    for arm in order:
-        for turn in (1, 2):
-            if turn > result.turns:
-                continue
-            values = [_median(result, arm, ctx, turn) for ctx in result.context_tokens]
-            series.append(BarSeries(f"{arm} t{turn}", values, PALETTE[color % len(PALETTE)], " ms"))
-            color += 1
-    return bar_chart(
-        "chart-poc", "Median TTFT by context length, turn 1 and turn 2",
-        f"Grouped bars of median TTFT per arm and turn for {len(groups)} context lengths; {probe.origin}.",
-        groups, series, x_label="context length (tokens)", y_label="median TTFT (ms)", log=True,
-    )  # fmt: skip
+    cells = [(arm, turn) for arm in order for turn in (1, 2) if turn <= result.turns]
+    series = [
+        BarSeries(f"{arm} t{turn}", [_median(result, arm, ctx, turn) for ctx in result.context_tokens], color(i), " ms")
+        for i, (arm, turn) in enumerate(cells)
+    ]
+    description = f"Grouped bars of median TTFT per arm and turn for {len(groups)} context lengths; {probe.origin}."
+    title = "Median TTFT by context length, turn 1 and turn 2"
+    x_label, y_label = "context length (tokens)", "median TTFT (ms)"
+    return bar_chart("chart-poc", title, description, groups, series, x_label=x_label, y_label=y_label, log=True)
 
 
 @dataclass(frozen=True)
@@ -538,14 +561,16 @@ def turn2_timeline_chart(probe: ProbeSource) -> Chart | None:
         ("lookup to KV loaded (slowest rank)", [c.lookup_to_loaded_ms for c in cells]),
         ("after the load (new tokens' prefill, first token)", [c.after_load_ms for c in cells]),
     )
-    series = [BarSeries(name, values, PALETTE[i], " ms") for i, (name, values) in enumerate(parts)]
+    series = [BarSeries(name, values, color(i), " ms") for i, (name, values) in enumerate(parts)]
     groups = [f"{c.context_tokens:,}" for c in cells]
-    return stacked_bar_chart(
-        "chart-lmcache-turn2", f"Where {arm}'s turn 2 goes (LMCache's log)",
+    description = (
         f"Stacked bars per context length of the medians of each part of {arm}'s turn-2 TTFT: before LMCache's "
-        f"lookup, the lookup to the KV loaded, and after the load; {probe.origin}.",
-        groups, series, x_label="context length (tokens)", y_label="ms (median of each part)",
-    )  # fmt: skip
+        f"lookup, the lookup to the KV loaded, and after the load; {probe.origin}."
+    )
+    title = f"Where {arm}'s turn 2 goes (LMCache's log)"
+    x_label, y_label = "context length (tokens)", "ms (median of each part)"
+    chart_id = "chart-lmcache-turn2"
+    return bar_chart(chart_id, title, description, groups, series, x_label=x_label, y_label=y_label, stacked=True)
 
 
 def soak_charts(soak: SoakSource) -> list[Chart]:
@@ -566,7 +591,7 @@ def soak_charts(soak: SoakSource) -> list[Chart]:
     bands = []
     if warm:
         end = min(warm, len(intervals))
-        bands.append((0.0, end * soak.result.interval_s / scale, "#f3f4f6"))
+        bands.append((0.0, end * soak.result.interval_s / scale, "warm-up (not judged)"))
     span = (0.0, max(window_s / scale, xs[-1]))
     slo = soak.result.slo
     ttft_highlights = [
@@ -575,19 +600,25 @@ def soak_charts(soak: SoakSource) -> list[Chart]:
         if index in by_index and (item := by_index[index][1]).ttft_p99_ms is not None
         for x in (by_index[index][0],)
     ]
+    elapsed = f"elapsed ({unit})"
+    ms = [("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms)]
     latency = line_chart(
-        "chart-soak-latency", "TTFT and TPOT per interval",
+        "chart-soak-latency",
+        "TTFT and TPOT per interval",
         "Per-interval TTFT p50 and p99 and TPOT p99 over the stability window; red markers are intervals that "
         "broke a criterion.",
         [
-            LineSeries("TTFT p99", xs, [i.ttft_p99_ms for i in intervals], PALETTE[1], unit=" ms"),
-            LineSeries("TTFT p50", xs, [i.ttft_p50_ms for i in intervals], PALETTE[0], unit=" ms"),
-            LineSeries("TPOT p99", xs, [i.tpot_p99_ms for i in intervals], PALETTE[3], dashed=True, unit=" ms"),
+            LineSeries("TTFT p99", xs, [i.ttft_p99_ms for i in intervals], color(1)),
+            LineSeries("TTFT p50", xs, [i.ttft_p50_ms for i in intervals], color(0)),
+            LineSeries("TPOT p99", xs, [i.tpot_p99_ms for i in intervals], color(3), dashed=True),
         ],
-        x_label=f"elapsed ({unit})", y_label="ms", highlights=ttft_highlights, bands=bands, x_range=span,
-        hlines=[(v, f"SLO {name} {v:g} ms") for name, v in (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms))
-                if v is not None],
-    )  # fmt: skip
+        x_label=elapsed,
+        y_label="ms",
+        highlights=ttft_highlights,
+        bands=bands,
+        x_range=span,
+        limits=[Limit(v, f"SLO {name} {v:g} ms") for name, v in ms if v is not None],
+    )
     health_highlights = [
         Highlight(x, 100.0 * (item.error_rate or 0.0), f"interval {index}: {', '.join(names)}")
         for index, names in broken.items()
@@ -599,23 +630,31 @@ def soak_charts(soak: SoakSource) -> list[Chart]:
     hit_sources = sorted({i.hit_rate_source for i in intervals if i.hit_rate is not None and i.hit_rate_source})
     hit_label = f"hit rate ({', '.join(HIT_SOURCE_WORDS[s] for s in hit_sources)})" if hit_sources else "hit rate"
     health = line_chart(
-        "chart-soak-health", "Errors, cache hit rate and KV usage per interval",
+        "chart-soak-health",
+        "Errors, cache hit rate and KV usage per interval",
         "Per-interval error rate, prefix-cache hit rate and KV-cache usage in percent.",
         [
-            LineSeries("error rate", xs, [_pct_or_none(i.error_rate) for i in intervals], PALETTE[1], unit="%"),
-            LineSeries(hit_label, xs, [_pct_or_none(i.hit_rate) for i in intervals], PALETTE[2], unit="%"),
-            LineSeries("KV usage", xs, [_pct_or_none(i.kv_usage) for i in intervals], PALETTE[6], dashed=True,
-                       unit="%"),
+            LineSeries("error rate", xs, [_pct_or_none(i.error_rate) for i in intervals], color(1)),
+            LineSeries(hit_label, xs, [_pct_or_none(i.hit_rate) for i in intervals], color(0)),
+            LineSeries("KV usage", xs, [_pct_or_none(i.kv_usage) for i in intervals], color(5), dashed=True),
         ],
-        x_label=f"elapsed ({unit})", y_label="percent", highlights=health_highlights, bands=bands, x_range=span,
-        hlines=[(floor * 100.0, f"hit-rate floor {floor:.0%}")] if floor is not None else [],
-    )  # fmt: skip
+        x_label=elapsed,
+        y_label="percent",
+        highlights=health_highlights,
+        bands=bands,
+        x_range=span,
+        limits=[Limit(floor * 100.0, f"hit-rate floor {floor:.0%}", "above")] if floor is not None else [],
+    )
     rps = line_chart(
-        "chart-soak-rps", "Completed requests per second",
+        "chart-soak-rps",
+        "Completed requests per second",
         "Per-interval throughput of the stability window.",
-        [LineSeries("RPS", xs, [i.rps for i in intervals], PALETTE[0], unit=" req/s")],
-        x_label=f"elapsed ({unit})", y_label="requests / s", bands=bands, x_range=span,
-    )  # fmt: skip
+        [LineSeries("RPS", xs, [i.rps for i in intervals], color(0))],
+        x_label=elapsed,
+        y_label="requests / s",
+        bands=bands,
+        x_range=span,
+    )
     return [latency, health, rps]
 
 
@@ -821,33 +860,17 @@ def raw_files(sources: ReportSources, out_dir: Path) -> list[RawFile]:
                 continue
             rel = os.path.relpath(path.resolve(), out_dir.resolve())
             href = "/".join(quote(part) for part in Path(rel).parts)
-            files.append(RawFile(label, href, str(Path(directory.name) / name), fmt_bytes(path.stat().st_size),
-                                 _sha256(path)))  # fmt: skip
+            files.append(
+                RawFile(label, href, str(Path(directory.name) / name), fmt_bytes(path.stat().st_size), _sha256(path))
+            )
     return files
-
-
-@dataclass(frozen=True)
-class ImageView:
-    title: str
-    alt: str
-    data_uri: str
 
 
 @dataclass(frozen=True)
 class CapacityView:
     charts: list[Chart]
-    images: list[ImageView]
     tables: list[TableView]
     notes: list[str]
-
-
-def _png_uri(figure: Any) -> str:
-    import base64
-    import io
-
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Headline]]:
@@ -857,34 +880,30 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
     from . import curves
 
     charts: list[Chart] = []
-    images: list[ImageView] = []
     tables: list[TableView] = []
     notes: list[str] = []
     cards: list[Headline] = []
-    for path in paths:
+    for index, path in enumerate(paths):
         result = SweepResult.read_file(path / "sweep.json")
         origin = provenance(read_manifest(path / "manifest.json"))
-        unit = "users" if result.mode == "concurrency" else "req/s"
-        series = []
-        for index, arm in enumerate(result.arms):
-            points = result.arm_points(arm)
-            series.append(
-                LineSeries(arm, [p.load for p in points], [p.ttft.p99_ms if p.ttft else None for p in points],
-                           PALETTE[index % len(PALETTE)], unit=" ms")
-            )  # fmt: skip
-        slo = result.slo.ttft_ms
-        chart = line_chart(
-            f"chart-capacity-{len(charts)}", f"TTFT p99 against load ({result.scenario_name})",
-            f"TTFT p99 of each arm at each load point of the sweep; {origin}.", series,
-            x_label=f"load ({unit})", y_label="TTFT p99 (ms)", log=True,
-            hlines=[(slo, f"SLO TTFT {slo:g} ms")] if slo is not None else [],
-        )  # fmt: skip
-        charts.append(chart)
-        images.append(
-            ImageView(f"Capacity: RPS/GPU against TPS/user ({result.scenario_name})",
-                      "Capacity curves of each arm: requests per second per GPU against tokens per second per user; "
-                      f"{origin}.", _png_uri(curves.capacity_figure(result, str(origin))))
-        )  # fmt: skip
+        name = result.scenario_name
+        charts.append(
+            figure_chart(
+                curves.ttft_figure(result, str(origin)),
+                f"chart-capacity-{index}-ttft",
+                f"TTFT p99 against load ({name})",
+                f"TTFT p99 of each arm at each load point of the sweep, the SLO's TTFT limit shaded; {origin}.",
+            )
+        )
+        charts.append(
+            figure_chart(
+                curves.capacity_figure(result, str(origin)),
+                f"chart-capacity-{index}-rps",
+                f"Capacity: RPS/GPU against TPS/user ({name})",
+                "Capacity curves of each arm: requests per second per GPU against tokens per second per user, "
+                f"each arm's Pareto frontier dashed, points meeting the SLO filled; {origin}.",
+            )
+        )
         header, body = curves.points_rows(result)
         tables.append(TableView(header, body, [False] + [True] * (len(header) - 1), caption=f"{path}; {origin}"))
         notes.extend(curves.capacity_lines(result))
@@ -905,7 +924,7 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
             )
     if not (charts or tables):
         return None, cards
-    return CapacityView(charts, images, tables, notes), cards
+    return CapacityView(charts, tables, notes), cards
 
 
 def playbook_table(status: PlaybookStatus) -> TableView:
@@ -975,19 +994,3 @@ def write_html(sources: ReportSources, out: Path) -> Path:
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out)
     return out
-
-
-def report_html(paths: Sequence[Path], *, playbook: Path | None = None, out: Path | None = None) -> Path:
-    """What ``kvbench report --html`` calls: collect the sources, render, return the file written."""
-    try:
-        sources = collect_sources(paths, playbook)
-    except RunDirError as error:
-        raise HtmlReportError(str(error)) from None
-    if out is None:
-        if playbook is not None:
-            out = playbook.resolve().parent / load_playbook(playbook).stages.case_study.gate.report
-        elif len(paths) == 1:
-            out = paths[0] / "report" / HTML_FILE
-        else:
-            out = Path(HTML_FILE)
-    return write_html(sources, out)

@@ -1,23 +1,47 @@
 """The output registry: every report kvbench writes, keyed by (result kind, format).
 
-``kvbench report RUN_DIR`` reads the directory's result file and calls every output registered
-for its kind: files under ``RUN_DIR/report/`` and a console view. Adding an output is adding one
-entry here; reports read result files (and the manifest) only, never records or engines.
+Each :class:`Output` row names the result kinds it renders, its format, whether a plain ``kvbench
+report`` writes it (``default``), when it applies to a run directory (``applies``: the fleet report
+needs a ``fleet.json``), which result it reads (``loads``: the kind's own result file unless it says
+otherwise), the file it writes (``file``, for a one-file output) and the function that writes it.
+Reports read result files (and the manifest) only, never records or engines. Two ways in:
+
+* :func:`write_outputs` -- a run directory (``kvbench run``/``sweep``/``soak``/``replay``/``report``):
+  every row of its kind that applies (the default rows, or the formats asked for), into
+  ``RUN_DIR/report/`` and onto the console;
+* :func:`write_output` -- one format of a result the caller holds, into the file the caller names:
+  the HTML case study of several run directories (kind ``case-study``, :func:`report_html`) and the
+  gate's comparison (kind ``compare``: ``markdown``, ``junit``, ``json``).
+
+Adding an output is adding one row to ``OUTPUTS``. A one-file output is a function from the result
+(and the :class:`Job`: manifest, run directory, console) to its text, wrapped by :func:`_text`::
+
+    def _compare_markdown(result: CompareResult, job: Job) -> str:
+        return render_markdown(result)
+
+    Output(("compare",), "markdown", _text(CompareResult, _compare_markdown), "compare.md")
+
+A caller then writes it with ``write_output("compare", "markdown", result, Path("gate.md"))``, and
+``kvbench report --format FORMAT`` can ask for a run kind's format by name. A row without ``file``
+writes several files into the directory it is given (:func:`_reads`) and returns their paths; a
+console view prints and writes none (:func:`_console`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, get_args
 
 from rich.console import Console
 from rich.markup import escape
 
+from common.errors import KvbenchError, RunDirError
 from common.schema import VersionedFile
+from harness.gate.compare import CompareResult, render_junit, render_markdown
+from harness.gate.playbook import load_playbook
 from harness.results.fleet import FleetResult
-from harness.results.fleet import markdown as fleet_markdown
 from harness.results.provenance import provenance
 from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
@@ -26,102 +50,226 @@ from harness.results.sweep_result import SweepResult
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
-from . import curves, renderers, replay
+from . import curves, fleet, html, renderers, replay
+
+ResultKind = RunKind | Literal["case-study", "compare"]
+RUN_KINDS: tuple[RunKind, ...] = get_args(RunKind)
+RESULT_FILES: dict[RunKind, type[VersionedFile]] = {
+    "probe": RunResult,
+    "sweep": SweepResult,
+    "soak": SoakResult,
+    "replay": ReplayResult,
+}
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What an output is given."""
+
+    result: object
+    """What it renders: the run's result file (or the row's ``loads``), a CompareResult, ReportSources."""
+    out: Path
+    """The file a one-file output writes; the directory a several-file output writes into."""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    run_dir: RunDir | None = None
+    console: Console | None = None
+
+    @property
+    def origin(self) -> str:
+        """The provenance line of the run (measured on what, or simulated)."""
+        return str(provenance(self.manifest))
+
+
+def _reads(kind: type[Result], write: Callable[[Result, Job], list[Path]]) -> Callable[[Job], list[Path]]:
+    """``write`` for a row whose result is a ``kind``: a row called with anything else is a programming error."""
+
+    def checked(job: Job) -> list[Path]:
+        if not isinstance(job.result, kind):
+            raise TypeError(f"this output renders a {kind.__name__}, not a {type(job.result).__name__}")
+        return write(job.result, job)
+
+    return checked
+
+
+def _text(kind: type[Result], render: Callable[[Result, Job], str]) -> Callable[[Job], list[Path]]:
+    """A one-file output: ``render``'s text written to the job's file."""
+
+    def write(result: Result, job: Job) -> list[Path]:
+        job.out.parent.mkdir(parents=True, exist_ok=True)
+        job.out.write_text(render(result, job), encoding="utf-8")
+        return [job.out]
+
+    return _reads(kind, write)
+
+
+def _console(kind: type[Result], show: Callable[[Result, Job, Console], None]) -> Callable[[Job], list[Path]]:
+    """A console view: prints when the job has a console, writes no file."""
+
+    def write(result: Result, job: Job) -> list[Path]:
+        if job.console is not None:
+            show(result, job, job.console)
+        return []
+
+    return _reads(kind, write)
+
+
+def _always(run_dir: RunDir) -> bool:
+    return True
+
+
+def _has_fleet(run_dir: RunDir) -> bool:
+    return run_dir.fleet_file.exists()
+
+
+def _read_fleet(run_dir: RunDir) -> FleetResult:
+    return FleetResult.read_file(run_dir.fleet_file)
 
 
 @dataclass(frozen=True)
 class Output:
-    kind: RunKind
+    kinds: tuple[ResultKind, ...]
     format: str
-    write: Callable[[VersionedFile, dict[str, Any], Path, Console | None], list[Path]]
+    write: Callable[[Job], list[Path]]
+    file: str | None = None
+    """The file a one-file output writes in the report directory; None: it writes several (or none)."""
+    default: bool = True
+    """Written by every report of its kinds; False: only when asked for by format."""
+    applies: Callable[[RunDir], bool] = _always
+    loads: Callable[[RunDir], object] | None = None
+    """The result it renders, read from the run directory; None: the kind's result file."""
 
 
-def _probe_files(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    assert isinstance(result, RunResult)
-    return renderers.write_all(result, manifest, out)
+def _probe_files(result: RunResult, job: Job) -> list[Path]:
+    return renderers.write_all(result, job.manifest, job.out)
 
 
-def _probe_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    assert isinstance(result, RunResult)
-    if console is not None:
-        renderers.print_console(result, manifest, console)
-    return []
+def _probe_console(result: RunResult, job: Job, console: Console) -> None:
+    renderers.print_console(result, job.manifest, console)
 
 
-def _sweep_files(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    assert isinstance(result, SweepResult)
-    return curves.write_sweep_reports(result, out, str(provenance(manifest)))
+def _sweep_files(result: SweepResult, job: Job) -> list[Path]:
+    return curves.write_sweep_reports(result, job.out, job.origin)
 
 
-def _sweep_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    assert isinstance(result, SweepResult)
-    if console is not None:
-        curves.print_sweep(result, console, str(provenance(manifest)))
-        renderers.print_validity(result.validity, console)
-    return []
+def _sweep_console(result: SweepResult, job: Job, console: Console) -> None:
+    curves.print_sweep(result, console, job.origin)
+    renderers.print_validity(result.validity, console)
 
 
-def _soak_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    assert isinstance(result, SoakResult)
-    if console is not None:
-        verdict = result.verdict
-        color = {"PASS": "green", "FAIL": "red"}.get(verdict.verdict, "yellow")
-        console.print(f"Soak verdict: [bold {color}]{verdict.verdict}[/] ({result.completed_intervals} intervals)")
-        console.print(escape(str(provenance(manifest))), highlight=False)
-        for criterion in verdict.criteria:
-            line = f"  {criterion.status:>13}  {criterion.name}: {criterion.reason}"
-            console.print(escape(line), highlight=False)
-        for fault in result.faults:
-            console.print(escape(f"  {'fault':>13}  {fault.describe()}"), highlight=False)
-    return []
+def _soak_console(result: SoakResult, job: Job, console: Console) -> None:
+    verdict = result.verdict
+    color = {"PASS": "green", "FAIL": "red"}.get(verdict.verdict, "yellow")
+    console.print(f"Soak verdict: [bold {color}]{verdict.verdict}[/] ({result.completed_intervals} intervals)")
+    console.print(escape(job.origin), highlight=False)
+    for criterion in verdict.criteria:
+        console.print(escape(f"  {criterion.status:>13}  {criterion.name}: {criterion.reason}"), highlight=False)
+    for fault in result.faults:
+        console.print(escape(f"  {'fault':>13}  {fault.describe()}"), highlight=False)
 
 
-def _replay_files(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    assert isinstance(result, ReplayResult)
-    return replay.write_replay_reports(result, out, str(provenance(manifest)))
+def _replay_files(result: ReplayResult, job: Job) -> list[Path]:
+    return replay.write_replay_reports(result, job.out, job.origin)
 
 
-def _replay_console(result: VersionedFile, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    assert isinstance(result, ReplayResult)
-    if console is not None:
-        replay.print_replay(result, console, str(provenance(manifest)))
-    return []
+def _replay_console(result: ReplayResult, job: Job, console: Console) -> None:
+    replay.print_replay(result, console, job.origin)
+
+
+def _fleet_markdown(result: FleetResult, job: Job) -> str:
+    return fleet.markdown(result) + "\n" + job.origin + "\n"
+
+
+def _fleet_console(result: FleetResult, job: Job, console: Console) -> None:
+    console.print("Fleet: same-replica vs moved turns, per-replica load and hits (report/fleet.md)")
+    console.print(escape(fleet.markdown(result)), highlight=False)
+
+
+def _case_study(sources: html.ReportSources, job: Job) -> list[Path]:
+    return [html.write_html(sources, job.out)]
+
+
+def _compare_markdown(result: CompareResult, job: Job) -> str:
+    return render_markdown(result)
+
+
+def _compare_junit(result: CompareResult, job: Job) -> str:
+    return render_junit(result)
+
+
+def _compare_json(result: CompareResult, job: Job) -> str:
+    return result.model_dump_json(indent=2) + "\n"
 
 
 OUTPUTS: tuple[Output, ...] = (
-    Output("probe", "files", _probe_files),
-    Output("probe", "console", _probe_console),
-    Output("sweep", "files", _sweep_files),
-    Output("sweep", "console", _sweep_console),
-    Output("soak", "console", _soak_console),
-    Output("replay", "files", _replay_files),
-    Output("replay", "console", _replay_console),
+    Output(("probe",), "files", _reads(RunResult, _probe_files)),
+    Output(("probe",), "console", _console(RunResult, _probe_console)),
+    Output(("sweep",), "files", _reads(SweepResult, _sweep_files)),
+    Output(("sweep",), "console", _console(SweepResult, _sweep_console)),
+    Output(("soak",), "console", _console(SoakResult, _soak_console)),
+    Output(("replay",), "files", _reads(ReplayResult, _replay_files)),
+    Output(("replay",), "console", _console(ReplayResult, _replay_console)),
+    # any kind run on a fleet (it has a fleet.json): same vs moved, per-replica load and hits
+    Output(RUN_KINDS, "fleet", _text(FleetResult, _fleet_markdown), "fleet.md", applies=_has_fleet, loads=_read_fleet),
+    Output(RUN_KINDS, "console", _console(FleetResult, _fleet_console), applies=_has_fleet, loads=_read_fleet),
+    Output(("case-study",), "html", _reads(html.ReportSources, _case_study), html.HTML_FILE, default=False),
+    Output(("compare",), "markdown", _text(CompareResult, _compare_markdown), "compare.md"),
+    Output(("compare",), "junit", _text(CompareResult, _compare_junit), "compare.xml"),
+    Output(("compare",), "json", _text(CompareResult, _compare_json), "compare.json"),
 )
-RESULT_FILES: dict[RunKind, type[VersionedFile]] = {
-    "probe": RunResult, "sweep": SweepResult, "soak": SoakResult, "replay": ReplayResult,
-}  # fmt: skip
 
 
-def write_outputs(run_dir: RunDir, console: Console | None = None) -> list[Path]:
-    """Every output of the run directory's kind, from its result file and manifest alone."""
+def formats(kinds: Collection[ResultKind]) -> list[str]:
+    """The formats registered for any of ``kinds``, in registry order."""
+    return list(dict.fromkeys(output.format for output in OUTPUTS if set(output.kinds) & set(kinds)))
+
+
+def _wanted(output: Output, wanted: Collection[str] | None) -> bool:
+    return output.default if wanted is None else output.format in wanted
+
+
+def write_outputs(
+    run_dir: RunDir, console: Console | None = None, formats: Collection[str] | None = None
+) -> list[Path]:
+    """Every output of the run directory's kind that applies to it (of ``formats``; None: the default ones), from its
+    result files and manifest alone."""
     kind = run_dir.kind
-    result = RESULT_FILES[kind].read_file(run_dir.path)
     manifest = read_manifest(run_dir.manifest_file) if run_dir.manifest_file.exists() else {}
+    loaded: dict[Callable[[RunDir], object] | None, object] = {}
     paths: list[Path] = []
     for output in OUTPUTS:
-        if output.kind == kind:
-            paths += output.write(result, manifest, run_dir.report_dir, console)
-    if run_dir.fleet_file.exists():  # any kind run on a fleet: same vs moved, per-replica load and hits
-        paths += _fleet_files(FleetResult.read_file(run_dir.fleet_file), manifest, run_dir.report_dir, console)
+        if kind not in output.kinds or not _wanted(output, formats) or not output.applies(run_dir):
+            continue
+        if output.loads not in loaded:
+            loaded[output.loads] = output.loads(run_dir) if output.loads else RESULT_FILES[kind].read_file(run_dir.path)
+        out = run_dir.report_dir / output.file if output.file else run_dir.report_dir
+        paths += output.write(Job(loaded[output.loads], out, manifest, run_dir, console))
     return paths
 
 
-def _fleet_files(result: FleetResult, manifest: dict[str, Any], out: Path, console: Console | None) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "fleet.md"
-    text = fleet_markdown(result)
-    path.write_text(text + "\n" + str(provenance(manifest)) + "\n", encoding="utf-8")
-    if console is not None:
-        console.print("Fleet: same-replica vs moved turns, per-replica load and hits (report/fleet.md)")
-        console.print(escape(text), highlight=False)
-    return [path]
+def write_output(kind: ResultKind, format: str, result: object, file: Path) -> Path:
+    """One registered one-file output of ``result`` into ``file``; the file written."""
+    for output in OUTPUTS:
+        if kind in output.kinds and output.format == format and output.file is not None:
+            [written] = output.write(Job(result, file))
+            return written
+    raise KvbenchError(f"no {format!r} output for a {kind} result; registered: {', '.join(formats([kind])) or 'none'}")
+
+
+def report_html(paths: Sequence[Path], *, playbook: Path | None = None, out: Path | None = None) -> Path:
+    """The HTML case study of run, soak and sweep directories (and a playbook's runs); the file written.
+
+    ``out`` defaults to the playbook's ``case_study`` report, else ``RUN_DIR/report/case-study.html`` for one
+    directory, else ``case-study.html`` here."""
+    try:
+        sources = html.collect_sources(paths, playbook)
+    except RunDirError as error:
+        raise html.HtmlReportError(str(error)) from None
+    if out is None:
+        if playbook is not None:
+            out = playbook.resolve().parent / load_playbook(playbook).stages.case_study.gate.report
+        elif len(paths) == 1:
+            out = paths[0] / "report" / html.HTML_FILE
+        else:
+            out = Path(html.HTML_FILE)
+    return write_output("case-study", "html", sources, out)

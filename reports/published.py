@@ -199,14 +199,24 @@ def expectation(spec: PublishedSpec, base: Path, wanted: ExpectedRun) -> tuple[l
         effective = n * kv / (load_ms / 1000.0) / 1e9 if load_ms is not None and load_ms > 0 else None
         rows.append(
             [
-                f"{n:,}", _fmt(t1_measured), _fmt(t1_expected), "✗" if why else _fmt(t2_measured),
-                _fmt(t2_expected), f"{n * kv / 1e9:.2f}", "—" if effective is None else f"{effective:.1f}",
+                f"{n:,}",
+                _fmt(t1_measured),
+                _fmt(t1_expected),
+                "✗" if why else _fmt(t2_measured),
+                _fmt(t2_expected),
+                f"{n * kv / 1e9:.2f}",
+                "—" if effective is None else f"{effective:.1f}",
             ]
-        )  # fmt: skip
+        )
     headers = [
-        "Tokens", f"{baseline} t1 measured", "t1 expected (FLOPs)", f"{wanted.offload_arm} t2 measured",
-        f"t2 expected ({spec.host_link_gbps:g} GB/s)", "KV per GPU (GB)", "effective load GB/s per GPU",
-    ]  # fmt: skip
+        "Tokens",
+        f"{baseline} t1 measured",
+        "t1 expected (FLOPs)",
+        f"{wanted.offload_arm} t2 measured",
+        f"t2 expected ({spec.host_link_gbps:g} GB/s)",
+        "KV per GPU (GB)",
+        "effective load GB/s per GPU",
+    ]
     notes = [
         f"{run.label}",
         f"{model.name}: {model.param_count / 1e9:.1f}B parameters multiplied per token, {model.layers} layers, "

@@ -263,10 +263,25 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
     """Long format: one line per (arm, context length, turn) with the full distribution."""
     path = out_dir / "ttft.csv"
     fields = [
-        "arm", "context_tokens", "turn", "n", "errors", "ttft_median_ms", "ttft_p90_ms", "ttft_mean_ms",
-        "ttft_min_ms", "ttft_max_ms", "prompt_tokens_median", "cached_tokens_median",
-        "pct_diff_vs_baseline", "baseline", "gpu_hit_rate", "external_hit_rate", "hit_rate", "provenance",
-    ]  # fmt: skip
+        "arm",
+        "context_tokens",
+        "turn",
+        "n",
+        "errors",
+        "ttft_median_ms",
+        "ttft_p90_ms",
+        "ttft_mean_ms",
+        "ttft_min_ms",
+        "ttft_max_ms",
+        "prompt_tokens_median",
+        "cached_tokens_median",
+        "pct_diff_vs_baseline",
+        "baseline",
+        "gpu_hit_rate",
+        "external_hit_rate",
+        "hit_rate",
+        "provenance",
+    ]
     origin = str(provenance(manifest))
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)

@@ -21,7 +21,8 @@ from rich.table import Table
 from harness.results.replay_result import ArmReplay, ReplayResult
 from harness.results.sweep_result import Quantiles
 
-from .curves import COLORS, _caption, _save
+from .figures import caption, color, legend_outside, log_scale, new_figure, save, styled
+from .tables import csv_cell, md_rows
 
 
 def _ms(q: Quantiles | None, field: str) -> str:
@@ -43,9 +44,24 @@ def _source_shares(item: ArmReplay) -> tuple[float | None, float | None]:
 
 
 ARM_COLUMNS = (
-    "Arm", "Requests", "Errors", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
-    "SLO %", "Hit % (GPU)", "Hit % (tier)", "Hit % (all)", "Ceiling %", "Lag p99", "Late",
-)  # fmt: skip
+    "Arm",
+    "Requests",
+    "Errors",
+    "TTFT p50",
+    "TTFT p90",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p99",
+    "E2E p50",
+    "E2E p99",
+    "SLO %",
+    "Hit % (GPU)",
+    "Hit % (tier)",
+    "Hit % (all)",
+    "Ceiling %",
+    "Lag p99",
+    "Late",
+)
 
 
 def arm_rows(result: ReplayResult) -> list[list[str]]:
@@ -53,13 +69,27 @@ def arm_rows(result: ReplayResult) -> list[list[str]]:
     out = []
     for item in result.results:
         gpu, tier = _source_shares(item)
-        out.append([
-            item.arm + ("" if item.complete else " (incomplete)"), str(item.requests), str(item.errors),
-            _ms(item.ttft, "p50_ms"), _ms(item.ttft, "p90_ms"), _ms(item.ttft, "p99_ms"),
-            _ms(item.tpot, "p50_ms"), _ms(item.tpot, "p99_ms"), _ms(item.e2e, "p50_ms"), _ms(item.e2e, "p99_ms"),
-            _share(item.slo_attainment), _share(gpu), _share(tier), _share(item.hit_rate), ceiling,
-            _ms(item.lag, "p99_ms"), str(item.late),
-        ])  # fmt: skip
+        out.append(
+            [
+                item.arm + ("" if item.complete else " (incomplete)"),
+                str(item.requests),
+                str(item.errors),
+                _ms(item.ttft, "p50_ms"),
+                _ms(item.ttft, "p90_ms"),
+                _ms(item.ttft, "p99_ms"),
+                _ms(item.tpot, "p50_ms"),
+                _ms(item.tpot, "p99_ms"),
+                _ms(item.e2e, "p50_ms"),
+                _ms(item.e2e, "p99_ms"),
+                _share(item.slo_attainment),
+                _share(gpu),
+                _share(tier),
+                _share(item.hit_rate),
+                ceiling,
+                _ms(item.lag, "p99_ms"),
+                str(item.late),
+            ]
+        )
     return out
 
 
@@ -68,10 +98,15 @@ COMPARISON_COLUMNS = ("Arm vs baseline", "TTFT p50 % diff", "TTFT p90 % diff", "
 
 def comparison_rows(result: ReplayResult) -> list[list[str]]:
     return [
-        [f"{c.arm} vs {c.baseline}", _pct(c.ttft_p50_pct), _pct(c.ttft_p90_pct), _pct(c.ttft_p99_pct),
-         _pct(c.e2e_p50_pct)]
+        [
+            f"{c.arm} vs {c.baseline}",
+            _pct(c.ttft_p50_pct),
+            _pct(c.ttft_p90_pct),
+            _pct(c.ttft_p99_pct),
+            _pct(c.e2e_p50_pct),
+        ]
         for c in result.comparisons
-    ]  # fmt: skip
+    ]
 
 
 def trace_line(result: ReplayResult) -> str:
@@ -94,24 +129,19 @@ def behind_lines(result: ReplayResult) -> list[str]:
     ]
 
 
-def _md_table(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(columns) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|",
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
-
-
 def markdown(result: ReplayResult, provenance: str = "") -> str:
     lines = [f"# Replay: {result.scenario_name}", "", trace_line(result) + ".", ""]
     if provenance:
         lines += [provenance + ".", ""]
-    lines += ["Latencies in ms; hit % from the engine's /metrics (tokens served from the GPU prefix cache or the "
-              "offload tier / prompt tokens); ceiling = the trace's infinite-cache hit rate.", ""]  # fmt: skip
-    lines += _md_table(ARM_COLUMNS, arm_rows(result))
+    lines += [
+        "Latencies in ms; hit % from the engine's /metrics (tokens served from the GPU prefix cache or the "
+        "offload tier / prompt tokens); ceiling = the trace's infinite-cache hit rate.",
+        "",
+    ]
+    lines += md_rows(ARM_COLUMNS, arm_rows(result))
     if result.comparisons:
         lines += ["", "% diff = (baseline / arm − 1) × 100: how much slower the baseline is.", ""]
-        lines += _md_table(COMPARISON_COLUMNS, comparison_rows(result))
+        lines += md_rows(COMPARISON_COLUMNS, comparison_rows(result))
     for line in behind_lines(result):
         lines += ["", f"**Warning:** {line}."]
     if not result.complete:
@@ -119,53 +149,37 @@ def markdown(result: ReplayResult, provenance: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-CSV_FIELDS = (
-    "arm", "attempt", "complete", "requests", "ok", "errors", "wall_s", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-    "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "slo_attainment", "prompt_tokens", "gpu_hit_tokens",
-    "external_hit_tokens", "hit_rate", "infinite_cache_hit_rate", "cached_share", "lag_p50_ms", "lag_p99_ms", "late",
-    "fell_behind", "prompt_tokens_off",
-)  # fmt: skip
-
-
-def _q(q: Quantiles | None, field: str) -> float | str:
-    return "" if q is None else float(getattr(q, field))
-
-
-def _b(value: float | int | bool | None) -> float | int | bool | str:
-    return "" if value is None else value
+CSV_FIELDS = tuple(
+    """
+    arm attempt complete requests ok errors wall_s ttft_p50_ms ttft_p90_ms ttft_p99_ms tpot_p50_ms tpot_p99_ms
+    e2e_p50_ms e2e_p99_ms slo_attainment prompt_tokens gpu_hit_tokens external_hit_tokens hit_rate
+    infinite_cache_hit_rate cached_share lag_p50_ms lag_p99_ms late fell_behind prompt_tokens_off
+    """.split()
+)
+"""replay.csv's columns: an arm's field, or ``NAME_pNN_ms`` of its quantiles NAME (:func:`reports.tables.csv_cell`);
+``infinite_cache_hit_rate`` the trace's."""
 
 
 def write_csv(result: ReplayResult, path: Path, provenance: str = "") -> Path:
+    ceiling = "" if result.trace.infinite_cache_hit_rate is None else result.trace.infinite_cache_hit_rate
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[*CSV_FIELDS, "provenance"])
-        writer.writeheader()
+        writer = csv.writer(handle)
+        writer.writerow([*CSV_FIELDS, "provenance"])
         for item in result.results:
-            writer.writerow({
-                "arm": item.arm, "attempt": item.attempt, "complete": item.complete, "requests": item.requests,
-                "ok": item.ok, "errors": item.errors, "wall_s": _b(item.wall_s),
-                "ttft_p50_ms": _q(item.ttft, "p50_ms"), "ttft_p90_ms": _q(item.ttft, "p90_ms"),
-                "ttft_p99_ms": _q(item.ttft, "p99_ms"), "tpot_p50_ms": _q(item.tpot, "p50_ms"),
-                "tpot_p99_ms": _q(item.tpot, "p99_ms"), "e2e_p50_ms": _q(item.e2e, "p50_ms"),
-                "e2e_p99_ms": _q(item.e2e, "p99_ms"), "slo_attainment": _b(item.slo_attainment),
-                "prompt_tokens": _b(item.prompt_tokens), "gpu_hit_tokens": _b(item.gpu_hit_tokens),
-                "external_hit_tokens": _b(item.external_hit_tokens), "hit_rate": _b(item.hit_rate),
-                "infinite_cache_hit_rate": _b(result.trace.infinite_cache_hit_rate),
-                "cached_share": _b(item.cached_share), "lag_p50_ms": _q(item.lag, "p50_ms"),
-                "lag_p99_ms": _q(item.lag, "p99_ms"), "late": item.late, "fell_behind": item.fell_behind,
-                "prompt_tokens_off": item.prompt_tokens_off, "provenance": provenance,
-            })  # fmt: skip
+            row = [ceiling if name == "infinite_cache_hit_rate" else csv_cell(item, name) for name in CSV_FIELDS]
+            writer.writerow([*row, provenance])
     return path
 
 
+@styled()
 def figure(result: ReplayResult, provenance: str = "") -> Figure:
     """One panel per arm (prompt and hit tokens/s by source over time) and one of TTFT percentiles per arm."""
     arms = [item.arm for item in result.results]
-    fig = Figure(figsize=(9.0, 2.6 * (len(arms) + 1)), dpi=110)
+    fig = new_figure(9.0, 2.4 * (len(arms) + 1), dpi=110)
     axes = fig.subplots(len(arms) + 1, 1, squeeze=False)[:, 0]
-    top = max(
-        [p.prompt_tps or 0.0 for p in result.timeline] + [(p.gpu_hit_tps or 0.0) + (p.external_hit_tps or 0.0)
-                                                          for p in result.timeline] + [1.0]
-    )  # fmt: skip
+    hit_tps = [(p.gpu_hit_tps or 0.0) + (p.external_hit_tps or 0.0) for p in result.timeline]
+    top = max([p.prompt_tps or 0.0 for p in result.timeline] + hit_tps + [1.0])
+    ceiling = _share(result.trace.infinite_cache_hit_rate)
     for ax, arm in zip(axes, arms, strict=False):
         points = sorted((p for p in result.timeline if p.arm == arm), key=lambda p: p.t_s)
         # each sample covers (t_s − duration_s, t_s]: draw it as a step from its start, closed at the last end
@@ -176,20 +190,18 @@ def figure(result: ReplayResult, provenance: str = "") -> Figure:
 
         gpu = steps([p.gpu_hit_tps or 0.0 for p in points])
         tier = steps([p.external_hit_tps or 0.0 for p in points])
-        ax.stackplot(xs, gpu, tier, colors=("#2ca02c", "#1f77b4"), alpha=0.6,
-                     labels=("hit tokens/s: GPU prefix cache", "hit tokens/s: offload tier"), step="post")  # fmt: skip
-        ax.step(xs, steps([p.prompt_tps or 0.0 for p in points]), where="post", color="black", linewidth=1.0,
-                label="prompt tokens/s")  # fmt: skip
+        sources = ("hit tokens/s: GPU prefix cache", "hit tokens/s: offload tier")
+        ax.stackplot(xs, gpu, tier, colors=(color(0), color(4)), alpha=0.6, labels=sources, step="post")
+        prompt = steps([p.prompt_tps or 0.0 for p in points])
+        ax.step(xs, prompt, where="post", color=color(5), linewidth=1.0, label="prompt tokens/s")
         item = result.arm(arm)
-        rate = "—" if item is None else _share(item.hit_rate)
-        ax.set_title(f"{arm}: hit rate {rate} % (ceiling {_share(result.trace.infinite_cache_hit_rate)} %)",
-                     fontsize=9)  # fmt: skip
+        ax.set_title(f"{arm}: hit rate {'—' if item is None else _share(item.hit_rate)} % (ceiling {ceiling} %)")
         ax.set_ylim(0, top * 1.1)
         ax.set_xlim(left=0)
-        ax.set_ylabel("tokens/s", fontsize=8)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="best", framealpha=0.6)
-    axes[len(arms) - 1].set_xlabel("seconds since the replay started")
+        ax.set_ylabel("tokens/s")
+    if arms:
+        legend_outside(axes[0])
+        axes[len(arms) - 1].set_xlabel("seconds since the replay started")
     ax = axes[-1]
     labels = ("p50", "p90", "p99")
     width = 0.8 / max(len(arms), 1)
@@ -197,16 +209,15 @@ def figure(result: ReplayResult, provenance: str = "") -> Figure:
         if item.ttft is None:
             continue
         values = [item.ttft.p50_ms, item.ttft.p90_ms, item.ttft.p99_ms]
-        xs = [k + index * width for k in range(len(labels))]
-        ax.bar(xs, values, width=width, color=COLORS[index % len(COLORS)], label=item.arm)
+        ax.bar([k + index * width for k in range(len(labels))], values, width=width, color=color(index), label=item.arm)
     ax.set_xticks([k + width * (len(arms) - 1) / 2 for k in range(len(labels))], labels)
-    ax.set_yscale("log")
-    ax.set_ylabel("TTFT (ms, log)", fontsize=8)
-    ax.set_title("TTFT percentiles per arm (same requests)", fontsize=9)
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.suptitle(f"{result.scenario_name} — {result.model} on {result.hardware} ({result.engine_kind})", fontsize=10)
-    _caption(fig, provenance)
+    log_scale(ax)
+    ax.set_ylabel("TTFT (ms, log)")
+    ax.set_title("TTFT percentiles per arm (same requests)")
+    ax.grid(False, axis="x")
+    legend_outside(ax)
+    fig.suptitle(f"{result.scenario_name} — {result.model} on {result.hardware} ({result.engine_kind})")
+    caption(fig, provenance)
     return fig
 
 
@@ -215,7 +226,7 @@ def write_replay_reports(result: ReplayResult, out: Path, provenance: str = "") 
     md = out / "replay.md"
     md.write_text(markdown(result, provenance), encoding="utf-8")
     paths = [md, write_csv(result, out / "replay.csv", provenance)]
-    return paths + _save(figure(result, provenance), out / "replay")
+    return paths + save(figure(result, provenance), out / "replay")
 
 
 def print_replay(result: ReplayResult, console: Console, provenance: str = "") -> None:
@@ -227,8 +238,10 @@ def print_replay(result: ReplayResult, console: Console, provenance: str = "") -
     console.print(escape(trace_line(result)), highlight=False)
     console.print(table)
     for row in comparison_rows(result):
-        console.print(escape(f"{row[0]}: TTFT p50 {row[1]} %, p90 {row[2]} %, p99 {row[3]} %, E2E p50 {row[4]} %"),
-                      highlight=False)  # fmt: skip
+        console.print(
+            escape(f"{row[0]}: TTFT p50 {row[1]} %, p90 {row[2]} %, p99 {row[3]} %, E2E p50 {row[4]} %"),
+            highlight=False,
+        )
     for line in behind_lines(result):
         console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     if not result.complete:

@@ -82,8 +82,9 @@ def launch_kind(
     return run_dir
 
 
-def rebuild(path: Path, out: Console = console) -> Outcome:
-    """Rebuild a run directory's result file and every report from its stored files, telling ``out``; its outcome."""
+def rebuild(path: Path, out: Console = console, formats: set[str] | None = None) -> Outcome:
+    """Rebuild a run directory's result file and its reports (``formats``; None: the default ones) from its stored
+    files, telling ``out``; its outcome."""
     from harness.results.verdict import outcome_of_result
     from harness.runs.kinds import summarize
     from harness.store.rundir import RunDir
@@ -92,7 +93,7 @@ def rebuild(path: Path, out: Console = console) -> Outcome:
     run_dir = RunDir.open(path)
     outcome = outcome_of_result(summarize(run_dir))
     out.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
-    for written in write_outputs(run_dir, out):
+    for written in write_outputs(run_dir, out, formats):
         out.print(f"wrote {written}", highlight=False, markup=False)
     return outcome
 
@@ -194,6 +195,15 @@ def report(
     html: Annotated[
         bool, typer.Option("--html", help="Also write one self-contained HTML case study from the stored files.")
     ] = False,
+    formats: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="Write only these outputs (repeatable): a run kind's format (files, console, fleet) or html, "
+            "the case study of every directory given.",
+        ),
+    ] = None,
     playbook: Annotated[
         Path | None, typer.Option("--playbook", help="With --html: take the runs attached to this playbook's stages.")
     ] = None,
@@ -206,18 +216,24 @@ def report(
 ) -> None:
     """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
     from common.errors import KvbenchError
+    from reports.outputs import RUN_KINDS, report_html
+    from reports.outputs import formats as registered
 
     dirs = list(run_dirs or [])
+    allowed = registered([*RUN_KINDS, "case-study"])
+    unknown = [name for name in formats or [] if name not in allowed]
+    if unknown:
+        raise fail(f"--format: unknown format {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    wanted = set(formats) if formats else None
+    html = html or (wanted is not None and "html" in wanted)
     if not dirs and playbook is None:
         raise fail("give a run directory (or --html --playbook FILE)")
     if (playbook is not None or out is not None) and not html:
         raise fail("--playbook and --out go with --html")
     outcomes: list[Outcome] = []
     try:
-        outcomes += [rebuild(path) for path in dirs]
+        outcomes += [rebuild(path, formats=None if wanted is None else wanted - {"html"}) for path in dirs]
         if html:
-            from reports.html import report_html
-
             console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}", highlight=False, markup=False)
     except KvbenchError as error:
         raise fail(str(error)) from None

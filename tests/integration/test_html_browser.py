@@ -14,16 +14,21 @@ from typing import Any
 
 import pytest
 
-from reports.html import report_html
+from reports.outputs import report_html
 from tests.resultfiles import make_probe_run, make_soak_dir
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = os.environ.get("KVBENCH_CHROMIUM", "/usr/bin/chromium")
 ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 XSS = "<script>alert(1)</script>"
 
 
@@ -82,8 +87,9 @@ def test_case_study_renders_with_charts(browser: Any, tmp_path: Path) -> None:
         for index in range(charts.count()):
             box = charts.nth(index).bounding_box()
             assert box is not None and box["width"] > 300 and box["height"] > 100
-        assert page.locator("svg.chart rect.bar").count() > 0  # bars were drawn
-        assert page.locator("svg.chart polyline").count() > 0  # and lines
+        assert page.locator("#chart-poc [id^='chart-poc-patch_']").count() >= 8  # bars: 2 arms x 2 turns x 2 lengths
+        assert page.locator("#chart-soak-latency [id^='chart-soak-latency-line2d_']").count() >= 3  # and lines
+        assert "TTFT p99" in page.locator("#chart-soak-latency").text_content()  # the legend is text
         assert page.locator("#soak-verdict").inner_text() == "FAIL"
         assert page.locator("section#raw-data a").count() > 5
         shot = tmp_path / "case-study.png"

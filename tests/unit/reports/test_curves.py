@@ -37,16 +37,43 @@ def point(
     arm: str, index: int, load: float, rps_per_gpu: float, tps_user: float, meets: bool, ttft_p99: float
 ) -> PointResult:
     values: dict[str, Any] = {
-        "arm": arm, "point": index, "load": load, "mode": "concurrency", "gpus": 2, "window_s": 30.0,
-        "sent": 300, "measured": 290, "ok": 290, "errors": 0, "rps": rps_per_gpu * 2, "rps_per_gpu": rps_per_gpu,
-        "output_tps": 1000.0, "output_tps_per_gpu": 500.0, "tps_user_mean": tps_user, "tps_user_p50": tps_user,
-        "ttft": q(ttft_p99 / 3, ttft_p99), "ttft_round1": q(ttft_p99 / 2, ttft_p99), "ttft_later": q(50, ttft_p99 / 2),
-        "tpot": q(1000 / tps_user, 1200 / tps_user), "itl": q(20, 40), "e2e": q(2000, 4000),
-        "goodput_rps": rps_per_gpu, "goodput_rps_per_gpu": rps_per_gpu / 2, "slo_attainment": 0.95 if meets else 0.5,
-        "meets_slo": meets, "prompt_tokens_mean": 9000.0, "prompt_tokens_round1_mean": 8000.0,
-        "prompt_tokens_later_mean": 9200.0, "output_tokens_mean": 100.0, "cached_share": 0.8,
-        "cached_share_later": 0.9, "gpu_hit_rate": 0.5, "external_hit_rate": 0.9, "hit_rate": 0.85, "lag_p99_ms": None,
-    }  # fmt: skip
+        "arm": arm,
+        "point": index,
+        "load": load,
+        "mode": "concurrency",
+        "gpus": 2,
+        "window_s": 30.0,
+        "sent": 300,
+        "measured": 290,
+        "ok": 290,
+        "errors": 0,
+        "rps": rps_per_gpu * 2,
+        "rps_per_gpu": rps_per_gpu,
+        "output_tps": 1000.0,
+        "output_tps_per_gpu": 500.0,
+        "tps_user_mean": tps_user,
+        "tps_user_p50": tps_user,
+        "ttft": q(ttft_p99 / 3, ttft_p99),
+        "ttft_round1": q(ttft_p99 / 2, ttft_p99),
+        "ttft_later": q(50, ttft_p99 / 2),
+        "tpot": q(1000 / tps_user, 1200 / tps_user),
+        "itl": q(20, 40),
+        "e2e": q(2000, 4000),
+        "goodput_rps": rps_per_gpu,
+        "goodput_rps_per_gpu": rps_per_gpu / 2,
+        "slo_attainment": 0.95 if meets else 0.5,
+        "meets_slo": meets,
+        "prompt_tokens_mean": 9000.0,
+        "prompt_tokens_round1_mean": 8000.0,
+        "prompt_tokens_later_mean": 9200.0,
+        "output_tokens_mean": 100.0,
+        "cached_share": 0.8,
+        "cached_share_later": 0.9,
+        "gpu_hit_rate": 0.5,
+        "external_hit_rate": 0.9,
+        "hit_rate": 0.85,
+        "lag_p99_ms": None,
+    }
     return PointResult.model_validate(values)
 
 
@@ -64,13 +91,26 @@ def result(tpot_ms: float | None = 40.0) -> SweepResult:
     cost = CostSpec(target_rps=100, usd_per_gpu_hour=2.5)
     capacities = [arm_capacity(arm, points, cost, 2) for arm in ("AMG-OFF", "AMG-ON")]
     return SweepResult(
-        kvbench_version="test", run_id="run-1", scenario_name="curves", engine_kind="sim", model="qwen3-14b",
-        hardware="h100-sxm", gpus=2, mode="concurrency", loads=[8, 16, 32], arms=["AMG-OFF", "AMG-ON"],
-        baseline_arm="AMG-OFF", slo=SloLimits(ttft_ms=1000, tpot_ms=tpot_ms, e2e_ms=None, percentile=90),
-        complete=True, points=points, capacity=capacities, savings=savings(capacities, "AMG-OFF", cost),
-        analytical=[], analytical_notes=["a note"],
+        kvbench_version="test",
+        run_id="run-1",
+        scenario_name="curves",
+        engine_kind="sim",
+        model="qwen3-14b",
+        hardware="h100-sxm",
+        gpus=2,
+        mode="concurrency",
+        loads=[8, 16, 32],
+        arms=["AMG-OFF", "AMG-ON"],
+        baseline_arm="AMG-OFF",
+        slo=SloLimits(ttft_ms=1000, tpot_ms=tpot_ms, e2e_ms=None, percentile=90),
+        complete=True,
+        points=points,
+        capacity=capacities,
+        savings=savings(capacities, "AMG-OFF", cost),
+        analytical=[],
+        analytical_notes=["a note"],
         requests=SweepCounts(sent=1800, measured=1740, ok=1740, errors=0, warmup=60, discarded=0),
-    )  # fmt: skip
+    )
 
 
 def test_pareto_frontier_keeps_the_undominated_points() -> None:
@@ -80,9 +120,13 @@ def test_pareto_frontier_keeps_the_undominated_points() -> None:
     assert pareto_frontier([]) == []
     flags = frontier_flags(result())
     assert flags == {
-        ("AMG-OFF", 0): True, ("AMG-OFF", 1): True, ("AMG-OFF", 2): False,
-        ("AMG-ON", 0): True, ("AMG-ON", 1): True, ("AMG-ON", 2): True,
-    }  # fmt: skip
+        ("AMG-OFF", 0): True,
+        ("AMG-OFF", 1): True,
+        ("AMG-OFF", 2): False,
+        ("AMG-ON", 0): True,
+        ("AMG-ON", 1): True,
+        ("AMG-ON", 2): True,
+    }
 
 
 def _shaded(figure_axes: Any) -> list[Rectangle]:

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from harness.gate.playbook import attach_run, save_playbook, starter_playbook
 from kvbench.cli import app
-from reports.html import collect_sources, render_html, report_html
+from reports.html import collect_sources, render_html
+from reports.outputs import report_html
 from tests.resultfiles import make_probe_run, make_soak_dir
 
 XSS = "<script>alert(1)</script>"
@@ -49,8 +50,12 @@ def test_full_report_sections_charts_and_links(tmp_path: Path) -> None:
     page = parse(html)
     for section in ("summary", "setup", "poc", "capacity", "stability", "predicted", "methodology", "raw-data"):
         assert f'<section id="{section}">' in html
-    assert page.tags.count("svg") >= 5  # POC, three soak charts, predicted vs measured (+ legend swatches)
-    assert len(re.findall(r'<svg class="chart"', html)) == 5
+    # POC, three soak charts, predicted vs measured: matplotlib's SVG, each titled and described
+    charts = re.findall(r'<svg\b[^>]*\bclass="chart" id="([a-z0-9-]+)" role="img"', html)
+    assert charts == ["chart-poc", "chart-soak-latency", "chart-soak-health", "chart-soak-rps", "chart-predicted"]
+    for chart in charts:
+        assert f'<title id="{chart}-title">' in html and f'<desc id="{chart}-desc">' in html
+    assert len(set(re.findall(r'\bid="([^"]+)"', html))) == len(re.findall(r'\bid="([^"]+)"', html))  # ids unique
     assert "script" not in page.tags and "img" not in page.tags
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
     # links are relative paths to stored files that exist
@@ -157,11 +162,11 @@ def test_a_measured_lmcache_run_shows_where_its_turn_2_goes(tmp_path: Path) -> N
     html = render_html(collect_sources([run]), tmp_path)
     text = " ".join(parse(html).text)
     assert "Where the TTFT goes" in text and "Ranks' spread" in text and 'id="chart-lmcache-turn2"' in html
-    chart = html[html.index('id="chart-lmcache-turn2"') : html.index("</svg>", html.index('id="chart-lmcache-turn2"'))]
+    chart = html[html.index('id="chart-lmcache-turn2"') : html.index("</desc>", html.index('id="chart-lmcache-turn2"'))]
     result = RunResult.read_file(run / "summary.json")
     for cell in result.lmcache_timeline:
         if cell.turn == 2 and cell.lookup_to_loaded_ms is not None:
-            # each stacked part is the stored median, one bar per context length
+            # each stacked part is the stored median, one bar per context length, listed in the chart's description
             assert (
                 f"lookup to KV loaded (slowest rank) @ {cell.context_tokens:,}: {cell.lookup_to_loaded_ms:.4g} ms"
                 in chart

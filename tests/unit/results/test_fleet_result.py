@@ -89,7 +89,7 @@ def test_hits_of_a_server_that_holds_every_tier_are_shared(tmp_path: Path) -> No
 
 def test_requests_without_a_known_replica_are_counted_not_hidden(tmp_path: Path) -> None:
     """External routing that could not attribute a request (overlap, no header): in no column, but reported."""
-    from harness.results.fleet import markdown
+    from reports.fleet import markdown
 
     run_dir = RunDir.create(tmp_path, parse_scenario(SCENARIO, "unit"))
     unknown = _record(1, 2, 0, None, 50).model_copy(update={"replica": None})
