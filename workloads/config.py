@@ -26,11 +26,13 @@ RequestTimeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, description="Sec
 StallTimeout = Annotated[
     float | None,
     Field(
-        default=None, gt=0, le=MAX_TIMEOUT_S,
+        default=None,
+        gt=0,
+        le=MAX_TIMEOUT_S,
         description="Seconds the connection may stay silent between two reads before the request fails as a "
         "timeout (default: only request_timeout_s applies).",
     ),
-]  # fmt: skip
+]
 
 
 class BetweenTurns(StrictModel):
@@ -215,10 +217,12 @@ class MultiUserQA(StrictModel):
     )
     rounds: Distribution = Field(description="Rounds per session (integer), e.g. {dist: uniform, low: 2, high: 11}.")
     user_skew: float = Field(
-        default=0.0, ge=0, le=4,
+        default=0.0,
+        ge=0,
+        le=4,
         description="Zipf exponent of user activity: 0 = users in turn (user = session % users); s > 0 = each "
         "session's user drawn with weight (u + 1)^-s, so a few heavy users return often (fleets: hotspots).",
-    )  # fmt: skip
+    )
     system_prompt_tokens: int = Field(
         default=0, ge=0, le=MAX_TOKENS, description="Shared system prompt S (same for all users)."
     )

@@ -237,13 +237,20 @@ def measure_host_link(
     def link(document: ProbeDocument | None = None, reason: str | None = None) -> HostLink:
         seconds = round(time.monotonic() - started, 3)
         if document is None:
-            return HostLink(python=python, requested_gpus=gpus, cuda_visible_devices=visible, seconds=seconds,
-                            not_measured=reason)  # fmt: skip
+            return HostLink(
+                python=python, requested_gpus=gpus, cuda_visible_devices=visible, seconds=seconds, not_measured=reason
+            )
         return HostLink(
-            python=python, requested_gpus=gpus, cuda_visible_devices=visible, seconds=seconds,
-            bytes_per_copy=document.bytes_per_copy, repeats=document.repeats, torch=document.torch,
-            gpus=document.gpus, concurrent_aggregate_gbps=document.concurrent_aggregate_gbps,
-        )  # fmt: skip
+            python=python,
+            requested_gpus=gpus,
+            cuda_visible_devices=visible,
+            seconds=seconds,
+            bytes_per_copy=document.bytes_per_copy,
+            repeats=document.repeats,
+            torch=document.torch,
+            gpus=document.gpus,
+            concurrent_aggregate_gbps=document.concurrent_aggregate_gbps,
+        )
 
     try:
         process = subprocess.Popen(

@@ -44,10 +44,12 @@ class ReplicaFields(StrictModel):
     """``replicas``, ``gpus_per_replica`` and ``gpus`` of an ``engine:`` section (see the module docstring)."""
 
     replicas: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None,
+        ge=1,
+        le=1024,
         description="Engine replicas, each its own process on its own GPUs, port and log (default 1; "
         "parallelism.replicas is an alias).",
-    )  # fmt: skip
+    )
     gpus_per_replica: int | None = Field(default=None, ge=1, description="GPUs one replica uses; default tp × pp × dp.")
     gpus: list[int] | None = Field(
         default=None,
@@ -106,9 +108,11 @@ class ReplicaFields(StrictModel):
             raise IndexError(f"replica {index} of a fleet of {self.fleet_size}")
         parallelism = getattr(self, "parallelism")  # noqa: B009 - every engine config has one
         update: dict[str, object] = {
-            "replicas": None, "gpus": None, "gpus_per_replica": None,
+            "replicas": None,
+            "gpus": None,
+            "gpus_per_replica": None,
             "parallelism": parallelism.model_copy(update={"replicas": 1}),
-        }  # fmt: skip
+        }
         fields = type(self).model_fields
         port = getattr(self, "port", None)
         if "port" in fields and isinstance(port, int):

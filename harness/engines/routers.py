@@ -59,13 +59,13 @@ class RouterLaunch:
 
 def _vllm_router_argv(module: str, launch: RouterLaunch) -> tuple[str, ...]:
     return (
-        launch.python, "-m", module,
-        "--host", "127.0.0.1", "--port", str(launch.port),
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port),
-        "--worker-urls", *launch.worker_urls,
-        "--policy", launch.policy,
+        *(launch.python, "-m", module),
+        *("--host", "127.0.0.1", "--port", str(launch.port)),
+        *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(launch.metrics_port)),
+        *("--worker-urls", *launch.worker_urls),
+        *("--policy", launch.policy),
         *launch.extra_args,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -93,14 +93,21 @@ ROUTER_KINDS: Mapping[str, RouterKind] = MappingProxyType(
                 label="vLLM Router (vllm-project/router)",
                 module="vllm_router.launch_router",
                 distribution="vllm-router",
-                policies=("round_robin", "random", "consistent_hash", "cache_aware", "power_of_two",
-                          "kv_aware", "sticky_least_loaded"),
+                policies=(
+                    "round_robin",
+                    "random",
+                    "consistent_hash",
+                    "cache_aware",
+                    "power_of_two",
+                    "kv_aware",
+                    "sticky_least_loaded",
+                ),
                 session_header="X-Session-ID",
                 build_argv=_vllm_router_argv,
             ),
         )
     }
-)  # fmt: skip
+)
 
 
 class RouterSpec(StrictModel):

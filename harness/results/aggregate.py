@@ -84,8 +84,12 @@ def keep_chosen(measured: Sequence[RequestRecord], done: Iterable[GroupDone]) ->
     """
     if not measured:
         return []
-    frame = pd.DataFrame([{"arm": r.arm, "repetition": r.repetition, "context_tokens": r.context_tokens,
-                           "attempt": r.attempt} for r in measured])  # fmt: skip
+    frame = pd.DataFrame(
+        [
+            {"arm": r.arm, "repetition": r.repetition, "context_tokens": r.context_tokens, "attempt": r.attempt}
+            for r in measured
+        ]
+    )
     chosen = chosen_attempts(frame, done)
     return [r for r in measured if chosen.get((r.arm, r.repetition, r.context_tokens)) == r.attempt]
 
@@ -330,10 +334,13 @@ def stream_check(
             "TTFT may include decode steps (tokens that decode to no text, or several tokens per chunk)"
         )
     low = sorted(
-        (cell for cell in cells if cell.text_chunks_per_token is not None
-         and cell.text_chunks_per_token < STREAM_RATIO_WARN),
+        (
+            cell
+            for cell in cells
+            if cell.text_chunks_per_token is not None and cell.text_chunks_per_token < STREAM_RATIO_WARN
+        ),
         key=lambda cell: (cell.text_chunks_per_token, cell.arm, cell.context_tokens, cell.turn),
-    )  # fmt: skip
+    )
     if low and ratio >= STREAM_RATIO_WARN:
         worst = low[0]
         warnings.append(

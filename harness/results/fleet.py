@@ -185,10 +185,16 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
         for (context, level), later in sorted(groups.items(), key=lambda item: (item[0][0] or 0, item[0][1] or 0.0)):
             same = [r.ttft_ns for r in later if r.moved is False and r.ttft_ns is not None]
             moved = [r.ttft_ns for r in later if r.moved is True and r.ttft_ns is not None]
-            cells.append(MovedCell(
-                context_tokens=context, load=level, same_count=len(same), moved_count=len(moved),
-                same_ttft_ms=_median_ms(same), moved_ttft_ms=_median_ms(moved),
-            ))  # fmt: skip
+            cells.append(
+                MovedCell(
+                    context_tokens=context,
+                    load=level,
+                    same_count=len(same),
+                    moved_count=len(moved),
+                    same_ttft_ms=_median_ms(same),
+                    moved_ttft_ms=_median_ms(moved),
+                )
+            )
         # without per-tier counters, external hits are the shared tier's when every tier is shared: the
         # profile's tiers are all 'shared', or the fleet served them from one shared server (manifest)
         details = ((manifest.get("engines") or {}).get(arm.name) or {}).get("details") or {}
@@ -202,15 +208,20 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
         for replica in range(replicas):
             own = [r for r in served if r.replica == replica]
             source = hits[replica]
-            load.append(ReplicaLoad(
-                replica=replica, requests=len(own), busy_s=sum((r.e2e_ns or 0) for r in own) / 1e9,
-                share=len(own) / len(served) if served else 0.0,
-                usage_cached_tokens=_usage_cached(own),
-                peak_in_flight=_peak_in_flight(own), ttft_p90_ms=_p90_ms([r.ttft_ns for r in own if r.ok]),
-                own_gpu_hits=None if source is None else source["own_gpu"],
-                own_tier_hits=None if source is None else source["own_tier"],
-                shared_tier_hits=None if source is None else source["shared_tier"],
-            ))  # fmt: skip
+            load.append(
+                ReplicaLoad(
+                    replica=replica,
+                    requests=len(own),
+                    busy_s=sum((r.e2e_ns or 0) for r in own) / 1e9,
+                    share=len(own) / len(served) if served else 0.0,
+                    usage_cached_tokens=_usage_cached(own),
+                    peak_in_flight=_peak_in_flight(own),
+                    ttft_p90_ms=_p90_ms([r.ttft_ns for r in own if r.ok]),
+                    own_gpu_hits=None if source is None else source["own_gpu"],
+                    own_tier_hits=None if source is None else source["own_tier"],
+                    shared_tier_hits=None if source is None else source["shared_tier"],
+                )
+            )
         imbalance = max(entry.share for entry in load) * replicas if served else None
         capacity: list[CapacityPoint] = []
         for event in sorted((p for p in points if p.arm == arm.name), key=lambda p: p.point):
@@ -219,10 +230,19 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
             rps = done / window_s if window_s > 0 else 0.0
             capacity.append(CapacityPoint(point=event.point, load=event.load, rps=rps, rps_per_gpu=rps / gpus))
         policy = (arm.routing or scenario.routing).policy
-        arms.append(ArmFleet(
-            arm=arm.name, routing=policy, replicas=replicas, gpus=gpus, moved=cells, load=load,
-            imbalance=imbalance, capacity=capacity, unattributed=len(mine) - len(served),
-        ))  # fmt: skip
+        arms.append(
+            ArmFleet(
+                arm=arm.name,
+                routing=policy,
+                replicas=replicas,
+                gpus=gpus,
+                moved=cells,
+                load=load,
+                imbalance=imbalance,
+                capacity=capacity,
+                unattributed=len(mine) - len(served),
+            )
+        )
     result = FleetResult(scenario=scenario.name, arms=arms)
     result.write_file(run_dir.fleet_file)
     return result

@@ -65,9 +65,15 @@ def _rate(sample: ReplaySample, tag: str) -> float | None:
 
 
 def _arm_result(
-    arm: str, attempt: int, complete: bool, df: pd.DataFrame, samples: Sequence[ReplaySample], slo: SloLimits,
-    late_ms: float, behind_ms: float,
-) -> ArmReplay:  # fmt: skip
+    arm: str,
+    attempt: int,
+    complete: bool,
+    df: pd.DataFrame,
+    samples: Sequence[ReplaySample],
+    slo: SloLimits,
+    late_ms: float,
+    behind_ms: float,
+) -> ArmReplay:
     df = derive_columns(df)
     ok = df[df["ok"].astype(bool)] if not df.empty else df
     errors = df[~df["ok"].astype(bool)] if not df.empty else df
@@ -95,15 +101,28 @@ def _arm_result(
     external = _total(samples, "external_prefix_hits")
     by_kind = {str(k): int(v) for k, v in errors["error_kind"].value_counts().items()} if not errors.empty else {}
     return ArmReplay(
-        arm=arm, attempt=attempt, complete=complete, requests=len(df), ok=len(ok), errors=len(errors),
+        arm=arm,
+        attempt=attempt,
+        complete=complete,
+        requests=len(df),
+        ok=len(ok),
+        errors=len(errors),
         errors_by_kind=by_kind,
-        wall_s=wall, ttft=quantiles(ok["ttft_ns"]) if not ok.empty else None,
-        tpot=quantiles(ok["tpot_ns"]) if not ok.empty else None, e2e=quantiles(ok["e2e_ns"]) if not ok.empty else None,
-        slo_attainment=slo_attainment(df, slo), lag=lag, late=late,
-        fell_behind=lag is not None and lag.p99_ms > behind_ms, prompt_tokens=prompt, gpu_hit_tokens=gpu,
-        external_hit_tokens=external, hit_rate=counter_hit_rate(prompt, gpu, external), cached_share=cached_share,
+        wall_s=wall,
+        ttft=quantiles(ok["ttft_ns"]) if not ok.empty else None,
+        tpot=quantiles(ok["tpot_ns"]) if not ok.empty else None,
+        e2e=quantiles(ok["e2e_ns"]) if not ok.empty else None,
+        slo_attainment=slo_attainment(df, slo),
+        lag=lag,
+        late=late,
+        fell_behind=lag is not None and lag.p99_ms > behind_ms,
+        prompt_tokens=prompt,
+        gpu_hit_tokens=gpu,
+        external_hit_tokens=external,
+        hit_rate=counter_hit_rate(prompt, gpu, external),
+        cached_share=cached_share,
         prompt_tokens_off=off,
-    )  # fmt: skip
+    )
 
 
 def _pct(baseline: Quantiles | None, arm: Quantiles | None, field: str) -> float | None:
@@ -123,9 +142,11 @@ def aggregate_replay(
     """A pure function of the stored files (so a replay can be re-aggregated offline)."""
     config = scenario.trace_workload
     slo = SloLimits(
-        ttft_ms=scenario.slo.ttft_ms, tpot_ms=scenario.slo.tpot_ms, e2e_ms=scenario.slo.e2e_ms,
+        ttft_ms=scenario.slo.ttft_ms,
+        tpot_ms=scenario.slo.tpot_ms,
+        e2e_ms=scenario.slo.e2e_ms,
         percentile=scenario.slo.percentile,
-    )  # fmt: skip
+    )
     rows = [r.model_dump(exclude={"itl_ns"}) for r in records if r.trace_line is not None and r.phase == "measure"]
     df = pd.DataFrame(rows)
     chosen = _chosen_attempts(df, done)
@@ -141,12 +162,15 @@ def aggregate_replay(
         results.append(_arm_result(arm.name, attempt, complete, subset, mine, slo, config.late_ms, config.behind_ms))
         timeline += [
             TimelinePoint(
-                arm=arm.name, t_s=s.t_s, duration_s=s.duration_s,
+                arm=arm.name,
+                t_s=s.t_s,
+                duration_s=s.duration_s,
                 prompt_tps=_rate(s, "prompt_tokens") or _rate(s, "gpu_prefix_queries"),
-                gpu_hit_tps=_rate(s, "gpu_prefix_hits"), external_hit_tps=_rate(s, "external_prefix_hits"),
+                gpu_hit_tps=_rate(s, "gpu_prefix_hits"),
+                external_hit_tps=_rate(s, "external_prefix_hits"),
             )
             for s in mine
-        ]  # fmt: skip
+        ]
     by_arm = {item.arm: item for item in results}
     baseline = scenario.baseline_arm
     comparisons = []
@@ -156,21 +180,35 @@ def aggregate_replay(
             continue
         comparisons.append(
             ReplayComparison(
-                arm=item.arm, baseline=baseline, ttft_p50_pct=_pct(base.ttft, item.ttft, "p50_ms"),
-                ttft_p90_pct=_pct(base.ttft, item.ttft, "p90_ms"), ttft_p99_pct=_pct(base.ttft, item.ttft, "p99_ms"),
-                e2e_p50_pct=_pct(base.e2e, item.e2e, "p50_ms"), hit_rate_arm=item.hit_rate,
+                arm=item.arm,
+                baseline=baseline,
+                ttft_p50_pct=_pct(base.ttft, item.ttft, "p50_ms"),
+                ttft_p90_pct=_pct(base.ttft, item.ttft, "p90_ms"),
+                ttft_p99_pct=_pct(base.ttft, item.ttft, "p99_ms"),
+                e2e_p50_pct=_pct(base.e2e, item.e2e, "p50_ms"),
+                hit_rate_arm=item.hit_rate,
                 hit_rate_baseline=base.hit_rate,
             )
-        )  # fmt: skip
+        )
     engine = scenario.engine
     return ReplayResult(
-        kvbench_version=__version__, run_id=run_id, scenario_name=scenario.name, engine_kind=engine.kind,
-        model=engine.model, hardware=engine.hardware, arms=[arm.name for arm in scenario.arms],
-        baseline_arm=baseline, complete=all(by_arm.get(a.name) is not None and by_arm[a.name].complete
-                                            for a in scenario.arms),
-        trace=trace, slo=slo, late_ms=config.late_ms, behind_ms=config.behind_ms, results=results,
-        timeline=timeline, comparisons=comparisons,
-    )  # fmt: skip
+        kvbench_version=__version__,
+        run_id=run_id,
+        scenario_name=scenario.name,
+        engine_kind=engine.kind,
+        model=engine.model,
+        hardware=engine.hardware,
+        arms=[arm.name for arm in scenario.arms],
+        baseline_arm=baseline,
+        complete=all(by_arm.get(a.name) is not None and by_arm[a.name].complete for a in scenario.arms),
+        trace=trace,
+        slo=slo,
+        late_ms=config.late_ms,
+        behind_ms=config.behind_ms,
+        results=results,
+        timeline=timeline,
+        comparisons=comparisons,
+    )
 
 
 def summarize_replay(run_dir: RunDir) -> ReplayResult:

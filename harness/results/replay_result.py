@@ -6,13 +6,13 @@ Every formula is in :mod:`harness.results.replay`.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
-from common.schema import VersionedFile
 from harness.store.events import TraceInfo
 
+from .header import ResultHeader
 from .run_result import Frozen
 from .sweep_result import Quantiles, SloLimits
 
@@ -69,15 +69,11 @@ class ReplayComparison(Frozen):
     hit_rate_baseline: float | None
 
 
-class ReplayResult(VersionedFile):
+class ReplayResult(ResultHeader):
     """Everything the replay reports need, aggregated from records.jsonl, samples.jsonl and trace.json."""
 
     FILE_NAME: ClassVar[str] = "replay.json"
 
-    schema_version: Literal[1] = 1
-    kvbench_version: str
-    run_id: str
-    scenario_name: str
     engine_kind: str
     model: str
     hardware: str | None

@@ -9,13 +9,13 @@ incompatible change; readers refuse versions they do not know. Fields added sinc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal, TypeVar
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.schema import VersionedFile
 from offload.hits import counter_hit_rate
 
+from .header import ResultHeader
 from .verdict import Outcome, Validity, outcome_of
 
 
@@ -226,14 +226,10 @@ class RequestCounts(Frozen):
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
 
 
-class RunResult(VersionedFile):
+class RunResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "summary.json"
     """Everything reports need, aggregated from records.jsonl and engine_metrics.jsonl."""
 
-    schema_version: Literal[1] = 1
-    kvbench_version: str
-    run_id: str
-    scenario_name: str
     workload_kind: str
     arms: list[str]
     baseline_arm: str

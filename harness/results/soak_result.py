@@ -41,12 +41,12 @@ import pandas as pd
 from pydantic import Field
 from scipy import stats
 
-from common.schema import VersionedFile
 from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
 from harness.store.events import FaultEvent, IntervalStats
 from harness.store.records import RequestRecord
 from offload.hits import usage_hit_rate
 
+from .header import ResultHeader
 from .run_result import Frozen
 from .verdict import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, Outcome
 
@@ -110,22 +110,19 @@ class FaultOutcome(Frozen):
         recovery = f", back after {self.recovery_s:.1f} s" if self.recovery_s is not None else ""
         held = f", stopped {self.held_s:.1f} s" if self.kind == "pause_engine" else ""
         broken = (
-            "the SLO never recovered" if self.slo_broken_s is None
+            "the SLO never recovered"
+            if self.slo_broken_s is None
             else f"SLO broken for {self.slo_broken_s:.1f} s ({self.missed} requests missed it)"
-        )  # fmt: skip
+        )
         failed = f"; the drill failed: {self.error}" if self.error else ""
         return f"{self.kind} at {self.at_s:g} s{recovery}{held}: {broken}{failed}"
 
 
-class SoakResult(VersionedFile):
+class SoakResult(ResultHeader):
     """``soak.json``: what a stability window showed and its verdict (intervals live in intervals.jsonl)."""
 
     FILE_NAME: ClassVar[str] = "soak.json"
 
-    schema_version: Literal[1] = 1
-    kvbench_version: str
-    run_id: str
-    scenario_name: str
     arm: str
     engine_kind: str
     load: str = Field(description="The target load, in words (e.g. '4 concurrent users').")
@@ -398,9 +395,11 @@ def check_slo(judged: Sequence[IntervalStats], spec: SoakSpec, slo: SLO) -> Crit
     limit = spec.criteria.slo_compliance_min
     if not slo_has_targets(slo):
         return CriterionResult(
-            name="slo_compliance", status="not_evaluated", limit=limit,
+            name="slo_compliance",
+            status="not_evaluated",
+            limit=limit,
             reason="the scenario sets no slo.ttft_ms, slo.tpot_ms or slo.e2e_ms",
-        )  # fmt: skip
+        )
     requests = sum(i.requests for i in judged)
     met = sum(i.slo_met or 0 for i in judged)
     if requests == 0:
@@ -436,14 +435,23 @@ def check_slo(judged: Sequence[IntervalStats], spec: SoakSpec, slo: SLO) -> Crit
         details: dict[str, float | str] = {f"missed:{k}": float(v) for k, v in missed.items()}
         details["missed_cached"] = float(cached)
         return CriterionResult(
-            name="slo_compliance", status="fail", observed=observed, limit=limit, intervals=broken, details=details,
+            name="slo_compliance",
+            status="fail",
+            observed=observed,
+            limit=limit,
+            intervals=broken,
+            details=details,
             reason=f"SLO compliance {_pct(observed)} < {_pct(limit)} ({met}/{requests} requests succeeded with "
             f"{targets}; missed: {breakdown}{where}){_span(broken)}",
-        )  # fmt: skip
+        )
     return CriterionResult(
-        name="slo_compliance", status="pass", observed=observed, limit=limit, intervals=broken,
+        name="slo_compliance",
+        status="pass",
+        observed=observed,
+        limit=limit,
+        intervals=broken,
         reason=f"SLO compliance {_pct(observed)} ≥ {_pct(limit)} ({targets})",
-    )  # fmt: skip
+    )
 
 
 def check_errors(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
@@ -461,15 +469,25 @@ def check_errors(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionRe
     details.update({f"http:{k}": float(v) for k, v in statuses.items()})
     if observed > limit:
         return CriterionResult(
-            name="error_rate", status="fail", observed=observed, limit=limit, intervals=broken, details=details,
+            name="error_rate",
+            status="fail",
+            observed=observed,
+            limit=limit,
+            intervals=broken,
+            details=details,
             reason=f"error rate {_pct(observed)} > {_pct(limit)} ({errors}/{requests} failed: "
             f"{describe_errors(kinds, statuses)}){_span(broken)}",
-        )  # fmt: skip
+        )
     tail = f" ({describe_errors(kinds, statuses)})" if errors else ""
     return CriterionResult(
-        name="error_rate", status="pass", observed=observed, limit=limit, intervals=broken, details=details,
+        name="error_rate",
+        status="pass",
+        observed=observed,
+        limit=limit,
+        intervals=broken,
+        details=details,
         reason=f"error rate {_pct(observed)} ≤ {_pct(limit)}{tail}",
-    )  # fmt: skip
+    )
 
 
 def check_drift(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
@@ -483,9 +501,11 @@ def check_drift(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionRes
     ]
     if len(points) < MIN_DRIFT_POINTS:
         return CriterionResult(
-            name="drift", status="not_evaluated", limit=limit,
+            name="drift",
+            status="not_evaluated",
+            limit=limit,
             reason=f"{label} drift needs at least {MIN_DRIFT_POINTS} intervals with requests, got {len(points)}",
-        )  # fmt: skip
+        )
     minutes = [p[1] for p in points]
     values = [p[2] for p in points]
     found = trend(minutes, values, criteria.drift_confidence)
@@ -493,10 +513,16 @@ def check_drift(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionRes
     significant = found.p_value < alpha
     rel = found.relative_rise
     details: dict[str, float | str] = {
-        "tau": found.tau, "p_value": found.p_value, "slope_ms_per_min": found.slope,
-        "slope_low": found.slope_low, "slope_high": found.slope_high, "start_ms": found.start_level,
-        "rise_ms": found.rise, "confidence": criteria.drift_confidence, "points": float(found.n),
-    }  # fmt: skip
+        "tau": found.tau,
+        "p_value": found.p_value,
+        "slope_ms_per_min": found.slope,
+        "slope_low": found.slope_low,
+        "slope_high": found.slope_high,
+        "start_ms": found.start_level,
+        "rise_ms": found.rise,
+        "confidence": criteria.drift_confidence,
+        "points": float(found.n),
+    }
     stats_text = (
         f"Theil-Sen {found.slope:+.3g} ms/min ({criteria.drift_confidence:.0%} CI [{found.slope_low:+.3g}, "
         f"{found.slope_high:+.3g}]), {rel * 100:+.1f}% over the window; Mann-Kendall tau={found.tau:.2f}, "
@@ -506,10 +532,15 @@ def check_drift(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionRes
         threshold = found.start_level * (1.0 + limit)
         broken = [index for index, _, value in points if value > threshold]
         return CriterionResult(
-            name="drift", status="fail", observed=rel, limit=limit, intervals=broken, details=details,
+            name="drift",
+            status="fail",
+            observed=rel,
+            limit=limit,
+            intervals=broken,
+            details=details,
             reason=f"{label} drifts upward: {stats_text} < {alpha:.2g} and rise > {criteria.drift_min_increase_pct:g}%"
             f"{_span(broken)}",
-        )  # fmt: skip
+        )
     why = "no significant upward trend" if not significant else f"rise within {criteria.drift_min_increase_pct:g}%"
     return CriterionResult(
         name="drift", status="pass", observed=rel, limit=limit, details=details, reason=f"{label}: {why} ({stats_text})"
@@ -523,22 +554,31 @@ def check_hit_rate(judged: Sequence[IntervalStats], spec: SoakSpec) -> Criterion
     rated = [i for i in judged if i.requests >= spec.min_interval_requests and i.hit_rate is not None]
     if not rated:
         return CriterionResult(
-            name="hit_rate_floor", status="fail", limit=floor,
+            name="hit_rate_floor",
+            status="fail",
+            limit=floor,
             reason="hit-rate floor set, but no interval has a hit rate (no /metrics prefix-cache counters and no "
             "usage.cached_tokens)",
-        )  # fmt: skip
+        )
     lowest = min(i.hit_rate for i in rated if i.hit_rate is not None)
     broken = [i.index for i in rated if i.hit_rate is not None and i.hit_rate < floor]
     if broken:
         return CriterionResult(
-            name="hit_rate_floor", status="fail", observed=lowest, limit=floor, intervals=broken,
+            name="hit_rate_floor",
+            status="fail",
+            observed=lowest,
+            limit=floor,
+            intervals=broken,
             reason=f"cache hit rate fell to {_pct(lowest)} < floor {_pct(floor)} in {len(broken)} interval(s)"
             f"{_span(broken)}",
-        )  # fmt: skip
+        )
     return CriterionResult(
-        name="hit_rate_floor", status="pass", observed=lowest, limit=floor,
+        name="hit_rate_floor",
+        status="pass",
+        observed=lowest,
+        limit=floor,
         reason=f"cache hit rate ≥ {_pct(floor)} in every interval (lowest {_pct(lowest)})",
-    )  # fmt: skip
+    )
 
 
 def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec, drilled: int = 0) -> CriterionResult:
@@ -549,19 +589,28 @@ def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec, drilled: 
     scraped = sum(1 for i in intervals if i.metrics_error is None and i.counters)
     if total > limit:
         return CriterionResult(
-            name="restarts", status="fail", observed=float(total), limit=float(limit), intervals=broken,
+            name="restarts",
+            status="fail",
+            observed=float(total),
+            limit=float(limit),
+            intervals=broken,
             reason=f"engine restarted {total} time(s) (> {limit}; /metrics counters went back){_span(broken)}",
-        )  # fmt: skip
+        )
     if scraped == 0:
         return CriterionResult(
-            name="restarts", status="not_evaluated", limit=float(limit),
+            name="restarts",
+            status="not_evaluated",
+            limit=float(limit),
             reason="restarts cannot be seen: no interval has /metrics counters",
-        )  # fmt: skip
+        )
     return CriterionResult(
-        name="restarts", status="pass", observed=float(total), limit=float(limit),
+        name="restarts",
+        status="pass",
+        observed=float(total),
+        limit=float(limit),
         reason=f"{total} engine restart(s) (≤ {limit}) over {scraped} scraped interval(s)"
         + (f", besides {drilled} caused by kill_engine drills" if drilled else ""),
-    )  # fmt: skip
+    )
 
 
 def evaluate(
@@ -635,8 +684,13 @@ def fault_outcomes(
 
 def _fault_outcome(event: FaultEvent, recovered_ns: int | None, missed: int) -> FaultOutcome:
     return FaultOutcome(
-        kind=event.kind, at_s=event.at_s, attempt=event.attempt, start_unix_ns=event.start_unix_ns,
-        recovery_s=event.recovery_s, held_s=(event.ended_ns - event.started_ns) / NS_PER_S,
+        kind=event.kind,
+        at_s=event.at_s,
+        attempt=event.attempt,
+        start_unix_ns=event.start_unix_ns,
+        recovery_s=event.recovery_s,
+        held_s=(event.ended_ns - event.started_ns) / NS_PER_S,
         slo_broken_s=None if recovered_ns is None else (recovered_ns - event.started_ns) / NS_PER_S,
-        missed=missed, error=event.error,
-    )  # fmt: skip
+        missed=missed,
+        error=event.error,
+    )

@@ -12,9 +12,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from common.schema import VersionedFile
 from offload.analytical import Prediction, Regime
 
+from .header import ResultHeader
 from .run_result import Frozen
 from .verdict import Outcome, Validity, outcome_of
 
@@ -169,14 +169,10 @@ class SweepCounts(Frozen):
     discarded: int = Field(description="Records of points re-run after an interrupted attempt.")
 
 
-class SweepResult(VersionedFile):
+class SweepResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "sweep.json"
     """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
 
-    schema_version: Literal[1] = 1
-    kvbench_version: str
-    run_id: str
-    scenario_name: str
     engine_kind: str
     model: str
     hardware: str

@@ -86,17 +86,19 @@ def _cache_finding(scenario: Scenario, stats: CacheStats) -> Finding | None:
     if mode in RESETTING_MODES and gpu_share > limit:
         what = "the reset did not happen" if not profile.offload_enabled else "not from the offload tier"
         return Finding(
-            gate="reset_missed", **located,
+            gate="reset_missed",
+            **located,
             message=f"{where}: {gpu_share:.0%} of prompt tokens were GPU prefix-cache hits although "
             f"between_turns {mode} drops that cache ({what}; limit {limit:.0%})",
-        )  # fmt: skip
+        )
     any_share = ((stats.gpu_hits or 0.0) + (stats.external_hits or 0.0)) / prompt
     if not profile.offload_enabled and any_share > limit:
         return Finding(
-            gate="off_arm_hits", **located,
+            gate="off_arm_hits",
+            **located,
             message=f"{where}: an arm without offload tiers served {any_share:.0%} of prompt tokens from a cache "
             f"(between_turns {mode} did not make turn 2 a returning user; limit {limit:.0%})",
-        )  # fmt: skip
+        )
     if (
         profile.offload_enabled
         and stats.context_tokens >= profile.chunk_tokens
@@ -104,10 +106,11 @@ def _cache_finding(scenario: Scenario, stats: CacheStats) -> Finding | None:
         and stats.external_hits <= 0
     ):
         return Finding(
-            gate="no_offload_hits", **located,
+            gate="no_offload_hits",
+            **located,
             message=f"{where}: no prompt token came from the offload tier (external prefix hits 0), so this "
             "arm did not measure offloading",
-        )  # fmt: skip
+        )
     return None
 
 

@@ -642,13 +642,22 @@ async def run_schedule(
     if due_s is not None and len(due_s) != count:
         raise ValueError(f"{len(due_s)} due times for {count} requests")
     driver = _Schedule(
-        count=count, due_s=due_s, concurrency=concurrency, send_one=send_one, on_outcome=on_outcome,
+        count=count,
+        due_s=due_s,
+        concurrency=concurrency,
+        send_one=send_one,
+        on_outcome=on_outcome,
         drain_s=drain_timeout_s,
-    )  # fmt: skip
+    )
     driver.start_ns = time.monotonic_ns()
     await driver.drive(stop, on_tick, tick_s)
     c = driver.counters
     return ScheduleWindow(
-        start_ns=driver.start_ns, end_ns=time.monotonic_ns(), sent=c.sent, errors=c.errors, cancelled=c.cancelled,
-        max_in_flight=c.max_in_flight, waited_for_slot=c.late,
-    )  # fmt: skip
+        start_ns=driver.start_ns,
+        end_ns=time.monotonic_ns(),
+        sent=c.sent,
+        errors=c.errors,
+        cancelled=c.cancelled,
+        max_in_flight=c.max_in_flight,
+        waited_for_slot=c.late,
+    )

@@ -121,11 +121,18 @@ class ProbeRunner(Runner[RunResult]):
             outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos)
             session.append(
                 record_from(
-                    outcome, arm=session.arm.name, attempt=self.attempt, phase="filler", api=w.api,
-                    repetition=repetition, context_tokens=context_tokens, conversation=index, turn=turn,
+                    outcome,
+                    arm=session.arm.name,
+                    attempt=self.attempt,
+                    phase="filler",
+                    api=w.api,
+                    repetition=repetition,
+                    context_tokens=context_tokens,
+                    conversation=index,
+                    turn=turn,
                     expected_prompt_tokens=tokens,
                 )
-            )  # fmt: skip
+            )
             sent += tokens
             index += 1
 
@@ -149,10 +156,17 @@ class ProbeRunner(Runner[RunResult]):
                 outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos, key=key)
                 session.append(
                     record_from(
-                        outcome, arm=arm, attempt=self.attempt, phase="measure", api=w.api, repetition=repetition,
-                        context_tokens=context_tokens, conversation=state.conversation.index, turn=turn,
+                        outcome,
+                        arm=arm,
+                        attempt=self.attempt,
+                        phase="measure",
+                        api=w.api,
+                        repetition=repetition,
+                        context_tokens=context_tokens,
+                        conversation=state.conversation.index,
+                        turn=turn,
                     )
-                )  # fmt: skip
+                )
                 self.progress.advance(f"{arm} {context_tokens} tok t{turn}")
                 if outcome.ok:
                     state.record_answer(outcome.text)
@@ -165,10 +179,14 @@ class ProbeRunner(Runner[RunResult]):
                 values[ENGINE_RESTARTS] = float(session.take_restarts())
                 self.run_dir.append_metrics(
                     MetricsDelta(
-                        arm=arm, attempt=self.attempt, repetition=repetition, context_tokens=context_tokens,
-                        turn=turn, values=values,
+                        arm=arm,
+                        attempt=self.attempt,
+                        repetition=repetition,
+                        context_tokens=context_tokens,
+                        turn=turn,
+                        values=values,
                     )
-                )  # fmt: skip
+                )
 
     async def _prompt(self, session: ArmSession, state: ConversationState) -> Prompt:
         """The next turn as the scenario sends it: chat messages, completion text, or that text's token ids (built

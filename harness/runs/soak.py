@@ -243,9 +243,12 @@ class SoakRunner(Runner[SoakResult]):
                     stop.set()
                 reading = await tracker.reading()
                 stats = accumulator.close(
-                    index=index, attempt=self.attempt, start_unix_ns=wall_start, duration_ns=interval_ns,
+                    index=index,
+                    attempt=self.attempt,
+                    start_unix_ns=wall_start,
+                    duration_ns=interval_ns,
                     metrics=reading,
-                )  # fmt: skip
+                )
                 session.sync()
                 self.run_dir.append_interval(stats)
                 self.done.append(stats)
@@ -289,15 +292,26 @@ class SoakRunner(Runner[SoakResult]):
             # the engine stayed down: the load records the errors and the verdict says so
             error = str(problem).splitlines()[0]
         return FaultEvent(
-            index=index, kind=fault.kind, attempt=self.attempt, at_s=fault.at, start_unix_ns=wall_ns,
-            started_ns=started_ns, ended_ns=time.monotonic_ns(), recovery_s=recovery, error=error,
-        )  # fmt: skip
+            index=index,
+            kind=fault.kind,
+            attempt=self.attempt,
+            at_s=fault.at,
+            start_unix_ns=wall_ns,
+            started_ns=started_ns,
+            ended_ns=time.monotonic_ns(),
+            recovery_s=recovery,
+            error=error,
+        )
 
     def _result(self) -> SoakResult:
         return build_result(
-            self.run_dir, self.scenario, self.arm.name, self.done, attempts=self.attempt + 1,
+            self.run_dir,
+            self.scenario,
+            self.arm.name,
+            self.done,
+            attempts=self.attempt + 1,
             events=self.run_dir.faults(),
-        )  # fmt: skip
+        )
 
 
 async def _kill(target: FaultTarget, fault: SoakFault) -> float | None:

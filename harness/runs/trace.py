@@ -59,12 +59,22 @@ def trace_info(config: TraceReplay, trace: Trace) -> TraceInfo:
     stats = trace_stats(trace)
     digest = hashlib.sha256(Path(config.path).read_bytes()).hexdigest()
     return TraceInfo(
-        path=config.path, format=config.format, sha256=digest, block_tokens=trace.block_tokens, start=config.start,
-        requests=len(trace.requests), duration_s=trace.duration_s, time_scale=config.time_scale, mode=config.mode,
-        concurrency=config.concurrency, prompt_tokens_total=stats.prompt_tokens_total,
-        input_p50=stats.input_tokens.p50, input_p99=stats.input_tokens.p99, output_p50=stats.output_tokens.p50,
+        path=config.path,
+        format=config.format,
+        sha256=digest,
+        block_tokens=trace.block_tokens,
+        start=config.start,
+        requests=len(trace.requests),
+        duration_s=trace.duration_s,
+        time_scale=config.time_scale,
+        mode=config.mode,
+        concurrency=config.concurrency,
+        prompt_tokens_total=stats.prompt_tokens_total,
+        input_p50=stats.input_tokens.p50,
+        input_p99=stats.input_tokens.p99,
+        output_p50=stats.output_tokens.p50,
         infinite_cache_hit_rate=stats.infinite_cache_hit_rate,
-    )  # fmt: skip
+    )
 
 
 def due_times(trace: Trace, time_scale: float) -> list[float]:
@@ -162,10 +172,13 @@ class TraceRunner(Runner[ReplayResult]):
         sampler = asyncio.ensure_future(self._sample(session))
         try:
             window = await run_schedule(
-                len(requests), send_one, on_outcome,
+                len(requests),
+                send_one,
+                on_outcome,
                 due_s=due_times(self.trace, config.time_scale) if config.mode == "open" else None,
-                concurrency=config.concurrency, drain_timeout_s=config.drain_timeout_s,
-            )  # fmt: skip
+                concurrency=config.concurrency,
+                drain_timeout_s=config.drain_timeout_s,
+            )
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
@@ -173,25 +186,46 @@ class TraceRunner(Runner[ReplayResult]):
         session.sync()
         self.run_dir.mark_replayed(
             ReplayDone(
-                arm=arm.name, attempt=self.attempt, start_ns=window.start_ns, end_ns=window.end_ns, sent=window.sent,
-                errors=window.errors, cancelled=window.cancelled, max_in_flight=window.max_in_flight,
+                arm=arm.name,
+                attempt=self.attempt,
+                start_ns=window.start_ns,
+                end_ns=window.end_ns,
+                sent=window.sent,
+                errors=window.errors,
+                cancelled=window.cancelled,
+                max_in_flight=window.max_in_flight,
             )
-        )  # fmt: skip
+        )
 
     def _record(self, arm: str, index: int, outcome: RequestOutcome, due_ns: int | None) -> RequestRecord:
         request = self.trace.requests[index]
         api = self.config.api
         return RequestRecord(
-            arm=arm, attempt=self.attempt, phase="measure", repetition=0, context_tokens=request.input_length,
-            conversation=self.conversation(request, index), turn=request.turn or 1, request_id=uuid.uuid4().hex[:16],
-            api="chat" if api == "chat" else "completions", started_ns=outcome.started_ns, ttft_ns=outcome.ttft_ns,
-            e2e_ns=outcome.e2e_ns, itl_ns=list(outcome.itl_ns), output_chunks=outcome.output_chunks,
-            prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+            arm=arm,
+            attempt=self.attempt,
+            phase="measure",
+            repetition=0,
+            context_tokens=request.input_length,
+            conversation=self.conversation(request, index),
+            turn=request.turn or 1,
+            request_id=uuid.uuid4().hex[:16],
+            api="chat" if api == "chat" else "completions",
+            started_ns=outcome.started_ns,
+            ttft_ns=outcome.ttft_ns,
+            e2e_ns=outcome.e2e_ns,
+            itl_ns=list(outcome.itl_ns),
+            output_chunks=outcome.output_chunks,
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
             cached_tokens=outcome.cached_tokens,
             expected_prompt_tokens=request.input_length if request.hash_ids is not None else None,
-            http_status=outcome.http_status, ok=outcome.ok, error_kind=outcome.error_kind, error=outcome.error,
-            scheduled_ns=due_ns, trace_line=request.line,
-        )  # fmt: skip
+            http_status=outcome.http_status,
+            ok=outcome.ok,
+            error_kind=outcome.error_kind,
+            error=outcome.error,
+            scheduled_ns=due_ns,
+            trace_line=request.line,
+        )
 
     # -- /metrics over time ---------------------------------------------------------------------
     async def _sample(self, session: ArmSession) -> None:
@@ -215,7 +249,10 @@ class TraceRunner(Runner[ReplayResult]):
             return
         self.run_dir.append_sample(
             ReplaySample(
-                arm=session.arm.name, attempt=self.attempt, t_s=(now - self._start_ns) / NS,
-                duration_s=(now - previous) / NS, values=values,
+                arm=session.arm.name,
+                attempt=self.attempt,
+                t_s=(now - self._start_ns) / NS,
+                duration_s=(now - previous) / NS,
+                values=values,
             )
-        )  # fmt: skip
+        )
