@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,12 +26,12 @@ from harness.results.sweep_result import SweepResult
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
-from . import curves, renderers, replay
+from . import curves, gate, renderers, replay
 
 
 @dataclass(frozen=True)
 class Output:
-    kind: RunKind
+    kind: RunKind | Literal["compare"]
     format: str
     write: Callable[[VersionedFile, dict[str, Any], Path, Console | None], list[Path]]
 
@@ -96,6 +96,10 @@ OUTPUTS: tuple[Output, ...] = (
     Output("soak", "console", _soak_console),
     Output("replay", "files", _replay_files),
     Output("replay", "console", _replay_console),
+    Output("compare", "markdown", gate.write_markdown),
+    Output("compare", "junit", gate.write_junit),
+    Output("compare", "json", gate.write_json),
+    Output("compare", "console", gate.print_console),
 )
 RESULT_FILES: dict[RunKind, type[VersionedFile]] = {
     "probe": RunResult, "sweep": SweepResult, "soak": SoakResult, "replay": ReplayResult,
@@ -125,3 +129,15 @@ def _fleet_files(result: FleetResult, manifest: dict[str, Any], out: Path, conso
         console.print("Fleet: same-replica vs moved turns, per-replica load and hits (report/fleet.md)")
         console.print(escape(text), highlight=False)
     return [path]
+
+
+def write_compare_outputs(result: VersionedFile, files: dict[str, Path], console: Console | None = None) -> list[Path]:
+    """The gate's outputs: each file asked for (format -> path, e.g. ``{"junit": gate.xml}``), then the console."""
+    paths: list[Path] = []
+    for output in OUTPUTS:
+        if output.kind == "compare" and output.format in files:
+            paths += output.write(result, {}, files[output.format], None)
+    for output in OUTPUTS:
+        if output.kind == "compare" and output.format == "console":
+            output.write(result, {}, Path(), console)
+    return paths
