@@ -25,7 +25,7 @@ from urllib.parse import quote
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from common import __version__
-from common.errors import KvbenchError
+from common.errors import KvbenchError, RunDirError
 from common.redact import redact_text
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
 from harness.results.calibrated import CalibratedTtft

@@ -17,7 +17,7 @@ Adding an output is adding one row to ``OUTPUTS``. A one-file output is a functi
 (and the :class:`Job`: manifest, run directory, console) to its text, wrapped by :func:`_text`::
 
     def _compare_markdown(result: CompareResult, job: Job) -> str:
-        return render_markdown(result)
+        return gate.render_markdown(result)
 
     Output(("compare",), "markdown", _text(CompareResult, _compare_markdown), "compare.md")
 
@@ -39,7 +39,7 @@ from rich.markup import escape
 
 from common.errors import KvbenchError, RunDirError
 from common.schema import VersionedFile
-from harness.gate.compare import CompareResult, render_junit, render_markdown
+from harness.gate.compare import CompareResult
 from harness.gate.playbook import load_playbook
 from harness.results.fleet import FleetResult
 from harness.results.provenance import provenance
@@ -50,7 +50,7 @@ from harness.results.sweep_result import SweepResult
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
-from . import curves, fleet, html, renderers, replay
+from . import curves, fleet, gate, html, renderers, replay
 
 ResultKind = RunKind | Literal["case-study", "compare"]
 RUN_KINDS: tuple[RunKind, ...] = get_args(RunKind)
@@ -190,15 +190,19 @@ def _case_study(sources: html.ReportSources, job: Job) -> list[Path]:
 
 
 def _compare_markdown(result: CompareResult, job: Job) -> str:
-    return render_markdown(result)
+    return gate.render_markdown(result)
 
 
 def _compare_junit(result: CompareResult, job: Job) -> str:
-    return render_junit(result)
+    return gate.render_junit(result)
 
 
 def _compare_json(result: CompareResult, job: Job) -> str:
-    return result.model_dump_json(indent=2) + "\n"
+    return gate.render_json(result)
+
+
+def _compare_console(result: CompareResult, job: Job, console: Console) -> None:
+    console.out(gate.render_markdown(result), end="", highlight=False)  # no wrapping: each table row stays one line
 
 
 OUTPUTS: tuple[Output, ...] = (
@@ -216,6 +220,7 @@ OUTPUTS: tuple[Output, ...] = (
     Output(("compare",), "markdown", _text(CompareResult, _compare_markdown), "compare.md"),
     Output(("compare",), "junit", _text(CompareResult, _compare_junit), "compare.xml"),
     Output(("compare",), "json", _text(CompareResult, _compare_json), "compare.json"),
+    Output(("compare",), "console", _console(CompareResult, _compare_console)),
 )
 
 
@@ -273,3 +278,12 @@ def report_html(paths: Sequence[Path], *, playbook: Path | None = None, out: Pat
         else:
             out = Path(html.HTML_FILE)
     return write_output("case-study", "html", sources, out)
+
+
+def write_compare_outputs(result: CompareResult, files: dict[str, Path], console: Console | None = None) -> list[Path]:
+    """The gate's outputs: each file asked for (format -> path, e.g. ``{"junit": gate.xml}``), then the console."""
+    paths = [write_output("compare", format, result, path) for format, path in files.items()]
+    for output in OUTPUTS:
+        if "compare" in output.kinds and output.format == "console":
+            output.write(Job(result, Path(), console=console))
+    return paths

@@ -52,7 +52,7 @@ import aiohttp
 
 from common.errors import EngineStartError
 from common.private import open_private
-from common.redact import redact_argv, redact_text, remember_secret, secret_values
+from common.redact import redact_argv, redact_text, remember_secret, scrub_file, secret_values
 
 
 def _die_with_parent() -> None:
@@ -424,6 +424,8 @@ class ManagedProcess:
         self._signal_group(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
+        # the engine wrote its log itself, its own echo of its arguments included: scrub it now it is gone
+        scrub_file(self.spec.log_path, secret_values(self.spec.argv, self.spec.env))
         self._cleanup()
 
     @staticmethod

@@ -15,21 +15,39 @@ ratios), and a metric **regresses** only when
    and ``ttft_min_increase_ms``; error rate up by more than ``error_rate_max_increase``; mean hit
    ratio down by more than ``hit_rate_max_decrease``).
 
-A cell too small for the test to ever reach ``alpha`` is *inconclusive* (reported, never a
-failure). The median change of a TTFT cell comes with a seeded bootstrap confidence interval.
+The gate knows its power. For every cell it computes the **smallest change it could detect** at
+``alpha`` with the samples it has (80 % power, :data:`POWER`), and a cell that cannot detect the
+gate's own threshold is *inconclusive*, with the samples per side it would need; it is never a PASS.
+
+* TTFT cell: ``MDE% = (exp(δ) − 1) × 100`` with ``δ = (z(1−alpha) + z(POWER)) × σ × √(1/n_b + 1/n_c)
+  / √(3/π)``; ``σ`` is the pooled robust spread of ln(TTFT) (1.4826 × the median absolute deviation
+  of each side from its own median), ``3/π`` the efficiency of Mann-Whitney against the t-test under
+  normal noise. Mann-Whitney's smallest p-value is ``1 / C(n_b + n_c, n_b)``: when that is above
+  ``alpha`` (n = 2 per side at alpha 0.01) no change is detectable, ``MDE = ∞``. The threshold to
+  detect is the larger of ``ttft_max_increase_pct`` and ``ttft_min_increase_ms`` over the baseline
+  median; ``need n ≥ N`` solves ``MDE(N, N) ≤ threshold`` together with ``1 / C(2N, N) ≤ alpha``.
+* Hit-rate cell: the same with the ratios themselves (``δ`` is the detectable absolute drop).
+* Error rate: the smallest CURRENT error rate Fisher's test would call significant, less the
+  baseline's rate. An arm whose error rate rose by less than the test can detect is inconclusive;
+  one whose errors did not rise has nothing to judge.
+
+The verdict is ``regression`` (exit 1) when any metric regressed, else ``inconclusive`` (exit 3, the
+exit code kvbench gives every verdict that cannot tell) when any cell could not detect its
+threshold, else ``pass`` (exit 0). The median change of a TTFT cell comes with a seeded bootstrap
+confidence interval.
 
 Two result sets of a different scenario (name, engine, model, arms, workload) or different hardware
 (the engine's hardware label, the GPUs in the manifest) are not compared at all: exit code 2.
+The renderers of the result (Markdown, JUnit, JSON) are outputs of the registry, ``reports/gate.py``.
 """
 
 from __future__ import annotations
 
 import math
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -37,19 +55,26 @@ from scipy import stats
 
 from common import __version__
 from common.errors import KvbenchError
-from common.markup import md_text
+from common.schema import VersionedFile
 from harness.results.run_result import Frozen
+from harness.results.verdict import EXIT_INCONCLUSIVE
 from harness.scenario.spec import GateSpec, Scenario
 from harness.store.manifest import read_manifest
 from harness.store.records import read_records
 from harness.store.rundir import RunDir
 from workloads.config import MultiRoundQAProbe
 
-COMPARE_SCHEMA_VERSION = 1
+COMPARE_SCHEMA_VERSION = 2
 NS_PER_MS = 1_000_000
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 20240607
 CONFIDENCE = 0.95
+POWER = 0.80
+"""Probability of detecting a change of exactly the smallest detectable size (the usual 80 %)."""
+MANN_WHITNEY_EFFICIENCY = 3.0 / math.pi
+"""Asymptotic relative efficiency of Mann-Whitney U against the t-test under normal noise."""
+MAD_TO_SIGMA = 1.4826
+"""Median absolute deviation × this = standard deviation, for normal noise (robust to outliers)."""
 
 EXIT_PASS = 0
 EXIT_REGRESSION = 1
@@ -57,7 +82,13 @@ EXIT_INCOMPARABLE = 2
 
 Metric = Literal["ttft", "error_rate", "hit_rate"]
 Status = Literal["pass", "regression", "improvement", "inconclusive"]
-Verdict = Literal["pass", "regression", "incomparable"]
+Verdict = Literal["pass", "regression", "inconclusive", "incomparable"]
+EXIT_CODES: dict[Verdict, int] = {
+    "pass": EXIT_PASS,
+    "regression": EXIT_REGRESSION,
+    "incomparable": EXIT_INCOMPARABLE,
+    "inconclusive": EXIT_INCONCLUSIVE,
+}
 
 THRESHOLD_FLAGS: dict[str, str] = {
     "alpha": "alpha",
@@ -257,6 +288,64 @@ def bootstrap_median_change_pct(
     return (float(low), float(high))
 
 
+def robust_spread(*samples: np.ndarray) -> float:
+    """Pooled noise of the samples: 1.4826 × the median absolute deviation, each from its own median."""
+    deviations = [np.abs(sample - np.median(sample)) for sample in samples if sample.size]
+    if not deviations:
+        return math.nan
+    return MAD_TO_SIGMA * float(np.median(np.concatenate(deviations)))
+
+
+def detectable_shift(n_baseline: int, n_current: int, spread: float, alpha: float) -> float:
+    """Smallest shift Mann-Whitney detects at ``alpha`` with :data:`POWER` (units of ``spread``); ∞ if none.
+
+    ``δ = (z(1−alpha) + z(POWER)) × spread × √(1/n_b + 1/n_c) / √(3/π)``, and ∞ when even a complete
+    separation of the samples cannot reach ``alpha`` (``1 / C(n_b + n_c, n_b) > alpha``).
+    """
+    if min_mannwhitney_p(n_baseline, n_current) > alpha or math.isnan(spread):
+        return math.inf
+    z = float(stats.norm.ppf(1.0 - alpha) + stats.norm.ppf(POWER))
+    return z * spread * math.sqrt(1.0 / n_baseline + 1.0 / n_current) / math.sqrt(MANN_WHITNEY_EFFICIENCY)
+
+
+def samples_needed(spread: float, alpha: float, shift: float) -> int | None:
+    """Samples per side so that :func:`detectable_shift` ≤ ``shift``; None when no number suffices."""
+    floor = 1
+    while min_mannwhitney_p(floor, floor) > alpha:
+        floor += 1
+    if math.isnan(spread) or (shift <= 0 and spread > 0):
+        return None
+    if spread == 0:
+        return floor
+    z = float(stats.norm.ppf(1.0 - alpha) + stats.norm.ppf(POWER))
+    by_noise = math.ceil(2.0 * (z * spread / shift) ** 2 / MANN_WHITNEY_EFFICIENCY)
+    return max(floor, by_noise)
+
+
+def fisher_greater(current_errors: int, current_n: int, baseline_errors: int, baseline_n: int) -> float:
+    """One-sided Fisher p-value of H1: CURRENT's error rate is higher than BASELINE's."""
+    table = np.array([[current_errors, current_n - current_errors], [baseline_errors, baseline_n - baseline_errors]])
+    return float(stats.fisher_exact(table, alternative="greater").pvalue)
+
+
+def detectable_error_increase(baseline_errors: int, baseline_n: int, current_n: int, alpha: float) -> float:
+    """Smallest rise of the error rate (absolute) Fisher's test calls significant at ``alpha``; ∞ if none.
+
+    The smallest CURRENT error count ``k`` with ``p(k) < alpha`` (p falls as ``k`` grows: a binary
+    search), as a rate, less the baseline's rate.
+    """
+    if fisher_greater(current_n, current_n, baseline_errors, baseline_n) >= alpha:
+        return math.inf
+    low, high = 0, current_n  # p(high) < alpha
+    while low < high:
+        middle = (low + high) // 2
+        if fisher_greater(middle, current_n, baseline_errors, baseline_n) < alpha:
+            high = middle
+        else:
+            low = middle + 1
+    return high / current_n - baseline_errors / baseline_n
+
+
 # --------------------------------------------------------------------------------------------
 # The comparison
 # --------------------------------------------------------------------------------------------
@@ -280,6 +369,10 @@ class MetricComparison(Frozen):
     ci_high: float | None = None
     p_value: float | None = None
     threshold: float
+    min_detectable_change: float | None = None
+    """Smallest change the test detects here (``change_unit``); None when no change is detectable."""
+    needed_n: int | None = None
+    """Samples per side (requests per cell, or per arm) the threshold needs; set on inconclusive metrics."""
     status: Status
     detail: str
 
@@ -290,10 +383,13 @@ class MetricComparison(Frozen):
         return f"{self.metric} {self.arm} {self.context_tokens} tok t{self.turn}"
 
 
-class CompareResult(Frozen):
-    """What ``kvbench compare`` decided, with every comparison behind it."""
+class CompareResult(VersionedFile):
+    """What ``kvbench compare`` decided, with every comparison behind it (``--json`` writes it)."""
 
-    schema_version: Literal[1] = 1
+    FILE_NAME: ClassVar[str] = "compare.json"
+    REBUILD_HINT: ClassVar[str] = "rebuild it with `kvbench compare BASELINE CURRENT --json FILE`"
+
+    schema_version: Literal[2] = 2
     kvbench_version: str
     baseline: str
     current: str
@@ -305,23 +401,43 @@ class CompareResult(Frozen):
 
     @property
     def exit_code(self) -> int:
-        return {"pass": EXIT_PASS, "regression": EXIT_REGRESSION, "incomparable": EXIT_INCOMPARABLE}[self.verdict]
+        return EXIT_CODES[self.verdict]
 
     @property
     def regressions(self) -> list[MetricComparison]:
         return [c for c in self.comparisons if c.status == "regression"]
 
+    @property
+    def inconclusive(self) -> list[MetricComparison]:
+        return [c for c in self.comparisons if c.status == "inconclusive"]
 
-def _fmt(value: float | None, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    return f"{value:.{digits}f}"
+    @property
+    def needed_ttft_n(self) -> int | None:
+        """Requests per TTFT cell every inconclusive TTFT cell needs (None: none inconclusive or none suffices)."""
+        needs = [c.needed_n for c in self.inconclusive if c.metric == "ttft" and c.needed_n is not None]
+        return max(needs) if needs else None
+
+
+def _undetectable(
+    what: str, sizes: tuple[int, int], alpha: float, mde: str | None, needed: int | None, unit: str
+) -> str:
+    """Why a Mann-Whitney metric is inconclusive: what it could detect, and the samples per side it needs."""
+    floor = min_mannwhitney_p(*sizes)
+    requests = f"{sizes[0]} vs {sizes[1]} requests"
+    if floor > alpha:
+        could = f"the test cannot reach alpha {alpha:g} with {requests} (smallest p {floor:.3g})"
+    elif mde is None:
+        could = f"no change is detectable at alpha {alpha:g} with {requests}"
+    else:
+        could = f"smallest detectable change {mde} at alpha {alpha:g} with {requests} ({POWER:.0%} power)"
+    need = f"need n ≥ {needed} {unit}" if needed is not None else f"no number of requests {unit} suffices"
+    return f"cannot detect {what}: {could}; {need}"
 
 
 def compare_ttft_cell(
     arm: str, context: int, turn: int, baseline: np.ndarray, current: np.ndarray, rules: GateSpec
 ) -> MetricComparison:
-    """Per-request TTFTs (ms) of one cell: Mann-Whitney U plus the median-change threshold."""
+    """Per-request TTFTs (ms) of one cell: Mann-Whitney U, the median-change threshold and the test's power."""
     base: dict[str, Any] = {
         "metric": "ttft", "arm": arm, "context_tokens": context, "turn": turn, "unit": "ms",
         "baseline_n": int(baseline.size), "current_n": int(current.size), "change_unit": "%",
@@ -339,15 +455,14 @@ def compare_ttft_cell(
     low, high = bootstrap_median_change_pct(baseline, current)
     p_worse = mannwhitney_greater(current, baseline)
     p_better = mannwhitney_greater(baseline, current)
+    # the change the gate must be able to see: both conditions of a regression, as a ratio of medians
+    target_pct = max(rules.ttft_max_increase_pct, rules.ttft_min_increase_ms / b_med * 100.0 if b_med > 0 else 0.0)
+    spread = robust_spread(np.log(baseline[baseline > 0]), np.log(current[current > 0]))
+    shift = detectable_shift(baseline.size, current.size, spread, rules.alpha)
+    mde = (math.exp(shift) - 1.0) * 100.0 if shift < math.log(1e6) else math.inf
     values = {**base, "baseline_value": b_med, "current_value": c_med, "change": change, "ci_low": low,
               "ci_high": high}  # fmt: skip
-    floor = min_mannwhitney_p(baseline.size, current.size)
-    if floor > rules.alpha:
-        return MetricComparison(
-            **values, p_value=p_worse, status="inconclusive",
-            detail=f"too few requests ({baseline.size} vs {current.size}): the test cannot reach alpha "
-            f"{rules.alpha:g} (smallest p {floor:.3g})",
-        )  # fmt: skip
+    values["min_detectable_change"] = None if math.isinf(mde) else mde
     if p_worse < rules.alpha and change > rules.ttft_max_increase_pct and c_med - b_med > rules.ttft_min_increase_ms:
         return MetricComparison(
             **values, p_value=p_worse, status="regression",
@@ -359,6 +474,12 @@ def compare_ttft_cell(
             **values, p_value=p_better, status="improvement",
             detail=f"median {b_med:.3f} → {c_med:.3f} ms ({change:.1f}%), Mann-Whitney p={p_better:.2g}",
         )  # fmt: skip
+    if mde > target_pct:
+        needed = samples_needed(spread, rules.alpha, math.log1p(target_pct / 100.0))
+        sizes = (int(baseline.size), int(current.size))
+        could = None if math.isinf(mde) else f"+{mde:.1f}%"
+        detail = _undetectable(f"+{target_pct:.3g}%", sizes, rules.alpha, could, needed, "per cell")
+        return MetricComparison(**values, p_value=p_worse, needed_n=needed, status="inconclusive", detail=detail)
     why = (
         f"p={p_worse:.2g} ≥ {rules.alpha:g}"
         if p_worse >= rules.alpha
@@ -366,11 +487,13 @@ def compare_ttft_cell(
         if change <= rules.ttft_max_increase_pct
         else f"change {c_med - b_med:+.3f} ms within {rules.ttft_min_increase_ms:g} ms"
     )
-    return MetricComparison(**values, p_value=p_worse, status="pass", detail=f"no regression ({why})")
+    return MetricComparison(
+        **values, p_value=p_worse, status="pass", detail=f"no regression ({why}; detectable: +{mde:.1f}%)"
+    )
 
 
 def compare_error_rate(arm: str, baseline: pd.Series, current: pd.Series, rules: GateSpec) -> MetricComparison:
-    """Failed / measured requests of one arm: Fisher's exact test plus the absolute threshold."""
+    """Failed / measured requests of one arm: Fisher's exact test, the absolute threshold and the test's power."""
     b_err, b_n = int((~baseline).sum()), int(baseline.size)
     c_err, c_n = int((~current).sum()), int(current.size)
     b_rate = b_err / b_n if b_n else 0.0
@@ -383,17 +506,24 @@ def compare_error_rate(arm: str, baseline: pd.Series, current: pd.Series, rules:
     }  # fmt: skip
     if b_n == 0 or c_n == 0:
         return MetricComparison(**base, status="inconclusive", detail="no measured request on one side")
-    table = np.array([[c_err, c_n - c_err], [b_err, b_n - b_err]], dtype=np.int64)
-    p_value = float(stats.fisher_exact(table, alternative="greater").pvalue)
+    p_value = fisher_greater(c_err, c_n, b_err, b_n)
+    mde = detectable_error_increase(b_err, b_n, c_n, rules.alpha)
+    counts = f"errors {b_err}/{b_n} → {c_err}/{c_n}"
+    values = {**base, "p_value": p_value, "min_detectable_change": None if math.isinf(mde) else mde}
     if p_value < rules.alpha and change > rules.error_rate_max_increase:
-        return MetricComparison(
-            **base, p_value=p_value, status="regression",
-            detail=f"errors {b_err}/{b_n} → {c_err}/{c_n} (+{change * 100:.1f} points > "
-            f"{rules.error_rate_max_increase * 100:g}), Fisher p={p_value:.2g}",
-        )  # fmt: skip
-    return MetricComparison(
-        **base, p_value=p_value, status="pass", detail=f"errors {b_err}/{b_n} → {c_err}/{c_n} (Fisher p={p_value:.2g})"
-    )
+        detail = (
+            f"{counts} (+{change * 100:.1f} points > {rules.error_rate_max_increase * 100:g}), Fisher p={p_value:.2g}"
+        )
+        return MetricComparison(**values, status="regression", detail=detail)
+    if change > 0 and mde > rules.error_rate_max_increase:
+        # errors rose, and the test could not have told a rise of the threshold's size from chance
+        could = "none" if math.isinf(mde) else f"+{mde * 100:.1f} points"
+        detail = (
+            f"{counts}: cannot detect +{rules.error_rate_max_increase * 100:g} points with these requests "
+            f"(smallest detectable rise {could}, Fisher p={p_value:.2g}); need more requests per arm"
+        )
+        return MetricComparison(**values, status="inconclusive", detail=detail)
+    return MetricComparison(**values, status="pass", detail=f"{counts} (Fisher p={p_value:.2g})")
 
 
 def _hit_ratios(frame: pd.DataFrame) -> np.ndarray:
@@ -410,21 +540,28 @@ def compare_hit_rate(
         return None
     b_mean, c_mean = float(baseline.mean()), float(current.mean())
     change = c_mean - b_mean
+    spread = robust_spread(baseline, current)
+    mde = detectable_shift(baseline.size, current.size, spread, rules.alpha)
     base: dict[str, Any] = {
         "metric": "hit_rate", "arm": arm, "turn": turn, "unit": "ratio", "baseline_n": int(baseline.size),
         "current_n": int(current.size), "baseline_value": b_mean, "current_value": c_mean, "change": change,
         "change_unit": "abs", "threshold": rules.hit_rate_max_decrease,
     }  # fmt: skip
-    floor = min_mannwhitney_p(baseline.size, current.size)
+    base["min_detectable_change"] = None if math.isinf(mde) else mde
     p_value = mannwhitney_greater(baseline, current)  # H1: CURRENT's ratios are smaller
-    if floor > rules.alpha:
-        return MetricComparison(**base, p_value=p_value, status="inconclusive", detail="too few requests for the test")
     if p_value < rules.alpha and -change > rules.hit_rate_max_decrease:
         return MetricComparison(
             **base, p_value=p_value, status="regression",
             detail=f"mean hit ratio {b_mean:.3f} → {c_mean:.3f} ({change * 100:+.1f} points), "
             f"Mann-Whitney p={p_value:.2g}",
         )  # fmt: skip
+    if mde > rules.hit_rate_max_decrease:
+        needed = samples_needed(spread, rules.alpha, rules.hit_rate_max_decrease)
+        what = f"−{rules.hit_rate_max_decrease * 100:g} points"
+        sizes = (int(baseline.size), int(current.size))
+        could = None if math.isinf(mde) else f"−{mde * 100:.1f} points"
+        detail = _undetectable(what, sizes, rules.alpha, could, needed, "per arm and turn")
+        return MetricComparison(**base, p_value=p_value, needed_n=needed, status="inconclusive", detail=detail)
     return MetricComparison(
         **base, p_value=p_value, status="pass", detail=f"mean hit ratio {b_mean:.3f} → {c_mean:.3f}"
     )
@@ -490,7 +627,10 @@ def compare_sets(baseline: ResultSet, current: ResultSet, rules: GateSpec | None
             )
             if hit is not None:
                 comparisons.append(hit)
-    verdict: Verdict = "regression" if any(c.status == "regression" for c in comparisons) else "pass"
+    statuses = {c.status for c in comparisons}
+    verdict: Verdict = (
+        "regression" if "regression" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+    )
     return CompareResult(**common, verdict=verdict, reasons=[], comparisons=comparisons)
 
 
@@ -500,139 +640,3 @@ def compare_paths(baseline: Path, current: Path, threshold_flags: Iterable[str] 
     current_set = load_result_set(current)
     rules = apply_threshold_flags(current_set.scenario.gate, threshold_flags)
     return compare_sets(base_set, current_set, rules)
-
-
-# --------------------------------------------------------------------------------------------
-# Outputs
-# --------------------------------------------------------------------------------------------
-
-_STATUS_MARK = {"pass": "✅ pass", "regression": "❌ REGRESSION", "improvement": "🟢 improvement",
-                "inconclusive": "⚪ inconclusive"}  # fmt: skip
-
-
-def _value(c: MetricComparison, value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:.3f} ms" if c.unit == "ms" else f"{value * 100:.2f}%"
-
-
-def _change(c: MetricComparison) -> str:
-    if c.change is None or math.isinf(c.change):
-        return "—"
-    if c.change_unit == "%":
-        ci = f" [{_fmt(c.ci_low, 1)}, {_fmt(c.ci_high, 1)}]" if c.ci_low is not None else ""
-        return f"{c.change:+.1f}%{ci}"
-    return f"{c.change * 100:+.2f} pts"
-
-
-def _threshold(c: MetricComparison) -> str:
-    if c.metric == "ttft":
-        return f"+{c.threshold:g}%"
-    return f"{'-' if c.metric == 'hit_rate' else '+'}{c.threshold * 100:g} pts"
-
-
-def describe_rules(rules: GateSpec) -> str:
-    return (
-        f"one-sided tests at alpha {rules.alpha:g}; TTFT median +{rules.ttft_max_increase_pct:g}% "
-        f"and +{rules.ttft_min_increase_ms:g} ms; error rate +{rules.error_rate_max_increase * 100:g} pts; "
-        f"hit rate −{rules.hit_rate_max_decrease * 100:g} pts"
-    )
-
-
-def render_markdown(result: CompareResult) -> str:
-    """The Markdown summary ``kvbench compare`` prints (and a CI job can post)."""
-    title = {"pass": "✅ PASS: no regression", "regression": "❌ REGRESSION",
-             "incomparable": "⚠️ CANNOT COMPARE"}[result.verdict]  # fmt: skip
-    lines = [
-        f"## kvbench compare — {title}",
-        "",
-        f"* scenario: {md_text(result.scenario_name)}",
-        f"* baseline: {md_text(result.baseline)}",
-        f"* current: {md_text(result.current)}",
-        f"* rules: {describe_rules(result.rules)}",
-        "",
-    ]
-    if result.verdict == "incomparable":
-        lines.append("The result sets are not comparable:")
-        lines.append("")
-        lines.extend(f"* {md_text(reason)}" for reason in result.reasons)
-        return "\n".join(lines) + "\n"
-    counts = {status: sum(c.status == status for c in result.comparisons) for status in _STATUS_MARK}
-    lines.append(", ".join(f"{n} {status}" for status, n in counts.items()))
-    lines.append("")
-    lines.append("| metric | arm | tokens | turn | baseline | current | change [95% CI] | p | threshold | status |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    order = {"regression": 0, "improvement": 1, "inconclusive": 2, "pass": 3}
-    for c in sorted(result.comparisons, key=lambda c: order[c.status]):
-        lines.append(
-            "| " + " | ".join([
-                c.metric, md_text(c.arm), str(c.context_tokens or "—"), str(c.turn or "—"),
-                f"{_value(c, c.baseline_value)} (n={c.baseline_n})", f"{_value(c, c.current_value)} (n={c.current_n})",
-                _change(c), _fmt(c.p_value, 4) if c.p_value is not None else "—", _threshold(c),
-                _STATUS_MARK[c.status],
-            ]) + " |"
-        )  # fmt: skip
-    regressions = result.regressions
-    if regressions:
-        lines += ["", "Regressions:", ""]
-        lines += [f"* **{md_text(c.name)}**: {md_text(c.detail)}" for c in regressions]
-    return "\n".join(lines) + "\n"
-
-
-def render_junit(result: CompareResult) -> str:
-    """JUnit XML: one test case per comparison; regressions fail, inconclusive cells are skipped."""
-    suite = ET.Element(
-        "testsuite",
-        name=f"kvbench.compare.{result.scenario_name}",
-        tests="0",
-        failures="0",
-        errors="0",
-        skipped="0",
-    )
-    props = ET.SubElement(suite, "properties")
-    for key, value in (("baseline", result.baseline), ("current", result.current), ("verdict", result.verdict)):
-        ET.SubElement(props, "property", name=key, value=value)
-    tests = failures = errors = skipped = 0
-    if result.verdict == "incomparable":
-        case = ET.SubElement(suite, "testcase", classname="kvbench.compare", name="comparable")
-        error = ET.SubElement(case, "error", message="result sets are not comparable", type="incomparable")
-        error.text = "\n".join(result.reasons)
-        tests, errors = 1, 1
-    for c in result.comparisons:
-        tests += 1
-        case = ET.SubElement(suite, "testcase", classname=f"kvbench.compare.{c.metric}", name=c.name)
-        if c.status == "regression":
-            failures += 1
-            failure = ET.SubElement(case, "failure", message=c.detail, type="regression")
-            failure.text = c.detail
-        elif c.status == "inconclusive":
-            skipped += 1
-            ET.SubElement(case, "skipped", message=c.detail)
-        else:
-            ET.SubElement(case, "system-out").text = c.detail
-    suite.set("tests", str(tests))
-    suite.set("failures", str(failures))
-    suite.set("errors", str(errors))
-    suite.set("skipped", str(skipped))
-    suites = ET.Element("testsuites")
-    suites.append(suite)
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
-
-
-def write_outputs(
-    result: CompareResult, *, markdown: Path | None = None, junit: Path | None = None, json_path: Path | None = None
-) -> list[Path]:
-    """Write whichever of the Markdown summary, JUnit XML and JSON result were asked for."""
-    written: list[Path] = []
-    for path, text in (
-        (markdown, render_markdown(result) if markdown else ""),
-        (junit, render_junit(result) if junit else ""),
-        (json_path, result.model_dump_json(indent=2) + "\n" if json_path else ""),
-    ):
-        if path is None:
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written

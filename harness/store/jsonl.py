@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from common.errors import RunDirError
+from common.schema import first_problem
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -103,10 +104,10 @@ def iter_jsonl(path: Path, model: type[ModelT]) -> Iterator[ModelT]:
             continue
         try:
             yield model.model_validate_json(line)
-        except ValueError as error:
+        except ValidationError as error:  # bad JSON too: one line naming the field, never pydantic's report
             if number == len(lines) and not line.endswith(b"\n"):
                 return  # the writer died mid-line; everything before it is intact
-            raise RunDirError(f"{path}:{number}: not a valid {model.__name__}: {error}") from None
+            raise RunDirError(f"{path}:{number}: not a valid {model.__name__}: {first_problem(error)}") from None
 
 
 def read_jsonl(path: Path, model: type[ModelT]) -> list[ModelT]:

@@ -206,8 +206,44 @@ class Manifest:
             os.fsync(handle.fileno())
 
 
+MANIFEST_FIELDS: tuple[tuple[str, type, str], ...] = (
+    ("run_id", str, "a string"),
+    ("scenario_name", str, "a string"),
+    ("kvbench_version", str, "a string"),
+    ("engines", dict, "an object"),
+    ("attempts", list, "a list"),
+    ("host", dict, "an object"),
+)
+"""Fields every manifest of :data:`MANIFEST_VERSION` carries, with their JSON type."""
+
+
+def check_manifest(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's schema: its version is one this kvbench reads, its fields are there with their types.
+
+    RunDirError naming the file, the field and what it must be. A file without ``manifest_version``
+    (written by hand, or by tests) is checked for the types of the fields it has.
+    """
+    version = data.get("manifest_version")
+    if "manifest_version" in data and (type(version) is not int or version != MANIFEST_VERSION):
+        raise RunDirError(f"{path}: manifest_version {version!r}; this kvbench reads {MANIFEST_VERSION}")
+    for field, kind, what in MANIFEST_FIELDS:
+        if field not in data:
+            if "manifest_version" in data:
+                raise RunDirError(f"{path}: {field}: missing (a manifest of version {MANIFEST_VERSION} has it)")
+            continue
+        if not isinstance(data[field], kind):
+            raise RunDirError(f"{path}: {field}: must be {what}, got {type(data[field]).__name__}")
+    for index, attempt in enumerate(data.get("attempts", [])):
+        if not isinstance(attempt, dict) or type(attempt.get("attempt", 0)) is not int:
+            raise RunDirError(f"{path}: attempts[{index}]: must be an object with an integer attempt")
+    return data
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest as a mapping (empty when the file is missing); an unreadable one is a RunDirError."""
+    """The manifest as a mapping (empty when the file is missing), checked by :func:`check_manifest`.
+
+    An unreadable or invalid one is a RunDirError naming the file and the field.
+    """
     try:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:
@@ -218,7 +254,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise RunDirError(f"{path}: not a JSON manifest: {error}") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{path}: not a JSON manifest: expected an object, got {type(data).__name__}")
-    return data
+    return check_manifest(path, data)
 
 
 def attempt_host_links(manifest: Mapping[str, Any], where: str) -> list[HostLink]:

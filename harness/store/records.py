@@ -4,6 +4,13 @@ Every request becomes one :class:`RequestRecord` the moment it completes. Record
 to ``records.jsonl``, flushed at once and fsynced per batch, so a killed run keeps what it
 measured. Times are integer nanoseconds from a monotonic clock; milliseconds appear only in
 reports.
+
+Records are validated on load as strictly as they are written: integers are JSON integers (the
+string ``"12"`` is refused, not converted), counts and clock readings are non-negative, durations
+(TTFT, end-to-end, inter-token gaps) lie in ``[0, MAX_DURATION_NS]`` (one day: no request of a
+benchmark takes longer, so a larger value is a corrupt file), and a successful request has a TTFT.
+A bad line is a one-line error naming the file, the line and the field; reports refuse it rather
+than average an impossible number.
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from common.private import open_private
 from harness.client.errors import ErrorKind
@@ -24,58 +31,78 @@ from .jsonl import iter_jsonl, repair_torn_tail
 
 Phase = Literal["warmup", "measure", "filler"]
 
+MAX_DURATION_NS = 86_400 * 1_000_000_000
+"""One day in nanoseconds: the bound of every stored duration."""
+# strict: a JSON string or float is not an integer ("12" is refused, not converted)
+DurationNs = Annotated[int, Field(strict=True, ge=0, le=MAX_DURATION_NS)]
+Count = Annotated[int, Field(strict=True, ge=0)]
+
 
 class RequestRecord(BaseModel):
     """What one request did, as seen by the client."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     arm: str
-    attempt: int = Field(description="Which invocation of the run wrote it (0 = first, resumes count up).")
+    attempt: Count = Field(description="Which invocation of the run wrote it (0 = first, resumes count up).")
     phase: Phase
-    repetition: int
-    context_tokens: int = Field(description="Target context length of the conversation (the table row).")
-    conversation: int
-    turn: int = Field(description="1-based turn within the conversation.")
+    repetition: int = Field(strict=True, ge=-1, description="0-based repetition; -1 for warm-up requests.")
+    context_tokens: Count = Field(description="Target context length of the conversation (the table row).")
+    conversation: Count
+    turn: int = Field(strict=True, ge=1, description="1-based turn within the conversation.")
     request_id: str
     api: Literal["chat", "completions"]
-    started_ns: int = Field(description="time.monotonic_ns() when the request was sent.")
-    ttft_ns: int | None = Field(description="First chunk with generated text (content or reasoning) minus start.")
-    e2e_ns: int | None = Field(description="Last byte of the response minus start.")
-    itl_ns: list[int] = Field(default_factory=list, description="Gaps between content chunks.")
-    output_chunks: int = Field(default=0, description="Chunks that carried generated text (content or reasoning).")
+    started_ns: Count = Field(description="time.monotonic_ns() when the request was sent.")
+    ttft_ns: DurationNs | None = Field(
+        description="First chunk with generated text (content or reasoning) minus start."
+    )
+    e2e_ns: DurationNs | None = Field(description="Last byte of the response minus start.")
+    itl_ns: list[DurationNs] = Field(default_factory=list, description="Gaps between content chunks.")
+    output_chunks: Count = Field(default=0, description="Chunks that carried generated text (content or reasoning).")
     # -- stream accounting (absent, i.e. None, in records written before these fields existed) --
-    first_chunk_ns: int | None = Field(
+    first_chunk_ns: DurationNs | None = Field(
         default=None,
         description="First chunk standing for a generated token, text or not (an empty content delta counts), "
         "minus start; ttft_ns later than this means the first token(s) streamed no text.",
     )
-    empty_token_chunks: int | None = Field(
+    empty_token_chunks: Count | None = Field(
         default=None, description="Chunks with an empty content delta: tokens that streamed no text."
     )
     finish_reason: str | None = Field(default=None, description="The stream's last finish_reason (length, stop).")
-    prompt_tokens: int | None = Field(default=None, description="From the server's usage block.")
-    completion_tokens: int | None = None
-    cached_tokens: int | None = Field(default=None, description="usage.prompt_tokens_details.cached_tokens.")
-    expected_prompt_tokens: int | None = Field(default=None, description="What the workload built.")
-    http_status: int | None = None
-    ok: bool
+    prompt_tokens: Count | None = Field(default=None, description="From the server's usage block.")
+    completion_tokens: Count | None = None
+    cached_tokens: Count | None = Field(default=None, description="usage.prompt_tokens_details.cached_tokens.")
+    expected_prompt_tokens: Count | None = Field(default=None, description="What the workload built.")
+    http_status: Count | None = None
+    ok: bool = Field(strict=True)
     error_kind: ErrorKind | None = None
     error: str | None = None
     # -- load runs (kvbench sweep/soak); absent from probe records ----------------------------
-    point: int | None = Field(default=None, description="Index of the sweep load point.")
-    load: float | None = Field(default=None, description="The point's load: concurrency (users) or requests/s.")
-    user: int | None = Field(default=None, description="The user (its context); conversation is the session.")
-    scheduled_ns: int | None = Field(
+    point: Count | None = Field(default=None, description="Index of the sweep load point.")
+    load: float | None = Field(
+        default=None, strict=True, ge=0, description="The point's load: concurrency (users) or requests/s."
+    )
+    user: Count | None = Field(default=None, description="The user (its context); conversation is the session.")
+    scheduled_ns: Count | None = Field(
         default=None, description="Open-loop arrival time the request was due (monotonic ns); started_ns - it = lag."
     )
     # -- fleets (engine.replicas > 1); absent for one engine ----------------------------------
-    replica: int | None = Field(default=None, description="The replica that served it (0-based).")
+    replica: Count | None = Field(default=None, description="The replica that served it (0-based).")
     moved: bool | None = Field(
         default=None, description="Served by another replica than the conversation's previous request (turn >= 2)."
     )
     # -- trace replays (kvbench replay); absent otherwise -------------------------------------
-    trace_line: int | None = Field(default=None, description="1-based line of the trace file this request replays.")
+    trace_line: int | None = Field(
+        default=None, strict=True, ge=1, description="1-based line of the trace file this request replays."
+    )
+
+    @field_validator("ok")
+    @classmethod
+    def _success_has_a_ttft(cls, ok: bool, info: ValidationInfo) -> bool:
+        # the client fails a stream without generated text (empty_response): ok with no TTFT is a corrupt line
+        if ok and "ttft_ns" in info.data and info.data["ttft_ns"] is None:
+            raise ValueError("true needs a TTFT, and ttft_ns is null")
+        return ok
 
 
 class RecordWriter:

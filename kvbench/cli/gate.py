@@ -27,18 +27,19 @@ def compare(
     markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown summary here.")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON here.")] = None,
 ) -> None:
-    """Regression gate: exit 0 = no regression, 1 = regression, 2 = cannot compare."""
+    """Regression gate: exit 0 = no regression, 1 = regression, 2 = cannot compare, 3 = INCONCLUSIVE."""
     from common.errors import KvbenchError
-    from harness.gate.compare import compare_paths, render_markdown, write_outputs
+    from harness.gate.compare import compare_paths
+    from reports.outputs import write_compare_outputs
 
+    files = {name: path for name, path in (("markdown", markdown), ("junit", junit), ("json", json_out)) if path}
     try:
         result = compare_paths(baseline, current, threshold or [])
-        write_outputs(result, markdown=markdown, junit=junit, json_path=json_out)
+        write_compare_outputs(result, files, console)
     except KvbenchError as error:  # exit 2: cannot compare, whatever could not be read
         raise fail(str(error)) from None
     except OSError as error:
         raise fail(os_error(error)) from None
-    typer.echo(render_markdown(result), nl=False)
     raise typer.Exit(result.exit_code)
 
 

@@ -17,14 +17,13 @@ from harness.gate.compare import (
     apply_threshold_flags,
     compare_paths,
     min_mannwhitney_p,
-    render_junit,
-    render_markdown,
 )
 from harness.scenario.spec import GateSpec, parse_scenario
 from harness.store.events import GroupDone
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from kvbench.cli import app
+from reports.gate import render_junit, render_markdown
 from tests.resultfiles import probe_scenario
 from workloads.config import MultiRoundQAProbe
 
@@ -156,8 +155,8 @@ def test_too_few_requests_is_inconclusive_not_a_failure(tmp_path: Path) -> None:
     result = compare_paths(base, current)
     ttft = [c for c in result.comparisons if c.metric == "ttft"]
     assert all(c.status == "inconclusive" for c in ttft)
-    assert result.verdict == "pass"
-    assert "cannot reach alpha" in ttft[0].detail
+    assert result.verdict == "inconclusive" and result.exit_code == 3  # never PASS
+    assert "cannot reach alpha" in ttft[0].detail and "need n ≥ 5 per cell" in ttft[0].detail
 
 
 def test_error_rate_regression(tmp_path: Path) -> None:
