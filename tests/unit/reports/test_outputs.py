@@ -45,7 +45,7 @@ def test_every_run_kind_can_ask_for_the_fleet_report_and_the_html_is_not_a_defau
     fleet = [output for output in OUTPUTS if output.format == "fleet"]
     assert len(fleet) == 1 and set(fleet[0].kinds) == set(RUN_KINDS)
     assert all(not output.default for output in OUTPUTS if output.format == "html")
-    assert formats(["compare"]) == ["markdown", "junit", "json"]
+    assert formats(["compare"]) == ["markdown", "junit", "json", "console"]
 
 
 def test_the_gate_comparison_goes_through_the_registry(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_the_gate_comparison_goes_through_the_registry(tmp_path: Path) -> None:
     as_json = json.loads(write_output("compare", "json", result, tmp_path / "gate.json").read_text())
     assert as_json["verdict"] == result.verdict
     assert "kvbench compare" in write_output("compare", "markdown", result, tmp_path / "gate.md").read_text()
-    with pytest.raises(KvbenchError, match="no 'pdf' output for a compare result; registered: markdown, junit, json"):
+    with pytest.raises(KvbenchError, match="no 'pdf' output for a compare result; registered: markdown, junit, json, console"):
         write_output("compare", "pdf", result, tmp_path / "gate.pdf")
 
 
