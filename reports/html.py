@@ -1,13 +1,17 @@
-"""The HTML case-study report: one self-contained file, built only from stored result files.
+"""The HTML case study: one self-contained file, built only from stored result files.
 
-``kvbench report --html RUN_DIR...`` (or ``--playbook FILE``) reads run directories (``summary.json``,
-``manifest.json``, ``scenario.yaml``), soak directories (``soak.json``, ``intervals.jsonl``) and
-sweep directories, and renders ``reports/templates/case_study.html.j2`` with Jinja2 (autoescape on).
+``kvbench report --html RUN_DIR...`` (or ``--format html``, or ``--playbook FILE``) writes it through the
+output registry (:func:`reports.outputs.report_html`, kind ``case-study``): it reads run directories
+(``summary.json``, ``manifest.json``, ``scenario.yaml``), soak directories (``soak.json``,
+``intervals.jsonl``) and sweep directories, and renders ``reports/templates/case_study.html.j2`` with
+Jinja2 (autoescape on).
 
-The page needs no network: CSS is inline, charts are inline SVG, a Content-Security-Policy forbids
-scripts and remote loads, and the raw-data appendix links to the stored files by relative path.
-Every string that came from a scenario, an engine or a model is escaped by Jinja2; command lines
-are redacted again before they are shown.
+The page needs no network: CSS is inline, charts are matplotlib's inline SVG in the shared style
+(:mod:`reports.charts`, :mod:`reports.figures`), a Content-Security-Policy forbids scripts and
+remote loads, and the raw-data appendix links to the stored files by relative path. Every string
+that came from a scenario, an engine or a model is escaped (by Jinja2, or in a chart by matplotlib's
+SVG writer and :func:`reports.figures.inline_svg`); command lines are redacted again before they
+are shown.
 """
 
 from __future__ import annotations

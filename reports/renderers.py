@@ -1,7 +1,8 @@
-"""Report outputs, registered by name; each reads only a RunResult (and the manifest) from disk.
+"""A probe's reports (``summary.json`` and the manifest alone): the console view and the files of its ``files`` output.
 
-``kvbench report RUN_DIR`` calls every registered file renderer, so adding an output is adding a
-function here with ``@renderer("name")``.
+The output registry (:mod:`reports.outputs`) writes every file of :data:`PROBE_FILES` as the probe's
+``files`` output: ``ttft_table.md``, ``ttft.csv`` and, when the run has them, the engine's timing,
+LMCache's timeline and ranks, and the medians per pass. A new probe file is one more writer there.
 """
 
 from __future__ import annotations
@@ -37,15 +38,6 @@ from .ttft_table import (
 
 Renderer = Callable[[RunResult, dict[str, Any], Path], Path | None]
 """Writes one output file and returns its path; None when the result holds nothing for it."""
-RENDERERS: dict[str, Renderer] = {}
-
-
-def renderer(name: str) -> Callable[[Renderer], Renderer]:
-    def register(func: Renderer) -> Renderer:
-        RENDERERS[name] = func
-        return func
-
-    return register
 
 
 def _setup_line(result: RunResult, manifest: dict[str, Any]) -> str:
@@ -163,7 +155,6 @@ def markdown_table(result: RunResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-@renderer("markdown")
 def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path:
     path = out_dir / "ttft_table.md"
     text = [
@@ -258,7 +249,6 @@ def passes_markdown(result: RunResult) -> str:
     return _markdown_section("Do the medians settle? (passes)", note, pass_header(result), pass_rows(result))
 
 
-@renderer("csv")
 def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path:
     """Long format: one line per (arm, context length, turn) with the full distribution."""
     path = out_dir / "ttft.csv"
@@ -329,7 +319,6 @@ def _write_split_csv(path: Path, time_fields: list[str], body: list[SplitRow], m
     return _write_rows(path, ["arm", "context_tokens", "turn", "requests", *time_fields], rows, manifest)
 
 
-@renderer("engine-timing-csv")
 def write_timing_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
     """One line per cell with the engine's own timing (no file when the engine exposed none)."""
     body = timing_rows(result)
@@ -337,7 +326,6 @@ def write_timing_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path)
     return _write_split_csv(out_dir / "engine_timing.csv", fields, body, manifest) if body else None
 
 
-@renderer("lmcache-timeline-csv")
 def write_lmcache_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
     """One line per cell with LMCache's log timeline (no file when no arm's log had it)."""
     body = lmcache_rows(result)
@@ -353,7 +341,6 @@ def write_lmcache_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path
     return _write_split_csv(out_dir / "lmcache_timeline.csv", fields, body, manifest) if body else None
 
 
-@renderer("lmcache-ranks-csv")
 def write_ranks_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
     """One line per arm and worker with LMCache's load rates (no file when no arm's log had them)."""
     if not result.lmcache_ranks:
@@ -363,7 +350,6 @@ def write_ranks_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) 
     return _write_rows(out_dir / "lmcache_ranks.csv", header, rows, manifest)
 
 
-@renderer("pass-medians-csv")
 def write_passes_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Path | None:
     """Long format, one line per cell and pass count k: the median over its first k passes (no file with one
     pass)."""
@@ -382,7 +368,18 @@ def _blank(value: float | None) -> float | str:
     return "" if value is None else value
 
 
+PROBE_FILES: tuple[Renderer, ...] = (
+    write_markdown,
+    write_csv,
+    write_timing_csv,
+    write_lmcache_csv,
+    write_ranks_csv,
+    write_passes_csv,
+)
+
+
 def write_all(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Every file of :data:`PROBE_FILES` that the result holds something for."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = (render(result, manifest, out_dir) for render in RENDERERS.values())
+    written = (render(result, manifest, out_dir) for render in PROBE_FILES)
     return [path for path in written if path is not None]
