@@ -386,15 +386,22 @@ def executive_summary(sources: ReportSources) -> list[Headline]:
         stages = sources.playbook.stages
         done = sum(1 for s in stages if s.state == "done")
         open_stages = [s.stage for s in stages if s.state != "done"]
+        simulated = [s.stage for s in stages if s.provenance == "simulated"]
+        origin = "; ".join(f"{s.stage}: {s.provenance_label}" for s in stages if s.provenance not in ("none",))
         if open_stages in ([], ["case_study"]):
             card = Headline(
                 "Rollout playbook",
                 "all gates passed",
                 "baseline, POC, staging and production gates passed; this report is the case study",
                 "good",
+                origin,
+                bool(simulated),
             )
         else:
-            card = Headline("Rollout playbook", f"{done}/{len(stages)} stages done", sources.playbook.next_step)
+            progress = f"{done}/{len(stages)} stages done"
+            card = Headline(
+                "Rollout playbook", progress, sources.playbook.next_step, "neutral", origin, bool(simulated)
+            )
         cards.append(card)
     return cards
 
@@ -679,6 +686,8 @@ class PredictionView:
     table: TableView | None
     chart: Chart | None
     note: str
+    observed: str = "measured"
+    """What the POC's side is: ``measured``, or ``simulated run`` when the POC ran on the simulator."""
 
 
 def _kv_bytes_per_token(probe: ProbeSource) -> tuple[float | None, str]:
@@ -717,6 +726,8 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
     if kv_bytes is None:
         return PredictionView(None, None, f"not available: {label}")
     tier = profile.tiers[0]
+    # a POC on the simulator is no measurement: every label says which it is
+    observed = {"measured": "measured", "simulated": "simulated run"}.get(probe.provenance.origin, "observed")
     calibrated: dict[tuple[str, int, int], float] = {}
     calibration_note = ""
     if (probe.path / CalibratedTtft.FILE_NAME).exists():
@@ -768,10 +779,20 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
         return PredictionView(
             None, None, "no context length has both arms measured with cached-token counts or /metrics hit counters"
         )
-    headers = ["Tokens", "reuse a", "T (µs/tok)", "R (µs/tok)", "regime", "predicted TTFT", "measured TTFT",
-               "predicted speedup", "measured speedup", "measured vs predicted"]  # fmt: skip
+    headers = [
+        "Tokens",
+        "reuse a",
+        "T (µs/tok)",
+        "R (µs/tok)",
+        "regime",
+        "predicted TTFT",
+        f"{observed} TTFT",
+        "predicted speedup",
+        f"{observed} speedup",
+        f"{observed} vs predicted",
+    ]
     if calibrated:
-        headers += ["calibrated sim TTFT", "sim vs measured"]
+        headers += ["calibrated sim TTFT", f"sim vs {observed}"]
     caption = (
         f"{label}; tier {tier.kind} read {tier.effective_read_gbps:g} GB/s, "
         f"{kv_bytes / 1024:.0f} KiB of KV per token per GPU"
@@ -780,16 +801,16 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
         caption += f"; {calibration_note}" if calibrated else f"; no calibrated prediction: {calibration_note}"
     table = TableView(headers, rows, [header != "regime" for header in headers], caption=caption)
     chart = bar_chart(
-        "chart-predicted", f"Predicted vs measured turn-{turn} speedup",
-        "Bars of the analytical model's predicted speedup next to the measured speedup per context length.",
+        "chart-predicted", f"Predicted vs {observed} turn-{turn} speedup",
+        f"Bars of the analytical model's predicted speedup next to the {observed} speedup per context length.",
         contexts,
         [
             BarSeries("predicted (analytical)", predicted, PALETTE[6], "×"),
-            BarSeries("measured", measured, PALETTE[0], "×"),
+            BarSeries(observed, measured, PALETTE[0], "×"),
         ],
         x_label="context length (tokens)", y_label="speedup (×)", log=True,
     )  # fmt: skip
-    return PredictionView(table, chart, "")
+    return PredictionView(table, chart, "", observed)
 
 
 def _precision(engine: dict[str, Any]) -> str:
@@ -918,7 +939,7 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
             cards.append(
                 Headline(
                     f"GPUs at {saving.target_rps:g} req/s within the SLO",
-                    f"{saving.gpus_saved} GPUs saved",
+                    f"{saving.gpus_saved} GPU{'' if saving.gpus_saved == 1 else 's'} saved",
                     f"{saving.baseline} {saving.gpus_baseline} → {saving.arm} {saving.gpus_arm} GPUs{dollars} "
                     f"at ${saving.usd_per_gpu_hour:g}/GPU-hour",
                     "good" if saving.gpus_saved > 0 else "bad",
@@ -932,8 +953,15 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
 
 
 def playbook_table(status: PlaybookStatus) -> TableView:
-    rows = [[s.title, s.state.upper(), s.gate, s.evidence, s.next_step or "—"] for s in status.stages]
-    return TableView(["Stage", "State", "Gate", "Evidence", "Next step"], rows, [False] * 5)
+    """Every stage with the provenance of its evidence; the case study stage is this very report."""
+    rows = []
+    for s in status.stages:
+        if s.stage == "case_study" and s.state != "failed":
+            rows.append([s.title, "THIS REPORT", s.gate, "rendered now from the other stages' runs", "—", "—"])
+            continue
+        origin = {"measured": "MEASURED", "simulated": "SIMULATED"}.get(s.provenance, "—")
+        rows.append([s.title, s.state.upper(), origin, s.gate, s.evidence, s.next_step or "—"])
+    return TableView(["Stage", "State", "Evidence is", "Gate", "Evidence", "Next step"], rows, [False] * 6)
 
 
 # --------------------------------------------------------------------------------------------
