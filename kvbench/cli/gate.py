@@ -106,6 +106,8 @@ def playbook_status_cmd(
     colors = {"done": "green", "failed": "red", "pending": "yellow"}
     for stage in status.stages:
         state = f"[{colors[stage.state]}]{stage.state.upper()}[/]"
+        if stage.provenance in ("measured", "simulated"):  # a simulated gate is never rollout evidence
+            state += f"\n[dim]{stage.provenance.upper()}[/]"
         table.add_row(console_text(stage.title), state, console_text(stage.gate), console_text(stage.evidence))
     console.print(table, markup=True, highlight=False)
     console.print(f"Next: {status.next_step}", highlight=False, markup=False)
