@@ -77,29 +77,84 @@ def conversation_rng(seed: int, repetition: int, context_tokens: int, index: int
     return random.Random(f"kvbench:{seed}:{repetition}:{context_tokens}:{index}:{purpose}")
 
 
+DOCUMENT_CACHE_TOKENS = 16_000_000
+"""Above this many document tokens in one group (conversations x context length, ~80 MB of text) a group keeps
+no documents between its turns and rebuilds each one (deterministically, from its seed) when it sends it: memory
+stays bounded whatever the count of conversations, and the first request goes out as soon as its own document is
+built."""
+
+
+async def build_conversation(
+    workload: MultiRoundQAProbe,
+    tokenizer: Tokenizer,
+    *,
+    seed: int,
+    repetition: int,
+    context_tokens: int,
+    index: int,
+) -> Conversation:
+    """Conversation ``index`` of one (repetition, context length) group: the same text every time it is built."""
+    doc_rng = conversation_rng(seed, repetition, context_tokens, index, "document")
+    header = f"Document {repetition}-{context_tokens}-{index}. "
+    document = await fit_to_tokens(tokenizer, header, doc_rng, context_tokens)
+    questions = []
+    for turn in range(1, workload.turns + 1):
+        q_rng = conversation_rng(seed, repetition, context_tokens, index, f"question-{turn}")
+        questions.append(await fit_to_tokens(tokenizer, f"Question {turn}: ", q_rng, workload.question_tokens))
+    return Conversation(
+        repetition=repetition,
+        context_tokens=context_tokens,
+        index=index,
+        document=document,
+        questions=tuple(questions),
+    )
+
+
 async def build_conversations(
     workload: MultiRoundQAProbe, tokenizer: Tokenizer, *, seed: int, repetition: int, context_tokens: int
 ) -> list[Conversation]:
-    """The conversations of one (repetition, context length) group."""
-    conversations = []
-    for index in range(workload.conversations):
-        doc_rng = conversation_rng(seed, repetition, context_tokens, index, "document")
-        header = f"Document {repetition}-{context_tokens}-{index}. "
-        document = await fit_to_tokens(tokenizer, header, doc_rng, context_tokens)
-        questions = []
-        for turn in range(1, workload.turns + 1):
-            q_rng = conversation_rng(seed, repetition, context_tokens, index, f"question-{turn}")
-            questions.append(await fit_to_tokens(tokenizer, f"Question {turn}: ", q_rng, workload.question_tokens))
-        conversations.append(
-            Conversation(
-                repetition=repetition,
-                context_tokens=context_tokens,
-                index=index,
-                document=document,
-                questions=tuple(questions),
-            )
+    """Every conversation of one (repetition, context length) group, built now (for small groups and tests)."""
+    return [
+        await build_conversation(
+            workload, tokenizer, seed=seed, repetition=repetition, context_tokens=context_tokens, index=index
         )
-    return conversations
+        for index in range(workload.conversations)
+    ]
+
+
+class ConversationGroup:
+    """The conversations of one group, built when first sent; kept between turns only while the group is small.
+
+    A group holds every conversation's answers (``answer_tokens`` each) and, up to :data:`DOCUMENT_CACHE_TOKENS`,
+    its document; beyond that a conversation is rebuilt from its seed for each turn it sends.
+    """
+
+    def __init__(
+        self, workload: MultiRoundQAProbe, tokenizer: Tokenizer, *, seed: int, repetition: int, context_tokens: int
+    ) -> None:
+        self.workload = workload
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.repetition = repetition
+        self.context_tokens = context_tokens
+        self.keep_documents = workload.conversations * context_tokens <= DOCUMENT_CACHE_TOKENS
+        self._kept: dict[int, Conversation] = {}
+
+    async def state(self, index: int, answers: list[str]) -> ConversationState:
+        """Conversation ``index`` with the answers it has received, ready for its next turn."""
+        conversation = self._kept.get(index)
+        if conversation is None:
+            conversation = await build_conversation(
+                self.workload,
+                self.tokenizer,
+                seed=self.seed,
+                repetition=self.repetition,
+                context_tokens=self.context_tokens,
+                index=index,
+            )
+            if self.keep_documents:
+                self._kept[index] = conversation
+        return ConversationState(conversation, answers)
 
 
 async def build_filler(tokenizer: Tokenizer, *, seed: int, tag: str, tokens: int) -> str:

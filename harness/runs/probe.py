@@ -22,7 +22,7 @@ from harness.results.run_result import RunResult
 from harness.scenario.spec import Arm
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from workloads.config import MultiRoundQAProbe
-from workloads.multi_round_qa import ConversationState, build_conversations, build_filler
+from workloads.multi_round_qa import ConversationGroup, ConversationState, build_filler
 from workloads.tokenizer import TokenIds
 
 from .spine import ArmSession, Prompt, Runner, record_from
@@ -139,18 +139,20 @@ class ProbeRunner(Runner[RunResult]):
     async def _run_group(self, session: ArmSession, repetition: int, context_tokens: int) -> None:
         w = self.workload
         arm = session.arm.name
-        conversations = await build_conversations(
+        group = ConversationGroup(
             w, session.tokenizer, seed=self.scenario.seed, repetition=repetition, context_tokens=context_tokens
         )
-        alive = [ConversationState(conversation) for conversation in conversations]
+        # index -> answers so far: all a conversation keeps between turns (its document is rebuilt when large)
+        alive: dict[int, list[str]] = {index: [] for index in range(w.conversations)}
         if w.between_turns.mode == "reset_prefix_cache":
             await session.reset_prefix_cache(required=True)  # turn 1 starts cold
         for turn in range(1, w.turns + 1):
             if turn > 1:
                 await self._between_turns(session, repetition, context_tokens, turn)
             before = await session.scrape()
-            survivors = []
-            for state in alive:
+            survivors: dict[int, list[str]] = {}
+            for index, answers in alive.items():
+                state = await group.state(index, answers)
                 prompt = await self._prompt(session, state)
                 key = f"{repetition}:{context_tokens}:{state.conversation.index}"
                 outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos, key=key)
@@ -170,7 +172,7 @@ class ProbeRunner(Runner[RunResult]):
                 self.progress.advance(f"{arm} {context_tokens} tok t{turn}")
                 if outcome.ok:
                     state.record_answer(outcome.text)
-                    survivors.append(state)
+                    survivors[index] = state.answers
                 # a failed turn means later turns would not measure a returning user: stop that conversation
             after = await session.scrape()
             alive = survivors
