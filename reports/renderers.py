@@ -175,7 +175,14 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         text.append(line)
         text.extend(f"\n**Warning:** {warning}." for warning in warnings)
         text.append("")
-    for section in (timing_markdown(result), lmcache_markdown(result), ranks_markdown(result), passes_markdown(result)):
+    sections = (
+        answer_markdown(result),
+        timing_markdown(result),
+        lmcache_markdown(result),
+        ranks_markdown(result),
+        passes_markdown(result),
+    )
+    for section in sections:
         if section:
             text += [section, ""]
     path.write_text("\n".join(text), encoding="utf-8")
@@ -217,6 +224,30 @@ def _markdown_section(title: str, note: str, header: tuple[str, ...], body: list
     lines.append("|---|" + "|".join("---:" for _ in header[1:]) + "|")
     lines += ["| " + " | ".join(md_text(text) for text in row) + " |" for row in body]
     return "\n".join(lines)
+
+
+ANSWER_NOTE = (
+    "A reasoning model streamed reasoning before its answer. TTFT above is the first token of any kind (the "
+    "engine's first token, what prefill and the offload tier decide); here is the time to the first answer "
+    "token (content), median ms, where a cell had reasoning first."
+)
+
+
+def answer_markdown(result: RunResult) -> str:
+    """The "Time to first answer token" section ("" unless a reasoning model streamed reasoning first)."""
+    rows = [
+        [
+            cell.arm,
+            f"{cell.context_tokens}",
+            f"{cell.turn}",
+            f"{cell.ttft.median_ms:.3f}",
+            f"{cell.answer.median_ms:.3f}",
+        ]
+        for cell in result.cells
+        if cell.answer is not None and cell.ttft is not None
+    ]
+    header = ("Arm", "Tokens", "Turn", "TTFT (first token)", "first answer token")
+    return _markdown_section("Time to first answer token", ANSWER_NOTE, header, rows)
 
 
 def timing_markdown(result: RunResult) -> str:

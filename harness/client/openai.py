@@ -13,9 +13,11 @@ Timing rules (all from :func:`time.monotonic_ns`):
   free pooled connection, so keep the number of requests in flight at or below ``max_connections``.
 * Each network read is timestamped the moment it returns, before it is parsed; every event it
   completes gets that timestamp.
-* TTFT is the arrival of the first frame carrying generated tokens (non-empty content, or
-  reasoning text of reasoning models). Role-only chunks, empty-content chunks, usage-only chunks,
-  SSE comments and keep-alives do not count.
+* TTFT is the arrival of the first frame carrying generated tokens of any kind (non-empty content, or
+  reasoning text of reasoning models): the engine's first token. ``first_content_ns`` is the arrival of
+  the first frame with answer text (content): later than TTFT when a reasoning model streamed its
+  reasoning first (time to first answer token). Role-only chunks, empty-content chunks, usage-only
+  chunks, SSE comments and keep-alives count for neither.
 * ``first_chunk_ns`` is the arrival of the first frame that stands for a generated token, with or
   without text: a token-carrying frame, or an empty content delta (see
   :attr:`~harness.client.sse.Frame.empty_token`). On a server that streams one chunk per token it
@@ -81,6 +83,8 @@ class RequestOutcome:
     output_chunks: int = 0
     """Token-carrying frames received: frames with generated text (content or reasoning)."""
     first_chunk_ns: int | None = None
+    first_content_ns: int | None = None
+    """First frame with answer text (content, not reasoning) minus start: TTFT unless reasoning streamed first."""
     """First frame standing for a generated token, text or not (empty content deltas count)."""
     empty_token_chunks: int = 0
     """Empty content deltas received (tokens that streamed no text)."""
@@ -131,6 +135,7 @@ class _Stream:
         self.itl: list[int] = []
         self.chunks = 0
         self.first_chunk_ns: int | None = None
+        self.first_content_at: int | None = None
         self.empty_token_chunks = 0
         self.parts: list[str] = []
         self.usage: Usage | None = None
@@ -157,6 +162,8 @@ class _Stream:
             self.chunks += 1
             if frame.text:
                 self.parts.append(frame.text)
+                if self.first_content_at is None:
+                    self.first_content_at = arrived_ns
         elif kind is FrameKind.DONE:
             self.done = True
         elif kind is FrameKind.ERROR:
@@ -177,6 +184,7 @@ class _Stream:
             itl_ns=tuple(self.itl),
             output_chunks=self.chunks,
             first_chunk_ns=None if self.first_chunk_ns is None else self.first_chunk_ns - self.started_ns,
+            first_content_ns=None if self.first_content_at is None else self.first_content_at - self.started_ns,
             empty_token_chunks=self.empty_token_chunks,
             text="".join(self.parts),
             prompt_tokens=usage.prompt_tokens,

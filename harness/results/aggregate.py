@@ -162,6 +162,7 @@ def aggregate(
                         prompt_tokens_median=_median_or_none(good["prompt_tokens"]),
                         cached_tokens_median=_median_or_none(good["cached_tokens"]),
                         text_chunks_per_token=_text_ratio(good),
+                        answer=_answer_stats(good),
                     )
                 )
 
@@ -438,6 +439,17 @@ def _engine_timing(
         if requests > 0:
             out.append(EngineTiming(arm=key[0], context_tokens=key[1], turn=key[2], requests=requests, **means))
     return out
+
+
+def _answer_stats(good: pd.DataFrame) -> LatencyStats | None:
+    """Time to the first answer token of the cell's successful requests, where reasoning streamed before it."""
+    if "first_content_ns" not in good or good.empty:
+        return None
+    answer = pd.to_numeric(good["first_content_ns"], errors="coerce")
+    ttft = pd.to_numeric(good["ttft_ns"], errors="coerce")
+    if not bool((answer > ttft).any()):
+        return None
+    return latency_stats(answer.dropna().astype("int64"))
 
 
 def summarize_run_dir(run_dir: RunDir) -> RunResult:

@@ -49,6 +49,11 @@ class TtftCell(Frozen):
         description="Chunks that carried generated text / completion tokens the server reported, over the cell's "
         "successful requests (None in summaries written before it existed, or without usage).",
     )
+    answer: LatencyStats | None = Field(
+        default=None,
+        description="Time to the first answer token (content, not reasoning), where a reasoning model streamed "
+        "reasoning first in the cell; None when no request did (then it equals ttft).",
+    )
 
 
 class PctDiff(Frozen):

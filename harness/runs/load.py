@@ -371,6 +371,7 @@ class _Runner(_Driver):
                 output_chunks=outcome.output_chunks,
                 first_chunk_ns=outcome.first_chunk_ns,
                 empty_token_chunks=outcome.empty_token_chunks,
+                first_content_ns=outcome.first_content_ns,
                 finish_reason=outcome.finish_reason,
                 prompt_tokens=outcome.prompt_tokens,
                 completion_tokens=outcome.completion_tokens,

@@ -108,6 +108,7 @@ def record_from(
         api="chat" if api == "chat" else "completions", started_ns=outcome.started_ns, ttft_ns=outcome.ttft_ns,
         e2e_ns=outcome.e2e_ns, itl_ns=list(outcome.itl_ns), output_chunks=outcome.output_chunks,
         first_chunk_ns=outcome.first_chunk_ns, empty_token_chunks=outcome.empty_token_chunks,
+        first_content_ns=outcome.first_content_ns,
         finish_reason=outcome.finish_reason,
         prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
         cached_tokens=outcome.cached_tokens, expected_prompt_tokens=expected_prompt_tokens,

@@ -212,6 +212,7 @@ class TraceRunner(Runner[ReplayResult]):
             api="chat" if api == "chat" else "completions",
             started_ns=outcome.started_ns,
             ttft_ns=outcome.ttft_ns,
+            first_content_ns=outcome.first_content_ns,
             e2e_ns=outcome.e2e_ns,
             itl_ns=list(outcome.itl_ns),
             output_chunks=outcome.output_chunks,

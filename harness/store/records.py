@@ -54,7 +54,12 @@ class RequestRecord(BaseModel):
     api: Literal["chat", "completions"]
     started_ns: Count = Field(description="time.monotonic_ns() when the request was sent.")
     ttft_ns: DurationNs | None = Field(
-        description="First chunk with generated text (content or reasoning) minus start."
+        description="First chunk with generated text of any kind (content or reasoning) minus start: the first token."
+    )
+    first_content_ns: DurationNs | None = Field(
+        default=None,
+        description="First chunk with answer text (content, not reasoning) minus start: later than ttft_ns when a "
+        "reasoning model streamed its reasoning first (None: no answer text, or a record written before the field).",
     )
     e2e_ns: DurationNs | None = Field(description="Last byte of the response minus start.")
     itl_ns: list[DurationNs] = Field(default_factory=list, description="Gaps between content chunks.")
