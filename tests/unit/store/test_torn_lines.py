@@ -19,10 +19,21 @@ from tests.unit.gate.test_compare import make_run
 
 def record(index: int) -> RequestRecord:
     return RequestRecord(
-        arm="AMG-ON", attempt=1, phase="measure", repetition=0, context_tokens=64, conversation=index, turn=1,
-        request_id=f"r{index}", api="chat", started_ns=index, ttft_ns=1_000_000 + index, e2e_ns=2_000_000,
-        ok=True, error="caf\u00e9 \u2603",
-    )  # fmt: skip
+        arm="AMG-ON",
+        attempt=1,
+        phase="measure",
+        repetition=0,
+        context_tokens=64,
+        conversation=index,
+        turn=1,
+        request_id=f"r{index}",
+        api="chat",
+        started_ns=index,
+        ttft_ns=1_000_000 + index,
+        e2e_ns=2_000_000,
+        ok=True,
+        error="caf\u00e9 \u2603",
+    )
 
 
 def tear(path: Path, line: bytes) -> bytes:
