@@ -223,11 +223,9 @@ class SglangEngine(ProcessEngine[RunningSglang]):
     """Engine kind ``sglang``: ``async with SglangEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        if not isinstance(config, SglangEngineConfig):
-            raise TypeError(f"SglangEngine needs a SglangEngineConfig, got {type(config).__name__}")
-        check_supported(context.profile, config)
         super().__init__(context)
-        self.config = config
+        self.config = common.engine_config(config, SglangEngineConfig, "SglangEngine")
+        check_supported(context.profile, self.config)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningSglang:
         context = self.context

@@ -50,6 +50,7 @@ from .common import (
     ProcessEngine,
     RunningProcess,
     TokenizerUnavailable,
+    engine_config,
     parallelism_text,
     server_version,
     start_server,
@@ -162,11 +163,9 @@ class TrtllmEngine(ProcessEngine[RunningTrtllm]):
     """Engine kind ``trtllm``: ``async with TrtllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        if not isinstance(config, TrtllmEngineConfig):
-            raise TypeError(f"TrtllmEngine needs a TrtllmEngineConfig, got {type(config).__name__}")
-        check_supported(context.profile, config)
         super().__init__(context)
-        self.config = config
+        self.config = engine_config(config, TrtllmEngineConfig, "TrtllmEngine")
+        check_supported(context.profile, self.config)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningTrtllm:
         context = self.context
