@@ -246,12 +246,14 @@ class SglangEngine(ProcessEngine[RunningSglang]):
         base_url = f"http://{config.host}:{port}"
         process = await start_server(
             stack,
-            name=f"SGLang ({context.arm})",
-            argv=argv,
-            env=env,
-            log_path=self.log_path,
-            base_url=base_url,
-            config=config,
+            common.server_process(
+                name=f"SGLang ({context.arm})",
+                argv=argv,
+                env=env,
+                log_path=self.log_path,
+                base_url=base_url,
+                config=config,
+            ),
         )
         session = open_session(stack)
 

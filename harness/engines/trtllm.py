@@ -52,6 +52,7 @@ from .common import (
     TokenizerUnavailable,
     engine_config,
     parallelism_text,
+    server_process,
     server_version,
     start_server,
 )
@@ -192,12 +193,14 @@ class TrtllmEngine(ProcessEngine[RunningTrtllm]):
         base_url = f"http://{config.host}:{port}"
         process = await start_server(
             stack,
-            name=f"TensorRT-LLM ({context.arm})",
-            argv=argv,
-            env=env,
-            log_path=self.log_path,
-            base_url=base_url,
-            config=config,
+            server_process(
+                name=f"TensorRT-LLM ({context.arm})",
+                argv=argv,
+                env=env,
+                log_path=self.log_path,
+                base_url=base_url,
+                config=config,
+            ),
         )
         version = await _server_version(base_url)
         name = served_model_name(config.model)
