@@ -38,6 +38,16 @@ def probe_scenario(name: str = "probe", conversations: int = 4) -> dict[str, Any
     }
 
 
+def request_record(arm: str, context_tokens: int, conversation: int, turn: int, **fields: object) -> RequestRecord:
+    """One request's record for a test: a successful measured chat request of attempt 0, repetition 0, started at
+    0 ns, with ``fields`` (any RequestRecord field) set or replacing those; its id names arm, attempt and cell."""
+    attempt = fields.get("attempt", 0)
+    identity = {"arm": arm, "context_tokens": context_tokens, "conversation": conversation, "turn": turn}
+    defaults = {"attempt": 0, "phase": "measure", "repetition": 0, "api": "chat", "started_ns": 0, "ok": True}
+    request_id = f"{arm}-{attempt}-{context_tokens}-{conversation}-{turn}"
+    return RequestRecord.model_validate({**defaults, "request_id": request_id, **identity, **fields})
+
+
 def probe_ttft_ms(arm: str, ctx: int, turn: int, speedup: float) -> float:
     """A plausible TTFT: prefill ~0.06 ms/token; the offload arm's turn 2 is ``speedup`` times faster."""
     cold = 5.0 + 0.06 * ctx
@@ -83,17 +93,12 @@ def make_probe_run(
                         failed = rng.random() < error_share
                         ttft = probe_ttft_ms(arm.name, ctx, turn, speedup if offload else 1.0) * rng.uniform(0.97, 1.03)
                         writer.append(
-                            RequestRecord(
-                                arm=arm.name,
-                                attempt=0,
-                                phase="measure",
-                                repetition=0,
-                                context_tokens=ctx,
-                                conversation=conv,
-                                turn=turn,
+                            request_record(
+                                arm.name,
+                                ctx,
+                                conv,
+                                turn,
                                 request_id=f"{arm.name}{ctx}{conv}{turn}",
-                                api="chat",
-                                started_ns=0,
                                 ttft_ns=None if failed else int(ttft * 1e6),
                                 e2e_ns=None if failed else int((ttft + 50) * 1e6),
                                 ok=not failed,

@@ -13,6 +13,7 @@ from harness.store.events import GroupDone, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord, read_records
 from reports.renderers import markdown_table, write_all
 from reports.ttft_table import settle_line
+from tests.resultfiles import request_record
 
 SCENARIO = parse_scenario(
     {
@@ -43,17 +44,13 @@ def rec(
     ok: bool = True,
     phase: str = "measure",
 ) -> RequestRecord:
-    return RequestRecord(
-        arm=arm,
+    return request_record(
+        arm,
+        ctx,
+        conv,
+        turn,
         attempt=attempt,
         phase=phase,
-        repetition=0,
-        context_tokens=ctx,
-        conversation=conv,
-        turn=turn,
-        request_id=f"{arm}{ctx}{conv}{turn}{attempt}",
-        api="chat",
-        started_ns=0,
         ttft_ns=None if ttft_ms is None else int(ttft_ms * 1e6),
         e2e_ns=None,
         ok=ok,

@@ -12,6 +12,7 @@ from harness.scenario.spec import parse_scenario
 from harness.store.events import ReplicaCounters
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
+from tests.resultfiles import request_record
 
 SCENARIO = {
     "name": "unit-fleet",
@@ -22,20 +23,13 @@ SCENARIO = {
 
 
 def _record(conversation: int, turn: int, replica: int, moved: bool | None, ttft_ms: float) -> RequestRecord:
-    return RequestRecord(
-        arm="A",
-        attempt=0,
-        phase="measure",
-        repetition=0,
-        context_tokens=1000,
-        conversation=conversation,
-        turn=turn,
-        request_id=f"{conversation}-{turn}",
-        api="chat",
-        started_ns=0,
+    return request_record(
+        "A",
+        1000,
+        conversation,
+        turn,
         ttft_ns=int(ttft_ms * 1e6),
         e2e_ns=int(2 * ttft_ms * 1e6),
-        ok=True,
         cached_tokens=10 * turn,
         replica=replica,
         moved=moved,

@@ -9,6 +9,7 @@ from harness.results.replay import aggregate_replay
 from harness.scenario.spec import parse_scenario
 from harness.store.events import ReplayDone, ReplaySample, TraceInfo
 from harness.store.records import RequestRecord
+from tests.resultfiles import request_record
 
 MS = 1_000_000
 SCENARIO = parse_scenario(
@@ -42,15 +43,12 @@ TRACE = TraceInfo(
 
 def record(arm: str, line: int, *, ttft_ms: float, lag_ms: float, attempt: int = 0) -> RequestRecord:
     scheduled = line * 1000 * MS
-    return RequestRecord(
-        arm=arm,
+    return request_record(
+        arm,
+        1000,
+        line,
+        1,
         attempt=attempt,
-        phase="measure",
-        repetition=0,
-        context_tokens=1000,
-        conversation=line,
-        turn=1,
-        request_id=f"{arm}{line}{attempt}",
         api="completions",
         started_ns=scheduled + int(lag_ms * MS),
         ttft_ns=int(ttft_ms * MS),
@@ -61,7 +59,6 @@ def record(arm: str, line: int, *, ttft_ms: float, lag_ms: float, attempt: int =
         completion_tokens=10,
         cached_tokens=0,
         expected_prompt_tokens=1000,
-        ok=True,
         scheduled_ns=scheduled,
         trace_line=line,
     )
