@@ -66,6 +66,7 @@ PACKAGE_DATA = {
     "scenarios": ["*.yaml"],
     "reports": ["templates/*.html.j2"],
     "harness.sim": ["calibrations/*.yaml"],
+    "harness.client": ["metrics.yaml"],
     DISTRIBUTION: ["py.typed"],
 }
 

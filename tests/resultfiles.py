@@ -29,9 +29,23 @@ def probe_scenario(name: str = "probe", conversations: int = 4) -> dict[str, Any
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
         "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
         "compare": {"baseline": "AMG-OFF"},
-        "workload": {"kind": "multi_round_qa", "context_tokens": [1000, 8000], "conversations": conversations,
-                     "turns": 2},
-    }  # fmt: skip
+        "workload": {
+            "kind": "multi_round_qa",
+            "context_tokens": [1000, 8000],
+            "conversations": conversations,
+            "turns": 2,
+        },
+    }
+
+
+def request_record(arm: str, context_tokens: int, conversation: int, turn: int, **fields: object) -> RequestRecord:
+    """One request's record for a test: a successful measured chat request of attempt 0, repetition 0, started at
+    0 ns, with ``fields`` (any RequestRecord field) set or replacing those; its id names arm, attempt and cell."""
+    attempt = fields.get("attempt", 0)
+    identity = {"arm": arm, "context_tokens": context_tokens, "conversation": conversation, "turn": turn}
+    defaults = {"attempt": 0, "phase": "measure", "repetition": 0, "api": "chat", "started_ns": 0, "ok": True}
+    request_id = f"{arm}-{attempt}-{context_tokens}-{conversation}-{turn}"
+    return RequestRecord.model_validate({**defaults, "request_id": request_id, **identity, **fields})
 
 
 def probe_ttft_ms(arm: str, ctx: int, turn: int, speedup: float) -> float:
@@ -41,9 +55,14 @@ def probe_ttft_ms(arm: str, ctx: int, turn: int, speedup: float) -> float:
 
 
 def make_probe_run(
-    parent: Path, *, name: str = "probe", speedup: float = 4.0, arms: list[dict[str, object]] | None = None,
-    seed: int = 0, error_share: float = 0.0,
-) -> Path:  # fmt: skip
+    parent: Path,
+    *,
+    name: str = "probe",
+    speedup: float = 4.0,
+    arms: list[dict[str, object]] | None = None,
+    seed: int = 0,
+    error_share: float = 0.0,
+) -> Path:
     data = probe_scenario(name)
     if arms is not None:
         data["arms"] = arms
@@ -51,12 +70,17 @@ def make_probe_run(
     scenario = parse_scenario(data, "test")
     run_dir = RunDir.create(parent, scenario)
     manifest = {
-        "run_id": run_dir.run_id, "scenario_name": scenario.name, "scenario": scenario.model_dump(mode="json"),
-        "kvbench_version": "test", "host": {"platform": "test", "python": "3.11", "cpu_count": 2, "gpus": []},
-        "engines": {a.name: {"kind": "sim", "version": "test", "command": ["kvbench", "sim", "--api-key", "***"]}
-                    for a in scenario.arms},
+        "run_id": run_dir.run_id,
+        "scenario_name": scenario.name,
+        "scenario": scenario.model_dump(mode="json"),
+        "kvbench_version": "test",
+        "host": {"platform": "test", "python": "3.11", "cpu_count": 2, "gpus": []},
+        "engines": {
+            a.name: {"kind": "sim", "version": "test", "command": ["kvbench", "sim", "--api-key", "***"]}
+            for a in scenario.arms
+        },
         "attempts": [{"attempt": 0, "status": "completed"}],
-    }  # fmt: skip
+    }
     run_dir.manifest_file.write_text(json.dumps(manifest))
     rng = random.Random(seed)
     contexts = [1000, 8000]
@@ -69,22 +93,37 @@ def make_probe_run(
                         failed = rng.random() < error_share
                         ttft = probe_ttft_ms(arm.name, ctx, turn, speedup if offload else 1.0) * rng.uniform(0.97, 1.03)
                         writer.append(
-                            RequestRecord(
-                                arm=arm.name, attempt=0, phase="measure", repetition=0, context_tokens=ctx,
-                                conversation=conv, turn=turn, request_id=f"{arm.name}{ctx}{conv}{turn}", api="chat",
-                                started_ns=0, ttft_ns=None if failed else int(ttft * 1e6),
-                                e2e_ns=None if failed else int((ttft + 50) * 1e6), ok=not failed,
-                                error_kind="timeout" if failed else None, prompt_tokens=ctx + 40 * turn,
+                            request_record(
+                                arm.name,
+                                ctx,
+                                conv,
+                                turn,
+                                request_id=f"{arm.name}{ctx}{conv}{turn}",
+                                ttft_ns=None if failed else int(ttft * 1e6),
+                                e2e_ns=None if failed else int((ttft + 50) * 1e6),
+                                ok=not failed,
+                                error_kind="timeout" if failed else None,
+                                prompt_tokens=ctx + 40 * turn,
                                 cached_tokens=int(ctx * 0.97) if offload and turn == 2 else 0,
                             )
-                        )  # fmt: skip
+                        )
                 run_dir.mark_group_done(GroupDone(arm=arm.name, repetition=0, context_tokens=ctx, attempt=0))
                 if offload:
                     run_dir.append_metrics(
-                        MetricsDelta(arm=arm.name, attempt=0, repetition=0, context_tokens=ctx, turn=2,
-                                     values={"gpu_prefix_queries": 4.0 * ctx, "gpu_prefix_hits": 0.0,
-                                             "external_prefix_hits": 3.8 * ctx, "prompt_tokens": 4.0 * ctx})
-                    )  # fmt: skip
+                        MetricsDelta(
+                            arm=arm.name,
+                            attempt=0,
+                            repetition=0,
+                            context_tokens=ctx,
+                            turn=2,
+                            values={
+                                "gpu_prefix_queries": 4.0 * ctx,
+                                "gpu_prefix_hits": 0.0,
+                                "external_prefix_hits": 3.8 * ctx,
+                                "prompt_tokens": 4.0 * ctx,
+                            },
+                        )
+                    )
     summarize_run_dir(run_dir)
     return run_dir.path
 
@@ -106,10 +145,16 @@ def make_soak_dir(parent: Path, *, name: str = "soak", error_burst: bool = False
     scenario = parse_scenario(data, "test")
     run_dir = RunDir.create(parent, scenario)
     run_dir.manifest_file.write_text(
-        json.dumps({"scenario_name": name, "scenario": scenario.model_dump(mode="json"),
-                    "engines": {"AMG-ON": {"kind": "openai", "version": "test"}}, "attempts": [{"attempt": 0}],
-                    "host": {}})
-    )  # fmt: skip
+        json.dumps(
+            {
+                "scenario_name": name,
+                "scenario": scenario.model_dump(mode="json"),
+                "engines": {"AMG-ON": {"kind": "openai", "version": "test"}},
+                "attempts": [{"attempt": 0}],
+                "host": {},
+            }
+        )
+    )
     rng = random.Random(1)
     for index in range(intervals):
         errors = 12 if error_burst and index in (12, 13) else 0
@@ -117,14 +162,26 @@ def make_soak_dir(parent: Path, *, name: str = "soak", error_burst: bool = False
         p99 = 180 + rng.uniform(-15, 15)
         run_dir.append_interval(
             IntervalStats(
-                index=index, attempt=0, start_unix_ns=1_700_000_000 * 10**9 + index * 30 * 10**9,
-                duration_ns=30 * 10**9, requests=requests, ok=requests - errors, errors=errors,
+                index=index,
+                attempt=0,
+                start_unix_ns=1_700_000_000 * 10**9 + index * 30 * 10**9,
+                duration_ns=30 * 10**9,
+                requests=requests,
+                ok=requests - errors,
+                errors=errors,
                 errors_by_kind={"http_status": errors} if errors else {},
-                http_statuses={"503": errors} if errors else {}, rps=requests / 30, ttft_p50_ms=p99 / 3,
-                ttft_p99_ms=p99, tpot_p50_ms=12.0, tpot_p99_ms=25.0, slo_met=requests - errors,
-                hit_rate=0.8 + rng.uniform(-0.05, 0.05), hit_rate_source="metrics", kv_usage=0.4,
+                http_statuses={"503": errors} if errors else {},
+                rps=requests / 30,
+                ttft_p50_ms=p99 / 3,
+                ttft_p99_ms=p99,
+                tpot_p50_ms=12.0,
+                tpot_p99_ms=25.0,
+                slo_met=requests - errors,
+                hit_rate=0.8 + rng.uniform(-0.05, 0.05),
+                hit_rate_source="metrics",
+                kv_usage=0.4,
                 counters={"prompt_tokens": 1000.0 * (index + 1)},
             ),
-        )  # fmt: skip
+        )
     summarize_soak(run_dir)
     return run_dir.path

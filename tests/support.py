@@ -52,9 +52,14 @@ def kvbench(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``kvbench ARGS`` in ``cwd`` as a user does (a subprocess) and capture its text output."""
     return subprocess.run(
-        kvbench_argv(*args), cwd=cwd, env=env or kvbench_env(), capture_output=True, text=True, timeout=timeout,
+        kvbench_argv(*args),
+        cwd=cwd,
+        env=env or kvbench_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         check=False,
-    )  # fmt: skip
+    )
 
 
 @contextmanager
@@ -68,9 +73,12 @@ def simulator(log_dir: Path, *args: str, startup_s: float = 60.0) -> Iterator[st
     log_path = log_dir / f"sim-{port}.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            kvbench_argv("sim", "serve", *args, "--port", str(port)), stdout=log, stderr=subprocess.STDOUT,
-            env=kvbench_env(), cwd=log_dir,
-        )  # fmt: skip
+            kvbench_argv("sim", "serve", *args, "--port", str(port)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=kvbench_env(),
+            cwd=log_dir,
+        )
     try:
         deadline = time.monotonic() + startup_s
         while True:

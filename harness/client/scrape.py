@@ -2,14 +2,14 @@
 
 A scrape of Prometheus text becomes a :class:`MetricsSnapshot`, an immutable mapping from
 ``(sample name, frozenset of (label, value) pairs)`` to a float. Counters only mean something as
-differences, so a measurement takes a snapshot before and after and works on
-:func:`delta`. :data:`METRICS` is a declarative table of what kvbench reads, with one column of
-sample names per engine family (``vllm``, ``sglang``, ``trtllm``); :data:`LMCACHE_METRICS` holds
-LMCache's own counters, which appear on whatever page LMCache reports to (vLLM's ``/metrics`` with
-the in-process connector, the ``lmcache server`` sidecar's own page). :func:`harness.engines.kinds.metrics_family`
-maps an engine kind to its family, :func:`metrics_path` gives the family's Prometheus path
-(TensorRT-LLM serves Prometheus text on ``/prometheus/metrics``; its ``/metrics`` is JSON), and
-:func:`detect_family` recognises a page by its name prefixes (family ``auto``).
+differences, so a measurement takes a snapshot before and after and works on :func:`delta`.
+:data:`METRICS` is a declarative table of what kvbench reads (kept in ``metrics.yaml`` beside this
+module), with one column of sample names per engine family (``vllm``, ``sglang``, ``trtllm``);
+:data:`LMCACHE_METRICS` holds LMCache's own counters, which appear on whatever page LMCache reports to
+(vLLM's ``/metrics`` with the in-process connector, the ``lmcache server`` sidecar's own page).
+:func:`harness.engines.kinds.metrics_family` maps an engine kind to its family, :func:`metrics_path`
+gives the family's Prometheus path (TensorRT-LLM serves Prometheus text on ``/prometheus/metrics``;
+its ``/metrics`` is JSON), and :func:`detect_family` recognises a page by its name prefixes (family ``auto``).
 
 A candidate name may carry a Prometheus-style label selector, e.g.
 ``sglang:cached_tokens_total{cache_source="device"}`` or ``...{cache_source!="device"}``: only
@@ -23,9 +23,11 @@ import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 SampleKey = tuple[str, frozenset[tuple[str, str]]]
@@ -290,243 +292,58 @@ class MetricSpec:
         return None
 
 
-def _names(**by_family: tuple[str, ...]) -> Mapping[EngineFamily, tuple[str, ...]]:
-    return MappingProxyType(dict(by_family))
+METRICS_FILE = Path(__file__).with_name("metrics.yaml")
+"""The table of :data:`METRICS` and :data:`LMCACHE_METRICS`: one entry a metric (its header says the fields)."""
+_SPEC_FIELDS = frozenset({"unit", "kind", "aggregate", "formula"})
+_FAMILIES = frozenset({VLLM, SGLANG, TRTLLM, LMCACHE})
 
 
-METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec(
-        tag="gpu_prefix_queries",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ prefix-cache queries: prompt tokens looked up in the GPU prefix cache. "
-        "SGLang and TensorRT-LLM look every prompt token up and count no queries: their prompt tokens are used.",
-        names=_names(
-            vllm=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-            sglang=("sglang:prompt_tokens_total",),
-            trtllm=("trtllm_prompt_tokens_total",),
-        ),
-    ),
-    MetricSpec(
-        tag="gpu_prefix_hits",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ prefix-cache hits: prompt tokens found in the GPU prefix cache. "
-        "SGLang: cached tokens from the device (older versions without cache_source: all cached tokens); "
-        "TensorRT-LLM: prompt-cache hits of the gpu tier (older versions: all cached prompt tokens).",
-        names=_names(
-            vllm=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-            sglang=('sglang:cached_tokens_total{cache_source="device"}', "sglang:cached_tokens_total"),
-            trtllm=('trtllm_prompt_cache_hit_tokens_total{cache_tier="gpu"}', "trtllm_prompt_cached_tokens_total"),
-        ),
-    ),
-    MetricSpec(
-        tag="external_prefix_queries",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ external queries: tokens looked up through the KV connector "
-        "(offload tier) after the GPU cache missed. vLLM only.",
-        names=_names(vllm=("vllm:external_prefix_cache_queries_total",)),
-    ),
-    MetricSpec(
-        tag="external_prefix_hits",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ external hits: tokens the KV connector (offload tier) supplied. "
-        "SGLang: cached tokens from HiCache's host pool and storage; TensorRT-LLM: prompt-cache hits of "
-        "the host (and disk) tiers.",
-        names=_names(
-            vllm=("vllm:external_prefix_cache_hits_total",),
-            sglang=('sglang:cached_tokens_total{cache_source!="device"}',),
-            trtllm=('trtllm_prompt_cache_hit_tokens_total{cache_tier!="gpu"}',),
-        ),
-    ),
-    MetricSpec(
-        tag="prompt_tokens",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ prompt tokens processed (prefilled or served from cache).",
-        names=_names(
-            vllm=("vllm:prompt_tokens_total",),
-            sglang=("sglang:prompt_tokens_total",),
-            trtllm=("trtllm_prompt_tokens_total",),
-        ),
-    ),
-    MetricSpec(
-        tag="generation_tokens",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ generated tokens.",
-        names=_names(
-            vllm=("vllm:generation_tokens_total",),
-            sglang=("sglang:generation_tokens_total",),
-            trtllm=("trtllm_generation_tokens_total",),
-        ),
-    ),
-    # Where a request's TTFT goes inside the engine, from the engine's own per-request histograms. Only their
-    # _sum and _count are read: a delta of each over a probe group, divided, is the group's mean per request.
-    MetricSpec(
-        tag="engine_ttft_seconds",
-        unit="seconds",
-        kind="counter",
-        formula="Σ over label sets of Δ the engine's time to first token (histogram _sum): vLLM from the "
-        "request's arrival in its front end (0.26: when its renderer takes a chat request, before the chat template "
-        "and tokenizing) to the first token "
-        "leaving its output processor; ÷ engine_ttft_requests = mean per request.",
-        names=_names(
-            vllm=("vllm:time_to_first_token_seconds_sum",),
-            sglang=("sglang:time_to_first_token_seconds_sum",),
-            trtllm=("trtllm_time_to_first_token_seconds_sum",),
-        ),
-    ),
-    MetricSpec(
-        tag="engine_ttft_requests",
-        unit="requests",
-        kind="counter",
-        formula="Σ over label sets of Δ requests the engine timed to their first token (histogram _count).",
-        names=_names(
-            vllm=("vllm:time_to_first_token_seconds_count",),
-            sglang=("sglang:time_to_first_token_seconds_count",),
-            trtllm=("trtllm_time_to_first_token_seconds_count",),
-        ),
-    ),
-    MetricSpec(
-        tag="queue_seconds",
-        unit="seconds",
-        kind="counter",
-        formula="Σ over label sets of Δ time requests waited in the engine's queue before first scheduled "
-        "(vLLM histogram _sum); ÷ queued_requests = mean per request.",
-        names=_names(vllm=("vllm:request_queue_time_seconds_sum",)),
-    ),
-    MetricSpec(
-        tag="queued_requests",
-        unit="requests",
-        kind="counter",
-        formula="Σ over label sets of Δ requests with a queue time (vLLM histogram _count).",
-        names=_names(vllm=("vllm:request_queue_time_seconds_count",)),
-    ),
-    MetricSpec(
-        tag="prefill_seconds",
-        unit="seconds",
-        kind="counter",
-        formula="Σ over label sets of Δ time from a request's first scheduling to its first token (vLLM "
-        "histogram _sum: prefill steps, KV loads from an offload tier and any steps shared with others); "
-        "÷ prefilled_requests = mean per request.",
-        names=_names(vllm=("vllm:request_prefill_time_seconds_sum",)),
-    ),
-    MetricSpec(
-        tag="prefilled_requests",
-        unit="requests",
-        kind="counter",
-        formula="Σ over label sets of Δ requests with a prefill time (vLLM histogram _count).",
-        names=_names(vllm=("vllm:request_prefill_time_seconds_count",)),
-    ),
-    MetricSpec(
-        tag="kv_usage",
-        unit="fraction",
-        kind="gauge",
-        formula="Mean over label sets (engines) of the fraction of GPU KV-cache blocks in use, 0..1.",
-        names=_names(
-            vllm=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-            sglang=("sglang:token_usage",),
-            trtllm=("trtllm_kv_cache_utilization",),
-        ),
-        aggregate="mean",
-    ),
-    MetricSpec(
-        tag="requests_running",
-        unit="requests",
-        kind="gauge",
-        formula="Σ over label sets of requests currently scheduled on the engine.",
-        names=_names(
-            vllm=("vllm:num_requests_running",),
-            sglang=("sglang:num_running_reqs",),
-            trtllm=("trtllm_num_requests_running",),
-        ),
-    ),
-    MetricSpec(
-        tag="requests_waiting",
-        unit="requests",
-        kind="gauge",
-        formula="Σ over label sets of requests queued, waiting to be scheduled.",
-        names=_names(
-            vllm=("vllm:num_requests_waiting",),
-            sglang=("sglang:num_queue_reqs",),
-            trtllm=("trtllm_num_requests_waiting",),
-        ),
-    ),
-)
+def _spec(tag: str, entry: object) -> MetricSpec:
+    """One entry of :data:`METRICS_FILE` as a :class:`MetricSpec`; ValueError naming the tag and field."""
+    where = f"{METRICS_FILE.name}: {tag}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: expected a mapping of unit, kind, formula and sample names")
+    unknown = sorted(set(entry) - _SPEC_FIELDS - _FAMILIES)
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(_SPEC_FIELDS | _FAMILIES))})"
+        )
+    kind, aggregate = entry.get("kind"), entry.get("aggregate", "sum")
+    if kind not in ("counter", "gauge"):
+        raise ValueError(f"{where}: kind {kind!r} is not one of counter, gauge")
+    if aggregate not in ("sum", "mean", "max"):
+        raise ValueError(f"{where}: aggregate {aggregate!r} is not one of sum, mean, max")
+    names: dict[EngineFamily, tuple[str, ...]] = {}
+    for family in sorted(_FAMILIES & set(entry), key=list(entry).index):
+        candidates = entry[family]
+        if not isinstance(candidates, list) or not candidates or not all(isinstance(n, str) for n in candidates):
+            raise ValueError(f"{where}: {family} must be a non-empty list of sample names")
+        names[family] = tuple(candidates)
+    unit, formula = entry.get("unit"), entry.get("formula")
+    if not isinstance(unit, str) or not isinstance(formula, str) or not names:
+        raise ValueError(f"{where}: needs a unit, a formula and at least one family's sample names")
+    return MetricSpec(tag, unit, kind, formula, MappingProxyType(names), aggregate)
+
+
+@functools.cache
+def _metrics_table() -> object:
+    return yaml.safe_load(METRICS_FILE.read_text(encoding="utf-8"))
+
+
+def _load_specs(section: str) -> tuple[MetricSpec, ...]:
+    """The metrics of one section of :data:`METRICS_FILE`, in file order."""
+    table = _metrics_table()
+    entries = table.get(section) if isinstance(table, dict) else None
+    if not isinstance(entries, dict):
+        raise ValueError(f"{METRICS_FILE.name}: no {section!r} mapping of metrics")
+    return tuple(_spec(str(tag), entry) for tag, entry in entries.items())
+
+
+METRICS: tuple[MetricSpec, ...] = _load_specs("engine")
+"""What kvbench reads from every engine family's page (the ``engine`` section of :data:`METRICS_FILE`)."""
 METRICS_BY_TAG: Mapping[str, MetricSpec] = MappingProxyType({spec.tag: spec for spec in METRICS})
 
-LMCACHE_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec(
-        tag="lmcache_lookup_tokens",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets (workers) of Δ tokens LMCache was asked to look up. The multi-process "
-        "server (lmcache server) counts chunk-aligned tokens only.",
-        names=_names(lmcache=("lmcache:num_lookup_tokens_total", "lmcache_mp_lookup_requested_tokens_total")),
-    ),
-    MetricSpec(
-        tag="lmcache_lookup_hits",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ looked-up tokens LMCache holds (contiguous prefix; CPU, disk and "
-        "remote tiers together).",
-        names=_names(lmcache=("lmcache:num_lookup_hits_total", "lmcache_mp_lookup_hit_tokens_total")),
-    ),
-    MetricSpec(
-        tag="lmcache_requested_tokens",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ tokens requested from LMCache by retrieves (loads into GPU memory).",
-        names=_names(lmcache=("lmcache:num_requested_tokens_total",)),
-    ),
-    MetricSpec(
-        tag="lmcache_hit_tokens",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ tokens LMCache retrieved (hit) for those requests.",
-        names=_names(lmcache=("lmcache:num_hit_tokens_total",)),
-    ),
-    MetricSpec(
-        tag="lmcache_stored_tokens",
-        unit="tokens",
-        kind="counter",
-        formula="Σ over label sets of Δ tokens stored into LMCache (evicted ones included).",
-        names=_names(lmcache=("lmcache:num_stored_tokens_total",)),
-    ),
-    MetricSpec(
-        tag="lmcache_retrieve_seconds",
-        unit="seconds",
-        kind="counter",
-        formula="Σ over label sets of Δ time spent in LMCache retrieves (histogram _sum); "
-        "÷ lmcache_retrieves = mean retrieve time.",
-        names=_names(lmcache=("lmcache:time_to_retrieve_sum",)),
-    ),
-    MetricSpec(
-        tag="lmcache_retrieves",
-        unit="requests",
-        kind="counter",
-        formula="Σ over label sets of Δ LMCache retrieves timed (histogram _count).",
-        names=_names(lmcache=("lmcache:time_to_retrieve_count",)),
-    ),
-    MetricSpec(
-        tag="lmcache_store_seconds",
-        unit="seconds",
-        kind="counter",
-        formula="Σ over label sets of Δ time spent in LMCache stores (histogram _sum); "
-        "÷ lmcache_stores = mean store time.",
-        names=_names(lmcache=("lmcache:time_to_store_sum",)),
-    ),
-    MetricSpec(
-        tag="lmcache_stores",
-        unit="requests",
-        kind="counter",
-        formula="Σ over label sets of Δ LMCache stores timed (histogram _count).",
-        names=_names(lmcache=("lmcache:time_to_store_count",)),
-    ),
-)
+LMCACHE_METRICS: tuple[MetricSpec, ...] = _load_specs("lmcache")
 """LMCache's own metrics (lmcache 0.5.x ``observability.py``; ``lmcache_mp_*`` from the ``lmcache
 server`` sidecar). Read with any family: they appear beside the engine's names."""
 LMCACHE_METRICS_BY_TAG: Mapping[str, MetricSpec] = MappingProxyType({spec.tag: spec for spec in LMCACHE_METRICS})

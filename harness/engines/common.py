@@ -332,6 +332,14 @@ class RunningProcess(RunningServer):
 
 
 RunningT = TypeVar("RunningT")
+ConfigT = TypeVar("ConfigT")
+
+
+def engine_config(config: object, expected: type[ConfigT], engine: str) -> ConfigT:
+    """``config`` as the config class an engine kind takes (TypeError naming both when a caller passes another)."""
+    if not isinstance(config, expected):
+        raise TypeError(f"{engine} needs a {expected.__name__}, got {type(config).__name__}")
+    return config
 
 
 class ProcessEngine(Generic[RunningT]):
@@ -388,21 +396,8 @@ class _ServerLimits(Protocol):
     def stop_grace_s(self) -> float: ...
 
 
-async def start_server(
-    stack: contextlib.AsyncExitStack,
-    *,
-    name: str,
-    argv: Sequence[str],
-    env: dict[str, str],
-    log_path: Path,
-    base_url: str,
-    config: _ServerLimits,
-    cleanup_globs: tuple[str, ...] = (),
-) -> ManagedProcess:
-    """Start ``argv`` as a :class:`ManagedProcess` on ``stack`` and wait for ``GET base_url/health``."""
-    process = server_process(
-        name=name, argv=argv, env=env, log_path=log_path, base_url=base_url, config=config, cleanup_globs=cleanup_globs
-    )
+async def start_server(stack: contextlib.AsyncExitStack, process: ManagedProcess) -> ManagedProcess:
+    """Start ``process`` (a :func:`server_process`) on ``stack``: it returns once ``GET base_url/health`` answers."""
     await stack.enter_async_context(process)
     return process
 
@@ -417,7 +412,7 @@ def server_process(
     config: _ServerLimits,
     cleanup_globs: tuple[str, ...] = (),
 ) -> ManagedProcess:
-    """The :class:`ManagedProcess` that :func:`start_server` starts, not started yet."""
+    """A server's :class:`ManagedProcess`, not started yet (:func:`start_server`, or a caller's own start)."""
     return ManagedProcess(
         ProcessSpec(
             name=name,

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from pydantic import Field, ValidationError, model_validator
@@ -236,15 +237,10 @@ def measure_host_link(
 
     def link(document: ProbeDocument | None = None, reason: str | None = None) -> HostLink:
         seconds = round(time.monotonic() - started, 3)
+        reading = partial(HostLink, python=python, requested_gpus=gpus, cuda_visible_devices=visible, seconds=seconds)
         if document is None:
-            return HostLink(
-                python=python, requested_gpus=gpus, cuda_visible_devices=visible, seconds=seconds, not_measured=reason
-            )
-        return HostLink(
-            python=python,
-            requested_gpus=gpus,
-            cuda_visible_devices=visible,
-            seconds=seconds,
+            return reading(not_measured=reason)
+        return reading(
             bytes_per_copy=document.bytes_per_copy,
             repeats=document.repeats,
             torch=document.torch,

@@ -223,11 +223,9 @@ class SglangEngine(ProcessEngine[RunningSglang]):
     """Engine kind ``sglang``: ``async with SglangEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        if not isinstance(config, SglangEngineConfig):
-            raise TypeError(f"SglangEngine needs a SglangEngineConfig, got {type(config).__name__}")
-        check_supported(context.profile, config)
         super().__init__(context)
-        self.config = config
+        self.config = common.engine_config(config, SglangEngineConfig, "SglangEngine")
+        check_supported(context.profile, self.config)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningSglang:
         context = self.context
@@ -248,12 +246,14 @@ class SglangEngine(ProcessEngine[RunningSglang]):
         base_url = f"http://{config.host}:{port}"
         process = await start_server(
             stack,
-            name=f"SGLang ({context.arm})",
-            argv=argv,
-            env=env,
-            log_path=self.log_path,
-            base_url=base_url,
-            config=config,
+            common.server_process(
+                name=f"SGLang ({context.arm})",
+                argv=argv,
+                env=env,
+                log_path=self.log_path,
+                base_url=base_url,
+                config=config,
+            ),
         )
         session = open_session(stack)
 

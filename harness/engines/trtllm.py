@@ -50,7 +50,9 @@ from .common import (
     ProcessEngine,
     RunningProcess,
     TokenizerUnavailable,
+    engine_config,
     parallelism_text,
+    server_process,
     server_version,
     start_server,
 )
@@ -162,11 +164,9 @@ class TrtllmEngine(ProcessEngine[RunningTrtllm]):
     """Engine kind ``trtllm``: ``async with TrtllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        if not isinstance(config, TrtllmEngineConfig):
-            raise TypeError(f"TrtllmEngine needs a TrtllmEngineConfig, got {type(config).__name__}")
-        check_supported(context.profile, config)
         super().__init__(context)
-        self.config = config
+        self.config = engine_config(config, TrtllmEngineConfig, "TrtllmEngine")
+        check_supported(context.profile, self.config)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningTrtllm:
         context = self.context
@@ -193,12 +193,14 @@ class TrtllmEngine(ProcessEngine[RunningTrtllm]):
         base_url = f"http://{config.host}:{port}"
         process = await start_server(
             stack,
-            name=f"TensorRT-LLM ({context.arm})",
-            argv=argv,
-            env=env,
-            log_path=self.log_path,
-            base_url=base_url,
-            config=config,
+            server_process(
+                name=f"TensorRT-LLM ({context.arm})",
+                argv=argv,
+                env=env,
+                log_path=self.log_path,
+                base_url=base_url,
+                config=config,
+            ),
         )
         version = await _server_version(base_url)
         name = served_model_name(config.model)

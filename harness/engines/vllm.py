@@ -339,11 +339,9 @@ class VllmEngine(ProcessEngine[RunningVllm]):
     """Engine kind ``vllm``: ``async with VllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        if not isinstance(config, VllmEngineConfig):
-            raise TypeError(f"VllmEngine needs a VllmEngineConfig, got {type(config).__name__}")
-        check_supported(context.profile, config)
         super().__init__(context)
-        self.config = config
+        self.config = common.engine_config(config, VllmEngineConfig, "VllmEngine")
+        check_supported(context.profile, self.config)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningVllm:
         context = self.context

@@ -16,12 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from common import __version__
 from harness.scenario.spec import Scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, GroupKey, MetricsDelta
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 
+from .header import header_fields
 from .lmcache_log import parse_log, ranks, timeline
 from .run_result import (
     STREAM_RATIO_WARN,
@@ -190,9 +190,7 @@ def aggregate(
     planned = {(arm, rep, ctx) for arm in arms for rep in range(scenario.repetitions) for ctx in contexts}
     completed = {event.key for event in done}
     return RunResult(
-        kvbench_version=__version__,
-        run_id=run_id,
-        scenario_name=scenario.name,
+        **header_fields(run_id, scenario.name),
         workload_kind=scenario.workload.kind,
         arms=arms,
         baseline_arm=baseline,

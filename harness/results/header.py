@@ -7,8 +7,9 @@ when every result class declared them itself, and files written before they were
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
+from common import __version__
 from common.schema import VersionedFile
 
 
@@ -20,3 +21,16 @@ class ResultHeader(VersionedFile):
     kvbench_version: str
     run_id: str
     scenario_name: str
+
+
+class HeaderFields(TypedDict):
+    """The header's values a result builder passes on (``Result(**header_fields(...), ...)``)."""
+
+    kvbench_version: str
+    run_id: str
+    scenario_name: str
+
+
+def header_fields(run_id: str, scenario_name: str) -> HeaderFields:
+    """The header of a result file this kvbench writes now for ``run_id`` of scenario ``scenario_name``."""
+    return HeaderFields(kvbench_version=__version__, run_id=run_id, scenario_name=scenario_name)

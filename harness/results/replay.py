@@ -20,7 +20,6 @@ from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
-from common import __version__
 from common.errors import RunDirError
 from harness.scenario.spec import Scenario
 from harness.store.events import ReplayDone, ReplaySample, TraceInfo
@@ -28,6 +27,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from offload.hits import counter_hit_rate, usage_hit_rate
 
+from .header import header_fields
 from .replay_result import ArmReplay, ReplayComparison, ReplayResult, TimelinePoint
 from .run_result import pct_diff
 from .sweep_metrics import derive_columns, quantiles, slo_attainment
@@ -192,9 +192,7 @@ def aggregate_replay(
         )
     engine = scenario.engine
     return ReplayResult(
-        kvbench_version=__version__,
-        run_id=run_id,
-        scenario_name=scenario.name,
+        **header_fields(run_id, scenario.name),
         engine_kind=engine.kind,
         model=engine.model,
         hardware=engine.hardware,

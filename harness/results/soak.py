@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from common import __version__
 from harness.scenario.soak import describe_load, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario, SoakSpec, SweepSpec
 from harness.store.events import FaultEvent, IntervalStats
@@ -12,6 +11,7 @@ from harness.store.manifest import read_manifest
 from harness.store.records import read_records
 from harness.store.rundir import RunDir
 
+from .header import header_fields
 from .soak_result import FaultOutcome, SoakResult, evaluate, fault_outcomes, planned_intervals, totals
 
 
@@ -35,9 +35,7 @@ def build_result(
     planned = planned_intervals(spec.window, spec.interval)
     load = spec.load if spec.load is not None else (max(sweep.values) if sweep else math.nan)
     return SoakResult(
-        kvbench_version=__version__,
-        run_id=run_dir.run_id,
-        scenario_name=scenario.name,
+        **header_fields(run_dir.run_id, scenario.name),
         arm=arm,
         engine_kind=scenario.engine.kind,
         load=_load_words(sweep, load, spec.load_source),

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -225,13 +226,7 @@ class IntervalAccumulator:
         return len(self.rows)
 
     def close(
-        self,
-        *,
-        index: int,
-        attempt: int,
-        start_unix_ns: int,
-        duration_ns: int,
-        metrics: MetricsReading | None = None,
+        self, *, index: int, attempt: int, start_unix_ns: int, duration_ns: int, metrics: MetricsReading | None = None
     ) -> IntervalStats:
         """Aggregate the buffered requests (with pandas) into one :class:`IntervalStats`, then clear."""
         frame = pd.DataFrame(
@@ -393,19 +388,13 @@ def _span(intervals: Sequence[int]) -> str:
 
 def check_slo(judged: Sequence[IntervalStats], spec: SoakSpec, slo: SLO) -> CriterionResult:
     limit = spec.criteria.slo_compliance_min
+    result = partial(CriterionResult, name="slo_compliance", limit=limit)
     if not slo_has_targets(slo):
-        return CriterionResult(
-            name="slo_compliance",
-            status="not_evaluated",
-            limit=limit,
-            reason="the scenario sets no slo.ttft_ms, slo.tpot_ms or slo.e2e_ms",
-        )
+        return result(status="not_evaluated", reason="the scenario sets no slo.ttft_ms, slo.tpot_ms or slo.e2e_ms")
     requests = sum(i.requests for i in judged)
     met = sum(i.slo_met or 0 for i in judged)
     if requests == 0:
-        return CriterionResult(
-            name="slo_compliance", status="fail", limit=limit, reason="no request completed in the judged intervals"
-        )
+        return result(status="fail", reason="no request completed in the judged intervals")
     observed = met / requests
     broken = [
         i.index
@@ -434,21 +423,17 @@ def check_slo(judged: Sequence[IntervalStats], spec: SoakSpec, slo: SLO) -> Crit
         where = f"; {cached} of the slow requests were served from a cache" if slow else ""
         details: dict[str, float | str] = {f"missed:{k}": float(v) for k, v in missed.items()}
         details["missed_cached"] = float(cached)
-        return CriterionResult(
-            name="slo_compliance",
+        return result(
             status="fail",
             observed=observed,
-            limit=limit,
             intervals=broken,
             details=details,
             reason=f"SLO compliance {_pct(observed)} < {_pct(limit)} ({met}/{requests} requests succeeded with "
             f"{targets}; missed: {breakdown}{where}){_span(broken)}",
         )
-    return CriterionResult(
-        name="slo_compliance",
+    return result(
         status="pass",
         observed=observed,
-        limit=limit,
         intervals=broken,
         reason=f"SLO compliance {_pct(observed)} ≥ {_pct(limit)} ({targets})",
     )
@@ -456,34 +441,29 @@ def check_slo(judged: Sequence[IntervalStats], spec: SoakSpec, slo: SLO) -> Crit
 
 def check_errors(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
     limit = spec.criteria.max_error_rate
+    result = partial(CriterionResult, name="error_rate", limit=limit)
     requests = sum(i.requests for i in judged)
     errors = sum(i.errors for i in judged)
     if requests == 0:
-        return CriterionResult(
-            name="error_rate", status="fail", limit=limit, reason="no request completed in the judged intervals"
-        )
+        return result(status="fail", reason="no request completed in the judged intervals")
     observed = errors / requests
     broken = [i.index for i in judged if i.requests >= spec.min_interval_requests and (i.error_rate or 0.0) > limit]
     kinds, statuses = _kinds(judged)
     details: dict[str, float | str] = {f"kind:{k}": float(v) for k, v in kinds.items()}
     details.update({f"http:{k}": float(v) for k, v in statuses.items()})
     if observed > limit:
-        return CriterionResult(
-            name="error_rate",
+        return result(
             status="fail",
             observed=observed,
-            limit=limit,
             intervals=broken,
             details=details,
             reason=f"error rate {_pct(observed)} > {_pct(limit)} ({errors}/{requests} failed: "
             f"{describe_errors(kinds, statuses)}){_span(broken)}",
         )
     tail = f" ({describe_errors(kinds, statuses)})" if errors else ""
-    return CriterionResult(
-        name="error_rate",
+    return result(
         status="pass",
         observed=observed,
-        limit=limit,
         intervals=broken,
         details=details,
         reason=f"error rate {_pct(observed)} ≤ {_pct(limit)}{tail}",
@@ -494,16 +474,15 @@ def check_drift(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionRes
     criteria = spec.criteria
     label = _DRIFT_LABEL[criteria.drift_metric]
     limit = criteria.drift_min_increase_pct / 100.0
+    result = partial(CriterionResult, name="drift", limit=limit)
     points = [
         (i.index, i.elapsed_start_s / 60.0, value)
         for i in judged
         if i.requests >= spec.min_interval_requests and (value := i.metric(criteria.drift_metric)) is not None
     ]
     if len(points) < MIN_DRIFT_POINTS:
-        return CriterionResult(
-            name="drift",
+        return result(
             status="not_evaluated",
-            limit=limit,
             reason=f"{label} drift needs at least {MIN_DRIFT_POINTS} intervals with requests, got {len(points)}",
         )
     minutes = [p[1] for p in points]
@@ -531,52 +510,43 @@ def check_drift(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionRes
     if significant and rel > limit:
         threshold = found.start_level * (1.0 + limit)
         broken = [index for index, _, value in points if value > threshold]
-        return CriterionResult(
-            name="drift",
+        return result(
             status="fail",
             observed=rel,
-            limit=limit,
             intervals=broken,
             details=details,
             reason=f"{label} drifts upward: {stats_text} < {alpha:.2g} and rise > {criteria.drift_min_increase_pct:g}%"
             f"{_span(broken)}",
         )
     why = "no significant upward trend" if not significant else f"rise within {criteria.drift_min_increase_pct:g}%"
-    return CriterionResult(
-        name="drift", status="pass", observed=rel, limit=limit, details=details, reason=f"{label}: {why} ({stats_text})"
-    )
+    return result(status="pass", observed=rel, details=details, reason=f"{label}: {why} ({stats_text})")
 
 
 def check_hit_rate(judged: Sequence[IntervalStats], spec: SoakSpec) -> CriterionResult:
     floor = spec.criteria.hit_rate_floor
+    result = partial(CriterionResult, name="hit_rate_floor", limit=floor)
     if floor is None:
-        return CriterionResult(name="hit_rate_floor", status="not_evaluated", reason="no hit_rate_floor set")
+        return result(status="not_evaluated", reason="no hit_rate_floor set")
     rated = [i for i in judged if i.requests >= spec.min_interval_requests and i.hit_rate is not None]
     if not rated:
-        return CriterionResult(
-            name="hit_rate_floor",
+        return result(
             status="fail",
-            limit=floor,
             reason="hit-rate floor set, but no interval has a hit rate (no /metrics prefix-cache counters and no "
             "usage.cached_tokens)",
         )
     lowest = min(i.hit_rate for i in rated if i.hit_rate is not None)
     broken = [i.index for i in rated if i.hit_rate is not None and i.hit_rate < floor]
     if broken:
-        return CriterionResult(
-            name="hit_rate_floor",
+        return result(
             status="fail",
             observed=lowest,
-            limit=floor,
             intervals=broken,
             reason=f"cache hit rate fell to {_pct(lowest)} < floor {_pct(floor)} in {len(broken)} interval(s)"
             f"{_span(broken)}",
         )
-    return CriterionResult(
-        name="hit_rate_floor",
+    return result(
         status="pass",
         observed=lowest,
-        limit=floor,
         reason=f"cache hit rate ≥ {_pct(floor)} in every interval (lowest {_pct(lowest)})",
     )
 
@@ -584,30 +554,22 @@ def check_hit_rate(judged: Sequence[IntervalStats], spec: SoakSpec) -> Criterion
 def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec, drilled: int = 0) -> CriterionResult:
     """Unplanned restarts: those /metrics showed, less the ``drilled`` ones kvbench caused (kill_engine)."""
     limit = spec.criteria.max_restarts
+    result = partial(CriterionResult, name="restarts", limit=float(limit))
     total = max(sum(i.restarts for i in intervals) - drilled, 0)
     broken = [i.index for i in intervals if i.restarts]
     scraped = sum(1 for i in intervals if i.metrics_error is None and i.counters)
     if total > limit:
-        return CriterionResult(
-            name="restarts",
+        return result(
             status="fail",
             observed=float(total),
-            limit=float(limit),
             intervals=broken,
             reason=f"engine restarted {total} time(s) (> {limit}; /metrics counters went back){_span(broken)}",
         )
     if scraped == 0:
-        return CriterionResult(
-            name="restarts",
-            status="not_evaluated",
-            limit=float(limit),
-            reason="restarts cannot be seen: no interval has /metrics counters",
-        )
-    return CriterionResult(
-        name="restarts",
+        return result(status="not_evaluated", reason="restarts cannot be seen: no interval has /metrics counters")
+    return result(
         status="pass",
         observed=float(total),
-        limit=float(limit),
         reason=f"{total} engine restart(s) (≤ {limit}) over {scraped} scraped interval(s)"
         + (f", besides {drilled} caused by kill_engine drills" if drilled else ""),
     )

@@ -14,7 +14,6 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from common import __version__
 from common.errors import KvbenchError
 from harness.scenario.spec import Scenario
 from harness.store.events import PointDone
@@ -24,6 +23,7 @@ from workloads.config import MultiUserQA
 from workloads.multi_user import plan_only
 
 from .capacity import analytical_comparisons, arm_capacity, engine_shapes, savings
+from .header import header_fields
 from .sweep_metrics import point_data, point_result
 from .sweep_result import PointResult, SloLimits, SweepCounts, SweepResult
 from .validity import judge_errors, with_engines_down
@@ -105,9 +105,7 @@ def aggregate_sweep(
     measured = sum(p.measured for p in results)
     ok = sum(p.ok for p in results)
     return SweepResult(
-        kvbench_version=__version__,
-        run_id=run_id,
-        scenario_name=scenario.name,
+        **header_fields(run_id, scenario.name),
         engine_kind=engine.kind,
         model=engine.model,
         hardware=engine.hardware,

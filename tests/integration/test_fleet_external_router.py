@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,10 @@ from harness.runs.spine import run_sync
 from harness.scenario.spec import parse_scenario
 from harness.store.rundir import RunDir
 from tests.integration.test_prometheus_fleet import _wait_http
+from tests.support import kvbench_argv
+
+SERVE = "sim serve --model llama-3.1-8b --hardware h100-sxm --offload cpu --host 127.0.0.1 --port".split()
+"""``kvbench sim serve`` of one replica, less its port."""
 
 pytestmark = pytest.mark.integration
 NAMES = ("replica-a", "replica-b")
@@ -52,9 +55,11 @@ class Router:
         async with aiohttp.ClientSession() as session:
             for index in targets:
                 async with session.request(
-                    request.method, f"http://{self.backends[index]}{path}", data=body,
+                    request.method,
+                    f"http://{self.backends[index]}{path}",
+                    data=body,
                     headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
-                ) as upstream:  # fmt: skip
+                ) as upstream:
                     if index != targets[-1]:
                         await upstream.read()
                         continue
@@ -76,11 +81,13 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[str], Router]]:
     processes, backends = [], []
     for index in range(2):
         port = free_port()
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "kvbench", "sim", "serve", "--model", "llama-3.1-8b", "--hardware", "h100-sxm",
-             "--offload", "cpu", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=(tmp_path / f"sim-{index}.log").open("wb"), stderr=subprocess.STDOUT,
-        ))  # fmt: skip
+        processes.append(
+            subprocess.Popen(
+                kvbench_argv(*SERVE, str(port)),
+                stdout=(tmp_path / f"sim-{index}.log").open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+        )
         backends.append(f"127.0.0.1:{port}")
     router = Router(backends)
     loop = asyncio.new_event_loop()
@@ -115,9 +122,12 @@ def test_external_router_attribution(tmp_path: Path, fleet: tuple[str, list[str]
     router_url, backends, router = fleet
     scenario = parse_scenario(
         {
-            "name": "fleet-external", "seed": 3,
+            "name": "fleet-external",
+            "seed": 3,
             "engine": {
-                "kind": "openai", "model": "llama-3.1-8b", "base_url": router_url,
+                "kind": "openai",
+                "model": "llama-3.1-8b",
+                "base_url": router_url,
                 "endpoints": [
                     {"metrics_url": f"http://{b}/metrics", "name": n} for b, n in zip(backends, NAMES, strict=True)
                 ],
@@ -125,13 +135,18 @@ def test_external_router_attribution(tmp_path: Path, fleet: tuple[str, list[str]
             "routing": {"policy": "external", "replica_header": "x-served-by"},
             "arms": [{"name": "behind-router", "offload": "cpu"}],
             "workload": {
-                "kind": "multi_round_qa", "context_tokens": [2000], "conversations": 3, "turns": 2,
-                "question_tokens": 16, "answer_tokens": 8, "warmup_requests": 0,
+                "kind": "multi_round_qa",
+                "context_tokens": [2000],
+                "conversations": 3,
+                "turns": 2,
+                "question_tokens": 16,
+                "answer_tokens": 8,
+                "warmup_requests": 0,
                 "between_turns": {"mode": "reset_prefix_cache"},
             },
         },
         "inline",
-    )  # fmt: skip
+    )
     run_dir = RunDir.create(tmp_path, scenario)
     run_sync(ProbeRunner(scenario, run_dir))
     records = [r for r in run_dir.records() if r.phase == "measure"]

@@ -46,8 +46,9 @@ def test_fleet_same_vs_moved(tmp_path: Path) -> None:
     def t2(arm: str, moved: bool) -> list[tuple[float, int, int]]:
         return [
             (r.ttft_ns / 1e6, r.cached_tokens or 0, r.prompt_tokens or 0)
-            for r in records if r.arm == arm and r.turn == 2 and r.moved is moved and r.ttft_ns
-        ]  # fmt: skip
+            for r in records
+            if r.arm == arm and r.turn == 2 and r.moved is moved and r.ttft_ns
+        ]
 
     # round robin + per-replica tiers: turn 2s move, and a moved turn is a cold prefill
     moved_own = t2("RR-own", True)

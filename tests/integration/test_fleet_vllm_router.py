@@ -83,7 +83,8 @@ def scenario_for(python: str) -> dict[str, object]:
         return routing
 
     return {
-        "name": "fleet-vllm-router", "seed": 5,
+        "name": "fleet-vllm-router",
+        "seed": 5,
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 2},
         "arms": [
             {"name": "VR-session", "offload": "cpu", "routing": router("consistent_hash", attribution="metrics")},
@@ -92,10 +93,15 @@ def scenario_for(python: str) -> dict[str, object]:
             {"name": "VR-cache", "offload": "cpu", "routing": router("cache_aware", "--log-level", "debug")},
         ],
         "workload": {
-            "kind": "multi_round_qa", "context_tokens": [4000], "conversations": CONVERSATIONS, "turns": 2,
-            "question_tokens": 16, "answer_tokens": 8, "between_turns": {"mode": "reset_prefix_cache"},
+            "kind": "multi_round_qa",
+            "context_tokens": [4000],
+            "conversations": CONVERSATIONS,
+            "turns": 2,
+            "question_tokens": 16,
+            "answer_tokens": 8,
+            "between_turns": {"mode": "reset_prefix_cache"},
         },
-    }  # fmt: skip
+    }
 
 
 @dataclass(frozen=True)
@@ -234,17 +240,31 @@ def test_overlapping_requests_are_attributed_by_the_replicas_header(tmp_path: Pa
     python = support.router_python()
     assert python is not None
     data = {
-        "name": "fleet-vllm-router-sweep", "seed": 3,
+        "name": "fleet-vllm-router-sweep",
+        "seed": 3,
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 2},
-        "arms": [{"name": "VR-hash", "offload": "cpu", "routing": {"policy": "external", "router": {
-            "kind": "vllm-router", "policy": "consistent_hash", "python": python}}}],
+        "arms": [
+            {
+                "name": "VR-hash",
+                "offload": "cpu",
+                "routing": {
+                    "policy": "external",
+                    "router": {"kind": "vllm-router", "policy": "consistent_hash", "python": python},
+                },
+            }
+        ],
         "workload": {
-            "kind": "multi_user_qa", "users": SWEEP_USERS, "rounds": {"dist": "fixed", "value": 3},
-            "context_tokens": {"dist": "fixed", "value": 2000}, "question_tokens": 20, "answer_tokens": 16,
-            "think_time_s": {"dist": "fixed", "value": 0.0}, "warmup_requests": 1,
+            "kind": "multi_user_qa",
+            "users": SWEEP_USERS,
+            "rounds": {"dist": "fixed", "value": 3},
+            "context_tokens": {"dist": "fixed", "value": 2000},
+            "question_tokens": 20,
+            "answer_tokens": 16,
+            "think_time_s": {"dist": "fixed", "value": 0.0},
+            "warmup_requests": 1,
         },
         "sweep": {"mode": "concurrency", "values": [SWEEP_USERS], "warmup": 1, "duration": 4, "ramp_up": 0.2},
-    }  # fmt: skip
+    }
     scenario = parse_scenario(data, "inline")
     run_dir = RunDir.create(tmp_path, scenario)
     run_sync(SweepRunner(scenario, run_dir))

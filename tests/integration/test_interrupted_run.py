@@ -22,16 +22,30 @@ pytestmark = pytest.mark.integration
 
 def test_a_stopped_run_writes_its_result_and_reports_from_the_records_it_kept(tmp_path: Path) -> None:
     scenario = tmp_path / "stopped.yaml"
-    scenario.write_text(yaml.safe_dump({
-        "name": "stopped",
-        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {"kind": "multi_round_qa", "context_tokens": [1000, 2000, 4000, 8000], "conversations": 4,
-                     "warmup_requests": 1},
-    }), encoding="utf-8")  # fmt: skip
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "name": "stopped",
+                "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+                "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
+                "workload": {
+                    "kind": "multi_round_qa",
+                    "context_tokens": [1000, 2000, 4000, 8000],
+                    "conversations": 4,
+                    "warmup_requests": 1,
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
     runs = tmp_path / "runs"
-    first = subprocess.Popen(kvbench_argv("run", str(scenario), "-o", str(runs)), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=kvbench_env())  # fmt: skip
+    first = subprocess.Popen(
+        kvbench_argv("run", str(scenario), "-o", str(runs)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=kvbench_env(),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and first.poll() is None:
         records = list(runs.glob("*/records.jsonl"))

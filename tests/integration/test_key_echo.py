@@ -65,19 +65,33 @@ def test_echoed_api_key_is_scrubbed_everywhere(tmp_path: Path) -> None:
                 time.sleep(0.1)
         scenario = {
             "name": "key-echo",
-            "engine": {"kind": "openai", "model": "m", "base_url": f"http://127.0.0.1:{port}",
-                       "api_key_env": "ECHO_TEST_KEY"},
+            "engine": {
+                "kind": "openai",
+                "model": "m",
+                "base_url": f"http://127.0.0.1:{port}",
+                "api_key_env": "ECHO_TEST_KEY",
+            },
             "arms": [{"name": "A", "offload": "off"}],
-            "workload": {"kind": "multi_round_qa", "context_tokens": [64], "conversations": 1, "warmup_requests": 1,
-                         "between_turns": {"mode": "none"}},
-        }  # fmt: skip
+            "workload": {
+                "kind": "multi_round_qa",
+                "context_tokens": [64],
+                "conversations": 1,
+                "warmup_requests": 1,
+                "between_turns": {"mode": "none"},
+            },
+        }
         source = tmp_path / "s.yaml"
         source.write_text(yaml.safe_dump(scenario), encoding="utf-8")
         out = tmp_path / "runs"
         done = subprocess.run(
-            [sys.executable, "-m", "kvbench", "run", str(source), "-o", str(out)], cwd=ROOT, capture_output=True,
-            text=True, timeout=120, env={**os.environ, "ECHO_TEST_KEY": KEY}, check=False,
-        )  # fmt: skip
+            [sys.executable, "-m", "kvbench", "run", str(source), "-o", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "ECHO_TEST_KEY": KEY},
+            check=False,
+        )
     finally:
         server.terminate()
         server.wait(timeout=10)

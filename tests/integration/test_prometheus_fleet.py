@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,10 @@ import pytest
 from harness.client.fleet import page_counters
 from harness.client.prometheus import PrometheusReader
 from harness.engines.process import free_port
+from tests.support import kvbench_argv
+
+SERVE = "sim serve --model llama-3.1-8b --hardware h100-sxm --host 127.0.0.1 --port".split()
+"""``kvbench sim serve`` of one replica, less its port."""
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
@@ -71,11 +74,7 @@ def replicas(tmp_path: Path) -> Iterator[list[str]]:
     for index in range(2):
         port = free_port()
         log = (tmp_path / f"sim-{index}.log").open("wb")
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "kvbench", "sim", "serve", "--model", "llama-3.1-8b", "--hardware", "h100-sxm",
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT,
-        ))  # fmt: skip
+        processes.append(subprocess.Popen(kvbench_argv(*SERVE, str(port)), stdout=log, stderr=subprocess.STDOUT))
         urls.append(f"127.0.0.1:{port}")
     try:
         for url in urls:
@@ -100,10 +99,15 @@ def prometheus(tmp_path: Path, replicas: list[str]) -> Iterator[str]:
         encoding="utf-8",
     )
     server = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=(tmp_path / "prometheus.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=(tmp_path / "prometheus.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_http(url + "/-/ready")
@@ -155,16 +159,26 @@ def test_a_fleet_run_stores_counters_read_from_prometheus(tmp_path: Path, promet
     scenario = parse_scenario(
         {
             "name": "fleet-prometheus",
-            "engine": {"kind": "openai", "model": "llama-3.1-8b",
-                       "endpoints": [{"url": f"http://{url}"} for url in replicas]},
+            "engine": {
+                "kind": "openai",
+                "model": "llama-3.1-8b",
+                "endpoints": [{"url": f"http://{url}"} for url in replicas],
+            },
             "prometheus": {"url": prometheus, "replicas": replicas, "selector": 'job="fleet"'},
             "arms": [{"name": "rr", "offload": "hbm"}],
-            "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 2, "turns": 2,
-                         "question_tokens": 16, "answer_tokens": 4, "warmup_requests": 2,
-                         "between_turns": {"mode": "reset_prefix_cache"}},
+            "workload": {
+                "kind": "multi_round_qa",
+                "context_tokens": [1000],
+                "conversations": 2,
+                "turns": 2,
+                "question_tokens": 16,
+                "answer_tokens": 4,
+                "warmup_requests": 2,
+                "between_turns": {"mode": "reset_prefix_cache"},
+            },
         },
         "inline",
-    )  # fmt: skip
+    )
     run_dir = RunDir.create(tmp_path, scenario)
     run_sync(ProbeRunner(scenario, run_dir))
     events = run_dir.replica_counters()

@@ -41,8 +41,9 @@ def mooncake_rows() -> list[dict[str, object]]:
             ids = history.get(group, []) + list(range(next_id, next_id + grow))
             next_id += grow
             history[group] = ids
-            rows.append({"timestamp": len(rows) * 150, "input_length": len(ids) * B, "output_length": 8,
-                         "hash_ids": ids})  # fmt: skip
+            rows.append(
+                {"timestamp": len(rows) * 150, "input_length": len(ids) * B, "output_length": 8, "hash_ids": ids}
+            )
     return rows
 
 
@@ -60,9 +61,14 @@ def expected_ceiling() -> float:
 def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's kvbench, whatever is installed
     return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=400,
+        [sys.executable, "-m", "kvbench", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
         check=False,
-    )  # fmt: skip
+    )
 
 
 def test_replay_on_the_simulator_reaches_the_ceiling_with_a_tier_and_resumes(tmp_path: Path) -> None:
@@ -81,11 +87,16 @@ def test_replay_on_the_simulator_reaches_the_ceiling_with_a_tier_and_resumes(tmp
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "gpu_memory_utilization": 0.25},
         "arms": [{"name": "AMG-OFF", "offload": "hbm"}, {"name": "AMG-ON", "offload": "cpu"}],
         "compare": {"baseline": "AMG-OFF"},
-        "workload": {"kind": "trace", "path": str(trace), "format": "mooncake", "metrics_interval_s": 1,
-                     "warmup_requests": 1},
+        "workload": {
+            "kind": "trace",
+            "path": str(trace),
+            "format": "mooncake",
+            "metrics_interval_s": 1,
+            "warmup_requests": 1,
+        },
         "slo": {"ttft_ms": 2000, "tpot_ms": 50},
         "seed": 2,
-    }  # fmt: skip
+    }
     path = tmp_path / "replay.yaml"
     path.write_text(yaml.safe_dump(scenario))
     done = kvbench("replay", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path)
@@ -139,13 +150,18 @@ def test_replay_on_the_simulator_reaches_the_ceiling_with_a_tier_and_resumes(tmp
 
 def test_a_synthetic_kvbench_trace_replays_closed_loop(tmp_path: Path) -> None:
     workload = {
-        "kind": "multi_user_qa", "users": 3, "rounds": 2, "system_prompt_tokens": 128, "context_tokens": 700,
-        "question_tokens": 20, "answer_tokens": 12,
-    }  # fmt: skip
+        "kind": "multi_user_qa",
+        "users": 3,
+        "rounds": 2,
+        "system_prompt_tokens": 128,
+        "context_tokens": 700,
+        "question_tokens": 20,
+        "answer_tokens": 12,
+    }
     (tmp_path / "qa.yaml").write_text(yaml.safe_dump(workload))
     trace = tmp_path / "qa.jsonl"
-    made = kvbench("trace", "synth", str(tmp_path / "qa.yaml"), "-o", str(trace), "--sessions", "6",
-                   "--block-tokens", "64", cwd=tmp_path)  # fmt: skip
+    synth = ("trace", "synth", str(tmp_path / "qa.yaml"), "-o", str(trace), "--sessions", "6", "--block-tokens", "64")
+    made = kvbench(*synth, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     stats = json.loads(kvbench("trace", "stats", str(trace), "--format", "kvbench", "--json", cwd=tmp_path).stdout)
     assert stats["requests"] == 12 and stats["sessions"] == 6 and stats["block_tokens"] == 64
@@ -153,9 +169,16 @@ def test_a_synthetic_kvbench_trace_replays_closed_loop(tmp_path: Path) -> None:
         "name": "it-replay-closed",
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
         "arms": [{"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {"kind": "trace", "path": str(trace), "format": "kvbench", "mode": "closed", "concurrency": 1,
-                     "metrics_interval_s": 1, "warmup_requests": 0},
-    }  # fmt: skip
+        "workload": {
+            "kind": "trace",
+            "path": str(trace),
+            "format": "kvbench",
+            "mode": "closed",
+            "concurrency": 1,
+            "metrics_interval_s": 1,
+            "warmup_requests": 0,
+        },
+    }
     (tmp_path / "closed.yaml").write_text(yaml.safe_dump(scenario))
     done = kvbench("replay", str(tmp_path / "closed.yaml"), "-o", str(tmp_path / "runs"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -43,12 +43,15 @@ SMALL = {
 
 def test_a_run_whose_every_request_failed_exits_1_and_says_why(tmp_path: Path) -> None:
     engine = {
-        "kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm",
+        "kind": "sim",
+        "model": "llama-3.1-8b",
+        "hardware": "h100-sxm",
         # request 0 is the warm-up; every measured request gets HTTP 500
         "faults": [{"kind": "http_error", "status": 500, "from_request": 1}],
-    }  # fmt: skip
-    scenario = write_scenario(tmp_path, engine=engine, workload=SMALL, arms=[{"name": "ON", "offload": "cpu"}],
-                              compare={})  # fmt: skip
+    }
+    scenario = write_scenario(
+        tmp_path, engine=engine, workload=SMALL, arms=[{"name": "ON", "offload": "cpu"}], compare={}
+    )
     done = kvbench("run", str(scenario), "-o", str(tmp_path / "runs"), cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAILED: all 2 measured requests failed (by kind: http_status 2)" in done.stderr
@@ -91,8 +94,9 @@ def test_interleaved_arm_order_runs_abba_blocks_with_an_engine_start_each(tmp_pa
             order.append((rec.repetition, rec.arm))
     assert order == [(0, "AMG-OFF"), (0, "AMG-ON"), (1, "AMG-ON"), (1, "AMG-OFF"), (2, "AMG-OFF"), (2, "AMG-ON")]
     for arm in ("AMG-OFF", "AMG-ON"):
-        starts = [line for line in (run_dir / "logs" / arm / "engine.log").read_text().splitlines()
-                  if line.startswith("$ ")]  # fmt: skip
+        starts = [
+            line for line in (run_dir / "logs" / arm / "engine.log").read_text().splitlines() if line.startswith("$ ")
+        ]
         assert len(starts) == 3, f"{arm}: one engine start per block"
     result = RunResult.read_file(run_dir)
     assert result.complete and result.validity is not None and result.validity.verdict == "valid"
@@ -104,8 +108,10 @@ def test_interleaved_run_killed_mid_way_resumes_in_abba_order(tmp_path: Path) ->
     runs = tmp_path / "runs"
     process = subprocess.Popen(
         [sys.executable, "-m", "kvbench", "run", str(scenario), "-o", str(runs)],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     progress: Path | None = None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:

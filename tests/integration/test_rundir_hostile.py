@@ -33,16 +33,24 @@ def probe_scenario(conversations: int = 2, name: str = "hostile") -> dict[str, o
         "name": name,
         "engine": {"kind": "sim", "model": "tiny", "hardware": "h100-sxm"},
         "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {"kind": "multi_round_qa", "context_tokens": [64, 256], "conversations": conversations,
-                     "warmup_requests": 1},
-    }  # fmt: skip
+        "workload": {
+            "kind": "multi_round_qa",
+            "context_tokens": [64, 256],
+            "conversations": conversations,
+            "warmup_requests": 1,
+        },
+    }
 
 
 def kvbench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "kvbench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         check=False,
-    )  # fmt: skip
+    )
 
 
 def write_scenario(path: Path, data: dict[str, object]) -> Path:
@@ -55,8 +63,9 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB tmpfs (root only)."""
     mount = tmp_path / "mnt"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -149,18 +158,25 @@ def test_output_directory_is_read_only(tmp_path: Path, tmpfs: Path) -> None:
 
 def test_secrets_in_the_scenario_never_reach_the_run_directory(tmp_path: Path) -> None:
     password = "s3cretPassw0rdXYZ"
-    settings = {"model": "llama-3.1-8b", "hardware": "h100-sxm",
-                "offload": {"name": "cpu", "tiers": [{"kind": "cpu", "capacity_gb": 64}]}}  # fmt: skip
+    settings = {
+        "model": "llama-3.1-8b",
+        "hardware": "h100-sxm",
+        "offload": {"name": "cpu", "tiers": [{"kind": "cpu", "capacity_gb": 64}]},
+    }
     config = tmp_path / "sim.json"
     config.write_text(json.dumps(settings))
     with simulator(tmp_path, "--config", str(config)) as url:
         port = int(url.rsplit(":", 1)[1])
         data: dict[str, object] = {
             "name": "secret [bold]names[/]",
-            "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": f"http://bench:{password}@127.0.0.1:{port}"},
+            "engine": {
+                "kind": "openai",
+                "model": "llama-3.1-8b",
+                "base_url": f"http://bench:{password}@127.0.0.1:{port}",
+            },
             "arms": [{"name": "AMG-ON", "offload": "cpu"}],
             "workload": {"kind": "multi_round_qa", "context_tokens": [64], "conversations": 1, "warmup_requests": 1},
-        }  # fmt: skip
+        }
         source = write_scenario(tmp_path / "secret.yaml", data)
         out = tmp_path / "runs"
         done = kvbench("run", str(source), "-o", str(out))

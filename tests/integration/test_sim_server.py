@@ -35,9 +35,12 @@ PROMPT = " ".join(random.Random(11).choice(WORDS) for _ in range(8000))
 async def ttft(session: aiohttp.ClientSession, url: str, text: str = PROMPT) -> tuple[float, int]:
     """(seconds to the first content token, cached_tokens) of one streamed chat request."""
     body = {
-        "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 2, "stream": True,
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 2,
+        "stream": True,
         "stream_options": {"include_usage": True},
-    }  # fmt: skip
+    }
     started = time.monotonic()
     first: float | None = None
     cached: int | None = None

@@ -76,12 +76,12 @@ def _vllm_bench(python: str, url: str, tmp: Path, backend: str, endpoint: str) -
     # entries, which a Llama-sized vocab pads with and which re-tokenize into several word tokens)
     tokenizer = synthesize_model_dir("tiny", tmp / "model")
     command = [
-        python, "-c", BENCH, "--backend", backend, "--endpoint", endpoint, "--base-url", url,
-        "--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random",
-        "--random-input-len", str(INPUT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS),
-        "--num-prompts", str(PROMPTS), "--max-concurrency", "1", "--seed", "7", "--disable-tqdm",
-        "--save-result", "--result-dir", str(tmp), "--result-filename", "bench.json",
-    ]  # fmt: skip
+        *(python, "-c", BENCH, "--backend", backend, "--endpoint", endpoint, "--base-url", url),
+        *("--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random"),
+        *("--random-input-len", str(INPUT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS)),
+        *("--num-prompts", str(PROMPTS), "--max-concurrency", "1", "--seed", "7", "--disable-tqdm"),
+        *("--save-result", "--result-dir", str(tmp), "--result-filename", "bench.json"),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, cwd=tmp)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result: dict[str, float] = json.loads((tmp / "bench.json").read_text())
@@ -117,8 +117,9 @@ def _modelled(prompt_tokens: int) -> tuple[float, float]:
     return model.prefill_seconds(prompt_tokens), statistics.fmean(decode)
 
 
-@pytest.mark.parametrize(("backend", "endpoint"), [("openai-chat", "/v1/chat/completions"),
-                                                    ("openai", "/v1/completions")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("backend", "endpoint"), [("openai-chat", "/v1/chat/completions"), ("openai", "/v1/completions")]
+)
 def test_vllm_bench_serve_reads_the_time_model(
     vllm_python: str, sim_url: str, tmp_path: Path, backend: str, endpoint: str
 ) -> None:

@@ -32,26 +32,34 @@ def scenario() -> dict[str, Any]:
     return {
         "name": "drills",
         "engine": {
-            "kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm",
+            "kind": "sim",
+            "model": "llama-3.1-8b",
+            "hardware": "h100-sxm",
             "faults": [{"kind": "http_error", "status": 500, "from_request": 0, "requests": 1}],
         },
         "arms": [{"name": "ON", "offload": "cpu"}],
         "workload": {
-            "kind": "multi_user_qa", "users": 8, "rounds": {"dist": "uniform", "low": 2, "high": 4},
-            "context_tokens": {"dist": "uniform", "low": 1000, "high": 2000}, "question_tokens": 16,
-            "answer_tokens": 4, "think_time_s": 0.05, "warmup_requests": 1,
+            "kind": "multi_user_qa",
+            "users": 8,
+            "rounds": {"dist": "uniform", "low": 2, "high": 4},
+            "context_tokens": {"dist": "uniform", "low": 1000, "high": 2000},
+            "question_tokens": 16,
+            "answer_tokens": 4,
+            "think_time_s": 0.05,
+            "warmup_requests": 1,
         },
         "sweep": {"mode": "concurrency", "values": [4], "ramp_up": 0.2},
         "slo": {"ttft_ms": TTFT_SLO_MS},
         "soak": {
-            "window": "8s", "interval": "2s",
+            "window": "8s",
+            "interval": "2s",
             "faults": [
                 {"kind": "kill_engine", "at": "2500ms"},
                 {"kind": "pause_engine", "at": "5500ms", "duration": f"{PAUSE_S}s"},
             ],
         },
         "seed": 2,
-    }  # fmt: skip
+    }
 
 
 def test_kill_and_pause_are_rehearsed_recorded_and_named(tmp_path: Path) -> None:
@@ -59,8 +67,11 @@ def test_kill_and_pause_are_rehearsed_recorded_and_named(tmp_path: Path) -> None
     path.write_text(yaml.safe_dump(scenario()))
     done = subprocess.run(
         [sys.executable, "-m", "kvbench", "soak", str(path), "-o", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode in (0, 1), done.stdout + done.stderr  # PASS or FAIL, never an abort
     (run_dir,) = (tmp_path / "runs").iterdir()
 

@@ -47,19 +47,31 @@ def soak_scenario(base_url: str) -> dict[str, Any]:
         "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": base_url, "hardware": "h100-sxm"},
         "arms": [{"name": "AMG-ON", "offload": PROFILE}],
         "workload": {
-            "kind": "multi_user_qa", "users": 24, "rounds": {"dist": "uniform", "low": 3, "high": 6},
-            "context_tokens": {"dist": "uniform", "low": 2000, "high": 4000}, "question_tokens": 24,
-            "answer_tokens": 8, "think_time_s": 0.05, "warmup_requests": 1,
+            "kind": "multi_user_qa",
+            "users": 24,
+            "rounds": {"dist": "uniform", "low": 3, "high": 6},
+            "context_tokens": {"dist": "uniform", "low": 2000, "high": 4000},
+            "question_tokens": 24,
+            "answer_tokens": 8,
+            "think_time_s": 0.05,
+            "warmup_requests": 1,
         },
         "sweep": {"mode": "concurrency", "values": [4], "ramp_up": 0.2},
         "slo": {"ttft_ms": 400, "tpot_ms": 100},
         "soak": {
-            "window": "5s", "interval": "500ms", "warmup_intervals": 2,
-            "criteria": {"slo_compliance_min": 0.99, "max_error_rate": 0.01, "hit_rate_floor": 0.3,
-                         "drift_confidence": 0.99, "drift_min_increase_pct": 50},
+            "window": "5s",
+            "interval": "500ms",
+            "warmup_intervals": 2,
+            "criteria": {
+                "slo_compliance_min": 0.99,
+                "max_error_rate": 0.01,
+                "hit_rate_floor": 0.3,
+                "drift_confidence": 0.99,
+                "drift_min_increase_pct": 50,
+            },
         },
         "seed": 1,
-    }  # fmt: skip
+    }
 
 
 def soak(
@@ -119,8 +131,11 @@ def test_resume_continues_an_interrupted_window(simulator: SimulatorLauncher, tm
         scenario.write_text(yaml.safe_dump(data))
         first = subprocess.Popen(
             kvbench_argv("soak", str(scenario), "-o", str(tmp_path / "runs")),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kvbench_env(),
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=kvbench_env(),
+        )
         deadline = time.monotonic() + 60
         intervals: list[Path] = []
         while time.monotonic() < deadline and first.poll() is None:

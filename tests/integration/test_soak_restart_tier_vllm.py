@@ -30,25 +30,45 @@ def scenario(model: Path) -> dict[str, Any]:
     return {
         "name": "restart-tier",
         "engine": {
-            "kind": "vllm", "model": str(model), "device": "cpu", "dtype": "float32", "load_format": "dummy",
-            "enforce_eager": True, "cpu_worker_in_engine_core": True, "max_model_len": 4096, "cpu_kvcache_space_gb": 1,
+            "kind": "vllm",
+            "model": str(model),
+            "device": "cpu",
+            "dtype": "float32",
+            "load_format": "dummy",
+            "enforce_eager": True,
+            "cpu_worker_in_engine_core": True,
+            "max_model_len": 4096,
+            "cpu_kvcache_space_gb": 1,
             "startup_timeout_s": 420,
-            "stop_grace_s": 15, "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
+            "stop_grace_s": 15,
+            "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
         },
         "arms": [
-            {"name": "AMG-ON", "offload": {"name": "lmcache-mp-cpu", "backend": "lmcache-mp",
-                                           "tiers": [{"kind": "cpu", "capacity_gb": 1}]}},
+            {
+                "name": "AMG-ON",
+                "offload": {
+                    "name": "lmcache-mp-cpu",
+                    "backend": "lmcache-mp",
+                    "tiers": [{"kind": "cpu", "capacity_gb": 1}],
+                },
+            },
         ],
         "workload": {
-            "kind": "multi_user_qa", "users": 4, "rounds": {"dist": "uniform", "low": 2, "high": 3},
-            "context_tokens": {"dist": "uniform", "low": 500, "high": 1000}, "question_tokens": 16,
-            "answer_tokens": 4, "think_time_s": 0.2, "warmup_requests": 1, "request_timeout_s": 15,
+            "kind": "multi_user_qa",
+            "users": 4,
+            "rounds": {"dist": "uniform", "low": 2, "high": 3},
+            "context_tokens": {"dist": "uniform", "low": 500, "high": 1000},
+            "question_tokens": 16,
+            "answer_tokens": 4,
+            "think_time_s": 0.2,
+            "warmup_requests": 1,
+            "request_timeout_s": 15,
         },
         "sweep": {"mode": "concurrency", "values": [2], "ramp_up": 0.5},
         "slo": {"ttft_ms": 5000},
         "soak": {"window": "30s", "interval": "10s", "faults": [{"kind": "restart_tier", "at": f"{RESTART_AT_S}s"}]},
         "seed": 4,
-    }  # fmt: skip
+    }
 
 
 def test_the_lmcache_server_is_killed_restarted_recorded_and_named(tmp_path: Path, vllm_python: str) -> None:

@@ -10,10 +10,15 @@ from workloads.multi_user import MultiUserWorkload
 
 
 def _workload(skew: float, users: int = 50) -> MultiUserWorkload:
-    config = MultiUserQA.model_validate({
-        "kind": "multi_user_qa", "users": users, "user_skew": skew,
-        "rounds": {"dist": "fixed", "value": 2}, "context_tokens": {"dist": "fixed", "value": 500},
-    })  # fmt: skip
+    config = MultiUserQA.model_validate(
+        {
+            "kind": "multi_user_qa",
+            "users": users,
+            "user_skew": skew,
+            "rounds": {"dist": "fixed", "value": 2},
+            "context_tokens": {"dist": "fixed", "value": 500},
+        }
+    )
     return MultiUserWorkload(config, SimTokenizer(), seed=11)
 
 

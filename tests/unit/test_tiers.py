@@ -71,18 +71,26 @@ def test_without_nvidia_smi_or_vllm_only_the_plain_test_runs(session: pytest.Pyt
 
 def test_a_failing_nvidia_smi_skips_the_gpu_test(session: pytest.Pytester) -> None:
     # what nvidia-smi does on a host whose driver is not loaded
-    stand_in(session.path / "bin", "nvidia-smi", """
+    stand_in(
+        session.path / "bin",
+        "nvidia-smi",
+        """
         import sys
         print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
         sys.exit(9)
-    """)  # fmt: skip
+    """,
+    )
     assert outcomes(session)["test_on_a_gpu"] == "skipped"
 
 
 def test_a_listed_gpu_runs_the_gpu_test(session: pytest.Pytester) -> None:
-    stand_in(session.path / "bin", "nvidia-smi", """
+    stand_in(
+        session.path / "bin",
+        "nvidia-smi",
+        """
         print("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)")
-    """)  # fmt: skip
+    """,
+    )
     assert outcomes(session) == {"test_on_a_gpu": "passed", "test_on_vllm_cpu": "skipped", "test_anywhere": "passed"}
 
 
@@ -90,18 +98,26 @@ def test_vllm_python_must_import_vllm(session: pytest.Pytester, monkeypatch: pyt
     site = session.path / "site"
     (site / "vllm").mkdir(parents=True)
     (site / "vllm" / "__init__.py").write_text("")
-    without = stand_in(session.path / "venv", "python-without", f"""
+    without = stand_in(
+        session.path / "venv",
+        "python-without",
+        f"""
         import os, sys
         os.execv({sys.executable!r}, [{sys.executable!r}, "-S", *sys.argv[1:]])
-    """)  # fmt: skip
+    """,
+    )
     monkeypatch.setenv(support.VLLM_PYTHON_ENV, str(without))
     assert outcomes(session)["test_on_vllm_cpu"] == "skipped"
 
     support.vllm_python.cache_clear()
-    with_vllm = stand_in(session.path / "venv", "python-with", f"""
+    with_vllm = stand_in(
+        session.path / "venv",
+        "python-with",
+        f"""
         import os, sys
         os.environ["PYTHONPATH"] = {str(site)!r}
         os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
-    """)  # fmt: skip
+    """,
+    )
     monkeypatch.setenv(support.VLLM_PYTHON_ENV, str(with_vllm))
     assert outcomes(session)["test_on_vllm_cpu"] == "passed"

@@ -451,12 +451,25 @@ async def test_stream_check_fires_on_golden_stream_with_fewer_text_chunks_than_t
     role, empty, text, *rest = frames(golden(name))
     outcome = await run_chat(server, Script(pieces=[(0.0, role + empty), (0.05, text + b"".join(rest))]))
     record = RequestRecord(
-        arm="A", attempt=0, phase="measure", repetition=0, context_tokens=spec["prompt_tokens"], conversation=0,
-        turn=1, request_id="r", api="chat", started_ns=outcome.started_ns, ttft_ns=outcome.ttft_ns,
-        e2e_ns=outcome.e2e_ns, output_chunks=outcome.output_chunks, first_chunk_ns=outcome.first_chunk_ns,
-        empty_token_chunks=outcome.empty_token_chunks, finish_reason=outcome.finish_reason,
-        completion_tokens=outcome.completion_tokens, ok=outcome.ok,
-    )  # fmt: skip
+        arm="A",
+        attempt=0,
+        phase="measure",
+        repetition=0,
+        context_tokens=spec["prompt_tokens"],
+        conversation=0,
+        turn=1,
+        request_id="r",
+        api="chat",
+        started_ns=outcome.started_ns,
+        ttft_ns=outcome.ttft_ns,
+        e2e_ns=outcome.e2e_ns,
+        output_chunks=outcome.output_chunks,
+        first_chunk_ns=outcome.first_chunk_ns,
+        empty_token_chunks=outcome.empty_token_chunks,
+        finish_reason=outcome.finish_reason,
+        completion_tokens=outcome.completion_tokens,
+        ok=outcome.ok,
+    )
     check = stream_check(
         pd.DataFrame([record.model_dump()]), [], answer_tokens=spec["completion_tokens"], ignore_eos=True
     )

@@ -24,8 +24,11 @@ def chunk(content: str | None = None, role: str | None = None, finish: str | Non
         delta["role"] = role
     if content is not None:
         delta["content"] = content
-    body = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta,
-            "finish_reason": finish}]}  # fmt: skip
+    body = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
 
@@ -75,8 +78,9 @@ async def test_utf8_split_across_reads_is_fine(server: FakeServer) -> None:
 
 async def test_silent_connection_fails_at_the_stall_limit_and_names_both_limits(server: FakeServer) -> None:
     stream = plain_stream()
-    outcome = await run_chat(server, Script(pieces=[(0.0, stream[0] + stream[1])], end="hang"),
-                             timeout_s=30.0, read_timeout_s=0.25)  # fmt: skip
+    outcome = await run_chat(
+        server, Script(pieces=[(0.0, stream[0] + stream[1])], end="hang"), timeout_s=30.0, read_timeout_s=0.25
+    )
     assert outcome.error_kind == "timeout"
     assert outcome.error is not None
     assert "silent" in outcome.error and "stall_timeout_s=0.25" in outcome.error and "timeout_s=30" in outcome.error

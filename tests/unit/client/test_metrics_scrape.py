@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.client.scrape import (
+    LMCACHE_METRICS,
     METRICS,
     METRICS_BY_TAG,
     VLLM,
@@ -19,6 +22,7 @@ from harness.client.scrape import (
     sum_metric,
     summarize,
 )
+from harness.client.scrape import _spec as _spec
 from tests.support import GOLDEN
 
 GOLDEN_METRICS = GOLDEN / "metrics"
@@ -196,6 +200,36 @@ def test_table_is_well_formed() -> None:
             assert name.startswith("vllm:")
             # counters: Prometheus counters, or a histogram's cumulative _sum and _count
             assert name.endswith(("_total", "_sum", "_count")) == (spec.kind == "counter")
+
+
+GOOD_ENTRY = {"unit": "tokens", "kind": "counter", "formula": "f", "vllm": ["a_total"]}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("colour", "red", "unknown field 'colour'"),
+        ("kind", "histogram", "kind 'histogram' is not one of counter, gauge"),
+        ("aggregate", "p99", "aggregate 'p99' is not one of sum, mean, max"),
+        ("vllm", "a_total", "vllm must be a non-empty list of sample names"),
+        ("formula", None, "needs a unit, a formula"),
+    ],
+)
+def test_a_bad_table_entry_names_its_tag_and_field(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=rf"^metrics\.yaml: some_tag: {re.escape(message)}"):
+        _spec("some_tag", {**GOOD_ENTRY, field: value})
+    with pytest.raises(ValueError, match="some_tag: expected a mapping"):
+        _spec("some_tag", ["a_total"])
+    assert _spec("some_tag", GOOD_ENTRY).names == {"vllm": ("a_total",)}
+
+
+def test_the_table_file_keeps_each_sections_order_and_columns() -> None:
+    assert [spec.tag for spec in METRICS][:2] == ["gpu_prefix_queries", "gpu_prefix_hits"]
+    assert METRICS_BY_TAG["kv_usage"].aggregate == "mean" and METRICS_BY_TAG["kv_usage"].kind == "gauge"
+    assert list(METRICS_BY_TAG["gpu_prefix_hits"].names) == ["vllm", "sglang", "trtllm"]
+    assert METRICS_BY_TAG["gpu_prefix_hits"].names["sglang"][0] == 'sglang:cached_tokens_total{cache_source="device"}'
+    assert all(list(spec.names) == ["lmcache"] for spec in LMCACHE_METRICS)
+    assert not {spec.tag for spec in METRICS} & {spec.tag for spec in LMCACHE_METRICS}
 
 
 def test_invalid_text_raises_value_error() -> None:

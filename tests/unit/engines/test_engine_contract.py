@@ -134,9 +134,11 @@ def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         return
     if family == "openai":
         process, base_url = fake_process(
-            "sglang", tmp, "--model-path", "/models/Qwen2.5-7B-Instruct", "--served-model-name", "qwen",
-            "--enable-metrics", "--api-key", API_KEY, "--first-token-delay-ms", str(FIRST_TOKEN_DELAY_MS),
-        )  # fmt: skip
+            "sglang",
+            tmp,
+            *("--model-path", "/models/Qwen2.5-7B-Instruct", "--served-model-name", "qwen", "--enable-metrics"),
+            *("--api-key", API_KEY, "--first-token-delay-ms", str(FIRST_TOKEN_DELAY_MS)),
+        )
         asyncio.run(process.__aenter__())
         try:
             with pytest.MonkeyPatch.context() as patch:

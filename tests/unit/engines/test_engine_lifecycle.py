@@ -154,10 +154,10 @@ async def test_leftovers_matching_the_cleanup_globs_are_removed(tmp_path: Path) 
     globs = (str(shm / "psm_*"), str(tmp_path / "dist_*"))
     spec = fake_spec(
         tmp_path,
-        "--leftover", str(shm / "psm_{pid}"),
-        "--leftover", str(tmp_path / "dist_{pid}" / "rendezvous"),
+        *("--leftover", str(shm / "psm_{pid}")),
+        *("--leftover", str(tmp_path / "dist_{pid}" / "rendezvous")),
         globs=globs,
-    )  # fmt: skip
+    )
     async with ManagedProcess(spec) as process:
         pid = process.pid
         assert (shm / f"psm_{pid}").exists() and (tmp_path / f"dist_{pid}" / "rendezvous").exists()
@@ -219,8 +219,12 @@ def trtllm_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def sglang_config(model_dir: Path, **overrides: Any) -> SglangEngineConfig:
     data: dict[str, Any] = {
-        "kind": "sglang", "model": str(model_dir), "python": sys.executable, "startup_timeout_s": 20, "stop_grace_s": 5,
-    }  # fmt: skip
+        "kind": "sglang",
+        "model": str(model_dir),
+        "python": sys.executable,
+        "startup_timeout_s": 20,
+        "stop_grace_s": 5,
+    }
     data.update(overrides)
     return SglangEngineConfig.model_validate(data)
 

@@ -33,10 +33,14 @@ def test_gpu_fleet_scenario_renders_per_replica(tmp_path: Path) -> None:
     assert backends["OFF-rr"] == {"none"} and backends["own-rr"] == {"lmcache-mp"}
     policies = {arm.name: (arm.routing or scenario.routing).policy for arm in scenario.arms}
     assert policies == {
-        "OFF-rr": "round_robin", "own-rr": "round_robin", "shared-rr": "round_robin",
-        "OFF-sa": "session_affinity", "own-sa": "session_affinity", "shared-sa": "session_affinity",
+        "OFF-rr": "round_robin",
+        "own-rr": "round_robin",
+        "shared-rr": "round_robin",
+        "OFF-sa": "session_affinity",
+        "own-sa": "session_affinity",
+        "shared-sa": "session_affinity",
         "VR-cache-own": "external",
-    }  # fmt: skip
+    }
     router_arm = next(arm for arm in scenario.arms if arm.name == "VR-cache-own")
     assert router_arm.routing is not None and router_arm.routing.router is not None
     assert (router_arm.routing.router.kind, router_arm.routing.router.policy) == ("vllm-router", "cache_aware")

@@ -85,14 +85,18 @@ def test_a_document_becomes_rates_per_gpu_and_the_argv_names_the_probe_file(tmp_
 
 def test_every_failure_is_a_reason_naming_what_happened(tmp_path: Path) -> None:
     cases = {
-        "exit": ("sys.stderr.write('RuntimeError: CUDA error: invalid device ordinal\\n'); sys.exit(1)",
-                 ["status 1", "invalid device ordinal"]),
+        "exit": (
+            "sys.stderr.write('RuntimeError: CUDA error: invalid device ordinal\\n'); sys.exit(1)",
+            ["status 1", "invalid device ordinal"],
+        ),
         "silent": ("print('torch says hello')", ["printed no KVBENCH_HOST_LINK line"]),
         "json": (f"print({MARKER!r} + '{{not json')", ["not JSON"]),
-        "error": (f"print({MARKER!r} + json.dumps({{'error': 'CUDA is not available to torch'}}))",
-                  ["the probe reports: CUDA is not available to torch"]),
+        "error": (
+            f"print({MARKER!r} + json.dumps({{'error': 'CUDA is not available to torch'}}))",
+            ["the probe reports: CUDA is not available to torch"],
+        ),
         "shape": (f"print({MARKER!r} + json.dumps({{'gpus': []}}))", ["unexpected document"]),
-    }  # fmt: skip
+    }
     for name, (body, words) in cases.items():
         link = measure_host_link(fake_python(tmp_path, body, name), None, timeout_s=30)
         assert link.not_measured is not None and link.gpus == [], name

@@ -69,9 +69,13 @@ async def test_simulator_refuses_a_configured_port_held_by_another_server(decoy:
 
 async def test_lmcache_sidecar_refuses_a_busy_port(decoy: int, tmp_path: Path) -> None:
     spec = LmcacheServerSpec(
-        host="127.0.0.1", port=free_port(), http_port=decoy, prometheus_port=free_port(), l1_size_gb=1.0,
+        host="127.0.0.1",
+        port=free_port(),
+        http_port=decoy,
+        prometheus_port=free_port(),
+        l1_size_gb=1.0,
         chunk_size=256,
-    )  # fmt: skip
+    )
     with pytest.raises(EngineStartError, match=f"port {decoy} is already in use"):
         async with LmcacheServer(spec, python=sys.executable, log_path=tmp_path / "lmcache.log"):
             pytest.fail("the sidecar must not be taken as healthy on a decoy's port")

@@ -87,11 +87,13 @@ def test_lmcache_mp_renders_server_and_connector(tmp_path: Path) -> None:
         "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 6000},
     }
     (server,) = plan.sidecars
-    assert server.args() == [
-        "--host", "127.0.0.1", "--port", "6000", "--chunk-size", "256", "--l1-size-gb", "8",
-        "--eviction-policy", "LRU", "--supported-transfer-mode", "engine_driven",
-        "--http-host", "127.0.0.1", "--http-port", "6001", "--prometheus-port", "6002",
-    ]  # fmt: skip
+    assert (
+        server.args()
+        == (
+            "--host 127.0.0.1 --port 6000 --chunk-size 256 --l1-size-gb 8 --eviction-policy LRU "
+            "--supported-transfer-mode engine_driven --http-host 127.0.0.1 --http-port 6001 --prometheus-port 6002"
+        ).split()
+    )
     assert server.health_url == "http://127.0.0.1:6001/healthcheck"
     assert not plan.files and not plan.env
 

@@ -59,9 +59,12 @@ def test_sim_alias_counts_replicas() -> None:
 
 def test_openai_fleet_endpoints() -> None:
     config = OpenAIEngineConfig.model_validate(
-        {"kind": "openai", "model": "m",
-         "endpoints": [{"url": "http://a:1", "metrics_url": "http://a:2/metrics"}, {"url": "http://b:1"}]}
-    )  # fmt: skip
+        {
+            "kind": "openai",
+            "model": "m",
+            "endpoints": [{"url": "http://a:1", "metrics_url": "http://a:2/metrics"}, {"url": "http://b:1"}],
+        }
+    )
     assert config.fleet_size == 2 and config.routed_by_kvbench
     assert config.replica_config(1).base_url == "http://b:1"
     assert config.metrics_url(0) == "http://a:2/metrics" and config.metrics_url(1) is None
@@ -87,8 +90,10 @@ def test_multi_gpu_env_reaches_every_engine_process(tmp_path: Path, monkeypatch:
     for key, value in MULTI_GPU_ENV.items():
         monkeypatch.setenv(key, value)
     config = VllmEngineConfig(kind="vllm", model="/m", replicas=2, gpus=[0, 1])
-    script = "import json, os, http.server, sys\n" \
-        "json.dump({k: os.environ.get(k) for k in sys.argv[2:]}, open(sys.argv[1], 'w'))\n"  # fmt: skip
+    script = (
+        "import json, os, http.server, sys\n"
+        "json.dump({k: os.environ.get(k) for k in sys.argv[2:]}, open(sys.argv[1], 'w'))\n"
+    )
     for index in range(2):
         replica = config.replica_config(index)
         out = tmp_path / f"env-{index}.json"

@@ -13,6 +13,7 @@ from harness.store.events import GroupDone, MetricsDelta
 from harness.store.records import RecordWriter, RequestRecord, read_records
 from reports.renderers import markdown_table, write_all
 from reports.ttft_table import settle_line
+from tests.resultfiles import request_record
 
 SCENARIO = parse_scenario(
     {
@@ -43,12 +44,20 @@ def rec(
     ok: bool = True,
     phase: str = "measure",
 ) -> RequestRecord:
-    return RequestRecord(
-        arm=arm, attempt=attempt, phase=phase, repetition=0, context_tokens=ctx, conversation=conv, turn=turn,
-        request_id=f"{arm}{ctx}{conv}{turn}{attempt}", api="chat", started_ns=0,
-        ttft_ns=None if ttft_ms is None else int(ttft_ms * 1e6), e2e_ns=None, ok=ok,
-        error_kind=None if ok else "timeout", prompt_tokens=ctx, cached_tokens=0,
-    )  # fmt: skip
+    return request_record(
+        arm,
+        ctx,
+        conv,
+        turn,
+        attempt=attempt,
+        phase=phase,
+        ttft_ns=None if ttft_ms is None else int(ttft_ms * 1e6),
+        e2e_ns=None,
+        ok=ok,
+        error_kind=None if ok else "timeout",
+        prompt_tokens=ctx,
+        cached_tokens=0,
+    )
 
 
 def full_records(on_t2: float, attempt: int = 0) -> list[RequestRecord]:
@@ -138,9 +147,13 @@ def test_engine_timing_is_the_mean_of_the_engine_histograms_per_cell(tmp_path: P
     # two repetitions' groups of 3 requests each: 6 requests, 0.15 s of engine TTFT in all -> 25 ms each
     def timed(repetition: int, ttft_s: float, queue_s: float, prefill_s: float, attempt: int = 0) -> MetricsDelta:
         values = {
-            "engine_ttft_seconds": ttft_s, "engine_ttft_requests": 3.0, "queue_seconds": queue_s,
-            "queued_requests": 3.0, "prefill_seconds": prefill_s, "prefilled_requests": 3.0,
-        }  # fmt: skip
+            "engine_ttft_seconds": ttft_s,
+            "engine_ttft_requests": 3.0,
+            "queue_seconds": queue_s,
+            "queued_requests": 3.0,
+            "prefill_seconds": prefill_s,
+            "prefilled_requests": 3.0,
+        }
         return MetricsDelta(
             arm="AMG-ON", attempt=attempt, repetition=repetition, context_tokens=8000, turn=2, values=values
         )
@@ -203,8 +216,11 @@ def test_the_median_after_each_pass_and_how_far_the_last_pass_moved_it(tmp_path:
         for r in full_records(on_t2=on_t2[rep])
     ]
     failed = rec("AMG-ON", 8000, 3, 2, None, ok=False).model_copy(update={"repetition": 2})  # not a time
-    done = [GroupDone(arm=g.arm, repetition=rep, context_tokens=g.context_tokens, attempt=0)
-            for rep in range(3) for g in done_all()]  # fmt: skip
+    done = [
+        GroupDone(arm=g.arm, repetition=rep, context_tokens=g.context_tokens, attempt=0)
+        for rep in range(3)
+        for g in done_all()
+    ]
     result = aggregate(scenario, "r", [*records, failed], done)
 
     moved = next(c for c in result.pass_medians if (c.arm, c.context_tokens, c.turn) == ("AMG-ON", 8000, 2))

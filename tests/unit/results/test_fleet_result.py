@@ -12,29 +12,40 @@ from harness.scenario.spec import parse_scenario
 from harness.store.events import ReplicaCounters
 from harness.store.records import RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
+from tests.resultfiles import request_record
 
 SCENARIO = {
     "name": "unit-fleet",
     "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 2},
     "arms": [{"name": "A", "offload": "shared"}],
     "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 2, "turns": 2},
-}  # fmt: skip
+}
 
 
 def _record(conversation: int, turn: int, replica: int, moved: bool | None, ttft_ms: float) -> RequestRecord:
-    return RequestRecord(
-        arm="A", attempt=0, phase="measure", repetition=0, context_tokens=1000, conversation=conversation,
-        turn=turn, request_id=f"{conversation}-{turn}", api="chat", started_ns=0, ttft_ns=int(ttft_ms * 1e6),
-        e2e_ns=int(2 * ttft_ms * 1e6), ok=True, cached_tokens=10 * turn, replica=replica, moved=moved,
-    )  # fmt: skip
+    return request_record(
+        "A",
+        1000,
+        conversation,
+        turn,
+        ttft_ns=int(ttft_ms * 1e6),
+        e2e_ns=int(2 * ttft_ms * 1e6),
+        cached_tokens=10 * turn,
+        replica=replica,
+        moved=moved,
+    )
 
 
 def test_fleet_result_from_stored_files(tmp_path: Path) -> None:
     run_dir = RunDir.create(tmp_path, parse_scenario(SCENARIO, "unit"))
     records = [
-        _record(0, 1, 0, None, 100), _record(1, 1, 1, None, 110), _record(2, 1, 0, None, 120),
-        _record(0, 2, 0, False, 20), _record(1, 2, 0, True, 90), _record(2, 2, 1, True, 70),
-    ]  # fmt: skip
+        _record(0, 1, 0, None, 100),
+        _record(1, 1, 1, None, 110),
+        _record(2, 1, 0, None, 120),
+        _record(0, 2, 0, False, 20),
+        _record(1, 2, 0, True, 90),
+        _record(2, 2, 1, True, 70),
+    ]
     with RecordWriter(run_dir.records_file) as writer:
         for record in records:
             writer.append(record)
@@ -133,10 +144,13 @@ def test_a_length_re_run_by_resume_counts_once_as_in_the_ttft_table(tmp_path: Pa
         )
 
     records = [
-        at(0, 1000, 0, 1, 0, 10), at(0, 1000, 0, 2, 0, 20),  # kept: 1,000 completed in attempt 0
-        at(0, 2000, 0, 1, 1, 40), at(0, 2000, 1, 1, 1, 41),  # superseded: 2,000 did not complete
-        at(1, 2000, 0, 1, 0, 10), at(1, 2000, 0, 2, 0, 20),  # kept: 2,000 completed in attempt 1
-    ]  # fmt: skip
+        at(0, 1000, 0, 1, 0, 10),
+        at(0, 1000, 0, 2, 0, 20),  # kept: 1,000 completed in attempt 0
+        at(0, 2000, 0, 1, 1, 40),
+        at(0, 2000, 1, 1, 1, 41),  # superseded: 2,000 did not complete
+        at(1, 2000, 0, 1, 0, 10),
+        at(1, 2000, 0, 2, 0, 20),  # kept: 2,000 completed in attempt 1
+    ]
     with RecordWriter(run_dir.records_file) as writer:
         for record in records:
             writer.append(record)

@@ -9,6 +9,7 @@ from harness.results.replay import aggregate_replay
 from harness.scenario.spec import parse_scenario
 from harness.store.events import ReplayDone, ReplaySample, TraceInfo
 from harness.store.records import RequestRecord
+from tests.resultfiles import request_record
 
 MS = 1_000_000
 SCENARIO = parse_scenario(
@@ -22,21 +23,45 @@ SCENARIO = parse_scenario(
     "r.yaml",
 )
 TRACE = TraceInfo(
-    path="t.jsonl", format="mooncake", sha256="0" * 64, block_tokens=512, start=0, requests=4, duration_s=3.0,
-    time_scale=1.0, mode="open", concurrency=None, prompt_tokens_total=4000, input_p50=1000, input_p99=1000,
-    output_p50=10, infinite_cache_hit_rate=0.5,
-)  # fmt: skip
+    path="t.jsonl",
+    format="mooncake",
+    sha256="0" * 64,
+    block_tokens=512,
+    start=0,
+    requests=4,
+    duration_s=3.0,
+    time_scale=1.0,
+    mode="open",
+    concurrency=None,
+    prompt_tokens_total=4000,
+    input_p50=1000,
+    input_p99=1000,
+    output_p50=10,
+    infinite_cache_hit_rate=0.5,
+)
 
 
 def record(arm: str, line: int, *, ttft_ms: float, lag_ms: float, attempt: int = 0) -> RequestRecord:
     scheduled = line * 1000 * MS
-    return RequestRecord(
-        arm=arm, attempt=attempt, phase="measure", repetition=0, context_tokens=1000, conversation=line, turn=1,
-        request_id=f"{arm}{line}{attempt}", api="completions", started_ns=scheduled + int(lag_ms * MS),
-        ttft_ns=int(ttft_ms * MS), e2e_ns=int((ttft_ms + 90) * MS), itl_ns=[10 * MS] * 9, output_chunks=10,
-        prompt_tokens=1000, completion_tokens=10, cached_tokens=0, expected_prompt_tokens=1000, ok=True,
-        scheduled_ns=scheduled, trace_line=line,
-    )  # fmt: skip
+    return request_record(
+        arm,
+        1000,
+        line,
+        1,
+        attempt=attempt,
+        api="completions",
+        started_ns=scheduled + int(lag_ms * MS),
+        ttft_ns=int(ttft_ms * MS),
+        e2e_ns=int((ttft_ms + 90) * MS),
+        itl_ns=[10 * MS] * 9,
+        output_chunks=10,
+        prompt_tokens=1000,
+        completion_tokens=10,
+        cached_tokens=0,
+        expected_prompt_tokens=1000,
+        scheduled_ns=scheduled,
+        trace_line=line,
+    )
 
 
 def test_lag_late_behind_hits_and_the_comparison() -> None:
@@ -46,11 +71,16 @@ def test_lag_late_behind_hits_and_the_comparison() -> None:
     on = [r.model_copy(update={"attempt": 1}) for r in on]
     samples = [
         ReplaySample(arm="OFF", attempt=0, t_s=2, duration_s=2, values={"prompt_tokens": 4000, "gpu_prefix_hits": 100}),
-        ReplaySample(arm="ON", attempt=1, t_s=2, duration_s=2,
-                     values={"prompt_tokens": 3000, "gpu_prefix_hits": 500, "external_prefix_hits": 1000}),
+        ReplaySample(
+            arm="ON",
+            attempt=1,
+            t_s=2,
+            duration_s=2,
+            values={"prompt_tokens": 3000, "gpu_prefix_hits": 500, "external_prefix_hits": 1000},
+        ),
         ReplaySample(arm="ON", attempt=1, t_s=4, duration_s=2, values={"prompt_tokens": 1000}),
         ReplaySample(arm="ON", attempt=0, t_s=2, duration_s=2, values={"prompt_tokens": 1, "gpu_prefix_hits": 1}),
-    ]  # fmt: skip
+    ]
     done = [
         ReplayDone(arm="OFF", attempt=0, start_ns=0, end_ns=1, sent=4, errors=0, cancelled=0, max_in_flight=1),
         ReplayDone(arm="ON", attempt=1, start_ns=0, end_ns=1, sent=4, errors=0, cancelled=0, max_in_flight=1),

@@ -31,26 +31,72 @@ NS_MS = 1_000_000
 SLO_TARGETS = SLO(ttft_ms=500, tpot_ms=50)
 
 
-def record(ttft_ms: float | None = 100.0, *, ok: bool = True, kind: str | None = None, status: int | None = None,
-           e2e_ms: float = 400.0, tokens: int = 31, cached: int = 0, prompt: int = 1000) -> RequestRecord:  # fmt: skip
+def record(
+    ttft_ms: float | None = 100.0,
+    *,
+    ok: bool = True,
+    kind: str | None = None,
+    status: int | None = None,
+    e2e_ms: float = 400.0,
+    tokens: int = 31,
+    cached: int = 0,
+    prompt: int = 1000,
+) -> RequestRecord:
     return RequestRecord(
-        arm="AMG-ON", attempt=0, phase="measure", repetition=0, context_tokens=prompt, conversation=0, turn=1,
-        request_id="r", api="chat", started_ns=0, ttft_ns=None if ttft_ms is None else int(ttft_ms * NS_MS),
-        e2e_ns=int(e2e_ms * NS_MS), ok=ok, error_kind=kind, http_status=status, completion_tokens=tokens,
-        prompt_tokens=prompt, cached_tokens=cached,
-    )  # fmt: skip
+        arm="AMG-ON",
+        attempt=0,
+        phase="measure",
+        repetition=0,
+        context_tokens=prompt,
+        conversation=0,
+        turn=1,
+        request_id="r",
+        api="chat",
+        started_ns=0,
+        ttft_ns=None if ttft_ms is None else int(ttft_ms * NS_MS),
+        e2e_ns=int(e2e_ms * NS_MS),
+        ok=ok,
+        error_kind=kind,
+        http_status=status,
+        completion_tokens=tokens,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+    )
 
 
-def interval(index: int, *, p99: float = 200.0, requests: int = 100, errors: int = 0, hit: float | None = 0.8,
-             slo_met: int | None = None, restarts: int = 0, counters: dict[str, float] | None = None,
-             kinds: dict[str, int] | None = None) -> IntervalStats:  # fmt: skip
+def interval(
+    index: int,
+    *,
+    p99: float = 200.0,
+    requests: int = 100,
+    errors: int = 0,
+    hit: float | None = 0.8,
+    slo_met: int | None = None,
+    restarts: int = 0,
+    counters: dict[str, float] | None = None,
+    kinds: dict[str, int] | None = None,
+) -> IntervalStats:
     return IntervalStats(
-        index=index, attempt=0, start_unix_ns=index * 10**10, duration_ns=10 * 10**9, requests=requests,
-        ok=requests - errors, errors=errors, errors_by_kind=kinds or ({"http_status": errors} if errors else {}),
-        http_statuses={"503": errors} if errors else {}, rps=requests / 10, ttft_p50_ms=p99 / 2, ttft_p99_ms=p99,
-        tpot_p50_ms=10.0, tpot_p99_ms=20.0, slo_met=requests - errors if slo_met is None else slo_met, hit_rate=hit,
-        hit_rate_source="metrics", restarts=restarts, counters=counters or {"prompt_tokens": float(index)},
-    )  # fmt: skip
+        index=index,
+        attempt=0,
+        start_unix_ns=index * 10**10,
+        duration_ns=10 * 10**9,
+        requests=requests,
+        ok=requests - errors,
+        errors=errors,
+        errors_by_kind=kinds or ({"http_status": errors} if errors else {}),
+        http_statuses={"503": errors} if errors else {},
+        rps=requests / 10,
+        ttft_p50_ms=p99 / 2,
+        ttft_p99_ms=p99,
+        tpot_p50_ms=10.0,
+        tpot_p99_ms=20.0,
+        slo_met=requests - errors if slo_met is None else slo_met,
+        hit_rate=hit,
+        hit_rate_source="metrics",
+        restarts=restarts,
+        counters=counters or {"prompt_tokens": float(index)},
+    )
 
 
 def status(verdict: SoakVerdict, name: CriterionName) -> str:
@@ -150,8 +196,12 @@ def test_clean_window_passes() -> None:
     verdict = evaluate(intervals, spec(hit_rate_floor=0.5), SLO_TARGETS, planned=20)
     assert verdict.verdict == "PASS", verdict.reasons
     assert {c.name: c.status for c in verdict.criteria} == {
-        "slo_compliance": "pass", "error_rate": "pass", "drift": "pass", "hit_rate_floor": "pass", "restarts": "pass",
-    }  # fmt: skip
+        "slo_compliance": "pass",
+        "error_rate": "pass",
+        "drift": "pass",
+        "hit_rate_floor": "pass",
+        "restarts": "pass",
+    }
 
 
 def test_each_criterion_fails_with_its_intervals() -> None:

@@ -70,21 +70,50 @@ def rec(
 ) -> RequestRecord:
     ttft = int(ttft_ms * MS)
     return RequestRecord(
-        arm=arm, attempt=attempt, phase=phase, repetition=0, context_tokens=1000, conversation=1, turn=turn,
-        request_id=f"{arm}-{ttft_ms}-{turn}-{phase}-{ok}-{attempt}-{start_s}", api="chat",
-        started_ns=int(start_s * S), ttft_ns=ttft if ok else None, e2e_ns=ttft + 200 * MS if ok else 5 * MS,
-        itl_ns=[20 * MS] * 10 if ok else [], output_chunks=11 if ok else 0, prompt_tokens=1000 if ok else None,
-        completion_tokens=11 if ok else None, cached_tokens=cached if ok else None, ok=ok,
-        error_kind=None if ok else "http_status", point=point, load=4, user=1,
-    )  # fmt: skip
+        arm=arm,
+        attempt=attempt,
+        phase=phase,
+        repetition=0,
+        context_tokens=1000,
+        conversation=1,
+        turn=turn,
+        request_id=f"{arm}-{ttft_ms}-{turn}-{phase}-{ok}-{attempt}-{start_s}",
+        api="chat",
+        started_ns=int(start_s * S),
+        ttft_ns=ttft if ok else None,
+        e2e_ns=ttft + 200 * MS if ok else 5 * MS,
+        itl_ns=[20 * MS] * 10 if ok else [],
+        output_chunks=11 if ok else 0,
+        prompt_tokens=1000 if ok else None,
+        completion_tokens=11 if ok else None,
+        cached_tokens=cached if ok else None,
+        ok=ok,
+        error_kind=None if ok else "http_status",
+        point=point,
+        load=4,
+        user=1,
+    )
 
 
 def done(arm: str, *, attempt: int = 0, metrics: dict[str, float] | None = None) -> PointDone:
     return PointDone(
-        arm=arm, point=0, load=4, attempt=attempt, start_ns=5 * S, window_start_ns=10 * S, window_end_ns=20 * S,
-        end_ns=21 * S, sent=6, measured=5, errors=1, sessions=3, max_in_flight=4, late_arrivals=0, cancelled=0,
+        arm=arm,
+        point=0,
+        load=4,
+        attempt=attempt,
+        start_ns=5 * S,
+        window_start_ns=10 * S,
+        window_end_ns=20 * S,
+        end_ns=21 * S,
+        sent=6,
+        measured=5,
+        errors=1,
+        sessions=3,
+        max_in_flight=4,
+        late_arrivals=0,
+        cancelled=0,
         metrics=metrics,
-    )  # fmt: skip
+    )
 
 
 def arm_records(arm: str, ttfts: tuple[float, ...] = (100, 200, 300, 400), attempt: int = 0) -> list[RequestRecord]:
@@ -95,8 +124,12 @@ def arm_records(arm: str, ttfts: tuple[float, ...] = (100, 200, 300, 400), attem
     return out
 
 
-METRICS = {"gpu_prefix_queries": 1000.0, "gpu_prefix_hits": 600.0, "external_prefix_hits": 200.0,
-           "external_prefix_queries": 400.0}  # fmt: skip
+METRICS = {
+    "gpu_prefix_queries": 1000.0,
+    "gpu_prefix_hits": 600.0,
+    "external_prefix_hits": 200.0,
+    "external_prefix_queries": 400.0,
+}
 
 
 def test_point_metrics_by_hand() -> None:
@@ -255,8 +288,9 @@ def test_sweep_command_needs_exactly_one_source(tmp_path: Path) -> None:
     out = runner.invoke(app, ["sweep", "x.yaml", "--report", str(tmp_path)])
     assert out.exit_code == 2 and "exactly one" in out.output
     probe = tmp_path / "probe.yaml"
-    probe.write_text(json.dumps({**SCENARIO, "workload": {"kind": "multi_round_qa", "context_tokens": [100]},
-                                 "sweep": None}))  # fmt: skip
+    probe.write_text(
+        json.dumps({**SCENARIO, "workload": {"kind": "multi_round_qa", "context_tokens": [100]}, "sweep": None})
+    )
     out = runner.invoke(app, ["sweep", str(probe)])
     assert out.exit_code == 2 and "run it with `kvbench run`" in out.output
 

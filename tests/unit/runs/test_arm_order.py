@@ -40,8 +40,15 @@ def test_interleaved_is_abba_over_repetitions(tmp_path: Path) -> None:
 
 def test_interleaved_resume_skips_finished_groups_and_keeps_the_order(tmp_path: Path) -> None:
     run_dir = RunDir.create(tmp_path, scenario("interleaved"))
-    for arm, repetition, context in [("A", 0, 1000), ("A", 0, 2000), ("B", 0, 1000), ("B", 0, 2000),
-                                     ("B", 1, 1000), ("B", 1, 2000), ("A", 1, 1000)]:  # fmt: skip
+    for arm, repetition, context in [
+        ("A", 0, 1000),
+        ("A", 0, 2000),
+        ("B", 0, 1000),
+        ("B", 0, 2000),
+        ("B", 1, 1000),
+        ("B", 1, 2000),
+        ("A", 1, 1000),
+    ]:
         run_dir.mark_group_done(GroupDone(arm=arm, repetition=repetition, context_tokens=context, attempt=0))
     runner = ProbeRunner(scenario("interleaved"), run_dir)
     assert names(runner) == [(1, ["A"]), (2, ["A", "B"]), (3, ["B", "A"])]

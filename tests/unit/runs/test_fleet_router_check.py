@@ -17,16 +17,19 @@ from harness.store.rundir import RunDir
 def test_a_python_without_the_router_fails_before_the_replicas_start(tmp_path: Path) -> None:
     scenario = parse_scenario(
         {
-            "name": "router-check", "seed": 1,
+            "name": "router-check",
+            "seed": 1,
             "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 2},
             # kvbench's own interpreter has no vllm_router: the router lives in its own virtualenv
-            "routing": {"policy": "external", "router": {"kind": "vllm-router", "policy": "round_robin",
-                                                         "python": sys.executable}},
+            "routing": {
+                "policy": "external",
+                "router": {"kind": "vllm-router", "policy": "round_robin", "python": sys.executable},
+            },
             "arms": [{"name": "A", "offload": "cpu"}],
             "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 1, "turns": 2},
         },
         "inline",
-    )  # fmt: skip
+    )
     run_dir = RunDir.create(tmp_path, scenario)
     expected = r"cannot run vllm-router \(pip install vllm-router there\): a version look-up failed"
     with pytest.raises(EngineStartError, match=expected):

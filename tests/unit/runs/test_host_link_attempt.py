@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import KvbenchError, RunDirError
-from harness.engines.host_link import HostLink
+from harness.engines.host_link import GpuLink, HostLink
 from harness.runs.probe import ProbeRunner
 from harness.runs.spine import execute
 from harness.scenario.spec import Scenario, parse_scenario
@@ -42,13 +42,17 @@ def vllm_scenario(tmp_path: Path) -> Scenario:
     return parse_scenario(
         {
             "name": "host link",
-            "engine": {"kind": "vllm", "model": str(tmp_path / "no-model"), "python": sys.executable,
-                       "startup_timeout_s": 10},
+            "engine": {
+                "kind": "vllm",
+                "model": str(tmp_path / "no-model"),
+                "python": sys.executable,
+                "startup_timeout_s": 10,
+            },
             "arms": [{"name": "off", "offload": "off"}],
             "workload": {"kind": "multi_round_qa", "context_tokens": [1000]},
         },
         "test",
-    )  # fmt: skip
+    )
 
 
 class Notes:
@@ -101,8 +105,17 @@ def test_host_links_round_trip_per_attempt_and_a_bad_one_names_its_field(tmp_pat
     scenario = vllm_scenario(tmp_path)
     run_dir = RunDir.create(tmp_path / "runs", scenario)
     gpu = {"index": 0, "name": "NVIDIA H100", "h2d_gbps": 24.5, "d2h_gbps": 25.0, "h2d_concurrent_gbps": 24.0}
-    measured = HostLink(python="p", requested_gpus=[0], cuda_visible_devices="3", seconds=9.5, bytes_per_copy=1 << 30,
-                        repeats=5, torch="2.9.0", gpus=[gpu], concurrent_aggregate_gbps=24.0)  # type: ignore[list-item]  # fmt: skip
+    measured = HostLink(
+        python="p",
+        requested_gpus=[0],
+        cuda_visible_devices="3",
+        seconds=9.5,
+        bytes_per_copy=1 << 30,
+        repeats=5,
+        torch="2.9.0",
+        gpus=[GpuLink.model_validate(gpu)],
+        concurrent_aggregate_gbps=24.0,
+    )
     first = Manifest.start(run_dir.manifest_file, scenario, None, 1)
     first.record_host_link(measured)
     first.finish("interrupted", "stopped")

@@ -26,9 +26,13 @@ async def test_open_loop_sends_on_time_without_waiting_for_answers() -> None:
     sent: list[int] = []
     outcomes: dict[int, int | None] = {}
     window = await run_schedule(
-        len(due), answer_after(0.4, sent), lambda i, o, d: outcomes.__setitem__(i, d),
-        due_s=due, concurrency=None, drain_timeout_s=5,
-    )  # fmt: skip
+        len(due),
+        answer_after(0.4, sent),
+        lambda i, o, d: outcomes.__setitem__(i, d),
+        due_s=due,
+        concurrency=None,
+        drain_timeout_s=5,
+    )
     assert window.sent == 5 and window.errors == 0 and window.max_in_flight == 5  # answers take 0.4 s
     for index, offset in enumerate(due):
         scheduled = outcomes[index]
@@ -61,8 +65,12 @@ async def test_closed_loop_keeps_concurrency_in_flight_in_order() -> None:
 async def test_requests_still_running_after_the_drain_are_cancelled_as_errors() -> None:
     outcomes: list[RequestOutcome] = []
     window = await run_schedule(
-        2, answer_after(5.0, []), lambda i, o, d: outcomes.append(o), due_s=[0.0, 0.0], concurrency=None,
+        2,
+        answer_after(5.0, []),
+        lambda i, o, d: outcomes.append(o),
+        due_s=[0.0, 0.0],
+        concurrency=None,
         drain_timeout_s=0.1,
-    )  # fmt: skip
+    )
     assert window.cancelled == 2 and window.errors == 2
     assert [o.error_kind for o in outcomes] == ["timeout", "timeout"]

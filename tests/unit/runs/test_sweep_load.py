@@ -163,8 +163,9 @@ async def test_stop_event_ends_an_open_ended_run_and_ticks_are_called(server: st
     asyncio.get_running_loop().call_later(0.6, stop.set)
     started = time.monotonic()
     async with client(server) as c:
-        window = await run_load(c, workload(), plan, CONTEXT, on_record=records.append, stop=stop,
-                                on_tick=ticks.append, tick_s=0.1)  # fmt: skip
+        window = await run_load(
+            c, workload(), plan, CONTEXT, on_record=records.append, stop=stop, on_tick=ticks.append, tick_s=0.1
+        )
     assert 0.55 < time.monotonic() - started < 1.0
     assert 4 <= len(ticks) <= 7 and 0.5 < window.window_s < 0.7 and records
     with pytest.raises(ValueError, match="stop event"):

@@ -47,7 +47,7 @@ def fleet_scenario(tmp_path: Path, shared: Path, disk: Path, *, fresh: bool = Tr
             "workload": {"kind": "multi_round_qa", "context_tokens": [1000]},
         },
         "test",
-    )  # fmt: skip
+    )
 
 
 def server_adapters(record: Path) -> list[Path]:
@@ -156,7 +156,7 @@ async def test_an_engine_without_tier_paths_creates_no_directories(tmp_path: Pat
             "workload": {"kind": "multi_round_qa", "context_tokens": [1000]},
         },
         "test",
-    )  # fmt: skip
+    )
     run_dir = RunDir.create(tmp_path / "runs", scenario)
     runner = ProbeRunner(scenario, run_dir)
     manifest = Manifest.start(run_dir.manifest_file, scenario, None, runner.attempt)

@@ -69,8 +69,11 @@ async def test_token_ids_go_to_the_completions_api_as_a_list_and_never_to_chat()
     await session.send(TokenIds((5, 6, 7)), 4, api="completions", ignore_eos=True)
     await session.send("text", 4, api="completions", ignore_eos=True)
     await session.send("text", 4, api="chat", ignore_eos=True)
-    assert client.sent == [("completion", [5, 6, 7]), ("completion", "text"),
-                           ("chat", [{"role": "user", "content": "text"}])]  # fmt: skip
+    assert client.sent == [
+        ("completion", [5, 6, 7]),
+        ("completion", "text"),
+        ("chat", [{"role": "user", "content": "text"}]),
+    ]
     with pytest.raises(TypeError, match="not token ids"):
         await session.send(TokenIds((5,)), 4, api="chat", ignore_eos=True)
     with pytest.raises(TypeError, match="not chat messages"):

@@ -15,11 +15,14 @@ from tests.unit.results.test_calibrate import chosen
 
 def _run(path: Path, run_id: str) -> RunDir:
     scenario = parse_scenario(
-        {"name": "roles", "engine": {"kind": "vllm", "model": "synth:llama-3.1-8b"},
-         "arms": [{"name": "A", "offload": "off"}],
-         "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 1, "turns": 2}},
+        {
+            "name": "roles",
+            "engine": {"kind": "vllm", "model": "synth:llama-3.1-8b"},
+            "arms": [{"name": "A", "offload": "off"}],
+            "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 1, "turns": 2},
+        },
         "test",
-    )  # fmt: skip
+    )
     run_dir = RunDir.create(path, scenario)
     run_dir.manifest_file.write_text(json.dumps({"run_id": run_id}), encoding="utf-8")
     return run_dir

@@ -23,8 +23,11 @@ def test_a_cell_beyond_is_inside_its_measured_range_only_between_its_fastest_and
 
 
 def test_the_summary_names_the_cells_beyond_and_separately_those_inside_their_range() -> None:
-    cells = [_cell("LMC", 58.9, 74.8, 48.5, 107.6), _cell("OFF", 58.7, 71.6, 57.5, 65.1),
-             _cell("NAT", 53.6, 55.0, 51.8, 93.0)]  # fmt: skip
+    cells = [
+        _cell("LMC", 58.9, 74.8, 48.5, 107.6),
+        _cell("OFF", 58.7, 71.6, 57.5, 65.1),
+        _cell("NAT", 53.6, 55.0, 51.8, 93.0),
+    ]
     result = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), cells)
     lines = result.beyond_lines()
     assert lines[0] == "beyond: LMC 2000 2; OFF 2000 2"
@@ -78,7 +81,9 @@ def test_a_cell_beyond_is_a_bend_only_when_the_measurement_leaves_the_line_and_t
     assert no_line.bend() is None
     result = Validation(Path("run"), "probe", Path("sim"), None, ("arm", "tokens", "turn"), [bent, model_miss, no_line])
     lines = result.beyond_lines()
-    assert any(x.startswith("1 of the 3 cells beyond have a measured median further than the threshold") and
-               x.endswith(": LMC 96000 2 (+17.2% off the line through 64,000 and 128,000; simulated -4.8%)")
-               for x in lines)  # fmt: skip
+    assert any(
+        x.startswith("1 of the 3 cells beyond have a measured median further than the threshold")
+        and x.endswith(": LMC 96000 2 (+17.2% off the line through 64,000 and 128,000; simulated -4.8%)")
+        for x in lines
+    )
     assert not result.passed  # shown, never used in the verdict

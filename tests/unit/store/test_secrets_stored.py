@@ -23,13 +23,14 @@ def vllm_scenario(model_dir: Path) -> dict[str, object]:
     return {
         "name": "secret-vllm",
         "engine": {
-            "kind": "vllm", "model": str(model_dir),
+            "kind": "vllm",
+            "model": str(model_dir),
             "env": {"HF_TOKEN": HF, "MY_SERVICE_SECRET": PASSWORD, "OMP_NUM_THREADS": "4"},
             "extra_args": ["--api-key", API, f"--hf-token={HF}", "--max-num-seqs", "8"],
         },
         "arms": [{"name": "AMG-OFF", "offload": "off"}],
         "workload": {"kind": "multi_round_qa", "context_tokens": [64]},
-    }  # fmt: skip
+    }
 
 
 def test_env_tokens_and_secret_flags_never_reach_scenario_or_manifest(tmp_path: Path) -> None:

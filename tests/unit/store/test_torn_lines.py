@@ -14,15 +14,23 @@ from harness.store.jsonl import append_jsonl, read_jsonl, repair_torn_tail, torn
 from harness.store.records import RecordWriter, RequestRecord, read_records
 from harness.store.rundir import RunDir
 from kvbench.cli import app
+from tests.resultfiles import request_record
 from tests.unit.gate.test_compare import make_run
 
 
 def record(index: int) -> RequestRecord:
-    return RequestRecord(
-        arm="AMG-ON", attempt=1, phase="measure", repetition=0, context_tokens=64, conversation=index, turn=1,
-        request_id=f"r{index}", api="chat", started_ns=index, ttft_ns=1_000_000 + index, e2e_ns=2_000_000,
-        ok=True, error="caf\u00e9 \u2603",
-    )  # fmt: skip
+    return request_record(
+        "AMG-ON",
+        64,
+        index,
+        1,
+        attempt=1,
+        request_id=f"r{index}",
+        started_ns=index,
+        ttft_ns=1_000_000 + index,
+        e2e_ns=2_000_000,
+        error="caf\u00e9 \u2603",
+    )
 
 
 def tear(path: Path, line: bytes) -> bytes:
