@@ -18,10 +18,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol
+
+import yaml
 
 from harness.engines.process import free_port
 
@@ -60,6 +62,35 @@ def kvbench(
         timeout=timeout,
         check=False,
     )
+
+
+def kvbench_process(*args: str) -> subprocess.Popen[str]:
+    """``kvbench ARGS`` started as a user starts it, its output captured: for a test that signals or kills it."""
+    return subprocess.Popen(
+        kvbench_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kvbench_env()
+    )
+
+
+def write_scenario(path: Path, data: Mapping[str, object]) -> Path:
+    """``data`` as a scenario YAML file at ``path``."""
+    path.write_text(yaml.safe_dump(dict(data)), encoding="utf-8")
+    return path
+
+
+def measured_so_far(runs: Path) -> int:
+    """Measured request records (any outcome) in the one run directory under ``runs`` (0 before it exists)."""
+    records = list(runs.glob("*/records.jsonl"))
+    return records[0].read_text().count('"measure"') if records else 0
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, while_running: subprocess.Popen[str]) -> bool:
+    """Poll ``condition`` every 20 ms until it holds, ``timeout_s`` passes or the process exits; whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and while_running.poll() is None:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
 
 
 @contextmanager

@@ -10,32 +10,30 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.support import kvbench_argv, kvbench_env
+from tests.support import kvbench_process, measured_so_far, wait_for, write_scenario
 
 pytestmark = pytest.mark.integration
 
 
-def children(pid: int) -> list[int]:
+def simulators(pid: int) -> list[int]:
+    """The ``kvbench sim serve`` processes that ``pid`` started (its engines)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[1]) == pid and b"serve" in argv:
             found.append(int(stat.parent.name))
     return found
 
 
 def test_a_killed_engine_ends_its_arm_as_a_finding_and_the_run_still_reports(tmp_path: Path) -> None:
-    scenario = tmp_path / "dies.yaml"
     data = {
         "name": "dies",
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
@@ -47,26 +45,11 @@ def test_a_killed_engine_ends_its_arm_as_a_finding_and_the_run_still_reports(tmp
             "warmup_requests": 1,
         },
     }
-    scenario.write_text(yaml.safe_dump(data), encoding="utf-8")
+    scenario = write_scenario(tmp_path / "dies.yaml", data)
     runs = tmp_path / "runs"
-    run = subprocess.Popen(
-        kvbench_argv("run", str(scenario), "-o", str(runs)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=kvbench_env(),
-    )
-    killed = None
-    deadline = time.monotonic() + 120
-    while killed is None and time.monotonic() < deadline and run.poll() is None:
-        records = list(runs.glob("*/records.jsonl"))
-        if records and records[0].read_text().count('"measure"') >= 2:
-            engines = children(run.pid)
-            if engines:
-                killed = engines[0]
-                os.kill(killed, signal.SIGKILL)
-        time.sleep(0.02)
-    assert killed is not None, "the first arm never measured"
+    run = kvbench_process("run", str(scenario), "-o", str(runs))
+    assert wait_for(lambda: measured_so_far(runs) >= 2 and bool(simulators(run.pid)), 120, run), "nothing measured"
+    os.kill(simulators(run.pid)[0], signal.SIGKILL)
     out, err = run.communicate(timeout=300)
     assert "Traceback" not in out + err, out + err
     assert run.returncode == 1, out + err

@@ -9,14 +9,11 @@ is that large).
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.support import kvbench_argv, kvbench_env
+from tests.support import kvbench_process, measured_so_far, wait_for, write_scenario
 from workloads.config import MAX_COUNT
 
 pytestmark = pytest.mark.integration
@@ -30,7 +27,6 @@ def rss_mib(pid: int) -> float:
 
 
 def test_a_million_conversations_start_sending_at_once(tmp_path: Path) -> None:
-    scenario = tmp_path / "huge.yaml"
     data = {
         "name": "huge",
         "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
@@ -43,23 +39,11 @@ def test_a_million_conversations_start_sending_at_once(tmp_path: Path) -> None:
             "warmup_requests": 1,
         },
     }
-    scenario.write_text(yaml.safe_dump(data), encoding="utf-8")
+    scenario = write_scenario(tmp_path / "huge.yaml", data)
     runs = tmp_path / "runs"
-    run = subprocess.Popen(
-        kvbench_argv("run", str(scenario), "-o", str(runs)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=kvbench_env(),
-    )
-    try:
-        deadline = time.monotonic() + 90  # the engine's start is most of it
-        sent = 0
-        while time.monotonic() < deadline and run.poll() is None and sent < 20:
-            records = list(runs.glob("*/records.jsonl"))
-            sent = records[0].read_text().count('"measure"') if records else 0
-            time.sleep(0.2)
-        assert sent >= 20, f"only {sent} requests in 90 s"
+    run = kvbench_process("run", str(scenario), "-o", str(runs))
+    try:  # 90 s: the engine's start is most of it
+        assert wait_for(lambda: measured_so_far(runs) >= 20, 90, run), f"only {measured_so_far(runs)} requests"
         assert rss_mib(run.pid) < 1024
     finally:
         run.send_signal(signal.SIGINT)

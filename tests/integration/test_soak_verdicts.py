@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.support import kvbench, kvbench_argv, kvbench_env
+from tests.support import kvbench, kvbench_process, wait_for, write_scenario
 
 pytestmark = pytest.mark.integration
 
@@ -42,11 +39,8 @@ SOAK_SCENARIO: dict[str, Any] = {
 }
 
 
-def write_scenario(tmp_path: Path, **changes: Any) -> Path:
-    data = json.loads(json.dumps(SOAK_SCENARIO)) | changes
-    path = tmp_path / "soak.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
+def soak_file(tmp_path: Path, **changes: Any) -> Path:
+    return write_scenario(tmp_path / "soak.yaml", json.loads(json.dumps(SOAK_SCENARIO)) | changes)
 
 
 def criterion(soak_dir: Path, name: str) -> dict[str, Any]:
@@ -56,21 +50,14 @@ def criterion(soak_dir: Path, name: str) -> dict[str, Any]:
 
 
 def test_a_resumed_window_does_not_count_its_own_engine_as_a_restart(tmp_path: Path) -> None:
-    scenario = write_scenario(tmp_path)
+    scenario = soak_file(tmp_path)
     runs = tmp_path / "runs"
-    first = subprocess.Popen(
-        kvbench_argv("soak", str(scenario), "-o", str(runs)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=kvbench_env(),
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and first.poll() is None:
-        intervals = list(runs.glob("*/intervals.jsonl"))
-        if intervals and intervals[0].read_text().count("\n") >= 1:
-            break
-        time.sleep(0.05)
+    first = kvbench_process("soak", str(scenario), "-o", str(runs))
+
+    def an_interval_is_stored() -> bool:
+        return any(path.read_text().count("\n") >= 1 for path in runs.glob("*/intervals.jsonl"))
+
+    wait_for(an_interval_is_stored, 120, first)
     first.send_signal(signal.SIGINT)
     out, err = first.communicate(timeout=60)
     (soak_dir,) = runs.iterdir()
@@ -87,7 +74,7 @@ def test_a_resumed_window_does_not_count_its_own_engine_as_a_restart(tmp_path: P
 
 def test_a_failed_window_exits_1_when_it_ends_and_when_its_files_are_reported_again(tmp_path: Path) -> None:
     # a TTFT target no request can meet: the window fails its SLO criterion
-    scenario = write_scenario(tmp_path, slo={"ttft_ms": 0.001, "tpot_ms": 1000})
+    scenario = soak_file(tmp_path, slo={"ttft_ms": 0.001, "tpot_ms": 1000})
     runs = tmp_path / "runs"
     ended = kvbench("soak", str(scenario), "-o", str(runs), "--window", "6s", cwd=tmp_path)
     (soak_dir,) = runs.iterdir()
@@ -100,8 +87,7 @@ def test_a_failed_window_exits_1_when_it_ends_and_when_its_files_are_reported_ag
 
 def test_a_scenario_without_a_window_is_refused_before_anything_starts(tmp_path: Path) -> None:
     data = {key: value for key, value in SOAK_SCENARIO.items() if key != "soak"}
-    scenario = tmp_path / "no-window.yaml"
-    scenario.write_text(yaml.safe_dump(data), encoding="utf-8")
+    scenario = write_scenario(tmp_path / "no-window.yaml", data)
     runs = tmp_path / "runs"
     refused = kvbench("soak", str(scenario), "-o", str(runs), cwd=tmp_path, timeout=60)
     assert refused.returncode == 2
