@@ -115,8 +115,8 @@ def test_calibrate_fits_the_decode_step_from_the_sweep_and_a_slow_decode_fails_v
     assert [s.path for s in calibration.sources] == [str(measured)]
     assert calibration.step_overhead_s.fitted
     # the weights dominate every step of these short contexts: the HBM rate is not determined, and
-    # the overlapped step's host part takes the profile's whole step (weights at the datasheet rate
-    # plus its 1 ms of host work)
+    # the step's host part takes the profile's whole step (weights at the datasheet rate, its 1 ms of
+    # host work hidden behind them)
     assert not calibration.hbm_efficiency.fitted
     assert calibration.hbm_efficiency.value == DEPLOYMENT.hardware.hbm_efficiency
     residuals = calibration.decode_residuals
