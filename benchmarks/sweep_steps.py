@@ -24,7 +24,7 @@ mean host time per step and per running request -- and the correlation of consec
 load point (slow stretches: a step is slow when the one before it was).
 
     python benchmarks/sweep_steps.py docs/results/gpu-sweep-llama8b-h100 \\
-        --calibration docs/results/calibration-llama8b-h100-vllm0.26.yaml
+        --calibration harness/sim/calibrations/llama8b-h100-eager.yaml
 
 An analysis, not a test: it asserts nothing and prints figures.
 """

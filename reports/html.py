@@ -763,11 +763,18 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
         got = base / treated
         rows.append(
             [
-                f"{context:,}", f"{reuse:.3f}", f"{t_s * 1e6:.2f}", f"{r_s * 1e6:.3f}", prediction.regime,
-                fmt_ms(prediction.ttft_kv_s * 1000.0), fmt_ms(treated), fmt_x(prediction.speedup), fmt_x(got),
+                f"{context:,}",
+                f"{reuse:.3f}",
+                f"{t_s * 1e6:.2f}",
+                f"{r_s * 1e6:.3f}",
+                prediction.regime,
+                fmt_ms(prediction.ttft_kv_s * 1000.0),
+                fmt_ms(treated),
+                fmt_x(prediction.speedup),
+                fmt_x(got),
                 f"{(got / prediction.speedup - 1) * 100:+.0f}%",
             ]
-        )  # fmt: skip
+        )
         if calibrated:
             simulated = calibrated.get((arm, context, turn))
             rows[-1].append(fmt_ms(simulated) if simulated is not None else "—")
@@ -801,15 +808,18 @@ def predictions(probe: ProbeSource, turn: int) -> PredictionView:
         caption += f"; {calibration_note}" if calibrated else f"; no calibrated prediction: {calibration_note}"
     table = TableView(headers, rows, [header != "regime" for header in headers], caption=caption)
     chart = bar_chart(
-        "chart-predicted", f"Predicted vs {observed} turn-{turn} speedup",
+        "chart-predicted",
+        f"Predicted vs {observed} turn-{turn} speedup",
         f"Bars of the analytical model's predicted speedup next to the {observed} speedup per context length.",
         contexts,
         [
             BarSeries("predicted (analytical)", predicted, PALETTE[6], "×"),
             BarSeries(observed, measured, PALETTE[0], "×"),
         ],
-        x_label="context length (tokens)", y_label="speedup (×)", log=True,
-    )  # fmt: skip
+        x_label="context length (tokens)",
+        y_label="speedup (×)",
+        log=True,
+    )
     return PredictionView(table, chart, "", observed)
 
 

@@ -233,7 +233,8 @@ def getter(attribute: str) -> Callable[[Params], float]:
 
 def keyed(table: str, key: str) -> tuple[Callable[[Params], float], Callable[[Params, float], None]]:
     def get(p: Params) -> float:
-        return getattr(p, table)[key]  # type: ignore[no-any-return]
+        value: float = getattr(p, table)[key]
+        return value
 
     def put(p: Params, v: float) -> None:
         getattr(p, table)[key] = v

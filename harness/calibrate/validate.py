@@ -465,7 +465,7 @@ def validate(
     """Simulate probe ``run``'s scenario at the held-out lengths (all lengths without ``holdout``) and compare.
 
     ``count_client_time``: charge the whole calibrated overhead, this machine's client time on top (as
-    outputs made before 2026-11-27's CUDA-graphs runs did), instead of measuring it first and taking it out.
+    the lab's older outputs did), instead of measuring it first and taking it out.
     Raises :class:`CalibrationError` when the run and the calibration cannot be compared.
     """
     run_dir = _open(run, "probe")

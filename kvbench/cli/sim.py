@@ -422,7 +422,7 @@ def validate(
         typer.Option(
             "--count-client-time",
             help="With a calibration: charge the whole calibrated overhead and this machine's client time on top "
-            "(outputs before 2026-11-27's CUDA-graphs runs), instead of measuring the client time first and taking "
+            "(as the lab's older outputs did), instead of measuring the client time first and taking "
             "it out.",
         ),
     ] = False,

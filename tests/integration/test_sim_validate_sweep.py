@@ -97,6 +97,11 @@ def test_points_without_successes_are_skipped_with_the_reason(measured: Path) ->
     assert all(abs(c.error) < 1e-9 for c in cells) and not one_sided
 
 
+LATE = 0.10
+"""How far a real-time simulator's measured step may run past its time model: its event loop's work (0.3-0.6 ms a
+step at load 5 on a 2-core machine) against a 5.8 ms step, whose 1 ms of host work now hides behind the weights."""
+
+
 def _truth_step(batch: float, context: int) -> float:
     timing = TimeModel(DEPLOYMENT)
     low = int(batch)
@@ -115,24 +120,24 @@ def test_calibrate_fits_the_decode_step_from_the_sweep_and_a_slow_decode_fails_v
     assert [s.path for s in calibration.sources] == [str(measured)]
     assert calibration.step_overhead_s.fitted
     # the weights dominate every step of these short contexts: the HBM rate is not determined, and
-    # the overlapped step's host part takes the profile's whole step (weights at the datasheet rate
-    # plus its 1 ms of host work)
+    # the step's host part takes the profile's whole step (weights at the datasheet rate, its 1 ms of
+    # host work hidden behind them)
     assert not calibration.hbm_efficiency.fitted
     assert calibration.hbm_efficiency.value == DEPLOYMENT.hardware.hbm_efficiency
     residuals = calibration.decode_residuals
     truths = [_truth_step(r.batch, r.context_tokens) for r in residuals]
-    assert min(truths) * 0.95 <= calibration.step_overhead_s.value <= max(truths) * 1.05
+    assert min(truths) * 0.95 <= calibration.step_overhead_s.value <= max(truths) * (1 + LATE)
     assert calibration.step_overhead_s.value > 3 * STEP_OVERHEAD_S
     assert {(r.arm, r.load) for r in residuals} == {(a, n) for a in ("AMG-OFF", "AMG-ON") for n in (2.0, 5.0)}
     assert max(r.batch for r in residuals) > 2.0 > min(r.batch for r in residuals)
     fitted_timing = TimeModel(DEPLOYMENT, calibration.efficiencies(DEPLOYMENT, None))
     for r in residuals:
         truth = _truth_step(r.batch, r.context_tokens)
-        assert r.measured_ms / 1e3 == pytest.approx(truth, rel=0.05), r  # the samples are decode steps
+        assert r.measured_ms / 1e3 == pytest.approx(truth, rel=LATE), r  # the samples are decode steps
         low = int(r.batch)
         base = fitted_timing.decode_step_seconds(low, r.context_tokens)
         predicted = base + (r.batch - low) * (fitted_timing.decode_step_seconds(low + 1, r.context_tokens) - base)
-        assert predicted == pytest.approx(truth, rel=0.05), r
+        assert predicted == pytest.approx(truth, rel=LATE), r
 
     # a host step SLOW times as long: every step of the sweep is host-bound, so SLOW times as long
     batch, context = 2, round(sum(r.context_tokens for r in residuals) / len(residuals))

@@ -719,3 +719,22 @@ def test_the_overhead_growth_needs_lengths_4x_apart_not_prompts() -> None:
         assert fitted.fitted and "the engine's histograms" in fitted.source
         growth[form] = fitted.value
     assert growth["token-ids"] < growth["text"] / 2
+
+
+def test_predict_stores_the_calibrated_ttft_per_cell_for_reports(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from harness.results.calibrated import CalibratedTtft
+    from kvbench.cli.sim import sim_app
+
+    run = write_run(tmp_path / "run", chosen())
+    calibration = chosen().save(tmp_path / "calibration.yaml")
+    result = CliRunner().invoke(sim_app, ["predict", str(run), "--calibration", str(calibration)])
+    assert result.exit_code == 0, result.output
+    stored = CalibratedTtft.read_file(run)
+    cells = stored.by_cell()
+    assert len(cells) == len(ARMS) * len(LENGTHS) * 2 and f"{len(cells)} cells predicted" in result.output
+    # the run was generated under this very calibration: its own time model predicts each measured cell
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text(encoding="utf-8").splitlines()]
+    for r in records:
+        assert cells[(r["arm"], r["context_tokens"], r["turn"])] == pytest.approx(r["ttft_ns"] / 1e6, rel=0.01)
