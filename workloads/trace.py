@@ -13,7 +13,9 @@ Two formats (documented in ``docs/traces.md``, schema in ``docs/trace.schema.jso
 
 Loading (:func:`load_trace`) reads the file and nothing else; every bad input is a
 :class:`TraceError` naming file, line and field: invalid UTF-8, invalid JSON, a truncated last
-line, a missing or mistyped field, a timestamp earlier than the line before, a hash list whose
+line, a missing or mistyped field, a timestamp earlier than the line before, a timestamp more than
+:data:`MAX_GAP_MS` (one hour) after the line before (a corrupt or concatenated trace a replay would
+sit out in silence; ``allow_gaps`` accepts it), a hash list whose
 ``len(hash_ids) != ceil(input_length / block_tokens)``.
 
 Statistics (:func:`trace_stats`) are pure: the **infinite-cache hit rate** is the token-weighted
@@ -56,6 +58,8 @@ FORMATS: tuple[TraceFormat, ...] = ("mooncake", "kvbench")
 MOONCAKE_BLOCK_TOKENS = 512
 HEADER_KEY = "kvbench_trace"
 HEADER_VERSION = 1
+MAX_GAP_MS = 3_600_000.0
+"""Longest gap between two consecutive requests a trace may have without ``allow_gaps`` (one hour, ms)."""
 HashId = int | str
 
 
@@ -194,9 +198,10 @@ def _parse_json(path: Path, number: int, text: str, last_unterminated: bool) -> 
     return data
 
 
-def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = None) -> Trace:
+def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = None, allow_gaps: bool = False) -> Trace:
     """Read and check a trace file (see the module docstring); ``block_tokens`` overrides the default
-    (512 for mooncake, the header's for kvbench) and must agree with a kvbench header that names one."""
+    (512 for mooncake, the header's for kvbench) and must agree with a kvbench header that names one;
+    ``allow_gaps`` accepts consecutive requests more than :data:`MAX_GAP_MS` apart."""
     if format not in FORMATS:
         raise TraceError(f"{path}: unknown trace format {format!r}; allowed: {', '.join(FORMATS)}")
     try:
@@ -233,6 +238,12 @@ def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = No
                 "timestamp",
                 f"{request.timestamp_ms:g} is earlier than line {previous[0]}'s {previous[1]:g} "
                 "(timestamps must not decrease)",
+            )
+        if previous is not None and not allow_gaps and request.timestamp_ms - previous[1] > MAX_GAP_MS:
+            raise line.error(
+                "timestamp",
+                f"{(request.timestamp_ms - previous[1]) / 1000:g} s after line {previous[0]}'s; a gap longer than "
+                f"{MAX_GAP_MS / 3_600_000:g} h is refused (a corrupt or concatenated trace?); --allow-gaps accepts it",
             )
         previous = (line.number, request.timestamp_ms)
         requests.append(request)

@@ -31,13 +31,49 @@ Segment = tuple[str, int, int, int]
 """(kind, owner, index, tokens): the system prompt, a user's context, a question or an answer."""
 
 
+MAX_SESSIONS = 1_000_000
+MAX_SESSION_RATE = 10_000.0
+MAX_RESPONSE_S = 3600.0
+MAX_BLOCK_TOKENS = 1_000_000
+
+
 @dataclass(frozen=True)
 class SynthSpec:
+    """What to synthesize; :meth:`problem` says which setting is out of range."""
+
     sessions: int
     session_rate: float
     """Sessions started per second (Poisson)."""
     response_s: float = 2.0
     block_tokens: int = 512
+
+    def problem(self) -> str | None:
+        """One line naming the first setting out of its range (the CLI flag), or None."""
+        checks = (
+            ("--sessions", self.sessions, 1 <= self.sessions <= MAX_SESSIONS, f"an integer in [1, {MAX_SESSIONS}]"),
+            (
+                "--session-rate",
+                self.session_rate,
+                0 < self.session_rate <= MAX_SESSION_RATE,
+                f"a number in (0, {MAX_SESSION_RATE:g}] sessions/s",
+            ),
+            (
+                "--response-s",
+                self.response_s,
+                0 <= self.response_s <= MAX_RESPONSE_S,
+                f"a number of seconds in [0, {MAX_RESPONSE_S:g}]",
+            ),
+            (
+                "--block-tokens",
+                self.block_tokens,
+                1 <= self.block_tokens <= MAX_BLOCK_TOKENS,
+                f"an integer in [1, {MAX_BLOCK_TOKENS}]",
+            ),
+        )
+        for flag, value, ok, allowed in checks:
+            if not ok:  # NaN compares false everywhere, so it lands here too
+                return f"{flag} {value!r}: must be {allowed}"
+        return None
 
 
 def segments(plan: SessionPlan, round_: int, system_prompt_tokens: int) -> list[Segment]:

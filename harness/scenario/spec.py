@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_v
 
 from common.errors import ScenarioError
 from common.schema import StrictModel
-from common.yamlfile import read_yaml_mapping
+from common.yamlfile import Yaml12BooleansLoader, read_yaml_mapping
 from harness.engines import kinds
 from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
 from harness.engines.replicas import PrometheusSpec, RoutingSpec
@@ -477,29 +477,34 @@ def _union_tags() -> dict[str, type[BaseModel]]:
 _UNION_TAGS = _union_tags()
 
 
-def _display_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
-    """``loc`` without the tags pydantic inserts for discriminated unions (workload.multi_user_qa.rounds
-    -> workload.rounds), so the path is the one written in the YAML file."""
+def _display_loc(loc: tuple[int | str, ...], *, unknown_last: bool = False) -> tuple[int | str, ...]:
+    """``loc`` without the tags pydantic inserts for unions (workload.multi_user_qa.rounds -> workload.rounds,
+    arms.1.offload.str -> arms.1.offload), so the path is the one written in the YAML file.
+    ``unknown_last``: the last part is a key the user wrote that is no field (an extra_forbidden error)."""
     out: list[int | str] = []
     model: type[BaseModel] | None = Scenario
-    for part in loc:
-        if isinstance(part, int) or model is None:
+    for index, part in enumerate(loc):
+        if isinstance(part, int) or model is None or (unknown_last and index == len(loc) - 1):
             out.append(part)
             continue
         field = model.model_fields.get(part)
         if field is None and part in _UNION_TAGS:
             model = _UNION_TAGS[part]
             continue
+        if field is None:
+            continue  # a union member's label ("str", "function-after[...]"): pydantic's, not the user's
         out.append(part)
-        model = None if field is None else _first_model(field.annotation)
+        model = _first_model(field.annotation)
     return tuple(out)
 
 
 def format_validation_error(source: str, error: ValidationError) -> str:
-    lines = [f"{source}: invalid scenario ({error.error_count()} problem(s))"]
+    """A header and one line per field (a union's alternatives joined with "or"), paths as written in the file."""
+    problems: dict[str, list[str]] = {}
     for item in error.errors():
         loc = tuple(item["loc"])
-        path = ".".join(str(p) for p in _display_loc(loc)) or "(top level)"
+        shown = _display_loc(loc, unknown_last=item["type"] == "extra_forbidden")
+        path = ".".join(str(p) for p in shown) or "(top level)"
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             owner = _model_at(loc[:-1])
@@ -509,8 +514,9 @@ def format_validation_error(source: str, error: ValidationError) -> str:
             message = "required field is missing"
         got = item.get("input")
         suffix = "" if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  - {path}: {message}{suffix}")
-    return "\n".join(lines)
+        problems.setdefault(path, []).append(f"{message}{suffix}")
+    lines = [f"  - {path}: {' or '.join(dict.fromkeys(messages))}" for path, messages in problems.items()]
+    return "\n".join([f"{source}: invalid scenario ({len(lines)} problem(s))", *lines])
 
 
 def bundled_scenarios() -> dict[str, Path]:
@@ -542,4 +548,5 @@ def parse_scenario(data: object, source: str) -> Scenario:
 def load_scenario(ref: str | Path) -> tuple[Scenario, Path]:
     """Read and validate a scenario file (or bundled scenario name)."""
     path = resolve_scenario_path(str(ref))
-    return parse_scenario(read_yaml_mapping(path, ScenarioError), str(path)), path
+    # YAML 1.2 booleans: `offload: off` is the profile "off", an arm named ON is named "ON"
+    return parse_scenario(read_yaml_mapping(path, ScenarioError, loader=Yaml12BooleansLoader), str(path)), path

@@ -1,6 +1,6 @@
 """``kvbench trace``: a trace's statistics and ceiling (``stats``), or a synthetic trace (``synth``).
 
-Only typer is imported at module level; the trace modules load inside the commands.
+Only typer and the CLI's console are imported at module level; the trace modules load inside the commands.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from .console import fail
+
 trace_app = typer.Typer(
     help="Request traces: statistics and the infinite-cache ceiling; synthetic traces from a multi-user workload.",
     no_args_is_help=True,
@@ -21,10 +23,7 @@ trace_app = typer.Typer(
 
 
 def _fail(message: str) -> typer.Exit:
-    from rich.console import Console
-
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
-    return typer.Exit(2)
+    return fail(message)  # one line however long (soft wrap), markup-escaped, redacted
 
 
 @trace_app.command()
@@ -39,6 +38,9 @@ def stats(
     block_tokens: Annotated[
         int | None, typer.Option("--block-tokens", help="Tokens per hash id (default 512, or the kvbench header's).")
     ] = None,
+    allow_gaps: Annotated[
+        bool, typer.Option("--allow-gaps", help="Accept consecutive requests more than an hour apart.")
+    ] = False,
 ) -> None:
     """Requests, duration, arrival rate, length percentiles, and the hit rate an infinite (or LRU) cache would get."""
     from rich.console import Console
@@ -52,7 +54,7 @@ def stats(
     if any(size < 1 for size in sizes):
         raise _fail("--cache-tokens must be positive token counts")
     try:
-        trace = load_trace(file, format, block_tokens=block_tokens)
+        trace = load_trace(file, format, block_tokens=block_tokens, allow_gaps=allow_gaps)
     except TraceError as error:
         raise _fail(str(error)) from None
     result = trace_stats(trace, sizes)
@@ -120,8 +122,13 @@ def synth(
     from workloads.config import MultiUserQA
     from workloads.trace_synth import SynthSpec, synthesize
 
-    if (sessions is not None and sessions < 1) or session_rate <= 0 or response_s < 0 or block_tokens < 1:
-        raise _fail("--sessions and --block-tokens must be >= 1, --session-rate > 0, --response-s >= 0")
+    if output.is_dir():
+        raise _fail(f"--output {output}: is a directory; give the trace file to write")
+    asked = SynthSpec(
+        sessions=sessions or 1, session_rate=session_rate, response_s=response_s, block_tokens=block_tokens
+    )
+    if asked.problem() is not None:
+        raise _fail(str(asked.problem()))
     try:
         path = Path(source)
         data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -140,9 +147,12 @@ def synth(
         sessions=sessions or config.users, session_rate=session_rate, response_s=response_s, block_tokens=block_tokens
     )
     count = 0
-    with output.open("w", encoding="utf-8") as handle:
-        for line in synthesize(config, spec, seed=chosen_seed):
-            handle.write(line + "\n")
-            count += 1
+    try:
+        with output.open("w", encoding="utf-8") as handle:
+            for line in synthesize(config, spec, seed=chosen_seed):
+                handle.write(line + "\n")
+                count += 1
+    except OSError as error:
+        raise _fail(f"--output {output}: cannot write: {error.strerror or error}") from None
     typer.echo(f"wrote {output}: {count - 1} requests of {spec.sessions} sessions; "
                f"see kvbench trace stats {output} --format kvbench")  # fmt: skip

@@ -42,11 +42,8 @@ def test_two_requests_per_cell_cannot_pass_a_doubled_ttft(tmp_path: Path) -> Non
 
     out = tmp_path / "out"
     runner = CliRunner()
-    invoked = runner.invoke(
-        app,
-        ["compare", str(base), str(current), "--markdown", str(out / "gate.md"), "--junit", str(out / "gate.xml"),
-         "--json", str(out / "gate.json")],
-    )  # fmt: skip
+    outputs = ["--markdown", str(out / "gate.md"), "--junit", str(out / "gate.xml"), "--json", str(out / "gate.json")]
+    invoked = runner.invoke(app, ["compare", str(base), str(current), *outputs])
     assert invoked.exit_code == 3, invoked.output
     assert "INCONCLUSIVE" in invoked.output and "PASS" not in invoked.output
     assert "need n ≥ 5 per cell" in invoked.output
