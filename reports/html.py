@@ -867,13 +867,13 @@ def methodology(sources: ReportSources) -> list[str]:
             f"fails only when the trend is significant and rises by more than {spec.drift_min_increase_pct:g}%."
         )
     notes.append(
-        "Predicted vs measured: T = baseline TTFT / prompt tokens (measured), R and W = KV bytes per token / tier "
-        "read and write bandwidth, a = cached / prompt tokens (measured); "
+        "Predicted vs the POC run: T = baseline TTFT / prompt tokens (from the run), R and W = KV bytes per token / "
+        "tier read and write bandwidth, a = cached / prompt tokens (from the run); "
         "TTFT_KV = max(a·N·R, (1−a)·N·W, (1−a)·N·T). The model leaves out fixed per-request costs (scheduling, "
         "the first decode step, HTTP), so short prompts measure below the predicted speedup. KV bytes per token "
         "come from the simulator's model profile or, for real engines, the model directory's config.json (layers, "
-        "KV heads, head size, dtype); a calibration.yaml in the run directory (kvbench sim calibrate) adds the "
-        "calibrated simulator's TTFT, which does include those fixed costs."
+        "KV heads, head size, dtype); a calibrated_ttft.json in the run directory (kvbench sim predict RUN_DIR "
+        "--calibration FILE) adds the calibrated simulator's TTFT, which does include those fixed costs."
     )
     return notes
 
