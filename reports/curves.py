@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.markup import console_text, md_table, md_text
+from harness.results.capacity import COARSE_GRID
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
@@ -255,6 +256,19 @@ def capacity_lines(result: SweepResult) -> list[str]:
         if c.gpus_needed is not None:
             line += f"; {c.gpus_needed} GPUs for the target load, ${_f(c.usd_per_year, ',.0f')}/year"
         lines.append(line)
+        if c.between is not None:
+            b = c.between
+            lines.append(
+                f"{c.arm}: the SLO is crossed between loads {b.load_pass:g} and {b.load_fail:g} "
+                f"({b.rps_per_gpu_pass:.3g}-{b.rps_per_gpu_fail:.3g} RPS/GPU); interpolated capacity "
+                f"{b.interpolated_rps_per_gpu:.3g} RPS/GPU (an estimate, not a measured point)"
+            )
+            if b.coarse:
+                lines.append(
+                    f"warning: {c.arm}'s loads {b.load_pass:g} and {b.load_fail:g} are more than {COARSE_GRID:g}x "
+                    "apart: the grid cannot place its capacity, and GPUs saved are read at grid points only; add "
+                    "load points between them"
+                )
     for s in result.savings:
         if s.gpus_saved is None:
             lines.append(f"GPUs saved by {s.arm} vs {s.baseline}: unknown (an arm meets the SLO at no load point)")

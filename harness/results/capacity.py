@@ -2,7 +2,10 @@
 
 Capacity of an arm
     ``max_rps_per_gpu_at_slo`` = the highest RPS/GPU over the arm's load points that meet the SLO
-    (a measured point, never an interpolation, so it is a lower bound of the true capacity).
+    (a measured point, never an interpolation, so it is a lower bound of the true capacity). Where the next
+    load point fails the SLO, ``between`` reads the boundary between the two by interpolating the SLO
+    attainment (:class:`~.sweep_result.GridCrossing`), marked as an estimate; two loads more than
+    :data:`COARSE_GRID` apart make the grid too coarse to place the capacity, and reports say so.
 
 GPUs for a target load
     A deployment (one replica) has ``g = TP × PP × DP`` GPUs and serves ``c·g`` requests/s at
@@ -34,6 +37,7 @@ from .sweep_result import (
     AnalyticalInputs,
     ArmCapacity,
     GpuSavings,
+    GridCrossing,
     PointResult,
 )
 
@@ -52,7 +56,31 @@ def usd_per_year(gpus: int, cost: CostSpec) -> float:
     return gpus * cost.usd_per_gpu_hour * cost.hours_per_year
 
 
-def arm_capacity(arm: str, points: list[PointResult], cost: CostSpec | None, gpus_per_deployment: int) -> ArmCapacity:
+COARSE_GRID = 1.5
+"""Two neighbouring load points further apart than this (ratio of loads) leave the capacity unplaced."""
+
+
+def grid_crossing(mine: list[PointResult], best: PointResult, need: float) -> GridCrossing | None:
+    """The SLO boundary between ``best`` (the best passing point) and the next higher load that fails."""
+    above = sorted((p for p in mine if p.load > best.load), key=lambda p: p.load)
+    failing = next((p for p in above if p.meets_slo is False), None)
+    if failing is None or best.slo_attainment is None or failing.slo_attainment is None:
+        return None
+    drop = best.slo_attainment - failing.slo_attainment
+    share = min(max((best.slo_attainment - need) / drop, 0.0), 1.0) if drop > 0 else 0.0
+    return GridCrossing(
+        load_pass=best.load,
+        load_fail=failing.load,
+        rps_per_gpu_pass=best.rps_per_gpu,
+        rps_per_gpu_fail=failing.rps_per_gpu,
+        interpolated_rps_per_gpu=best.rps_per_gpu + share * (failing.rps_per_gpu - best.rps_per_gpu),
+        coarse=failing.load > COARSE_GRID * best.load,
+    )
+
+
+def arm_capacity(
+    arm: str, points: list[PointResult], cost: CostSpec | None, gpus_per_deployment: int, slo_percentile: float
+) -> ArmCapacity:
     mine = [p for p in points if p.arm == arm]
     passing = [p for p in mine if p.meets_slo]
     best = max(passing, key=lambda p: p.rps_per_gpu, default=None)
@@ -71,6 +99,7 @@ def arm_capacity(arm: str, points: list[PointResult], cost: CostSpec | None, gpu
         gpus_needed=gpus,
         deployments_needed=deployments,
         usd_per_year=cost_year,
+        between=grid_crossing(mine, best, slo_percentile / 100.0) if best is not None else None,
     )
 
 

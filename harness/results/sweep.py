@@ -91,7 +91,8 @@ def aggregate_sweep(
             data = point_data(subset, np.asarray(gaps, dtype="float64"), event, gpus, slo)
             results.append(point_result(data, mode=spec.mode))
 
-    capacities = [arm_capacity(arm.name, results, scenario.cost, per_deployment) for arm in scenario.arms]
+    percentile = scenario.slo.percentile
+    capacities = [arm_capacity(arm.name, results, scenario.cost, per_deployment, percentile) for arm in scenario.arms]
     baseline = scenario.baseline_arm
     report = analytical_comparisons(
         results,

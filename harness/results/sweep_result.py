@@ -86,6 +86,22 @@ class SloLimits(Frozen):
     percentile: float
 
 
+class GridCrossing(Frozen):
+    """The SLO boundary between the best passing load point and the next, failing one, read by interpolation.
+
+    ``f = (a_pass − need) / (a_pass − a_fail)``, clipped to [0, 1], with ``a`` each point's SLO attainment (the
+    share of requests within every limit) and ``need`` the SLO percentile; the capacity read there is
+    ``rps_pass + f × (rps_fail − rps_pass)`` RPS/GPU. An estimate, never a measurement: reports mark it.
+    """
+
+    load_pass: float
+    load_fail: float
+    rps_per_gpu_pass: float
+    rps_per_gpu_fail: float
+    interpolated_rps_per_gpu: float
+    coarse: bool = Field(description="The two loads are more than 1.5x apart: the grid cannot place the capacity.")
+
+
 class ArmCapacity(Frozen):
     """The most each arm serves per GPU within the SLO, and what a target load then needs."""
 
@@ -97,6 +113,11 @@ class ArmCapacity(Frozen):
     gpus_needed: int | None = Field(description="GPUs for cost.target_rps at max_rps_per_gpu_at_slo.")
     deployments_needed: int | None
     usd_per_year: float | None
+    between: GridCrossing | None = Field(
+        default=None,
+        description="Where the SLO is crossed between two load points (None: no failing point above the best "
+        "passing one, or no SLO): the capacity read between them, marked as interpolated.",
+    )
 
 
 class GpuSavings(Frozen):
