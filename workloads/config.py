@@ -265,6 +265,11 @@ class TraceReplay(StrictModel):
     block_tokens: int | None = Field(
         default=None, ge=1, description="Tokens per hash id; default 512 (mooncake) or the kvbench header's."
     )
+    allow_gaps: bool = Field(
+        default=False,
+        description="Accept consecutive requests more than an hour apart (a replay waits them out in real time, "
+        "scaled by time_scale); without it such a trace is refused as corrupt or concatenated.",
+    )
     start: int = Field(default=0, ge=0, description="Skip this many requests (0-based position in the file).")
     limit: int | None = Field(default=None, ge=1, description="Replay at most this many requests.")
     mode: Literal["open", "closed"] = "open"

@@ -48,7 +48,7 @@ MAX_CONNECTIONS = 4096
 
 def load_replayed_trace(config: TraceReplay) -> Trace:
     """The window of the trace file the scenario replays (a clear error naming file, line and field)."""
-    trace = load_trace(Path(config.path), config.format, block_tokens=config.block_tokens)
+    trace = load_trace(Path(config.path), config.format, block_tokens=config.block_tokens, allow_gaps=config.allow_gaps)
     window = trace.window(config.start, config.limit)
     if not window.requests:
         raise KvbenchError(f"{config.path}: no requests from position {config.start} ({len(trace.requests)} in file)")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from common.errors import KvbenchError, ScenarioError
+from common.schema import first_problem
 from workloads.config import MultiUserQA
 
 from .spec import Arm, Scenario, SoakSpec, SweepSpec
@@ -46,8 +49,8 @@ def soak_scenario(
         updates["load_source"] = load_source
     try:
         spec = SoakSpec.model_validate(base.model_dump() | updates)
-    except ValueError as error:
-        raise ScenarioError(f"{source}: soak: {error}") from None
+    except ValidationError as error:  # one line naming the field (--window, --interval and --load land here)
+        raise ScenarioError(f"{source}: {first_problem(error, prefix=('soak',), whole='soak')}") from None
     if spec.load is None:
         spec = spec.model_copy(update={"load": max(scenario.sweep.values)})
     if scenario.sweep.mode == "concurrency" and spec.load is not None and spec.load != int(spec.load):
