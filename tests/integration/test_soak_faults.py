@@ -161,4 +161,6 @@ def test_resume_continues_an_interrupted_window(simulator: SimulatorLauncher, tm
     result = json.loads((run_dir / "soak.json").read_text())
     assert result["complete"] and result["attempts"] == 2 and result["completed_intervals"] == 8
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert [a["status"] for a in manifest["attempts"]] == ["interrupted", "completed"]
+    # the attempt that finished the window records its verdict: completed on PASS, failed on FAIL (exit 1)
+    ended = {"PASS": "completed", "FAIL": "failed"}[result["verdict"]["verdict"]]
+    assert [a["status"] for a in manifest["attempts"]] == ["interrupted", ended]
