@@ -89,7 +89,7 @@ def result(tpot_ms: float | None = 40.0) -> SweepResult:
         point("AMG-ON", 2, 32, 4.0, 30, True, 900),
     ]
     cost = CostSpec(target_rps=100, usd_per_gpu_hour=2.5)
-    capacities = [arm_capacity(arm, points, cost, 2) for arm in ("AMG-OFF", "AMG-ON")]
+    capacities = [arm_capacity(arm, points, cost, 2, 90.0) for arm in ("AMG-OFF", "AMG-ON")]
     return SweepResult(
         kvbench_version="test",
         run_id="run-1",

@@ -200,8 +200,8 @@ def test_capacity_and_savings_take_the_best_point_within_the_slo() -> None:
     ).points
     fast = points[1].model_copy(update={"rps_per_gpu": 2.0, "point": 1, "load": 8})
     failing = points[1].model_copy(update={"rps_per_gpu": 9.0, "point": 2, "load": 16, "meets_slo": False})
-    off = arm_capacity("AMG-OFF", points, cost, 1)
-    on = arm_capacity("AMG-ON", [*points, fast, failing], cost, 1)
+    off = arm_capacity("AMG-OFF", points, cost, 1, 90.0)
+    on = arm_capacity("AMG-ON", [*points, fast, failing], cost, 1, 90.0)
     assert off.max_rps_per_gpu_at_slo == pytest.approx(0.5) and off.gpus_needed == 200
     assert on.max_rps_per_gpu_at_slo == 2.0 and on.at_load == 8 and on.max_rps_per_gpu == 9.0
     assert on.gpus_needed == 50 and on.usd_per_year == pytest.approx(50 * 2.0 * 8760)
