@@ -53,8 +53,9 @@ from common.errors import KvbenchError
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
 
-TraceFormat = Literal["mooncake", "kvbench"]
-FORMATS: tuple[TraceFormat, ...] = ("mooncake", "kvbench")
+TraceFormat = Literal["mooncake", "kvbench", "bailian", "claude-code", "tokens", "text"]
+FORMATS: tuple[TraceFormat, ...] = ("mooncake", "kvbench", "bailian", "claude-code", "tokens", "text")
+CallType = Literal["normal", "subagent", "side"]
 MOONCAKE_BLOCK_TOKENS = 512
 HEADER_KEY = "kvbench_trace"
 HEADER_VERSION = 1
@@ -80,6 +81,15 @@ class TraceRequest:
     text: str | None = None
     session: str | None = None
     turn: int | None = None
+    call_id: str | None = None
+    """The call's own id in an agent trace (``chat_id``, ``id#k``...), kept in its records."""
+    parent: int | None = None
+    """0-based position (in :attr:`Trace.requests`) of the call this one waits for: a replay sends it only after
+    that call has completed (an agent's next step needs its previous answer); None for a root call."""
+    call_type: CallType | None = None
+    """normal, subagent or side call, where the trace says (agent traces)."""
+    token_ids: tuple[int, ...] | None = None
+    """The prompt's token ids where the trace records them (``tokens`` format): sent as they are."""
 
     def block_sizes(self, block_tokens: int) -> list[int]:
         """Tokens of each hash block: ``block_tokens`` each, the last one what is left of input_length."""
@@ -202,7 +212,7 @@ def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = No
     """Read and check a trace file (see the module docstring); ``block_tokens`` overrides the default
     (512 for mooncake, the header's for kvbench) and must agree with a kvbench header that names one;
     ``allow_gaps`` accepts consecutive requests more than :data:`MAX_GAP_MS` apart."""
-    if format not in FORMATS:
+    if format not in ("mooncake", "kvbench"):  # the agent formats' loaders are not written yet
         raise TraceError(f"{path}: unknown trace format {format!r}; allowed: {', '.join(FORMATS)}")
     try:
         lines = _decode_lines(path)
