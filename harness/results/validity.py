@@ -165,7 +165,7 @@ def with_engines_down(validity: Validity, downs: Sequence[EngineDown], last_atte
         Finding(
             gate="engine_died",
             arm=down.arm,
-            message=f"{down.arm}: {down.reason} while {down.during}; the arm ended there",
+            message=f"{down.arm}: {down.reason}{f' while {down.during}' if down.during else ''}; the arm ended there",
         )
         for down in downs
         if down.attempt == last_attempt

@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from common.errors import KvbenchError, RunDirError, RunInterrupted
+from common.errors import EngineStartError, KvbenchError, RunDirError, RunInterrupted
 from common.schema import VersionedFile
 from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient, RequestOutcome
@@ -437,8 +437,11 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
                 )
             for block, arms in runner.blocks():
                 for arm in arms:
-                    async with runner.arm_session(arm, writer, manifest, block) as session:
-                        await run_arm_or_record_death(runner, session)
+                    try:
+                        async with runner.arm_session(arm, writer, manifest, block) as session:
+                            await run_arm_or_record_death(runner, session)
+                    except EngineStartError as error:
+                        record_start_failure(runner, arm.name, error)
         result = runner.summarize()
         summarize_fleet(run_dir)  # fleets only (fleet.json): same vs moved, per-replica hits and load
         # a run that ran to the end but measured nothing trustworthy says so here, for every kind
@@ -482,6 +485,25 @@ async def run_arm_or_record_death(runner: Runner[ResultT], session: ArmSession) 
         session.sync()
         log.error("arm %s: %s; the arm ends here (%s)", session.arm.name, down, during)
         runner.progress.note(f"{session.arm.name}: {down}; the arm ends here, its measurements so far are kept")
+
+
+def record_start_failure(runner: Runner[ResultT], arm: str, error: EngineStartError) -> None:
+    """An engine that did not come up ends its arm as a stored finding; the next arm runs.
+
+    Its arm keeps its work pending (``--resume`` tries again); the verdict says FAILED (``engine_died``) with
+    the start error's first line, and the full message (the engine log's tail) goes to the console log.
+    """
+    first = (str(error).splitlines() or [type(error).__name__])[0]
+    event = EngineDown(
+        arm=arm,
+        attempt=runner.attempt,
+        at_unix_ns=time.time_ns(),
+        reason=f"the engine did not start ({first[:400]})",
+        during="",
+    )
+    runner.run_dir.append_engine_down(event)
+    log.error("arm %s: the engine did not start; the arm ends here:\n%s", arm, error)
+    runner.progress.note(f"{arm}: the engine did not start ({first[:200]}); the next arm runs")
 
 
 def run_sync(runner: Runner[ResultT]) -> ResultT:

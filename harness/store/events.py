@@ -84,7 +84,10 @@ class EngineDown(Frozen):
     attempt: int
     at_unix_ns: int = Field(description="Wall clock when kvbench found it down (time.time_ns()).")
     reason: str = Field(description="What kvbench saw: the exit code, or the refused connection.")
-    during: str = Field(description="What the arm was doing when the error surfaced (its exception, one line).")
+    during: str = Field(
+        description="What the arm was doing when the error surfaced (its exception, one line); empty when the engine "
+        "never started."
+    )
 
 
 class PointDone(Frozen):

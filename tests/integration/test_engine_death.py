@@ -64,3 +64,27 @@ def test_a_killed_engine_ends_its_arm_as_a_finding_and_the_run_still_reports(tmp
     assert [event["arm"] for event in events] == ["AMG-OFF"]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["attempts"][-1]["status"] == "failed"
+
+
+def test_an_engine_that_does_not_start_is_a_finding_and_the_run_still_reports(tmp_path: Path) -> None:
+    data = {
+        "name": "never-starts",
+        "engine": {"kind": "vllm", "model": str(tmp_path / "model"), "python": str(tmp_path / "no-such-python")},
+        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
+        "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 1},
+    }
+    scenario = write_scenario(tmp_path / "never.yaml", data)
+    runs = tmp_path / "runs"
+    run = kvbench_process("run", str(scenario), "-o", str(runs))
+    out, err = run.communicate(timeout=120)
+    assert "Traceback" not in out + err, out + err
+    assert run.returncode == 1, out + err
+    (run_dir,) = runs.iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    died = [f for f in summary["validity"]["findings"] if f["gate"] == "engine_died"]
+    assert [f["arm"] for f in died] == ["AMG-OFF", "AMG-ON"], summary["validity"]
+    assert all("did not start" in f["message"] for f in died) and "no-such-python" in died[0]["message"], died
+    assert summary["validity"]["verdict"] == "failed"
+    assert (run_dir / "report" / "ttft_table.md").is_file()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["attempts"][-1]["status"] == "failed"
