@@ -252,6 +252,7 @@ class ManagedProcess:
         self._preexisting: set[str] = set()
         self._token: str | None = None
         self.restarts = 0
+        self._restarting = False
 
     @property
     def pid(self) -> int | None:
@@ -265,7 +266,11 @@ class ManagedProcess:
         return tail_lines(self.spec.log_path, lines)
 
     def returncode(self) -> int | None:
-        return self._process.poll() if self._process else None
+        """The exit code once the process has exited; None while it runs or while kvbench itself restarts it
+        (a drill's kill is not a death)."""
+        if self._restarting or self._process is None:
+            return None
+        return self._process.poll()
 
     async def __aenter__(self) -> ManagedProcess:
         await self.start()
@@ -389,10 +394,14 @@ class ManagedProcess:
         if process is None:
             raise RuntimeError(f"{self.spec.name} is not running")
         killed = time.monotonic()
-        self._signal_group(process.pid, signal.SIGKILL)
-        await asyncio.to_thread(process.wait)
-        await self._refuse_busy_ports(wait_s=PORT_RELEASE_S)
-        await self._spawn_healthy()
+        self._restarting = True
+        try:
+            self._signal_group(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+            await self._refuse_busy_ports(wait_s=PORT_RELEASE_S)
+            await self._spawn_healthy()
+        finally:
+            self._restarting = False
         self.restarts += 1
         return time.monotonic() - killed
 

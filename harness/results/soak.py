@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from harness.scenario.soak import describe_load, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario, SoakSpec, SweepSpec
-from harness.store.events import FaultEvent, IntervalStats
+from harness.store.events import EngineDown, FaultEvent, IntervalStats
 from harness.store.manifest import read_manifest
 from harness.store.records import read_records
 from harness.store.rundir import RunDir
@@ -24,6 +25,7 @@ def build_result(
     attempts: int,
     events: list[FaultEvent] | None = None,
     faults: list[FaultOutcome] | None = None,
+    deaths: Sequence[EngineDown] = (),
 ) -> SoakResult:
     """The verdict over ``intervals``. The restarts that ``events`` (kill_engine drills) caused are
     not held against the engine; ``faults`` (the final summary computes them from the records, the
@@ -55,6 +57,7 @@ def build_result(
             scenario.slo,
             planned=planned,
             drilled_restarts=drilled,
+            deaths=[f"{down.reason} (attempt {down.attempt + 1})" for down in deaths if down.arm == arm],
         ),
         faults=faults,
     )
@@ -70,7 +73,16 @@ def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
     events = run_dir.faults()
     records_file = run_dir.records_file
     faults = fault_outcomes(events, lambda: read_records(records_file), scenario.slo) if events else []
-    result = build_result(run_dir, scenario, arm_name, intervals, attempts=attempts, events=events, faults=faults)
+    result = build_result(
+        run_dir,
+        scenario,
+        arm_name,
+        intervals,
+        attempts=attempts,
+        events=events,
+        faults=faults,
+        deaths=run_dir.engines_down(),
+    )
     result.write_file(run_dir.soak_file)
     return result
 

@@ -551,10 +551,20 @@ def check_hit_rate(judged: Sequence[IntervalStats], spec: SoakSpec) -> Criterion
     )
 
 
-def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec, drilled: int = 0) -> CriterionResult:
-    """Unplanned restarts: those /metrics showed, less the ``drilled`` ones kvbench caused (kill_engine)."""
+def check_restarts(
+    intervals: Sequence[IntervalStats], spec: SoakSpec, drilled: int = 0, deaths: Sequence[str] = ()
+) -> CriterionResult:
+    """Unplanned restarts: those /metrics showed, less the ``drilled`` ones kvbench caused (kill_engine).
+
+    An engine that died under the window (``deaths``: how, from ``engine_events.jsonl``) fails it whatever the
+    limit: a stability window in which the engine went down did not hold, even if a resumed attempt went on.
+    """
     limit = spec.criteria.max_restarts
     result = partial(CriterionResult, name="restarts", limit=float(limit))
+    if deaths:
+        return result(
+            status="fail", observed=float(len(deaths)), reason=f"the engine died under the window: {'; '.join(deaths)}"
+        )
     total = max(sum(i.restarts for i in intervals) - drilled, 0)
     broken = [i.index for i in intervals if i.restarts]
     scraped = sum(1 for i in intervals if i.metrics_error is None and i.counters)
@@ -576,7 +586,13 @@ def check_restarts(intervals: Sequence[IntervalStats], spec: SoakSpec, drilled: 
 
 
 def evaluate(
-    intervals: Sequence[IntervalStats], spec: SoakSpec, slo: SLO, *, planned: int, drilled_restarts: int = 0
+    intervals: Sequence[IntervalStats],
+    spec: SoakSpec,
+    slo: SLO,
+    *,
+    planned: int,
+    drilled_restarts: int = 0,
+    deaths: Sequence[str] = (),
 ) -> SoakVerdict:
     """Judge a window's intervals against the criteria: PASS, FAIL, or INCOMPLETE (not all measured)."""
     judged = [i for i in intervals if i.index >= spec.warmup_intervals]
@@ -585,7 +601,7 @@ def evaluate(
         check_errors(judged, spec),
         check_drift(judged, spec),
         check_hit_rate(judged, spec),
-        check_restarts(intervals, spec, drilled_restarts),
+        check_restarts(intervals, spec, drilled_restarts, deaths),
     ]
     reasons = [c.reason for c in criteria if c.status == "fail"]
     if reasons:

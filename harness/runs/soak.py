@@ -187,7 +187,7 @@ class SoakRunner(Runner[SoakResult]):
         self.progress.describe(f"{arm.name}: building {config.users} user contexts")
         await workload.prepare()
         self.progress.describe(f"{arm.name}: {describe_load(self.sweep, self.spec.load or 0.0)}")
-        await self._window(session, self.remaining, workload)
+        await session.while_alive(self._window(session, self.remaining, workload))
 
     async def _window(self, session: ArmSession, remaining: list[int], workload: MultiUserWorkload) -> None:
         spec = self.spec
@@ -311,6 +311,7 @@ class SoakRunner(Runner[SoakResult]):
             self.done,
             attempts=self.attempt + 1,
             events=self.run_dir.faults(),
+            deaths=self.run_dir.engines_down(),
         )
 
 

@@ -37,7 +37,7 @@ import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 from urllib.parse import urlsplit
@@ -84,6 +84,15 @@ WARMUP_ATTEMPTS = 3
 WARMUP_RETRY_S = 1.0
 DEFAULT_CONNECTIONS = 100
 ALIVE_CHECK_S = 2.0
+WATCH_S = 1.0
+"""How often :meth:`ArmSession.while_alive` asks whether the engine is still up (s)."""
+T = TypeVar("T")
+
+
+class EngineGone(KvbenchError):
+    """The arm's engine went down under load; the message says how (its exit code, a refused connection)."""
+
+
 """How long a TCP connect to an attached endpoint may take before it counts as up but slow (not down)."""
 """aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
 
@@ -263,6 +272,28 @@ class ArmSession:
             self._restarts += 1
         self._counters = counters
         return text
+
+    async def while_alive(self, work: Awaitable[T]) -> T:
+        """``work``, stopped as soon as the arm's engine is down (polled every :data:`WATCH_S`).
+
+        Under load a dead engine only shows as refused requests, which the load loop counts as errors and
+        backs off from; without this a sweep point or a soak window would run to its end against a corpse
+        and end as an error-rate verdict. Stopped work raises :class:`EngineGone`, which
+        :func:`run_arm_or_record_death` records as the ``engine_died`` finding; the records sent so far stay.
+        """
+        job = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({job}, timeout=WATCH_S)
+                if done:
+                    return job.result()
+                down = await self.engine_down()
+                if down is not None:
+                    job.cancel()
+                    await asyncio.wait({job})  # its own error (refused requests) is not the story: the engine is
+                    raise EngineGone(down)
+        finally:
+            job.cancel()
 
     async def engine_down(self) -> str | None:
         """Why the arm's engine (or one replica of its fleet) is down, or None while every one is up.

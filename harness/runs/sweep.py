@@ -112,7 +112,7 @@ class SweepRunner(Runner[SweepResult]):
             for index in self.pending()[arm.name]:
                 if spec.reset_between_points:
                     await session.reset_prefix_cache(required=False)
-                await self._run_point(session, index, sender, workload)
+                await session.while_alive(self._run_point(session, index, sender, workload))
 
     async def _run_point(
         self, session: ArmSession, index: int, sender: StreamingClient, workload: MultiUserWorkload

@@ -88,3 +88,53 @@ def test_an_engine_that_does_not_start_is_a_finding_and_the_run_still_reports(tm
     assert (run_dir / "report" / "ttft_table.md").is_file()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["attempts"][-1]["status"] == "failed"
+
+
+def load_scenario_data(kind: str) -> dict[str, object]:
+    """A two-arm simulator scenario for ``kvbench sweep`` or ``soak`` whose first arm runs long enough to be killed."""
+    data: dict[str, object] = {
+        "name": f"dies-{kind}",
+        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
+        "workload": {
+            "kind": "multi_user_qa",
+            "users": 8,
+            "rounds": {"dist": "uniform", "low": 2, "high": 4},
+            "context_tokens": {"dist": "uniform", "low": 1000, "high": 2000},
+            "answer_tokens": 8,
+            "think_time_s": {"dist": "exponential", "mean": 0.2},
+            "warmup_requests": 1,
+        },
+        "sweep": {"mode": "concurrency", "values": [2, 4], "warmup": 1, "duration": 4, "ramp_up": 1},
+        "slo": {"ttft_ms": 1000, "tpot_ms": 50},
+        "seed": 5,
+    }
+    if kind == "soak":
+        data["sweep"] = {"mode": "concurrency", "values": [2], "ramp_up": 1}
+        data["soak"] = {"window": "20s", "interval": "4s", "warmup_intervals": 1}
+    return data
+
+
+@pytest.mark.parametrize("kind", ["sweep", "soak"])
+def test_a_killed_engine_under_load_is_a_finding(tmp_path: Path, kind: str) -> None:
+    """kill -9 the first arm's simulator while it is under load: the point or window stops at once, FAILED with
+    engine_died, and the other arm still runs."""
+    scenario = write_scenario(tmp_path / f"{kind}.yaml", load_scenario_data(kind))
+    runs = tmp_path / "runs"
+    run = kvbench_process(kind, str(scenario), "-o", str(runs))
+    assert wait_for(lambda: measured_so_far(runs) >= 5 and bool(simulators(run.pid)), 120, run), "nothing measured"
+    os.kill(simulators(run.pid)[0], signal.SIGKILL)
+    out, err = run.communicate(timeout=300)
+    assert "Traceback" not in out + err, out + err
+    assert run.returncode == 1, out + err
+    (run_dir,) = runs.iterdir()
+    events = [json.loads(line) for line in (run_dir / "engine_events.jsonl").read_text().splitlines()]
+    assert len(events) == 1 and "exited" in events[0]["reason"], events  # the arm killed first, whichever runs first
+    result = json.loads((run_dir / f"{kind}.json").read_text())
+    if kind == "sweep":
+        assert "engine_died" in json.dumps(result["validity"]), result["validity"]
+        records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+        assert {"AMG-OFF", "AMG-ON"} <= {record["arm"] for record in records}  # the other arm measured too
+    else:  # a soak measures one arm: the window fails on the death, whatever else it measured
+        assert result["verdict"]["verdict"] == "FAIL", result["verdict"]
+        assert "the engine died under the window" in " ".join(result["verdict"]["reasons"]), result["verdict"]
