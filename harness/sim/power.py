@@ -18,8 +18,10 @@ Parameters (:data:`POWER`), per hardware profile (:mod:`offload.shapes`):
 
 * ``tdp_w`` 700 W for H100 SXM5 and H200 SXM: NVIDIA's datasheets give "Max Thermal Design Power (TDP)
   up to 700W (configurable)" for both SXM boards;
-* ``idle_w`` 90 W: *assumed* -- no datasheet figure; H100/H200 SXM boards with a model loaded and no work
-  read about 70-120 W in ``nvidia-smi`` (the exact figure varies by board, clocks and temperature).
+* ``idle_w`` 90 W: *assumed* -- no datasheet figure. An empty H200 SXM (no process on it) read 77 W through
+  NVML, and the same board under a sustained BF16 GEMM 694 W, near its 700 W limit; a GPU holding a model's
+  weights and KV cache idles somewhat above an empty one, so 90 W (the exact figure varies by board, clocks
+  and temperature).
 
 A run's measured figures (``kvbench`` on GPUs, NVML) replace these; the simulator's carry the label
 **simulated** wherever they appear.
