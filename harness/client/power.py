@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import collections
 import contextlib
 import importlib
 import itertools
@@ -124,12 +125,17 @@ class Reading:
     watts: float | None
 
 
+MAX_READINGS = 36_000
+"""Readings a timeline keeps (an hour at 10 Hz): a soak of many hours keeps flat memory, and a window that began
+before the oldest kept reading is not sampled rather than guessed."""
+
+
 class Timeline:
     """Readings in time order (appended by one thread, read by another) and their integrals over a window."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_readings: int = MAX_READINGS) -> None:
         self._lock = threading.Lock()
-        self._readings: list[Reading] = []
+        self._readings: collections.deque[Reading] = collections.deque(maxlen=max_readings)
 
     def add(self, reading: Reading) -> None:
         with self._lock:

@@ -45,6 +45,15 @@ class EnergyMeter:
             reason = f"the power source failed: {type(error).__name__}: {error}"
             return await NotSampled(self.source.source, reason).window(start_ns, end_ns)
 
+    async def close(self) -> None:
+        """Stop sampling (the readings stay, so windows that ended before can still be integrated)."""
+        if self.failed is not None:
+            return
+        try:
+            await self.source.stop()
+        except Exception as error:  # noqa: BLE001 - as in window
+            log.warning("power source did not stop cleanly: %s: %s", type(error).__name__, error)
+
 
 def session_power_source(session: ArmSession) -> PowerSource:
     """The power source of ``session``'s engine (its /metrics read straight from the client, so the
@@ -59,20 +68,23 @@ def session_power_source(session: ArmSession) -> PowerSource:
     return power_source(session.runner.scenario.engine, scrape)
 
 
-@contextlib.asynccontextmanager
-async def energy_meter(session: ArmSession, source: PowerSource | None = None) -> AsyncIterator[EnergyMeter]:
-    """Meter the GPUs' energy while the block runs (``source``: the session's, by default)."""
+async def start_energy_meter(session: ArmSession, source: PowerSource | None = None) -> EnergyMeter:
+    """A started meter of ``session``'s engine (``source``: the session's, by default); :meth:`EnergyMeter.close`
+    ends it. For a runner whose window already sits in a ``try``/``finally``; others use :func:`energy_meter`."""
     meter = EnergyMeter(source if source is not None else session_power_source(session))
     try:
         await meter.source.start()
     except Exception as error:  # noqa: BLE001 - as in EnergyMeter.window
         log.warning("energy not sampled: %s: %s", type(error).__name__, error)
         meter.failed = f"the power source did not start: {type(error).__name__}: {error}"
+    return meter
+
+
+@contextlib.asynccontextmanager
+async def energy_meter(session: ArmSession, source: PowerSource | None = None) -> AsyncIterator[EnergyMeter]:
+    """Meter the GPUs' energy while the block runs (``source``: the session's, by default)."""
+    meter = await start_energy_meter(session, source)
     try:
         yield meter
     finally:
-        if meter.failed is None:
-            try:
-                await meter.source.stop()
-            except Exception as error:  # noqa: BLE001 - as in EnergyMeter.window
-                log.warning("power source did not stop cleanly: %s: %s", type(error).__name__, error)
+        await meter.close()

@@ -149,6 +149,9 @@ class IntervalStats(Frozen):
     counters: dict[str, float] = Field(
         default_factory=dict, description="Cumulative /metrics counters at the end (restart detection on resume)."
     )
+    energy: EnergyWindow | None = Field(
+        default=None, description="The GPUs' energy over the interval (harness.client.power); None: not metered."
+    )
 
     @property
     def error_rate(self) -> float | None:

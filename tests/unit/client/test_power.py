@@ -148,6 +148,10 @@ def test_timeline_interpolates_the_counter_and_integrates_power() -> None:
     # power: 100 W to 1 s, then a ramp 100 -> 300 W over 2 s; from 0.5 s to 2 s: 50 + (100 + 200) / 2
     assert line.power_joules(NS // 2, 2 * NS) == pytest.approx(50.0 + 150.0)
     assert line.counter_joules(0, 4 * NS) is None  # past the last reading: no extrapolation
+    short = Timeline(max_readings=2)  # a long soak keeps the latest readings only
+    for t in range(4):
+        short.add(Reading(t * NS, 10.0 * t, None))
+    assert short.counter_joules(2 * NS, 3 * NS) == 10.0 and short.counter_joules(NS, 3 * NS) is None
 
 
 def test_the_sim_power_model_is_bounded_and_grows_with_busy() -> None:
