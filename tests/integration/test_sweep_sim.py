@@ -86,10 +86,10 @@ def test_sweep_on_the_simulator_draws_both_arms_with_slo_and_gpus_saved(tmp_path
         assert e.generated_tokens is not None and e.prompt_tokens is not None and e.joules is not None
         assert e.joules_per_generated_token == pytest.approx(e.joules / e.generated_tokens)
         assert e.agents_per_kw == pytest.approx(p.load / (e.avg_watts / 1000))
-    low, high = result.point("AMG-OFF", 2), result.point("AMG-OFF", 8)
-    assert low is not None and high is not None and low.energy is not None and high.energy is not None
-    assert high.energy.avg_watts is not None and low.energy.avg_watts is not None
-    assert high.energy.avg_watts > low.energy.avg_watts  # four times the users keep the GPU busier
+    few, many = result.point("AMG-OFF", 2), result.point("AMG-OFF", 8)
+    assert few is not None and many is not None and few.energy is not None and many.energy is not None
+    assert many.energy.avg_watts is not None and few.energy.avg_watts is not None
+    assert many.energy.avg_watts > few.energy.avg_watts  # four times the users keep the GPU busier
     table = (run_dir / "report" / "capacity.md").read_text()
     # Markdown escapes the headers' parentheses
     assert r"J/gen tok \(simulated\)" in table and r"users/kW \(simulated\)" in table and "Energy (simulated)" in table
