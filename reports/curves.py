@@ -9,6 +9,11 @@
 * ``capacity.md``: the points table, capacity at the SLO, GPUs saved and $/year, and the
   analytical model beside the measurement.
 
+Where the sweep metered energy (``PointResult.energy``, :mod:`harness.results.energy`) the points table
+gains the GPUs' average watts, joules per generated token and per token (prompt + generated), and, for a
+concurrency sweep, users (agents) per kW, each header labelled ``simulated`` or ``NVML``
+(:func:`energy_columns`); :func:`energy_lines` says what the figures count and why a window has none.
+
 The figures use matplotlib's object API (no pyplot global state) in the shared style of
 :mod:`reports.figures`; the HTML case study embeds the same two figures.
 """
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -26,6 +31,7 @@ from rich.table import Table
 
 from common.markup import console_text, md_table, md_text
 from harness.results.capacity import COARSE_GRID
+from harness.results.energy import EnergySample
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
@@ -197,6 +203,50 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.1f}"
 
 
+def _energy_label(result: SweepResult) -> str | None:
+    """``simulated``, ``NVML`` or ``simulated/NVML`` over the points whose energy has figures (None: none has)."""
+    sources = {p.energy.label for p in result.points if p.energy is not None and p.energy.joules is not None}
+    if not sources:
+        return None
+    return "/".join(sorted("simulated" if label == "simulated" else "NVML" for label in sources))
+
+
+def energy_columns(result: SweepResult) -> tuple[list[str], list[Callable[[EnergySample | None], str]]]:
+    """The energy columns' headers and cell formatters (none when no point has energy figures)."""
+    label = _energy_label(result)
+    if label is None:
+        return [], []
+    columns: list[tuple[str, Callable[[EnergySample | None], str]]] = [
+        (f"GPU W ({label})", lambda e: _f(e.avg_watts if e else None, ".0f")),
+        (f"J/gen tok ({label})", lambda e: _f(e.joules_per_generated_token if e else None)),
+        (f"J/tok ({label})", lambda e: _f(e.joules_per_token if e else None)),
+    ]
+    if result.mode == "concurrency":
+        columns.append((f"users/kW ({label})", lambda e: _f(e.agents_per_kw if e else None)))
+    return [header for header, _ in columns], [cell for _, cell in columns]
+
+
+def energy_lines(result: SweepResult) -> list[str]:
+    """What the energy columns count, and why a point has no energy figure."""
+    label = _energy_label(result)
+    lines = []
+    if label is not None:
+        what = (
+            "the simulator's power model (idle W + (TDP − idle) × busy share of the window), not a measurement"
+            if label == "simulated"
+            else "measured through NVML (energy counter, else power readings) on the engine's GPUs"
+        )
+        lines.append(
+            f"Energy ({label}): {what}; GPUs only (not host CPUs, memory or storage). J/gen tok = window joules / "
+            "generated tokens, J/tok = window joules / (prompt + generated tokens) of the requests completed in "
+            "the window: both divide the same joules, so they are not an attribution to prefill or decode."
+        )
+    for p in result.points:
+        if p.energy is not None and p.energy.not_sampled is not None:
+            lines.append(f"{p.arm} @ {p.load:g}: energy not sampled ({p.energy.source}): {p.energy.not_sampled}")
+    return lines
+
+
 def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     unit = "users" if result.mode == "concurrency" else "req/s"
     header = [
@@ -217,6 +267,8 @@ def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
         "hit %",
         "errors",
     ]
+    energy_header, energy_cells = energy_columns(result)
+    header += energy_header
     body = []
     for arm in result.arms:
         for p in result.arm_points(arm):
@@ -238,6 +290,7 @@ def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
                     "—" if p.meets_slo is None else ("yes" if p.meets_slo else "no"),
                     _pct(p.hit_rate if p.hit_rate is not None else p.cached_share),
                     str(p.errors),
+                    *(cell(p.energy) for cell in energy_cells),
                 ]
             )
     return header, body
@@ -365,6 +418,8 @@ def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Pat
         "",
         *md_table(header, body),
         "",
+        *(f"- {line}" for line in energy_lines(result)),
+        *([""] if energy_lines(result) else []),
         "## Capacity within the SLO",
         "",
         *(f"- {line}" for line in capacity_lines(result)),
@@ -403,7 +458,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
     for row in body:
         table.add_row(*(console_text(cell) for cell in row))
     console.print(table)
-    for line in capacity_lines(result):
+    for line in [*energy_lines(result), *capacity_lines(result)]:
         console.print(line, highlight=False, markup=False)
     a_header, a_body = analytical_rows(result)
     if a_body:

@@ -18,6 +18,9 @@ A row (:class:`EngineKind`) holds, for one ``engine.kind``:
   engine's python and the GPUs it will use) that the host-link probe runs with at the start of every
   run attempt, or None for a config that does not run on this machine's GPUs (vLLM on ``device: cpu``);
   None: the kind never does (the simulator, attached endpoints, kinds started without a python).
+* ``power``: ``f(config, scrape)`` returning the :class:`~harness.client.power.PowerSource` that meters the
+  engine's energy in every measurement window (``scrape`` reads its ``/metrics``); None: NVML on the GPUs of
+  the kind's ``host_link`` target, or not sampled where it has none (:func:`power_source`).
 
 A package registers its kinds when it is imported (:func:`register`): ``harness.engines`` its
 built-in adapters (:mod:`.builtin`), ``harness.sim`` the simulator. This module names no adapter,
@@ -29,10 +32,11 @@ packages, so every kind is registered wherever a scenario can be read. Adding an
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from harness.client.power import NotSampled, PowerSource, nvml_source
 from harness.client.scrape import AUTO, EngineFamily
 from offload.profiles import OffloadProfile
 
@@ -71,6 +75,13 @@ class HostLinkTargetOf(Protocol):
     def __call__(self, config: EngineConfigModel) -> HostLinkTarget | None: ...
 
 
+MetricsScrape = Callable[[], Awaitable[str | None]]
+
+
+class PowerSourceOf(Protocol):
+    def __call__(self, config: EngineConfigModel, scrape: MetricsScrape) -> PowerSource: ...
+
+
 @dataclass(frozen=True)
 class EngineKind:
     kind: str
@@ -90,6 +101,8 @@ class EngineKind:
     :mod:`harness.engines.kvbench_replica_header`), so requests through a router are attributed by header."""
     host_link: HostLinkTargetOf | None = None
     """The host-link target of a config (see the module docstring)."""
+    power: PowerSourceOf | None = None
+    """The power source of a config (see the module docstring)."""
 
 
 _KINDS: dict[str, EngineKind] = {}
@@ -144,6 +157,18 @@ def host_link_target(config: EngineConfigModel) -> HostLinkTarget | None:
     if row is None or row.host_link is None:
         return None
     return row.host_link(config)
+
+
+def power_source(config: EngineConfigModel, scrape: MetricsScrape) -> PowerSource:
+    """What meters ``config``'s energy: the kind's own ``power`` source, else NVML on the GPUs the engine uses
+    (its ``host_link`` target), else a source that says why nothing is sampled."""
+    row = _KINDS.get(config.kind)
+    if row is not None and row.power is not None:
+        return row.power(config, scrape)
+    target = host_link_target(config)
+    if target is None:
+        return NotSampled("nvml", f"engine kind {config.kind!r} runs on no GPU of this machine that kvbench starts")
+    return nvml_source(target.gpus, dict(target.env))
 
 
 def create_engine(config: EngineConfigModel, context: LaunchContext) -> Engine:

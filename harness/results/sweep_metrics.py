@@ -29,6 +29,7 @@ import pandas as pd
 from harness.store.events import PointDone
 from offload.hits import counter_hit_rate, usage_hit_rate
 
+from .energy import EnergySample, energy_sample
 from .sweep_result import PointResult, Quantiles, SloLimits
 
 NS_PER_MS = 1_000_000
@@ -388,6 +389,25 @@ def point_data(records: pd.DataFrame, itl_ns: np.ndarray, done: PointDone, gpus:
     )
 
 
+def _token_sum(df: pd.DataFrame, column: str) -> int | None:
+    """Σ ``column`` over ``df`` (None: no row reports it)."""
+    if df.empty or column not in df or df[column].isna().all():
+        return None
+    return int(df[column].astype("float64").sum())
+
+
+def point_energy(data: PointData, *, mode: Literal["concurrency", "qps"]) -> EnergySample | None:
+    """The window's energy (:mod:`.energy`) over the requests the throughput counts: prompt tokens = Σ usage
+    prompt_tokens and generated tokens = Σ output tokens of the requests completed inside the window; agents =
+    the users of a concurrency point (None at a req/s point)."""
+    return energy_sample(
+        data.done.energy,
+        prompt_tokens=_token_sum(data.completed, "prompt_tokens"),
+        generated_tokens=_token_sum(data.completed, "tokens"),
+        agents=data.done.load if mode == "concurrency" else None,
+    )
+
+
 def point_result(data: PointData, *, mode: Literal["concurrency", "qps"]) -> PointResult:
     done = data.done
     measured = data.measured
@@ -417,6 +437,7 @@ def point_result(data: PointData, *, mode: Literal["concurrency", "qps"]) -> Poi
             "max_in_flight": done.max_in_flight,
             "sessions": done.sessions,
             "meets_slo": meets_slo(data),
+            "energy": point_energy(data, mode=mode),
             **values,
         }
     )

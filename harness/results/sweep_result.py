@@ -14,6 +14,7 @@ from pydantic import Field
 
 from offload.analytical import Prediction, Regime
 
+from .energy import EnergySample
 from .header import ResultHeader
 from .run_result import Frozen
 from .verdict import Outcome, Validity, outcome_of
@@ -77,6 +78,11 @@ class PointResult(Frozen):
     external_hit_rate: float | None
     hit_rate: float | None
     lag_p99_ms: float | None
+    energy: EnergySample | None = Field(
+        default=None,
+        description="The GPUs' energy over the window, per token and per kW (harness.results.energy); None: "
+        "a run that metered none.",
+    )
 
 
 class SloLimits(Frozen):

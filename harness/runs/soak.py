@@ -42,6 +42,7 @@ from offload.hits import counter_hit_rate
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
+from .energy import start_energy_meter
 from .load import LoadPlan, RecordContext, run_load
 from .progress import RunProgress
 from .spine import ArmSession, Runner
@@ -219,6 +220,7 @@ class SoakRunner(Runner[SoakResult]):
         previous = self.done[-1].counters if carried else None
         tracker = MetricsTracker(session.client, previous)
         await tracker.start()
+        meter = await start_energy_meter(session)
         stop = asyncio.Event()
         interval_ns = int(spec.interval * NS)
         identity = RecordContext(arm=session.arm.name, attempt=self.attempt)
@@ -249,6 +251,8 @@ class SoakRunner(Runner[SoakResult]):
                     duration_ns=interval_ns,
                     metrics=reading,
                 )
+                energy = await meter.window(boundary - interval_ns, boundary)
+                stats = stats.model_copy(update={"energy": energy})
                 session.sync()
                 self.run_dir.append_interval(stats)
                 self.done.append(stats)
@@ -260,6 +264,7 @@ class SoakRunner(Runner[SoakResult]):
                 drills.result()  # a drill that broke (not an engine that stayed down) is an error
         finally:
             stop.set()
+            await meter.close()
             for task in (drills, load_task):
                 if task is not None and not task.done():
                     task.cancel()

@@ -3,7 +3,8 @@
 What differs from the other run kinds (the spine, :mod:`.spine`, does the rest): per arm, after
 the warm-up, the users' contexts are built once and the engine's prefix cache is reset; then each
 pending load point runs one :func:`~harness.runs.load.run_load` window (warm-up seconds, then the
-measured window) with ``/metrics`` scraped at the window's edges, and appends a
+measured window) with ``/metrics`` scraped at the window's edges and the GPUs' energy metered
+(:mod:`.energy`), and appends a
 :class:`~harness.store.events.PointDone` to ``points.jsonl``. The result (``sweep.json``) is
 :func:`harness.results.sweep.summarize_sweep` of the stored files; the curves are drawn by reports.
 
@@ -30,6 +31,7 @@ from harness.store.records import RequestRecord
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
+from .energy import energy_meter
 from .load import LoadPlan, LoadWindow, RecordContext, run_load
 from .spine import ArmSession, Runner
 
@@ -135,23 +137,26 @@ class SweepRunner(Runner[SweepResult]):
         def on_tick(now_ns: int) -> None:
             self.progress.tick(min((now_ns - started) / 1e9, spec.warmup + spec.duration), f"{count} requests")
 
-        before_task = asyncio.ensure_future(_scrape_after(session, spec.warmup))
-        try:
-            window = await run_load(
-                sender,
-                workload,
-                plan,
-                RecordContext(arm=arm.name, attempt=self.attempt, point=index),
-                on_record=on_record,
-                on_tick=on_tick,
-                tick_s=0.5,
-            )
-            before = await before_task
-        finally:
-            before_task.cancel()
+        async with energy_meter(session) as meter:
+            before_task = asyncio.ensure_future(_scrape_after(session, spec.warmup))
+            try:
+                window = await run_load(
+                    sender,
+                    workload,
+                    plan,
+                    RecordContext(arm=arm.name, attempt=self.attempt, point=index),
+                    on_record=on_record,
+                    on_tick=on_tick,
+                    tick_s=0.5,
+                )
+                before = await before_task
+            finally:
+                before_task.cancel()
+            energy = await meter.window(window.window_start_ns, window.window_end_ns)
         after = await session.scrape()
         session.sync()
-        self.run_dir.append_point(_point_done(arm.name, index, value, self.attempt, window, before, after))
+        done = _point_done(arm.name, index, value, self.attempt, window, before, after)
+        self.run_dir.append_point(done.model_copy(update={"energy": energy}))
         self.progress.end_step()
         self.progress.advance(f"{arm.name} @ {value:g} {unit}: {window.measured} measured")
         if window.measured == 0:

@@ -25,6 +25,7 @@ from harness.engines.kinds import EngineKind, register
 from .config import SimEngineConfig
 from .engine import SimEngine
 from .fleet import shared_tier
+from .power import simulated_power
 
 register(
     EngineKind(
@@ -37,5 +38,6 @@ register(
         simulated=True,
         fleet_shared_tier=shared_tier,
         names_replica=True,
+        power=simulated_power,
     )
 )

@@ -27,6 +27,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.client.power import EnergyWindow
+
 GroupKey = tuple[str, int, int]
 """(arm, repetition, context_tokens)"""
 NS_PER_S = 1_000_000_000
@@ -110,6 +112,8 @@ class PointDone(Frozen):
     cancelled: int
     metrics: dict[str, float] | None = None
     """Engine /metrics counter deltas over the window (tag -> value), when the engine has /metrics."""
+    energy: EnergyWindow | None = None
+    """The GPUs' energy over the window (:mod:`harness.client.power`); None: written before energy was metered."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -147,6 +151,9 @@ class IntervalStats(Frozen):
     metrics_error: str | None = Field(default=None, description="Why /metrics could not be read, if it could not.")
     counters: dict[str, float] = Field(
         default_factory=dict, description="Cumulative /metrics counters at the end (restart detection on resume)."
+    )
+    energy: EnergyWindow | None = Field(
+        default=None, description="The GPUs' energy over the interval (harness.client.power); None: not metered."
     )
 
     @property

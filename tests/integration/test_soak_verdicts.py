@@ -1,5 +1,5 @@
 """A soak's verdict is its exit code, a resumed window does not count its own fresh engine as a restart, and a
-scenario without a window is refused before anything starts.
+scenario without a window is refused before anything starts; every interval keeps its (simulated) energy.
 
 ``kvbench soak`` and ``kvbench report`` as a user runs them (subprocesses) against the built-in simulator,
 which kvbench starts and stops.
@@ -80,6 +80,10 @@ def test_a_failed_window_exits_1_when_it_ends_and_when_its_files_are_reported_ag
     (soak_dir,) = runs.iterdir()
     assert json.loads((soak_dir / "soak.json").read_text())["verdict"]["verdict"] == "FAIL"
     assert ended.returncode == 1, ended.stdout + ended.stderr
+    # each interval keeps the GPUs' energy, from the simulator's power model (idle 90 W to TDP 700 W on an H100)
+    intervals = [json.loads(line) for line in (soak_dir / "intervals.jsonl").read_text().splitlines()]
+    assert intervals and all(i["energy"]["source"] == "simulated" for i in intervals)
+    assert all(90 < i["energy"]["joules"] / i["energy"]["seconds"] <= 700 for i in intervals)
     again = kvbench("report", str(soak_dir), cwd=tmp_path)
     assert again.returncode == 1, again.stdout + again.stderr
     assert "FAILED" in again.stderr

@@ -3,7 +3,7 @@
 The engine is the simulator process (Llama-3.1-8B on one H100) with its HBM squeezed to ~22k tokens
 of KV (gpu_memory_utilization 0.25), so that at 8 active users the users' histories no longer fit:
 AMG-OFF (GPU prefix cache only) must recompute returning users, AMG-ON finds them in its CPU tier.
-About 45 s on 2 cores.
+Each window's energy comes from the simulator's power model, labelled simulated. About 45 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from harness.results.sweep_result import SweepResult
+from harness.sim.power import POWER
 from harness.store.records import read_records
 from tests.support import kvbench
 
@@ -76,6 +77,22 @@ def test_sweep_on_the_simulator_draws_both_arms_with_slo_and_gpus_saved(tmp_path
     assert high.inputs.a_tier > 0.3 and high.measured_speedup is not None and high.measured_speedup > 1.3
     assert high.regime in ("compute-bound", "io-bound", "write-bound")
     assert result.savings and result.savings[0].target_rps == 50
+
+    # every window's GPU energy, from the simulator's power model and labelled so (harness/sim/power.py)
+    for p in result.points:
+        e = p.energy
+        assert e is not None and e.source == "simulated" and e.method == "model" and e.label == "simulated"
+        assert e.avg_watts is not None and POWER["h100-sxm"].idle_w < e.avg_watts <= POWER["h100-sxm"].tdp_w
+        assert e.generated_tokens is not None and e.prompt_tokens is not None and e.joules is not None
+        assert e.joules_per_generated_token == pytest.approx(e.joules / e.generated_tokens)
+        assert e.agents_per_kw == pytest.approx(p.load / (e.avg_watts / 1000))
+    few, many = result.point("AMG-OFF", 2), result.point("AMG-OFF", 8)
+    assert few is not None and many is not None and few.energy is not None and many.energy is not None
+    assert many.energy.avg_watts is not None and few.energy.avg_watts is not None
+    assert many.energy.avg_watts > few.energy.avg_watts  # four times the users keep the GPU busier
+    table = (run_dir / "report" / "capacity.md").read_text()
+    # Markdown escapes the headers' parentheses
+    assert r"J/gen tok \(simulated\)" in table and r"users/kW \(simulated\)" in table and "Energy (simulated)" in table
 
     # every request is on disk with its point, load, user and round
     records = list(read_records(run_dir / "records.jsonl"))

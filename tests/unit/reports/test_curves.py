@@ -11,6 +11,7 @@ from matplotlib.patches import Rectangle
 from rich.console import Console
 
 from harness.results.capacity import arm_capacity, savings
+from harness.results.energy import EnergySample, energy_sample
 from harness.results.sweep_result import (
     PointResult,
     Quantiles,
@@ -21,8 +22,10 @@ from harness.results.sweep_result import (
 from harness.scenario.spec import CostSpec
 from reports.curves import (
     capacity_figure,
+    energy_lines,
     frontier_flags,
     pareto_frontier,
+    points_rows,
     print_sweep,
     ttft_figure,
     write_sweep_reports,
@@ -181,3 +184,24 @@ def test_a_hardware_text_that_counts_its_gpus_is_not_counted_again() -> None:
 
     assert GPU_COUNT_PREFIX.match("1x NVIDIA H100 (see manifest)") and GPU_COUNT_PREFIX.match("4× H200 ")
     assert not GPU_COUNT_PREFIX.match("h100-sxm") and not GPU_COUNT_PREFIX.match("H100 x2")
+
+
+def test_energy_columns_are_labelled_and_a_point_without_energy_says_why() -> None:
+    base = result()
+    measured = energy_sample(
+        EnergySample(source="nvml", method="energy_counter", gpus=2, seconds=30.0, joules=24000.0),
+        prompt_tokens=90000,
+        generated_tokens=6000,
+        agents=8,
+    )
+    missing = EnergySample(source="nvml", gpus=2, seconds=30.0, not_sampled="NVML library not importable")
+    points = [p.model_copy(update={"energy": measured if i == 0 else missing}) for i, p in enumerate(base.points)]
+    header, body = points_rows(base.model_copy(update={"points": points}))
+    assert header[-4:] == ["GPU W (NVML)", "J/gen tok (NVML)", "J/tok (NVML)", "users/kW (NVML)"]
+    assert body[0][-4:] == ["800", "4", "0.25", "10"]  # 24 kJ / 30 s; / 6000; / 96000; 8 users / 0.8 kW
+    assert body[1][-4:] == ["—"] * 4
+    lines = energy_lines(base.model_copy(update={"points": points}))
+    assert lines[0].startswith("Energy (NVML): measured through NVML")
+    assert "AMG-OFF @ 16: energy not sampled (nvml): NVML library not importable" in lines
+    # a sweep that metered nothing has no energy columns at all
+    assert points_rows(base)[0][-1] == "errors" and energy_lines(base) == []

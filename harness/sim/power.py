@@ -1,0 +1,178 @@
+"""The simulator's GPU power model: **simulated** watts and joules from the hardware profile and the engine's busy time.
+
+Per GPU, over a window of ``T`` seconds in which the simulated engine was busy ``B`` seconds (the modelled
+durations of its steps, ``kvbench_sim:engine_busy_seconds`` on its ``/metrics``)::
+
+    busy = B / T                                  (0..1)
+    W    = idle_w + (tdp_w - idle_w) × busy       (watts per GPU)
+    J    = W × T = idle_w × T + (tdp_w - idle_w) × B
+
+A replica's step occupies its ``tp`` GPUs together, so a fleet of ``R`` replicas of ``tp`` GPUs has
+``J = R × tp × idle_w × T + tp × (tdp_w − idle_w) × ΣB`` (ΣB over the replicas). The model's figures are
+bounds, not a fit: a step is counted at full board power whether it is compute-bound (prefill) or
+memory-bound (decode draws less on a real GPU), and whether the GPU or the host bounds it, so the model
+overstates a lightly loaded decode-heavy GPU and is closest for long prefills. Idle is a GPU with a model
+loaded and nothing to run. Offload traffic (host-to-device copies) between steps counts as idle.
+
+Parameters (:data:`POWER`), per hardware profile (:mod:`offload.shapes`):
+
+* ``tdp_w`` 700 W for H100 SXM5 and H200 SXM: NVIDIA's datasheets give "Max Thermal Design Power (TDP)
+  up to 700W (configurable)" for both SXM boards;
+* ``idle_w`` 90 W: *assumed* -- no datasheet figure. An empty H200 SXM (no process on it) read 77 W through
+  NVML, and the same board under a sustained BF16 GEMM 694 W, near its 700 W limit; a GPU holding a model's
+  weights and KV cache idles somewhat above an empty one, so 90 W (the exact figure varies by board, clocks
+  and temperature).
+
+A run's measured figures (``kvbench`` on GPUs, NVML) replace these; the simulator's carry the label
+**simulated** wherever they appear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from harness.client.power import NS, EnergySourceName, EnergyWindow, NotSampled, PowerSource, Reading, Timeline
+from harness.client.scrape import parse_metrics, sum_metric
+from harness.engines.base import EngineConfigModel
+
+from .config import SimEngineConfig
+
+BUSY_SECONDS = "kvbench_sim:engine_busy_seconds_total"
+DEFAULT_PERIOD_S = 1.0
+"""How often the simulated source reads the busy counter between the window's edges (a reading is also
+taken when it starts, stops and when a window ends after the last one)."""
+
+
+@dataclass(frozen=True)
+class PowerProfile:
+    """One GPU model's board power: W."""
+
+    tdp_w: float
+    idle_w: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.idle_w <= self.tdp_w:
+            raise ValueError(f"a power profile needs 0 <= idle_w <= tdp_w, got {self.idle_w} and {self.tdp_w}")
+
+    def watts(self, busy: float) -> float:
+        """W per GPU at busy fraction ``busy`` (clamped to 0..1)."""
+        return self.idle_w + (self.tdp_w - self.idle_w) * min(1.0, max(0.0, busy))
+
+    def joules(self, seconds: float, busy_seconds: float, gpus: int, tp: int) -> float:
+        """J of ``gpus`` GPUs over ``seconds`` when replicas of ``tp`` GPUs were busy ``busy_seconds`` in all."""
+        return gpus * self.idle_w * seconds + tp * (self.tdp_w - self.idle_w) * busy_seconds
+
+
+IDLE_W = 90.0
+"""Assumed idle board power of an H100/H200 SXM with a model loaded (module docstring)."""
+POWER: dict[str, PowerProfile] = {
+    "h100-sxm": PowerProfile(tdp_w=700.0, idle_w=IDLE_W),
+    "h200-sxm": PowerProfile(tdp_w=700.0, idle_w=IDLE_W),
+}
+
+
+class SimulatedPower:
+    """The power model over a simulated engine's ``/metrics`` (``scrape``): a :class:`PowerSource`."""
+
+    source: EnergySourceName = "simulated"
+
+    def __init__(
+        self,
+        profile: PowerProfile,
+        *,
+        gpus: int,
+        tp: int,
+        scrape: Callable[[], Awaitable[str | None]],
+        period_s: float = DEFAULT_PERIOD_S,
+        clock: Callable[[], int] = time.monotonic_ns,
+        hardware: str = "",
+    ) -> None:
+        self.profile = profile
+        self.gpus = gpus
+        self.tp = tp
+        self.hardware = hardware
+        self._scrape = scrape
+        self.period_s = period_s
+        self._clock = clock
+        self.timeline = Timeline()
+        self._origin_ns: int | None = None
+        self._busy_base = 0.0
+        self._busy_last: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        text = await self._scrape()
+        t_ns = self._clock()
+        if text is None:
+            return
+        try:
+            busy = sum_metric(parse_metrics(text), BUSY_SECONDS)
+        except ValueError:
+            return
+        if busy is None:
+            return
+        if self._busy_last is not None and busy < self._busy_last:
+            self._busy_base += self._busy_last  # the engine restarted: its counter began again at 0
+        self._busy_last = busy
+        if self._origin_ns is None:
+            self._origin_ns = t_ns
+        seconds = (t_ns - self._origin_ns) / NS
+        joules = self.profile.joules(seconds, self._busy_base + busy, self.gpus, self.tp)
+        self.timeline.add(Reading(t_ns, joules, None))
+
+    async def _sample(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            await self._read()
+
+    async def start(self) -> None:
+        await self._read()
+        self._task = asyncio.ensure_future(self._sample())
+
+    async def window(self, start_ns: int, end_ns: int) -> EnergyWindow:
+        seconds = max(0, end_ns - start_ns) / NS
+        last = self.timeline.last_ns()
+        if self._task is not None and (last is None or last < end_ns):
+            await self._read()
+        joules = self.timeline.counter_joules(start_ns, end_ns)
+        names = [f"{self.hardware} (simulated)"] * self.gpus
+        if joules is None:
+            reason = "the simulator's /metrics has no busy-time counter" if last is None else "window not sampled"
+            return EnergyWindow(
+                source="simulated", gpus=self.gpus, gpu_names=names, seconds=seconds, not_sampled=reason
+            )
+        return EnergyWindow(
+            source="simulated",
+            method="model",
+            gpus=self.gpus,
+            gpu_names=names,
+            seconds=seconds,
+            joules=joules,
+            samples=self.timeline.count(start_ns, end_ns),
+        )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await self._read()
+
+
+def simulated_power(config: EngineConfigModel, scrape: Callable[[], Awaitable[str | None]]) -> PowerSource:
+    """The power source of a ``kind: sim`` engine config (the registry's ``power`` column)."""
+    if not isinstance(config, SimEngineConfig):
+        raise TypeError(f"simulated_power needs a SimEngineConfig, got {type(config).__name__}")
+    profile = POWER.get(config.hardware)
+    if profile is None:
+        reason = f"no power profile for simulator hardware {config.hardware!r}"
+        return NotSampled("simulated", reason, config.fleet_gpus)
+    return SimulatedPower(
+        profile, gpus=config.fleet_gpus, tp=config.replica_gpus, scrape=scrape, hardware=config.hardware
+    )
