@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from common.errors import KvbenchError
-from harness.scenario.spec import BUNDLED, parse_scenario
+from harness.scenario.spec import parse_scenario
+from scenarios import BUNDLED
 from workloads.agentic import SESSION_STRIDE, AgentSessions, ceiling, infinite_cache_hits
 from workloads.config import AgenticSessions
 from workloads.trace import Trace, lru_hit_rate
