@@ -33,7 +33,7 @@ from workloads.agentic import AgentBranch, AgentCall, AgentSessionPlan, AgentSes
 from workloads.config import AgenticSessions
 from workloads.trace import TracePrompts
 
-from .load import NS, LoadWindow, RecordContext, _cancelled, _Driver, _Stopped
+from .load import NS, LoadWindow, RecordContext, RefusedBackoff, _cancelled, _Driver, _Stopped
 from .spine import ArmSession, Runner
 from .sweep import SESSIONS_PER_POINT, _point_done, _scrape_after
 
@@ -139,6 +139,8 @@ class _AgentDriver(_Driver):
     context: RecordContext
     window_start_ns: int = 0
     next_session: int = 0
+    backoff: RefusedBackoff | None = None
+    """Waits after calls that could not connect (a dead engine must not be hammered; see RefusedBackoff)."""
 
     @property
     def drain_timeout(self) -> float:
@@ -199,6 +201,11 @@ class _AgentDriver(_Driver):
             raise
         counters.in_flight -= 1
         self._emit(call, phase, outcome)
+        if self.backoff is None:
+            self.backoff = RefusedBackoff(seed=self.first_session)
+        wait_s = self.backoff.after(outcome)
+        if wait_s > 0:
+            await self.pause_until(time.monotonic_ns() + int(wait_s * NS))
         return outcome.ok
 
     def _emit(self, call: AgentCall, phase: Phase, outcome: RequestOutcome) -> None:

@@ -4,12 +4,15 @@ nothing)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pandas as pd
 import pytest
 
 from harness.results.agentic import tier_capacity, tier_check, with_ratios
 from harness.results.agentic_result import AgentPoint, TierCheck
 from harness.results.sweep_metrics import derive_columns
+from harness.results.sweep_result import PointResult
 from workloads.config import SloTier
 
 TIER = SloTier(name="interactive", ttft_s=2.0, min_output_tokens_per_s=30.0, percentile=90.0)
@@ -25,8 +28,19 @@ def point(arm: str, agents: int, attainment: float | None, usd: float | None = 1
         ttft_s_at_percentile=None,
         output_tokens_per_s_at_percentile=None,
     )
-    # the capacity reads only these fields: the sweep point underneath is not needed
-    return AgentPoint.model_construct(arm=arm, agents=agents, tiers=[check], usd_per_mtok=usd)
+    # the capacity reads only the arm, agents, tier checks and $/Mtok: the sweep point underneath is not needed
+    return AgentPoint.model_construct(
+        arm=arm,
+        agents=agents,
+        point=cast(PointResult, None),
+        tokens_per_s=None,
+        prompt_tokens_per_s=None,
+        output_tokens_per_s=None,
+        usd_per_mtok=usd,
+        hit_rate=None,
+        ceiling=None,
+        tiers=[check],
+    )
 
 
 def test_agents_at_slo_interpolates_between_the_last_pass_and_the_next_fail() -> None:
@@ -63,6 +77,7 @@ def test_ratios_to_the_baseline_say_when_they_are_bounds_or_missing() -> None:
     caps = with_ratios([tier_capacity(arm, TIER, points, gpus=1) for arm in ("OFF", "ON", "BAD")], "OFF")
     off, on, bad = caps
     assert off.ratio_vs_baseline is None and off.agents_at_slo == pytest.approx(2 + 2 * 0.05 / 0.45)
+    assert off.agents_at_slo is not None
     assert on.ratio_vs_baseline == pytest.approx(4 / off.agents_at_slo) and on.ratio_note.startswith("at least")
     assert bad.ratio_vs_baseline is None and "none met" in bad.ratio_note
 
