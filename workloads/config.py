@@ -374,7 +374,11 @@ class AgenticSessions(StrictModel):
     window_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S, description="Per point: the measured window.")
     ramp_up_s: float = Field(default=0.0, ge=0, le=3600, description="Seconds over which the first sessions start.")
     drain_timeout_s: float = Field(default=120.0, ge=0, le=MAX_TIMEOUT_S, description="After the window, in flight.")
-    reset_between_points: bool = Field(default=True, description="Reset the GPU prefix cache before each point.")
+    reset_between_points: bool = Field(
+        default=False,
+        description="Reset the GPU prefix cache before each point (a point's sessions are new ones either way: only "
+        "the shared root could be reused across points, and the point's warm-up sends it first).",
+    )
     api: Literal["completions"] = Field(default="completions", description="The blocks are sent as they are.")
     ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have max_tokens.")
     warmup_requests: int = Field(default=2, ge=0, le=MAX_COUNT, description="Unmeasured requests after start-up.")
