@@ -189,9 +189,9 @@ def collect_sources(paths: Sequence[Path], playbook_path: Path | None = None) ->
             sources.soak = load_soak(path)
         elif kind == "sweep":
             sources.sweeps.append(path)
-        elif kind == "replay":
+        elif kind in ("replay", "agentic"):
             raise HtmlReportError(
-                f"{path}: a trace replay has no HTML card yet; its reports are in {path / 'report'} "
+                f"{path}: a {kind} run has no HTML card yet; its reports are in {path / 'report'} "
                 "(kvbench report RUN_DIR)"
             )
         else:

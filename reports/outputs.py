@@ -41,6 +41,7 @@ from common.errors import KvbenchError, RunDirError
 from common.schema import VersionedFile
 from harness.gate.compare import CompareResult
 from harness.gate.playbook import load_playbook
+from harness.results.agentic_result import AgenticResult
 from harness.results.fleet import FleetResult
 from harness.results.provenance import provenance
 from harness.results.replay_result import ReplayResult
@@ -50,7 +51,7 @@ from harness.results.sweep_result import SweepResult
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
-from . import curves, fleet, gate, html, renderers, replay
+from . import agentic, curves, fleet, gate, html, renderers, replay
 
 ResultKind = RunKind | Literal["case-study", "compare"]
 RUN_KINDS: tuple[RunKind, ...] = get_args(RunKind)
@@ -59,6 +60,7 @@ RESULT_FILES: dict[RunKind, type[VersionedFile]] = {
     "sweep": SweepResult,
     "soak": SoakResult,
     "replay": ReplayResult,
+    "agentic": AgenticResult,
 }
 Result = TypeVar("Result")
 
@@ -176,6 +178,15 @@ def _replay_console(result: ReplayResult, job: Job, console: Console) -> None:
     replay.print_replay(result, console, job.origin)
 
 
+def _agentic_files(result: AgenticResult, job: Job) -> list[Path]:
+    return agentic.write_agentic_reports(result, job.out, job.origin)
+
+
+def _agentic_console(result: AgenticResult, job: Job, console: Console) -> None:
+    agentic.print_agentic(result, console, job.origin)
+    renderers.print_validity(result.validity, console)
+
+
 def _fleet_markdown(result: FleetResult, job: Job) -> str:
     return fleet.markdown(result) + "\n" + job.origin + "\n"
 
@@ -213,6 +224,8 @@ OUTPUTS: tuple[Output, ...] = (
     Output(("soak",), "console", _console(SoakResult, _soak_console)),
     Output(("replay",), "files", _reads(ReplayResult, _replay_files)),
     Output(("replay",), "console", _console(ReplayResult, _replay_console)),
+    Output(("agentic",), "files", _reads(AgenticResult, _agentic_files)),
+    Output(("agentic",), "console", _console(AgenticResult, _agentic_console)),
     # any kind run on a fleet (it has a fleet.json): same vs moved, per-replica load and hits
     Output(RUN_KINDS, "fleet", _text(FleetResult, _fleet_markdown), "fleet.md", applies=_has_fleet, loads=_read_fleet),
     Output(RUN_KINDS, "console", _console(FleetResult, _fleet_console), applies=_has_fleet, loads=_read_fleet),

@@ -1,9 +1,10 @@
 """Workload configuration: the ``workload:`` section of a scenario, owned by the workload stage.
 
-Three kinds, joined on ``kind``: ``multi_round_qa`` (the unloaded probe: per context length, N
+Four kinds, joined on ``kind``: ``multi_round_qa`` (the unloaded probe: per context length, N
 conversations of T turns, turn 2 measuring a returning user), ``multi_user_qa`` (many users
-under load, for sweeps and soaks; lengths, rounds and think times drawn from :data:`Distribution`)
-and ``trace`` (a timestamped trace file replayed by ``kvbench replay``, :mod:`workloads.trace`).
+under load, for sweeps and soaks; lengths, rounds and think times drawn from :data:`Distribution`),
+``trace`` (a timestamped trace file replayed by ``kvbench replay``, :mod:`workloads.trace`) and
+``agentic`` (concurrent agent sessions swept by ``kvbench sweep`` against SLO tiers, :mod:`workloads.agentic`).
 Token counts are tokens of the engine's own tokenizer; times are seconds.
 """
 
@@ -299,4 +300,117 @@ class TraceReplay(StrictModel):
         return self
 
 
-WorkloadConfig = Annotated[MultiRoundQAProbe | MultiUserQA | TraceReplay, Field(discriminator="kind")]
+class SloTier(StrictModel):
+    """One SLO tier of an agentic sweep: a call meets it when its TTFT is at most ``ttft_s`` and its output speed
+    ``(tokens − 1) / (e2e − ttft)`` is at least ``min_output_tokens_per_s``; a load meets it when at least
+    ``percentile`` % of its measured calls do."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_.-]+$")
+    ttft_s: float = Field(gt=0, le=MAX_TIMEOUT_S, description="Most seconds to the first token.")
+    min_output_tokens_per_s: float = Field(default=0.0, ge=0, description="Least output tokens per second per call.")
+    percentile: float = Field(default=90.0, gt=0, le=100, description="Share of calls (%) that must meet both.")
+
+
+DEFAULT_TIERS: tuple[SloTier, ...] = (
+    SloTier(name="interactive", ttft_s=2.0, min_output_tokens_per_s=30.0, percentile=90.0),
+    SloTier(name="standard", ttft_s=10.0, min_output_tokens_per_s=15.0, percentile=90.0),
+    SloTier(name="batch", ttft_s=60.0, min_output_tokens_per_s=5.0, percentile=90.0),
+)
+"""A coding agent a person watches (interactive), a background agent (standard), an offline batch job (batch)."""
+
+
+class AgentCost(StrictModel):
+    """The price of a GPU-hour, for $/Mtok."""
+
+    usd_per_gpu_hour: float = Field(gt=0, description="Price of one GPU-hour in US dollars.")
+
+
+class AgenticSessions(StrictModel):
+    """Concurrent agent sessions (``kvbench sweep``), synthesized from a trace's statistics (:mod:`workloads.agentic`).
+
+    A session starts from a root prefix shared by every session (``system_prompt_tokens``: system prompt and tool
+    definitions), adds its task, then runs a chain of ``calls``: each resends the whole growing context plus the
+    previous answer and a new tool result (``tool_result_tokens``), after a pause (``tool_time_s``). After a call, with
+    probability ``subagent_probability``, a subagent forks from the current context and runs its own chain of
+    ``subagent_calls`` concurrently. Token counts are rounded up to whole ``block_tokens`` blocks; equal blocks are
+    identical text, so the engine sees exactly the reuse the plan describes. ``agents`` is the load axis: that many
+    sessions at once, a finished one replaced by a new one (closed loop). Per point: ``warmup_s`` unmeasured, then
+    ``window_s`` measured (calls sent inside it).
+    """
+
+    kind: Literal["agentic"]
+    agents: list[Annotated[int, Field(ge=1, le=MAX_COUNT)]] = Field(
+        min_length=1, max_length=100, description="Concurrent agent sessions at each load point, e.g. [1, 2, 4, 8]."
+    )
+    system_prompt_tokens: int = Field(
+        default=2000, ge=0, le=MAX_TOKENS, description="Root prefix shared by every session (system + tools)."
+    )
+    task_tokens: Distribution = Field(default=FixedDist(dist="fixed", value=500), description="The session's task.")
+    calls: Distribution = Field(
+        default=UniformDist(dist="uniform", low=5, high=20), description="Calls of the main chain (integer, >= 1)."
+    )
+    tool_result_tokens: Distribution = Field(
+        default=LogNormalDist(dist="lognormal", mean=1500, std=1500), description="New tokens appended per call."
+    )
+    output_tokens: Distribution = Field(
+        default=FixedDist(dist="fixed", value=200), description="max_tokens of each call (integer, >= 1)."
+    )
+    tool_time_s: Distribution = Field(
+        default=FixedDist(dist="fixed", value=1.0), description="Pause between an answer and the branch's next call."
+    )
+    subagent_probability: float = Field(default=0.0, ge=0, le=1, description="Chance a subagent forks after a call.")
+    subagent_calls: Distribution = Field(
+        default=UniformDist(dist="uniform", low=2, high=5), description="Calls of a subagent's chain (integer, >= 1)."
+    )
+    max_context_tokens: int | None = Field(
+        default=None, ge=16, le=MAX_TOKENS, description="A branch ends rather than send a longer prompt (model limit)."
+    )
+    block_tokens: int = Field(
+        default=64, ge=1, le=4096, description="Tokens per reuse block (the engine's block size should divide it)."
+    )
+    tiers: list[SloTier] = Field(default_factory=lambda: list(DEFAULT_TIERS), min_length=1, max_length=10)
+    cost: AgentCost | None = Field(default=None, description="GPU price, for $/Mtok (none: no $/Mtok).")
+    warmup_s: float = Field(default=10.0, ge=0, le=MAX_TIMEOUT_S, description="Per point: load applied, unmeasured.")
+    window_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S, description="Per point: the measured window.")
+    ramp_up_s: float = Field(default=0.0, ge=0, le=3600, description="Seconds over which the first sessions start.")
+    drain_timeout_s: float = Field(default=120.0, ge=0, le=MAX_TIMEOUT_S, description="After the window, in flight.")
+    reset_between_points: bool = Field(
+        default=False,
+        description="Reset the GPU prefix cache before each point (a point's sessions are new ones either way: only "
+        "the shared root could be reused across points, and the point's warm-up sends it first).",
+    )
+    api: Literal["completions"] = Field(default="completions", description="The blocks are sent as they are.")
+    ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have max_tokens.")
+    warmup_requests: int = Field(default=2, ge=0, le=MAX_COUNT, description="Unmeasured requests after start-up.")
+    request_timeout_s: RequestTimeout = 600.0
+    stall_timeout_s: StallTimeout
+
+    @field_validator("agents")
+    @classmethod
+    def _agents_sorted_unique(cls, values: list[int]) -> list[int]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"agents counts must be unique, got {values}")
+        return sorted(values)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tier_names_unique(cls, tiers: list[SloTier]) -> list[SloTier]:
+        names = [tier.name for tier in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        return tiers
+
+    @model_validator(mode="after")
+    def _root_fits(self) -> AgenticSessions:
+        if (
+            self.max_context_tokens is not None
+            and self.system_prompt_tokens + self.block_tokens > self.max_context_tokens
+        ):
+            raise ValueError(
+                f"max_context_tokens ({self.max_context_tokens}) leaves no room after system_prompt_tokens "
+                f"({self.system_prompt_tokens}) for a task block of {self.block_tokens} tokens"
+            )
+        return self
+
+
+WorkloadConfig = Annotated[MultiRoundQAProbe | MultiUserQA | TraceReplay | AgenticSessions, Field(discriminator="kind")]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from common.errors import KvbenchError
 from common.schema import VersionedFile
+from harness.results.agentic import summarize_agentic
 from harness.results.aggregate import summarize_run_dir
 from harness.results.fleet import summarize_fleet
 from harness.results.replay import summarize_replay
@@ -23,6 +24,7 @@ from harness.scenario.spec import Scenario
 from harness.store.lock import run_dir_lock
 from harness.store.rundir import RunDir, RunKind
 
+from .agentic import AgenticRunner
 from .probe import ProbeRunner
 from .progress import RunProgress
 from .soak import SoakRunner
@@ -137,6 +139,19 @@ def _replay_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides
     return scenario
 
 
+def _agentic_scenario(scenario: Scenario, source: str, overrides: LaunchOverrides) -> Scenario:
+    _ = scenario.agentic_workload
+    _check_arms(scenario, source, overrides)
+    return scenario
+
+
+def _agentic_runner(
+    scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None, overrides: LaunchOverrides
+) -> Runner[VersionedFile]:
+    runner = AgenticRunner(scenario, run_dir, source=source, progress=progress, only_arms=overrides.arms)
+    return runner  # type: ignore[return-value]
+
+
 def _probe_runner(scenario: Scenario, run_dir: RunDir, source: Path | None, progress: RunProgress | None,
                   overrides: LaunchOverrides) -> Runner[VersionedFile]:  # fmt: skip
     return ProbeRunner(scenario, run_dir, source=source, progress=progress, only_arms=overrides.arms)  # type: ignore[return-value]
@@ -170,7 +185,22 @@ RUN_KINDS: dict[RunKind, RunKindSpec] = {
     "sweep": RunKindSpec("sweep", _sweep_scenario, _sweep_runner, summarize_sweep),
     "soak": RunKindSpec("soak", _soak_scenario, _soak_runner, summarize_soak),
     "replay": RunKindSpec("replay", _replay_scenario, _replay_runner, summarize_replay),
+    "agentic": RunKindSpec("agentic", _agentic_scenario, _agentic_runner, summarize_agentic),
 }
+
+SWEPT_BY_WORKLOAD: dict[str, RunKind] = {"agentic": "agentic"}
+"""``kvbench sweep`` of these workload kinds runs this run kind instead (the load axis is theirs)."""
+
+
+def _kind_for(kind: RunKind, scenario: Scenario | None, resume: Path | None) -> RunKind:
+    """The run kind ``kind``'s command runs: a sweep of an agentic workload is an agentic sweep."""
+    if kind != "sweep":
+        return kind
+    if scenario is not None:
+        return SWEPT_BY_WORKLOAD.get(scenario.workload.kind, kind)
+    if resume is not None and RunDir.open(resume).kind == "agentic":
+        return "agentic"
+    return kind
 
 
 def launch(
@@ -184,7 +214,7 @@ def launch(
     overrides: LaunchOverrides | None = None,
 ) -> tuple[RunDir, VersionedFile]:
     """Start a new run of ``kind`` from ``scenario``, or resume the run directory ``resume``."""
-    spec = RUN_KINDS[kind]
+    spec = RUN_KINDS[_kind_for(kind, scenario, resume)]
     overrides = overrides or LaunchOverrides()
     if resume is not None:
         if scenario is not None:

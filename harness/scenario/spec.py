@@ -24,6 +24,7 @@ from harness.sim.config import SimEngineConfig
 from offload.profiles import OffloadProfile, resolve_profile
 from scenarios import BUNDLED
 from workloads.config import (
+    AgenticSessions,
     ChoiceDist,
     ExponentialDist,
     FixedDist,
@@ -38,7 +39,12 @@ from workloads.config import (
 
 from .fleet import check_fleet
 
-VERB_OF_WORKLOAD: dict[str, str] = {"multi_round_qa": "run", "multi_user_qa": "sweep", "trace": "replay"}
+VERB_OF_WORKLOAD: dict[str, str] = {
+    "multi_round_qa": "run",
+    "multi_user_qa": "sweep",
+    "trace": "replay",
+    "agentic": "sweep",
+}
 """The command that runs each workload kind (for the error a scenario given to the wrong command gets)."""
 
 EngineConfig = Annotated[
@@ -420,6 +426,16 @@ class Scenario(StrictModel):
         return self.workload
 
     @property
+    def agentic_workload(self) -> AgenticSessions:
+        """The workload of an agentic sweep (``kvbench sweep``); a clear error for any other kind."""
+        if not isinstance(self.workload, AgenticSessions):
+            raise ScenarioError(
+                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not agentic; run it with "
+                f"`kvbench {VERB_OF_WORKLOAD[self.workload.kind]}`"
+            )
+        return self.workload
+
+    @property
     def trace_workload(self) -> TraceReplay:
         """The workload of a trace replay (``kvbench replay``); a clear error for any other kind."""
         if not isinstance(self.workload, TraceReplay):
@@ -468,6 +484,7 @@ def _union_tags() -> dict[str, type[BaseModel]]:
             tags[str(tag)] = member
     tags["multi_round_qa"] = MultiRoundQAProbe
     tags["multi_user_qa"] = MultiUserQA
+    tags["agentic"] = AgenticSessions
     for dist in (FixedDist, UniformDist, NormalDist, LogNormalDist, ExponentialDist, ChoiceDist):
         for tag in getattr(dist.model_fields["dist"].annotation, "__args__", ()):
             tags[str(tag)] = dist

@@ -61,7 +61,7 @@ from .jsonl import append_jsonl, read_jsonl
 from .manifest import read_manifest
 from .records import RequestRecord, read_records
 
-RunKind = Literal["probe", "sweep", "soak", "replay"]
+RunKind = Literal["probe", "sweep", "soak", "replay", "agentic"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,11 @@ class RunDir:
     @property
     def sweep_file(self) -> Path:
         return self.path / "sweep.json"
+
+    @property
+    def agentic_file(self) -> Path:
+        """An agentic sweep's result (``kvbench sweep`` of workload kind ``agentic``)."""
+        return self.path / "agentic.json"
 
     @property
     def intervals_file(self) -> Path:
@@ -199,6 +204,8 @@ class RunDir:
         a replay is known by its workload kind too, so one interrupted before any file is written resumes."""
         if self.trace_info_file.exists() or self.replay_file.exists() or self._workload_kind() == "trace":
             return "replay"
+        if self.agentic_file.exists() or self._workload_kind() == "agentic":
+            return "agentic"
         if self.intervals_file.exists() or self.soak_file.exists():
             return "soak"
         if self.points_file.exists() or self.sweep_file.exists():

@@ -120,7 +120,8 @@ def run(
 
 def sweep(
     scenario: Annotated[
-        str | None, typer.Argument(help="Scenario with workload kind multi_user_qa (file or bundled name).")
+        str | None,
+        typer.Argument(help="Scenario with workload kind multi_user_qa or agentic (file or bundled name)."),
     ] = None,
     output_dir: Annotated[
         Path | None,
@@ -132,7 +133,8 @@ def sweep(
     ] = None,
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
 ) -> None:
-    """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved."""
+    """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved (workload kind
+    agentic: concurrent agent sessions, agents at SLO per tier)."""
     if report_only is not None:
         if scenario is not None or resume is not None:
             raise fail("give exactly one of: a scenario, --resume RUN_DIR, --report RUN_DIR")

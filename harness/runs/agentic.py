@@ -1,0 +1,272 @@
+"""``kvbench sweep`` of workload kind ``agentic``: concurrent agent sessions per load point, against SLO tiers.
+
+What differs from a multi-user sweep (:mod:`.sweep`; the spine, :mod:`.spine`, does the rest): the load is
+``agents`` sessions at once (closed loop over sessions: a finished session is replaced by the next one, session
+ids of point ``p`` from ``p × SESSIONS_PER_POINT``), and a session is a plan of
+:mod:`workloads.agentic`: its main branch sends call after call (each after the previous answer and the call's
+tool time), and every subagent that forks after a main-branch call runs its own chain concurrently, tracked like
+any sender so the drain waits for it. Prompts are built from the calls' hash blocks exactly as a trace replay
+builds them (:class:`~workloads.trace.TracePrompts`: equal blocks, identical text), lazily, since a closed loop
+cannot know in advance which sessions it will reach.
+
+Each point: ``warmup_s`` of load unmeasured, ``window_s`` measured (calls *sent* inside it are ``measure``), then
+``drain_timeout_s`` for what is in flight; ``/metrics`` is scraped at the window's edges and a
+:class:`~harness.store.events.PointDone` appended to ``points.jsonl``, so ``--resume`` re-runs only unfinished
+points. The result (``agentic.json``) is :func:`harness.results.agentic.summarize_agentic` of the stored files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.client.openai import RequestOutcome
+from harness.results.agentic import summarize_agentic
+from harness.results.agentic_result import AgenticResult
+from harness.scenario.spec import Arm
+from harness.store.records import Phase, RequestRecord
+from workloads.agentic import AgentBranch, AgentCall, AgentSessionPlan, AgentSessions
+from workloads.config import AgenticSessions
+from workloads.trace import TracePrompts
+
+from .load import NS, LoadWindow, RecordContext, RefusedBackoff, _cancelled, _Driver, _Stopped
+from .spine import ArmSession, Runner
+from .sweep import SESSIONS_PER_POINT, _point_done, _scrape_after
+
+TICK_S = 0.5
+
+
+class AgenticRunner(Runner[AgenticResult]):
+    """Runs an agentic scenario's sweep into a run directory."""
+
+    verb = "sweep"
+    unit = "points"
+
+    @property
+    def config(self) -> AgenticSessions:
+        return self.scenario.agentic_workload
+
+    def pending(self) -> dict[str, list[int]]:
+        done = {event.key for event in self.run_dir.points()}
+        return {
+            arm.name: [i for i in range(len(self.config.agents)) if (arm.name, i) not in done]
+            for arm in self.scenario.arms
+        }
+
+    def arms_with_work(self) -> list[Arm]:
+        plan = self.pending()
+        return [arm for arm in self.selected_arms() if plan[arm.name]]
+
+    def work(self) -> tuple[int, int]:
+        arms = self.selected_arms()
+        plan = self.pending()
+        total = len(arms) * len(self.config.agents)
+        return total, total - sum(len(plan[arm.name]) for arm in arms)
+
+    def connections(self) -> int:
+        # a session has its main branch and its subagents in flight at once
+        return max(self.config.agents) * 4 + 8
+
+    def summarize(self) -> AgenticResult:
+        return summarize_agentic(self.run_dir)
+
+    async def run_arm(self, session: ArmSession) -> None:
+        arm, config = session.arm, self.config
+        self.progress.describe(f"{arm.name}: warming up")
+        await session.warm_up(config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag="agentic")
+        sessions = AgentSessions(config, seed=self.scenario.seed)
+        prompts = TracePrompts(session.tokenizer, seed=self.scenario.seed, block_tokens=config.block_tokens)
+        await session.reset_prefix_cache(required=False)
+        for index in self.pending()[arm.name]:
+            if config.reset_between_points:
+                await session.reset_prefix_cache(required=False)
+            await self._run_point(session, index, sessions, prompts)
+
+    async def _run_point(self, session: ArmSession, index: int, sessions: AgentSessions, prompts: TracePrompts) -> None:
+        config, arm = self.config, session.arm
+        agents = config.agents[index]
+        total_s = config.warmup_s + config.window_s
+        self.progress.describe(f"{arm.name}: point {index + 1}/{len(config.agents)}")
+        self.progress.begin_step(f"{arm.name} @ {agents} agents", total_s)
+        count = 0
+        started = time.monotonic_ns()
+
+        def on_record(record: RequestRecord) -> None:
+            nonlocal count
+            session.append(record)
+            count += 1
+
+        def on_tick(now_ns: int) -> None:
+            self.progress.tick(min((now_ns - started) / 1e9, total_s), f"{count} calls")
+
+        driver = _AgentDriver(
+            arm_session=session,
+            sessions=sessions,
+            prompts=prompts,
+            config=config,
+            agents=agents,
+            first_session=index * SESSIONS_PER_POINT,
+            context=RecordContext(arm=arm.name, attempt=self.attempt, point=index),
+            on_record=on_record,
+        )
+        before_task = asyncio.ensure_future(_scrape_after(session, config.warmup_s))
+        try:
+            window = await driver.run(on_tick)
+            before = await before_task
+        finally:
+            before_task.cancel()
+        after = await session.scrape()
+        session.sync()
+        self.run_dir.append_point(_point_done(arm.name, index, float(agents), self.attempt, window, before, after))
+        self.progress.end_step()
+        self.progress.advance(f"{arm.name} @ {agents} agents: {window.measured} calls measured")
+
+
+@dataclass(kw_only=True)
+class _AgentDriver(_Driver):
+    """``agents`` session slots, each running sessions one after another until sending stops."""
+
+    arm_session: ArmSession
+    sessions: AgentSessions
+    prompts: TracePrompts
+    config: AgenticSessions
+    agents: int
+    first_session: int
+    context: RecordContext
+    window_start_ns: int = 0
+    next_session: int = 0
+    backoff: RefusedBackoff | None = None
+    """Waits after calls that could not connect (a dead engine must not be hammered; see RefusedBackoff)."""
+
+    @property
+    def drain_timeout(self) -> float:
+        return self.config.drain_timeout_s
+
+    def launch(self) -> None:
+        for slot in range(self.agents):
+            self.spawn(self._slot(slot))
+
+    async def _slot(self, slot: int) -> None:
+        await self.pause_until(self.start_ns + int(slot * self.config.ramp_up_s * NS / self.agents))
+        while not self.stopping:
+            plan = self.sessions.plan(self.first_session + self.next_session)
+            self.next_session += 1
+            self.counters.sessions += 1
+            await self._session(plan)
+
+    async def _session(self, plan: AgentSessionPlan) -> None:
+        """The main branch; each subagent starts after the main-branch call it forks from, and runs alongside."""
+        subagents: list[asyncio.Task[Any]] = []
+        for call in plan.branches[0].calls:
+            if not await self._call(call):
+                break  # a failed call: the agent cannot go on without its answer
+            subagents += [self.spawn(self._branch(branch)) for branch in plan.forks_after(call.step)]
+        if subagents:
+            await asyncio.wait(subagents)
+
+    async def _branch(self, branch: AgentBranch) -> None:
+        for call in branch.calls:
+            if not await self._call(call):
+                return
+
+    async def _call(self, call: AgentCall) -> bool:
+        """Wait the call's tool time, send it, record it; whether it succeeded."""
+        if call.pause_s > 0:
+            await self.pause_until(time.monotonic_ns() + int(call.pause_s * NS))
+        if self.stopping:
+            raise _Stopped
+        prompt = await self.prompts.prompt(call.trace_request())
+        now = time.monotonic_ns()
+        phase: Phase = "warmup" if now < self.window_start_ns else "measure"
+        counters = self.counters
+        counters.sent += 1
+        counters.in_flight += 1
+        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
+        try:
+            outcome = await self.arm_session.send(
+                prompt,
+                call.output_tokens,
+                api=self.config.api,
+                ignore_eos=self.config.ignore_eos,
+                key=str(call.session),
+            )
+        except asyncio.CancelledError:
+            counters.in_flight -= 1
+            counters.cancelled += 1
+            self._emit(call, phase, _cancelled(now))
+            raise
+        counters.in_flight -= 1
+        self._emit(call, phase, outcome)
+        if self.backoff is None:
+            self.backoff = RefusedBackoff(seed=self.first_session)
+        wait_s = self.backoff.after(outcome)
+        if wait_s > 0:
+            await self.pause_until(time.monotonic_ns() + int(wait_s * NS))
+        return outcome.ok
+
+    def _emit(self, call: AgentCall, phase: Phase, outcome: RequestOutcome) -> None:
+        if phase == "measure":
+            self.counters.measured += 1
+        if not outcome.ok:
+            self.counters.errors += 1
+        assert self.on_record is not None
+        self.on_record(
+            RequestRecord(
+                arm=self.context.arm,
+                attempt=self.context.attempt,
+                phase=phase,
+                repetition=0,
+                context_tokens=call.prompt_tokens,
+                conversation=call.session,
+                turn=call.index + 1,
+                request_id=uuid.uuid4().hex[:16],
+                api=self.config.api,
+                started_ns=outcome.started_ns,
+                ttft_ns=outcome.ttft_ns,
+                e2e_ns=outcome.e2e_ns,
+                itl_ns=list(outcome.itl_ns),
+                output_chunks=outcome.output_chunks,
+                first_chunk_ns=outcome.first_chunk_ns,
+                empty_token_chunks=outcome.empty_token_chunks,
+                first_content_ns=outcome.first_content_ns,
+                finish_reason=outcome.finish_reason,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
+                cached_tokens=outcome.cached_tokens,
+                expected_prompt_tokens=call.prompt_tokens,
+                http_status=outcome.http_status,
+                ok=outcome.ok,
+                error_kind=outcome.error_kind,
+                error=outcome.error,
+                point=self.context.point,
+                load=float(self.agents),
+                replica=outcome.replica,
+                moved=outcome.moved,
+            )
+        )
+
+    async def run(self, on_tick: Callable[[int], None]) -> LoadWindow:
+        config = self.config
+        self.start_ns = time.monotonic_ns()
+        self.window_start_ns = self.start_ns + int(config.warmup_s * NS)
+        self.planned_end_ns = self.window_start_ns + int(config.window_s * NS)
+        await self.drive(None, on_tick, TICK_S)
+        c = self.counters
+        assert self.stopped_ns is not None
+        return LoadWindow(
+            start_ns=self.start_ns,
+            window_start_ns=self.window_start_ns,
+            window_end_ns=max(self.stopped_ns, self.window_start_ns),
+            end_ns=time.monotonic_ns(),
+            sent=c.sent,
+            measured=c.measured,
+            errors=c.errors,
+            sessions=c.sessions,
+            max_in_flight=c.max_in_flight,
+            late_arrivals=0,
+            cancelled=c.cancelled,
+        )
