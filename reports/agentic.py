@@ -1,7 +1,8 @@
 """Reports of an agentic sweep (``agentic.json``): the agents-at-SLO table, the points, and TTFT vs agents.
 
-* ``report/agents.md``: per arm and tier agents at SLO (per GPU, ratio to the baseline, $/Mtok), then every point
-  (TTFT p50/pXX, calls/s, tokens/s, measured hit rate beside the infinite-cache ceiling, tier attainment);
+* ``report/agents.md``: per arm and tier agents at SLO (per GPU, ratio to the baseline, $/Mtok, and where sampled
+  J/token, GPU watts and agents per kW, labelled measured or simulated), then every point (TTFT p50/pXX, calls/s,
+  tokens/s, measured hit rate beside the infinite-cache ceiling, tier attainment, energy);
 * ``report/agents_ttft.png|svg``: TTFT at the first tier's percentile vs agents per arm, one dashed line per
   tier's TTFT limit;
 * the console: the same two tables.
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from common.markup import console_text, md_table, md_text
 from harness.results.agentic_result import AgenticResult, AgentPoint
+from harness.results.energy import EnergySample
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
 
@@ -40,8 +42,26 @@ def _tier_text(tier: dict[str, float | str]) -> str:
     )
 
 
+def energy_label(result: AgenticResult) -> str | None:
+    """``simulated`` or ``measured (NVML)`` when any point has energy figures; None when none was sampled."""
+    labels = {p.energy.label for p in result.points if p.energy is not None and p.energy.joules is not None}
+    return " / ".join(sorted(labels)) if labels else None
+
+
+def _energy_cells(energy: EnergySample | None) -> list[str]:
+    if energy is None or energy.joules is None:
+        return ["—", "—", "—"]
+    return [_f(energy.joules_per_token), _f(energy.avg_watts, ".0f"), _f(energy.agents_per_kw)]
+
+
+def _energy_header(result: AgenticResult) -> list[str]:
+    label = energy_label(result)
+    return [] if label is None else [f"J/token ({label})", f"GPU W ({label})", f"agents/kW ({label})"]
+
+
 def capacity_rows(result: AgenticResult) -> tuple[list[str], list[list[str]]]:
     header = ["arm", "tier", "agents at SLO", "per GPU", f"vs {result.baseline_arm}", "$/Mtok", "status"]
+    header += _energy_header(result)
     rows = []
     for cap in result.capacity:
         ratio = _f(cap.ratio_vs_baseline, ".2f") + ("x" if cap.ratio_vs_baseline is not None else "")
@@ -56,6 +76,7 @@ def capacity_rows(result: AgenticResult) -> tuple[list[str], list[list[str]]]:
                 ratio if cap.arm != result.baseline_arm else "baseline",
                 _f(cap.usd_per_mtok),
                 cap.status,
+                *(_energy_cells(cap.energy) if energy_label(result) else []),
             ]
         )
     return header, rows
@@ -72,6 +93,7 @@ def point_rows(result: AgenticResult) -> tuple[list[str], list[list[str]]]:
     tiers = [str(t["name"]) for t in result.tiers]
     header = ["arm", "agents", "calls", "TTFT p50 s", "TTFT p90 s", "calls/s", "tok/s", "hit", "ceiling", "$/Mtok"]
     header += [f"{name} att." for name in tiers]
+    header += _energy_header(result)
     rows = []
     for p in result.points:
         q = p.point.ttft
@@ -88,6 +110,7 @@ def point_rows(result: AgenticResult) -> tuple[list[str], list[list[str]]]:
                 _pct(p.ceiling),
                 _f(p.usd_per_mtok),
                 *(_pct(t.attainment) + (" ✓" if t.meets else "") for t in p.tiers),
+                *(_energy_cells(p.energy) if energy_label(result) else []),
             ]
         )
     return header, rows
@@ -104,6 +127,13 @@ def notes(result: AgenticResult) -> list[str]:
         f"ceiling: the infinite-cache hit rate of the calls sent (the workload's over its first sessions: "
         f"{_pct(result.workload_ceiling)}); hit: the engine's measured prefix-hit share of prompt tokens"
     )
+    label = energy_label(result)
+    if label is not None:
+        lines.append(
+            f"energy ({label}): the GPUs' joules over each window (not the host's CPUs, memory or offload tier); "
+            "J/token = joules / (prompt + generated) tokens of the calls completed in it; agents/kW = agents / "
+            "(GPU W / 1000); a tier's figures are those of its measured passing point"
+        )
     if not result.complete:
         lines.append("the sweep is incomplete: resume it with `kvbench sweep --resume RUN_DIR`")
     return lines

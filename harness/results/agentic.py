@@ -37,6 +37,7 @@ from workloads.config import SloTier
 
 from .agentic_result import AgenticResult, AgentPoint, TierCapacity, TierCheck
 from .capacity import COARSE_GRID
+from .energy import energy_sample
 from .header import header_fields
 from .sweep_metrics import NS_PER_S, derive_columns, point_data, point_result
 from .sweep_result import SloLimits, SweepCounts
@@ -109,7 +110,7 @@ def tier_capacity(arm: str, tier: SloTier, points: list[AgentPoint], gpus: int) 
         return result("none-met")
     best = passing[-1]
     point, check = mine[best], checks[best]
-    base = {"measured_agents": point.agents, "usd_per_mtok": point.usd_per_mtok}
+    base = {"measured_agents": point.agents, "usd_per_mtok": point.usd_per_mtok, "energy": point.energy}
     if best == len(mine) - 1:
         return result("above-grid", agents_at_slo=float(point.agents), **base)
     above, above_check = mine[best + 1], checks[best + 1]
@@ -176,6 +177,10 @@ def _tokens_per_s(completed: pd.DataFrame, column: str, window_s: float) -> floa
     return float(completed[column].astype("float64").fillna(0.0).sum()) / window_s
 
 
+def _token_sum(completed: pd.DataFrame, column: str) -> int:
+    return 0 if completed.empty else int(completed[column].astype("float64").fillna(0.0).sum())
+
+
 def aggregate_agentic(
     scenario: Scenario, run_id: str, records: Iterable[RequestRecord], points: Iterable[PointDone]
 ) -> AgenticResult:
@@ -215,6 +220,12 @@ def aggregate_agentic(
             prompt_tps = _tokens_per_s(completed, "prompt_tokens", data.window_s)
             output_tps = _tokens_per_s(completed, "tokens", data.window_s)
             tps = prompt_tps + output_tps if prompt_tps is not None and output_tps is not None else None
+            energy = energy_sample(
+                event.energy,
+                prompt_tokens=_token_sum(completed, "prompt_tokens"),
+                generated_tokens=_token_sum(completed, "tokens"),
+                agents=float(agents),
+            )
             usd = price * gpus / (tps * 3600 / 1e6) if price is not None and tps else None
             results.append(
                 AgentPoint(
@@ -228,6 +239,7 @@ def aggregate_agentic(
                     hit_rate=sweep_point.hit_rate,
                     ceiling=_ceiling(sessions, subset),
                     tiers=[tier_check(data.measured, tier) for tier in config.tiers],
+                    energy=energy,
                 )
             )
     capacities = [tier_capacity(arm.name, tier, results, gpus) for arm in scenario.arms for tier in config.tiers]

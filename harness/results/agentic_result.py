@@ -2,8 +2,8 @@
 
 Reports read this file alone (``kvbench report RUN_DIR`` redraws offline). Latencies are seconds here where a
 tier states them in seconds (``ttft_s``), milliseconds inside the embedded sweep point (``point``). Every field's
-formula is in :mod:`harness.results.agentic`. ``energy`` is None until a power source (NVML on GPUs, the
-simulator's power model) fills it.
+formula is in :mod:`harness.results.agentic`. ``energy`` (:mod:`harness.results.energy`) is the GPUs' energy over
+a point's window: NVML on GPUs (measured), the simulator's power model (simulated), or a ``not_sampled`` reason.
 """
 
 from __future__ import annotations
@@ -12,21 +12,11 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from .energy import EnergySample
 from .header import ResultHeader
 from .run_result import Frozen
 from .sweep_result import PointResult, SweepCounts
 from .verdict import Outcome, Validity, outcome_of
-
-
-class EnergyFigures(Frozen):
-    """Power over a window (or at a tier's agents at SLO); None fields: not sampled."""
-
-    joules_per_token: float | None = Field(default=None, description="Energy / (prompt + generated tokens), J.")
-    avg_watts: float | None = Field(default=None, description="Mean power of the arm's GPUs over the window, W.")
-    agents_per_kw: float | None = Field(default=None, description="Agents / (avg_watts / 1000).")
-    source: Literal["nvml", "simulated"] | None = Field(
-        default=None, description="nvml: measured per GPU; simulated: the simulator's power model."
-    )
 
 
 class TierCheck(Frozen):
@@ -60,7 +50,9 @@ class AgentPoint(Frozen):
         description="Infinite-cache hit rate of the measured calls, given every call of the point sent before them."
     )
     tiers: list[TierCheck]
-    energy: EnergyFigures | None = None
+    energy: EnergySample | None = Field(
+        default=None, description="The GPUs' energy over the window (None: no power source ran)."
+    )
 
 
 Status = Literal["met", "above-grid", "none-met", "inconclusive"]
@@ -85,7 +77,7 @@ class TierCapacity(Frozen):
     usd_per_mtok: float | None = Field(description="$/Mtok at the measured passing point.")
     ratio_vs_baseline: float | None = Field(description="agents_at_slo / the baseline arm's, for this tier.")
     ratio_note: str = ""
-    energy: EnergyFigures | None = None
+    energy: EnergySample | None = Field(default=None, description="Energy at the measured passing point.")
 
     def describe(self) -> str:
         if self.status == "none-met":

@@ -33,6 +33,7 @@ from workloads.agentic import AgentBranch, AgentCall, AgentSessionPlan, AgentSes
 from workloads.config import AgenticSessions
 from workloads.trace import TracePrompts
 
+from .energy import energy_meter
 from .load import NS, LoadWindow, RecordContext, RefusedBackoff, _cancelled, _Driver, _Stopped
 from .spine import ArmSession, Runner
 from .sweep import SESSIONS_PER_POINT, _point_done, _scrape_after
@@ -84,7 +85,7 @@ class AgenticRunner(Runner[AgenticResult]):
         for index in self.pending()[arm.name]:
             if config.reset_between_points:
                 await session.reset_prefix_cache(required=False)
-            await self._run_point(session, index, sessions, prompts)
+            await session.while_alive(self._run_point(session, index, sessions, prompts))
 
     async def _run_point(self, session: ArmSession, index: int, sessions: AgentSessions, prompts: TracePrompts) -> None:
         config, arm = self.config, session.arm
@@ -113,15 +114,18 @@ class AgenticRunner(Runner[AgenticResult]):
             context=RecordContext(arm=arm.name, attempt=self.attempt, point=index),
             on_record=on_record,
         )
-        before_task = asyncio.ensure_future(_scrape_after(session, config.warmup_s))
-        try:
-            window = await driver.run(on_tick)
-            before = await before_task
-        finally:
-            before_task.cancel()
+        async with energy_meter(session) as meter:
+            before_task = asyncio.ensure_future(_scrape_after(session, config.warmup_s))
+            try:
+                window = await driver.run(on_tick)
+                before = await before_task
+            finally:
+                before_task.cancel()
+            energy = await meter.window(window.window_start_ns, window.window_end_ns)
         after = await session.scrape()
         session.sync()
-        self.run_dir.append_point(_point_done(arm.name, index, float(agents), self.attempt, window, before, after))
+        done = _point_done(arm.name, index, float(agents), self.attempt, window, before, after)
+        self.run_dir.append_point(done.model_copy(update={"energy": energy}))
         self.progress.end_step()
         self.progress.advance(f"{arm.name} @ {agents} agents: {window.measured} calls measured")
 

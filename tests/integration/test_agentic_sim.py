@@ -73,7 +73,10 @@ def test_agentic_sweep_on_the_simulator(tmp_path: Path) -> None:
         assert p.hit_rate is not None and p.ceiling is not None
         # nothing outside the plan's reuse can hit: the measured rate stays at or under the ceiling
         assert p.hit_rate <= p.ceiling + 0.02
-        assert p.energy is None and len(p.tiers) == 2
+        assert len(p.tiers) == 2
+        energy = p.energy  # the simulator's power model, labelled as such
+        assert energy is not None and energy.source == "simulated" and energy.joules_per_token, energy
+        assert energy.agents_per_kw == p.agents / (energy.avg_watts / 1000), energy
     off, on = (next(p for p in result.points if p.arm == arm and p.agents == 8) for arm in ("AMG-OFF", "AMG-ON"))
     assert on.hit_rate is not None and off.hit_rate is not None and on.hit_rate > off.hit_rate + 0.1
     for tier in ("interactive", "batch"):
@@ -89,3 +92,4 @@ def test_agentic_sweep_on_the_simulator(tmp_path: Path) -> None:
     report = run_dir / "report"
     assert (report / "agents.md").exists() and (report / "agents_ttft.svg").exists()
     assert "agents at SLO" in (report / "agents.md").read_text()
+    assert "J/token" in (report / "agents.md").read_text() and "energy (simulated)" in done.stdout
