@@ -49,11 +49,12 @@ debian_packages() {
   local sudo=""
   [ "$(id -u)" = "0" ] || sudo="sudo -n"  # never a password prompt: no sudo rights means not installed
   if ! chromium_runs && command -v apt-get >/dev/null 2>&1; then
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null || true
+    # env after sudo: sudo drops the caller's environment
+    $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || true
   fi
   if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     $sudo apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+      && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
       || true
   fi
   echo "chromium: $(command -v chromium || echo none); prometheus: $(command -v prometheus || echo none)"

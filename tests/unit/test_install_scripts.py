@@ -4,7 +4,8 @@
 with a stand-in python (``tests/fakes/fake_python.sh``) for python3, pip, ruff, mypy and pytest, and a PATH
 without apt-get, chromium or prometheus. Checked: where torch's CPU build comes from (the local wheel folder
 when it holds a torch wheel, else the PyTorch CPU index); that a tier which cannot be installed is skipped with one
-``SKIPPED tier`` line on a stock runner and fails the script where the local wheel folder exists.
+``SKIPPED tier`` line on a stock runner and fails the script where the local wheel folder exists; that a runner
+with apt-get (a stand-in) gets chromium and prometheus installed and skips nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,21 @@ from tests.support import REPO
 
 FAKE_PYTHON = REPO / "tests" / "fakes" / "fake_python.sh"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-TOOLS = ("bash", "dirname", "mktemp", "rm", "cat", "grep", "tail", "id", "date", "mkdir", "cp", "touch", "timeout")
+TOOLS = ("bash", "dirname", "mktemp", "rm", "cat", "grep", "tail", "id", "date", "mkdir", "cp", "touch")
+TOOLS += ("timeout", "env", "chmod")
+FAKE_APT = """#!/bin/bash
+# apt-get: `install ... NAME` puts a NAME that runs into this folder
+[ "$1" = install ] || exit 0
+for name in "$@"; do
+  case "$name" in
+    chromium | prometheus) printf '#!/bin/bash\\nexit 0\\n' >"${0%/*}/$name" && chmod +x "${0%/*}/$name" ;;
+  esac
+done
+"""
+FAKE_SUDO = """#!/bin/bash
+[ "$1" = -n ] && shift
+exec "$@"
+"""
 
 
 @pytest.fixture
@@ -53,6 +68,11 @@ def _run(sandbox: Path, *argv: str, **env: str) -> subprocess.CompletedProcess[s
         timeout=60,
         check=False,
     )
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o755)
 
 
 def _pip_installs(sandbox: Path) -> list[str]:
@@ -129,3 +149,12 @@ def test_the_choice_can_be_forced_and_a_wrong_value_is_refused(sandbox: Path) ->
     assert required("1").stdout == "1\n" and required("0").stdout == "0\n"
     wrong = required("yes")
     assert wrong.returncode == 2 and "KVBENCH_REQUIRE_ALL_TIERS must be 1 or 0, not 'yes'" in wrong.stderr
+
+
+def test_a_runner_with_apt_get_installs_chromium_and_prometheus_and_skips_nothing(sandbox: Path) -> None:
+    _executable(sandbox / "bin" / "apt-get", FAKE_APT)
+    _executable(sandbox / "bin" / "sudo", FAKE_SUDO)
+    done = _run(sandbox, "scripts/test.sh")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not _skipped(done.stdout), done.stdout
+    assert (sandbox / "bin" / "chromium").exists() and (sandbox / "bin" / "prometheus").exists()
