@@ -161,10 +161,11 @@ class PlainProgress:
 
     A line is written and flushed at once, so a CI log shows the run as it goes. Lines that would repeat
     themselves are thinned: a unit's line is written for the attempt's first and last unit, for a unit that
-    ran as a long step (a sweep point), and otherwise at most once per ``every_s`` (a probe's requests, a
-    replay's lines); a status that differs from the last one only in its counter ("building prompts 51/900")
-    at most once per ``every_s``; a long step's position at most once per ``tick_every_s``. A unit's line held
-    back is written before the next status or note line, so the last unit of an arm shows where the next begins.
+    ran as a long step (a sweep point) or took ``every_s / 2`` or more (a soak interval), and otherwise at
+    most once per ``every_s`` (a probe's requests, a replay's lines); a status that differs from the last one
+    only in its counter ("building prompts 51/900") at most once per ``every_s``; a long step's position at
+    most once per ``tick_every_s``. A unit's line held back is written before the next status or note line,
+    so the last unit of an arm shows where the next begins.
     """
 
     def __init__(
@@ -185,6 +186,7 @@ class PlainProgress:
         self._done_before = 0
         self._unit = "units"
         self._last_unit_line: float | None = None
+        self._last_unit = self._started  # when the last unit (or the attempt) ended
         self._last_status: tuple[str, float] | None = None  # (its text with counters masked, when written)
         self._step: tuple[str, float] | None = None  # (label, planned seconds)
         self._step_ran = False
@@ -219,7 +221,7 @@ class PlainProgress:
         self._stream.flush()
 
     def start(self, total: int, done: int, unit: str) -> None:
-        self._started = self._clock()
+        self._started = self._last_unit = self._clock()
         self._total, self._done, self._done_before, self._unit = max(total, 0), done, done, unit
         self._write(f"{total} {unit} to run" + (f", {done} done before" if done else ""))
 
@@ -245,10 +247,11 @@ class PlainProgress:
         now = self._clock()
         first = self._done - self._done_before == 1
         last = self._done >= self._total
+        long = now - self._last_unit >= self._every_s / 2
         due = self._last_unit_line is None or now - self._last_unit_line >= self._every_s
         line = f"done: {detail}" if detail else "done"
-        self._held = None
-        if first or last or self._step_ran or due:
+        self._held, self._last_unit = None, now
+        if first or last or self._step_ran or long or due:
             self._last_unit_line = now
             self._write(line)
         else:

@@ -123,3 +123,15 @@ def test_the_console_picks_bars_on_a_terminal_and_lines_elsewhere() -> None:
     terminal = Console(file=io.StringIO(), force_terminal=True)
     assert isinstance(progress_for(piped), PlainProgress)
     assert isinstance(progress_for(terminal), RichProgress)
+
+
+def test_units_that_take_a_while_each_get_their_line() -> None:
+    clock = Clock()
+    progress, out = _progress(clock)
+    progress.start(4, 0, "intervals")
+    for index in range(4):  # soak intervals of 9.9 s: inside every_s of each other, but each a long unit
+        clock.now += 9.9
+        progress.advance(f"interval {index}")
+    assert [line.split("] ")[1] for line in out.getvalue().splitlines()[1:]] == [
+        f"done: interval {index}" for index in range(4)
+    ]
