@@ -20,8 +20,8 @@ from tests.support import REPO
 
 FAKE_PYTHON = REPO / "tests" / "fakes" / "fake_python.sh"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-TOOLS = ("bash", "dirname", "mktemp", "rm", "cat", "grep", "tail", "id", "date", "mkdir", "cp", "touch", "timeout")
-TOOLS_TOO = ("env", "chmod")
+TOOLS = "bash dirname mktemp rm cat grep tail id date mkdir cp touch timeout env chmod".split()
+"""The few programs the scripts (and the stand-ins) call besides python, linked into the sandbox's PATH."""
 FAKE_APT = """#!/bin/bash
 # apt-get: `install ... NAME` puts a NAME that runs into this folder
 [ "$1" = install ] || exit 0
@@ -43,7 +43,7 @@ def sandbox(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "scripts", tmp_path / "repo" / "scripts")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in (*TOOLS, *TOOLS_TOO):
+    for tool in TOOLS:
         found = shutil.which(tool)
         assert found is not None, tool
         (bin_dir / tool).symlink_to(found)
