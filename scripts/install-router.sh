@@ -27,10 +27,14 @@ if [ -x "$PY" ] && current="$(version 2>/dev/null | tail -n 1)" && [ "$current" 
   exit 0
 fi
 
-if [ ! -x "$PY" ]; then
-  "$BASE_PYTHON" -m venv "$VENV_DIR"
+if [ ! -x "$PY" ] && ! "$BASE_PYTHON" -m venv "$VENV_DIR"; then
+  echo "install-router: '$BASE_PYTHON -m venv' failed (Debian/Ubuntu: apt-get install python3-venv)" >&2
+  exit 1
 fi
-"$PY" -m pip install --quiet --disable-pip-version-check "vllm-router==$VLLM_ROUTER_VERSION"
+if ! "$PY" -m pip install --quiet --disable-pip-version-check "vllm-router==$VLLM_ROUTER_VERSION"; then
+  echo "install-router: pip could not install vllm-router==$VLLM_ROUTER_VERSION (see above)" >&2
+  exit 1
+fi
 
 if ! current="$(version | tail -n 1)"; then
   echo "install-router: $VENV_DIR was installed but 'import vllm_router' fails (see above)" >&2

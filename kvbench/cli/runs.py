@@ -43,7 +43,7 @@ def launch_kind(
     from common.errors import KvbenchError, RunInterrupted
     from harness.results.verdict import outcome_of_result
     from harness.runs.kinds import launch
-    from harness.runs.progress import RichProgress
+    from harness.runs.progress import progress_for
     from harness.scenario.spec import load_scenario
     from harness.store.rundir import RunDir
     from reports.outputs import write_outputs
@@ -52,7 +52,7 @@ def launch_kind(
         raise fail("give either a scenario (a YAML file or a bundled name such as 'quickstart') or --resume RUN_DIR")
     try:
         loaded, source = load_scenario(scenario) if scenario is not None else (None, None)
-        with RichProgress(console) as progress:
+        with progress_for(console) as progress:
             run_dir, result = launch(
                 kind,
                 loaded,
