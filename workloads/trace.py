@@ -47,12 +47,15 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from common.errors import KvbenchError
 
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .agent_trace_stats import Ceilings, Shape
 
 TraceFormat = Literal["mooncake", "kvbench", "bailian", "claude-code", "tokens", "text"]
 FORMATS: tuple[TraceFormat, ...] = ("mooncake", "kvbench", "bailian", "claude-code", "tokens", "text")
@@ -66,6 +69,19 @@ HEADER_VERSION = 1
 MAX_GAP_MS = 3_600_000.0
 """Longest gap between two consecutive requests a trace may have without ``allow_gaps`` (one hour, ms)."""
 HashId = int | str
+
+
+BUNDLED_TRACES = Path(__file__).resolve().parent / "data"
+"""The sample traces kvbench ships (``sample-bailian.jsonl``, ...), found by name when no such file is here."""
+
+
+def resolve_trace_path(path: str) -> Path:
+    """``path`` itself, or the bundled sample of that name when ``path`` is a bare name no file here has."""
+    given = Path(path)
+    bundled = BUNDLED_TRACES / given.name
+    if not given.exists() and given.name == path and bundled.is_file():
+        return bundled
+    return given
 
 
 class TraceError(KvbenchError):
@@ -411,6 +427,10 @@ class TraceStats:
     infinite_cache_hit_rate: float | None
     lru_hit_rates: tuple[tuple[int, float | None], ...]
     """(cache size in tokens, hit rate) per requested size."""
+    ceilings: Ceilings | None = None
+    """The ceilings at every block size, under a context cap and for a tier size (:mod:`.agent_trace_stats`)."""
+    shape: Shape | None = None
+    """Sessions, depth, branching and reuse distance (:mod:`.agent_trace_stats`)."""
 
 
 def rate_over_time(timestamps_ms: Sequence[float], bucket_s: float) -> tuple[float, ...]:
@@ -424,7 +444,18 @@ def rate_over_time(timestamps_ms: Sequence[float], bucket_s: float) -> tuple[flo
     return tuple(count / bucket_s for count in counts)
 
 
-def trace_stats(trace: Trace, cache_tokens: Iterable[int] = (), *, rate_buckets: int = 20) -> TraceStats:
+def trace_stats(
+    trace: Trace,
+    cache_tokens: Iterable[int] = (),
+    *,
+    rate_buckets: int = 20,
+    max_context: int | None = None,
+    tier_tokens: int | None = None,
+) -> TraceStats:
+    """The trace's statistics; ``max_context`` and ``tier_tokens`` are the assumptions of its :class:`Ceilings`."""
+    # imported here: the ceilings module builds on this one's trace types
+    from .agent_trace_stats import ceilings, own_block_hit_rate, shape
+
     requests = trace.requests
     sessions = {r.session for r in requests if r.session is not None}
     duration = trace.duration_s
@@ -445,8 +476,13 @@ def trace_stats(trace: Trace, cache_tokens: Iterable[int] = (), *, rate_buckets:
         output_tokens=percentiles([r.output_length for r in requests]),
         prompt_tokens_total=sum(r.input_length for r in requests),
         unique_blocks=len(ids) if has_ids else None,
-        infinite_cache_hit_rate=lru_hit_rate(trace, None),
+        # a token or text trace has no hash ids: its ceiling is the prefix scan's (token ids, characters)
+        infinite_cache_hit_rate=own_block_hit_rate(trace)
+        if trace.format in ("tokens", "text")
+        else lru_hit_rate(trace, None),
         lru_hit_rates=tuple((size, lru_hit_rate(trace, size)) for size in cache_tokens),
+        ceilings=ceilings(trace, max_context=max_context, tier_tokens=tier_tokens),
+        shape=shape(trace),
     )
 
 
