@@ -1,7 +1,10 @@
 """Timestamped request traces: loading (Mooncake and kvbench JSONL), their statistics, prompts, synthesis.
 
 A trace is a list of :class:`TraceRequest`, one per line of a JSON Lines file, in arrival order.
-Two formats (documented in ``docs/traces.md``, schema in ``docs/trace.schema.json``):
+The agent formats (bailian, claude-code, tokens, text; calls with parents) are read by
+:mod:`.agent_trace`, their ceilings and shape computed by :mod:`.agent_trace_stats`; ``auto`` tells a
+file's format from its first line. Two request formats (documented in ``docs/traces.md``, schema in
+``docs/trace.schema.json``):
 
 * ``mooncake``: Mooncake's published format, ``{"timestamp": ms, "input_length": tokens,
   "output_length": tokens, "hash_ids": [int, ...]}``; ``hash_ids`` holds one id per

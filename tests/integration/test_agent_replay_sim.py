@@ -57,4 +57,5 @@ def test_the_bundled_agent_replay_is_causal_and_the_tier_beats_the_gpu_alone(tmp
         assert len(children) == 32  # 8 sessions, each a root and four calls that wait for one
         for child in children:
             parent = mine[child.parent_call or ""]
+            assert parent.e2e_ns is not None
             assert child.started_ns >= parent.started_ns + parent.e2e_ns, (arm, child.call_id)
