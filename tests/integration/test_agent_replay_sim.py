@@ -48,6 +48,8 @@ def test_the_bundled_agent_replay_is_causal_and_the_tier_beats_the_gpu_alone(tmp
     assert off is not None and on is not None and off.errors == on.errors == 0
     assert off.hit_rate is not None and on.hit_rate is not None
     assert off.hit_rate < on.hit_rate <= ceiling + 1e-9
+    assert off.child_calls == on.child_calls == 32 and off.causal_violations == on.causal_violations == 0
+    assert "causal order kept" in (run_dir / "report" / "replay.md").read_text()
 
     records = [r for r in read_records(run_dir / "records.jsonl") if r.call_id is not None]
     for arm in ("AMG-OFF", "AMG-ON"):

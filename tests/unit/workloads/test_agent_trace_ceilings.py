@@ -182,3 +182,22 @@ def test_the_shape_of_the_bailian_sample() -> None:
     children = [sum(1 for p in parent.values() if p == c) for c in parent]
     assert shape["children_max"] == max(children) and shape["branching_calls"] == sum(1 for c in children if c >= 2)
     assert shape["sessions"] == shape["roots"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (("--format", "bogus"), "--format 'bogus': allowed values are auto, mooncake, kvbench, bailian"),
+        (("--max-context", "0"), "--max-context 0: must be a positive token count"),
+    ],
+)
+def test_bad_stats_options_are_one_line(extra: tuple[str, ...], expected: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvbench", "trace", "stats", str(agent_samples.path("bailian")), *extra],
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0 and expected in done.stderr + done.stdout
