@@ -8,7 +8,8 @@ milliseconds on the trace's clock. The formats (docs/traces.md; a JSON Schema ea
 ``docs/trace-<format>.schema.json``):
 
 * ``bailian`` (Alibaba's Qwen Bailian usage traces), one call per line: ``chat_id``,
-  ``parent_chat_id`` (−1 for a root, else an earlier line's ``chat_id``), ``timestamp`` (s),
+  ``parent_chat_id`` (−1 for a root, else an earlier line's ``chat_id``; one that no line has, a parent
+  from before the trace's start, also makes a root), ``timestamp`` (s),
   ``input_length``, ``output_length``, ``type`` (free text, e.g. the request's modality), ``turn``,
   ``hash_ids`` (16-token blocks). The parent is ``parent_chat_id``; the session is the root's id.
 * ``claude-code`` (SemiAnalysis/Weka Claude-Code traces), one conversation per line: ``id``,
@@ -143,11 +144,13 @@ def parse_agent_trace(
     position: dict[object, int] = {}
     requests: list[TraceRequest] = []
     by_line = {line.number: line for line in lines}
+    known = {call.key for call in calls}
     for index, call in enumerate(ordered):
         if call.key in position:
             raise by_line[call.line].error(_key_field(format), f"{call.request.call_id!r} appears twice")
         parent: int | None = None
-        if call.parent_key is not None:
+        # a parent no line has (it arrived before the trace's first line) makes the call a root, as in a window
+        if call.parent_key is not None and call.parent_key in known:
             if call.parent_key not in position:
                 raise by_line[call.line].error(
                     _parent_field(format),

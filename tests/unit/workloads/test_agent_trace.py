@@ -104,6 +104,13 @@ def test_a_window_drops_parents_before_it() -> None:
             assert request.parent == original.parent - 10
 
 
+def test_a_parent_before_the_trace_start_makes_a_root(tmp_path: Path) -> None:
+    path = write(tmp_path, [{**BAILIAN, "parent_chat_id": 99}, {**BAILIAN, "chat_id": 2, "parent_chat_id": 1}])
+    trace = load_trace(path, "auto")
+    assert [r.parent for r in trace.requests] == [None, 0]
+    assert trace.requests[1].session == "1"
+
+
 def write(tmp_path: Path, rows: list[object]) -> Path:
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -130,7 +137,11 @@ TOKENS = {**TOKENS, "arrival_time_ns": 0, "token_ids": [5, 6]}
     ("rows", "fmt", "expected"),
     [
         ([{**BAILIAN, "hash_ids": [1]}], "bailian", ":1: field 'hash_ids': 1 ids of 16 tokens do not cover 20"),
-        ([{**BAILIAN, "parent_chat_id": 7}], "bailian", ":1: field 'parent_chat_id': '1' waits for 7"),
+        (
+            [{**BAILIAN, "parent_chat_id": 7}, {**BAILIAN, "chat_id": 7, "parent_chat_id": -1, "timestamp": 2.0}],
+            "bailian",
+            ":1: field 'parent_chat_id': '1' waits for 7, which is not an earlier call",
+        ),
         ([BAILIAN, BAILIAN], "bailian", ":2: field 'chat_id': '1' appears twice"),
         ([{**BAILIAN, "timestamp": "x"}], "bailian", ":1: field 'timestamp': must be a finite number"),
         (
