@@ -129,6 +129,24 @@ def behind_lines(result: ReplayResult) -> list[str]:
     ]
 
 
+def causal_lines(result: ReplayResult) -> list[str]:
+    """Per arm of an agent trace: its child calls and whether each was sent after its parent completed."""
+    lines = []
+    for item in result.results:
+        if item.child_calls is None:
+            continue
+        if item.causal_violations:
+            lines.append(
+                f"{item.arm}: {item.causal_violations} of {item.child_calls} child calls were sent before their "
+                "parent completed (not a causal replay)"
+            )
+        else:
+            lines.append(
+                f"{item.arm}: causal order kept (each of {item.child_calls} child calls sent after its parent)"
+            )
+    return lines
+
+
 def markdown(result: ReplayResult, provenance: str = "") -> str:
     lines = [f"# Replay: {result.scenario_name}", "", trace_line(result) + ".", ""]
     if provenance:
@@ -144,6 +162,9 @@ def markdown(result: ReplayResult, provenance: str = "") -> str:
         lines += md_rows(COMPARISON_COLUMNS, comparison_rows(result))
     for line in behind_lines(result):
         lines += ["", f"**Warning:** {line}."]
+    causal = causal_lines(result)
+    if causal:
+        lines += ["", *(f"- {line}." for line in causal)]
     if not result.complete:
         lines += ["", "The replay is incomplete: continue it with `kvbench replay --resume RUN_DIR`."]
     return "\n".join(lines) + "\n"
@@ -154,6 +175,7 @@ CSV_FIELDS = tuple(
     arm attempt complete requests ok errors wall_s ttft_p50_ms ttft_p90_ms ttft_p99_ms tpot_p50_ms tpot_p99_ms
     e2e_p50_ms e2e_p99_ms slo_attainment prompt_tokens gpu_hit_tokens external_hit_tokens hit_rate
     infinite_cache_hit_rate cached_share lag_p50_ms lag_p99_ms late fell_behind prompt_tokens_off
+    child_calls causal_violations
     """.split()
 )
 """replay.csv's columns: an arm's field, or ``NAME_pNN_ms`` of its quantiles NAME (:func:`reports.tables.csv_cell`);
@@ -244,5 +266,7 @@ def print_replay(result: ReplayResult, console: Console, provenance: str = "") -
         )
     for line in behind_lines(result):
         console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+    for line in causal_lines(result):
+        console.print(escape(line), highlight=False)
     if not result.complete:
         console.print("[yellow]The replay is incomplete: continue it with `kvbench replay --resume RUN_DIR`.[/]")

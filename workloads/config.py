@@ -259,7 +259,9 @@ class TraceReplay(StrictModel):
 
     kind: Literal["trace"]
     path: str = Field(description="The trace file (JSON Lines); relative paths are relative to the working directory.")
-    format: Literal["mooncake", "kvbench"] = "mooncake"
+    format: Literal["mooncake", "kvbench", "bailian", "claude-code", "tokens", "text", "auto"] = Field(
+        default="mooncake", description="The trace's format; auto tells it from the first line's fields."
+    )
     time_scale: float = Field(
         default=1.0, gt=0, description="Multiplies the gaps between timestamps: 0.5 replays twice as fast."
     )

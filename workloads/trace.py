@@ -1,7 +1,10 @@
 """Timestamped request traces: loading (Mooncake and kvbench JSONL), their statistics, prompts, synthesis.
 
 A trace is a list of :class:`TraceRequest`, one per line of a JSON Lines file, in arrival order.
-Two formats (documented in ``docs/traces.md``, schema in ``docs/trace.schema.json``):
+The agent formats (bailian, claude-code, tokens, text; calls with parents) are read by
+:mod:`.agent_trace`, their ceilings and shape computed by :mod:`.agent_trace_stats`; ``auto`` tells a
+file's format from its first line. Two request formats (documented in ``docs/traces.md``, schema in
+``docs/trace.schema.json``):
 
 * ``mooncake``: Mooncake's published format, ``{"timestamp": ms, "input_length": tokens,
   "output_length": tokens, "hash_ids": [int, ...]}``; ``hash_ids`` holds one id per
@@ -39,6 +42,7 @@ word boundaries) never merge a token across two blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -46,15 +50,21 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from common.errors import KvbenchError
 
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from .agent_trace_stats import Ceilings, Shape
+
 TraceFormat = Literal["mooncake", "kvbench", "bailian", "claude-code", "tokens", "text"]
 FORMATS: tuple[TraceFormat, ...] = ("mooncake", "kvbench", "bailian", "claude-code", "tokens", "text")
+FormatChoice = TraceFormat | Literal["auto"]
+"""A format, or ``auto``: told from the first line's fields (:func:`workloads.agent_trace.detect_format`)."""
+FORMAT_CHOICES: tuple[FormatChoice, ...] = ("auto", *FORMATS)
 CallType = Literal["normal", "subagent", "side"]
 MOONCAKE_BLOCK_TOKENS = 512
 HEADER_KEY = "kvbench_trace"
@@ -62,6 +72,19 @@ HEADER_VERSION = 1
 MAX_GAP_MS = 3_600_000.0
 """Longest gap between two consecutive requests a trace may have without ``allow_gaps`` (one hour, ms)."""
 HashId = int | str
+
+
+BUNDLED_TRACES = Path(__file__).resolve().parent / "data"
+"""The sample traces kvbench ships (``sample-bailian.jsonl``, ...), found by name when no such file is here."""
+
+
+def resolve_trace_path(path: str) -> Path:
+    """``path`` itself, or the bundled sample of that name when ``path`` is a bare name no file here has."""
+    given = Path(path)
+    bundled = BUNDLED_TRACES / given.name
+    if not given.exists() and given.name == path and bundled.is_file():
+        return bundled
+    return given
 
 
 class TraceError(KvbenchError):
@@ -90,6 +113,8 @@ class TraceRequest:
     """normal, subagent or side call, where the trace says (agent traces)."""
     token_ids: tuple[int, ...] | None = None
     """The prompt's token ids where the trace records them (``tokens`` format): sent as they are."""
+    messages: tuple[tuple[str, str], ...] | None = None
+    """A text trace's prompt as chat messages ``(role, content)``, where it records them so: sent as they are."""
 
     def block_sizes(self, block_tokens: int) -> list[int]:
         """Tokens of each hash block: ``block_tokens`` each, the last one what is left of input_length."""
@@ -113,9 +138,16 @@ class Trace:
         return (self.requests[-1].timestamp_ms - self.requests[0].timestamp_ms) / 1000.0
 
     def window(self, start: int = 0, limit: int | None = None) -> Trace:
-        """Requests ``start .. start+limit`` (0-based positions), the same file and block size."""
+        """Requests ``start .. start+limit`` (0-based positions), the same file and block size; a parent
+        before the window is dropped (its child becomes a root of the window)."""
         end = None if limit is None else start + limit
-        return Trace(self.path, self.format, self.block_tokens, self.requests[start:end])
+        kept = self.requests[start:end]
+        if start and any(request.parent is not None for request in kept):
+            kept = tuple(
+                dataclasses.replace(r, parent=None if r.parent is None or r.parent < start else r.parent - start)
+                for r in kept
+            )
+        return Trace(self.path, self.format, self.block_tokens, kept)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,12 +240,16 @@ def _parse_json(path: Path, number: int, text: str, last_unterminated: bool) -> 
     return data
 
 
-def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = None, allow_gaps: bool = False) -> Trace:
-    """Read and check a trace file (see the module docstring); ``block_tokens`` overrides the default
-    (512 for mooncake, the header's for kvbench) and must agree with a kvbench header that names one;
-    ``allow_gaps`` accepts consecutive requests more than :data:`MAX_GAP_MS` apart."""
-    if format not in ("mooncake", "kvbench"):  # the agent formats' loaders are not written yet
-        raise TraceError(f"{path}: unknown trace format {format!r}; allowed: {', '.join(FORMATS)}")
+def load_trace(path: Path, format: FormatChoice, *, block_tokens: int | None = None, allow_gaps: bool = False) -> Trace:
+    """Read and check a trace file (see the module docstring); ``format`` ``auto`` tells it from the first line;
+    ``block_tokens`` overrides the default (512 for mooncake, the header's for kvbench, the format's for the
+    agent formats) and must agree with a header or ``block_size`` that names one; ``allow_gaps`` accepts
+    consecutive requests more than :data:`MAX_GAP_MS` apart."""
+    # imported here: the agent formats build on this module's request and line types
+    from .agent_trace import AGENT_FORMATS, detect_format, parse_agent_trace
+
+    if format not in FORMAT_CHOICES:
+        raise TraceError(f"{path}: unknown trace format {format!r}; allowed: {', '.join(FORMAT_CHOICES)}")
     try:
         lines = _decode_lines(path)
     except OSError as error:
@@ -224,11 +260,20 @@ def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = No
             continue
         is_last = number == lines[-1][0]
         parsed.append(_Line(str(path), number, _parse_json(path, number, text, is_last and not terminated)))
+    if not parsed:
+        raise TraceError(f"{path}: no requests in the trace")
+    resolved: TraceFormat = detect_format(str(path), parsed[0]) if format == "auto" else format
     block = block_tokens
+    if resolved in AGENT_FORMATS:
+        agent = next(f for f in AGENT_FORMATS if f == resolved)
+        block, agent_requests = parse_agent_trace(agent, parsed, block_tokens)
+        return _checked(path, resolved, block, agent_requests, allow_gaps)
     if parsed and HEADER_KEY in parsed[0].data:
         header = parsed.pop(0)
-        if format != "kvbench":
-            raise TraceError(f"{path}:{header.number}: a kvbench trace header in a {format} trace (use format kvbench)")
+        if resolved != "kvbench":
+            raise TraceError(
+                f"{path}:{header.number}: a kvbench trace header in a {resolved} trace (use format kvbench)"
+            )
         if header.data[HEADER_KEY] != HEADER_VERSION:
             raise header.error(HEADER_KEY, f"version {header.data[HEADER_KEY]!r}; this kvbench reads {HEADER_VERSION}")
         if "block_tokens" in header.data:
@@ -237,12 +282,17 @@ def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = No
                 raise header.error("block_tokens", f"the header says {stated}, the replay asks for {block}")
             block = stated
     block = block or MOONCAKE_BLOCK_TOKENS
-    if not parsed:
-        raise TraceError(f"{path}: no requests in the trace")
-    requests: list[TraceRequest] = []
+    requests = [
+        _mooncake_request(line, block) if resolved == "mooncake" else _kvbench_request(line, block) for line in parsed
+    ]
+    return _checked(path, resolved, block, requests, allow_gaps)
+
+
+def _checked(path: Path, format: TraceFormat, block: int, requests: list[TraceRequest], allow_gaps: bool) -> Trace:
+    """The trace, once its arrival times are known to be in order and without an hour-long gap."""
     previous: tuple[int, float] | None = None
-    for line in parsed:
-        request = _mooncake_request(line, block) if format == "mooncake" else _kvbench_request(line, block)
+    for request in requests:
+        line = _Line(str(path), request.line, {})
         if previous is not None and request.timestamp_ms < previous[1]:
             raise line.error(
                 "timestamp",
@@ -256,7 +306,6 @@ def load_trace(path: Path, format: TraceFormat, *, block_tokens: int | None = No
                 f"{MAX_GAP_MS / 3_600_000:g} h is refused (a corrupt or concatenated trace?); --allow-gaps accepts it",
             )
         previous = (line.number, request.timestamp_ms)
-        requests.append(request)
     return Trace(str(path), format, block, tuple(requests))
 
 
@@ -381,6 +430,10 @@ class TraceStats:
     infinite_cache_hit_rate: float | None
     lru_hit_rates: tuple[tuple[int, float | None], ...]
     """(cache size in tokens, hit rate) per requested size."""
+    ceilings: Ceilings | None = None
+    """The ceilings at every block size, under a context cap and for a tier size (:mod:`.agent_trace_stats`)."""
+    shape: Shape | None = None
+    """Sessions, depth, branching and reuse distance (:mod:`.agent_trace_stats`)."""
 
 
 def rate_over_time(timestamps_ms: Sequence[float], bucket_s: float) -> tuple[float, ...]:
@@ -394,7 +447,18 @@ def rate_over_time(timestamps_ms: Sequence[float], bucket_s: float) -> tuple[flo
     return tuple(count / bucket_s for count in counts)
 
 
-def trace_stats(trace: Trace, cache_tokens: Iterable[int] = (), *, rate_buckets: int = 20) -> TraceStats:
+def trace_stats(
+    trace: Trace,
+    cache_tokens: Iterable[int] = (),
+    *,
+    rate_buckets: int = 20,
+    max_context: int | None = None,
+    tier_tokens: int | None = None,
+) -> TraceStats:
+    """The trace's statistics; ``max_context`` and ``tier_tokens`` are the assumptions of its :class:`Ceilings`."""
+    # imported here: the ceilings module builds on this one's trace types
+    from .agent_trace_stats import ceilings, own_block_hit_rate, shape
+
     requests = trace.requests
     sessions = {r.session for r in requests if r.session is not None}
     duration = trace.duration_s
@@ -415,8 +479,13 @@ def trace_stats(trace: Trace, cache_tokens: Iterable[int] = (), *, rate_buckets:
         output_tokens=percentiles([r.output_length for r in requests]),
         prompt_tokens_total=sum(r.input_length for r in requests),
         unique_blocks=len(ids) if has_ids else None,
-        infinite_cache_hit_rate=lru_hit_rate(trace, None),
+        # a token or text trace has no hash ids: its ceiling is the prefix scan's (token ids, characters)
+        infinite_cache_hit_rate=own_block_hit_rate(trace)
+        if trace.format in ("tokens", "text")
+        else lru_hit_rate(trace, None),
         lru_hit_rates=tuple((size, lru_hit_rate(trace, size)) for size in cache_tokens),
+        ceilings=ceilings(trace, max_context=max_context, tier_tokens=tier_tokens),
+        shape=shape(trace),
     )
 
 

@@ -9,6 +9,8 @@ else the latest attempt with records (``complete: false``). Over that attempt's 
   (:func:`~harness.results.sweep_metrics.slo_attainment`);
 * send lag = started_ns − scheduled_ns (open loop); ``late`` counts lag > ``late_ms``; the arm
   ``fell_behind`` when the lag's p99 exceeds ``behind_ms``;
+* causal order (agent traces): a child call is a violation when its ``started_ns`` precedes its parent's
+  ``started_ns + e2e_ns`` (the parent's record found by ``call_id``);
 * hit rate = Σ (Δ gpu_prefix_hits + Δ external_prefix_hits) / Σ Δ prompt_tokens over the arm's
   ``/metrics`` samples (Δ gpu_prefix_queries where the engine has no prompt-token counter), beside
   the trace's ``infinite_cache_hit_rate`` (the ceiling any cache could reach on that window).
@@ -59,6 +61,24 @@ def _prompt_total(samples: Sequence[ReplaySample]) -> float | None:
     return prompt if prompt else _total(samples, "gpu_prefix_queries")
 
 
+def _causal(df: pd.DataFrame) -> tuple[int | None, int | None]:
+    """(child calls, children sent before their parent completed) of one arm's records; None without parents."""
+    if df.empty or "parent_call" not in df or not df["parent_call"].notna().any():
+        return None, None
+    ends = {
+        str(call): int(start) + int(e2e)
+        for call, start, e2e in zip(df["call_id"], df["started_ns"], df["e2e_ns"], strict=True)
+        if isinstance(call, str) and pd.notna(e2e)
+    }
+    children = df[df["parent_call"].notna()]
+    early = sum(
+        1
+        for parent, start in zip(children["parent_call"], children["started_ns"], strict=True)
+        if str(parent) in ends and int(start) < ends[str(parent)]
+    )
+    return len(children), early
+
+
 def _rate(sample: ReplaySample, tag: str) -> float | None:
     value = sample.values.get(tag)
     return None if value is None or sample.duration_s <= 0 else value / sample.duration_s
@@ -100,6 +120,7 @@ def _arm_result(
     gpu = _total(samples, "gpu_prefix_hits")
     external = _total(samples, "external_prefix_hits")
     by_kind = {str(k): int(v) for k, v in errors["error_kind"].value_counts().items()} if not errors.empty else {}
+    children, violations = _causal(df)
     return ArmReplay(
         arm=arm,
         attempt=attempt,
@@ -122,6 +143,8 @@ def _arm_result(
         hit_rate=counter_hit_rate(prompt, gpu, external),
         cached_share=cached_share,
         prompt_tokens_off=off,
+        child_calls=children,
+        causal_violations=violations,
     )
 
 

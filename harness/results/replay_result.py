@@ -43,6 +43,12 @@ class ArmReplay(Frozen):
     prompt_tokens_off: int = Field(
         description="Successful requests whose usage prompt_tokens differs from the trace's input_length by > 2 %."
     )
+    child_calls: int | None = Field(
+        default=None, description="Agent traces: calls that waited for a parent call (None: no call graph)."
+    )
+    causal_violations: int | None = Field(
+        default=None, description="Child calls sent before their parent's answer completed (a causal replay: 0)."
+    )
 
 
 class TimelinePoint(Frozen):

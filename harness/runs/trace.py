@@ -10,6 +10,18 @@ was due (``scheduled_ns``; ``started_ns − scheduled_ns`` is the send lag). ``/
 every ``metrics_interval_s`` into ``samples.jsonl`` (hit tokens by source over time). An arm that
 sent everything appends a :class:`~harness.store.events.ReplayDone`.
 
+Agent traces (calls with a ``parent``) replay causally (:func:`run_causal`): a child is sent only after
+its parent has completed, at
+
+    due(child) = max(send(parent) + (t_child − t_parent) × time_scale, completion(parent)),
+
+subagent branches (children of one call) run concurrently, and roots are due at their scaled
+timestamps, open loop across sessions (closed loop: roots as slots free, children at their parent's
+completion). Prompts make the engine see the trace's reuse: hash ids through
+:class:`~workloads.trace.TracePrompts` at the trace's block size, token ids sent as token ids
+(completions), text as recorded (chat messages through the chat API). Records keep ``call_id`` and
+``parent_call``; their ``started_ns`` is the send order.
+
 Resume (``kvbench replay --resume RUN_DIR``) replays, from the start, every arm without a
 ReplayDone: an arm is one unit, because half a replay on a fresh engine would not see the cache
 state the trace built up.
@@ -22,6 +34,7 @@ import hashlib
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import KvbenchError
@@ -34,11 +47,12 @@ from harness.store.events import ReplayDone, ReplaySample, TraceInfo
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from workloads.config import TraceReplay
-from workloads.trace import Trace, TracePrompts, TraceRequest, load_trace, trace_stats
+from workloads.tokenizer import TokenIds
+from workloads.trace import Trace, TracePrompts, TraceRequest, load_trace, resolve_trace_path, trace_stats
 
-from .load import run_schedule
+from .load import OnOutcome, ScheduleWindow, SendOne, run_schedule
 from .progress import RunProgress
-from .spine import DEFAULT_CONNECTIONS, ArmSession, Runner
+from .spine import DEFAULT_CONNECTIONS, ArmSession, Prompt, Runner
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +62,8 @@ MAX_CONNECTIONS = 4096
 
 def load_replayed_trace(config: TraceReplay) -> Trace:
     """The window of the trace file the scenario replays (a clear error naming file, line and field)."""
-    trace = load_trace(Path(config.path), config.format, block_tokens=config.block_tokens, allow_gaps=config.allow_gaps)
+    path = resolve_trace_path(config.path)
+    trace = load_trace(path, config.format, block_tokens=config.block_tokens, allow_gaps=config.allow_gaps)
     window = trace.window(config.start, config.limit)
     if not window.requests:
         raise KvbenchError(f"{config.path}: no requests from position {config.start} ({len(trace.requests)} in file)")
@@ -57,10 +72,10 @@ def load_replayed_trace(config: TraceReplay) -> Trace:
 
 def trace_info(config: TraceReplay, trace: Trace) -> TraceInfo:
     stats = trace_stats(trace)
-    digest = hashlib.sha256(Path(config.path).read_bytes()).hexdigest()
+    digest = hashlib.sha256(Path(trace.path).read_bytes()).hexdigest()
     return TraceInfo(
         path=config.path,
-        format=config.format,
+        format=trace.format,
         sha256=digest,
         block_tokens=trace.block_tokens,
         start=config.start,
@@ -81,6 +96,117 @@ def due_times(trace: Trace, time_scale: float) -> list[float]:
     """Seconds from the start at which each request is due: (timestamp − first timestamp) × time_scale / 1000."""
     first = trace.requests[0].timestamp_ms
     return [(request.timestamp_ms - first) * time_scale / 1000.0 for request in trace.requests]
+
+
+@dataclass
+class _CausalState:
+    """Send and completion times (monotonic ns) of every call, and the counters of a causal replay."""
+
+    count: int
+    sent_ns: list[int] = field(default_factory=list)
+    ended_ns: list[int] = field(default_factory=list)
+    done: list[asyncio.Event] = field(default_factory=list)
+    in_flight: dict[int, asyncio.Future[RequestOutcome]] = field(default_factory=dict)
+    stalled: set[int] = field(default_factory=set)
+    last_event_ns: int = 0
+    sent: int = 0
+    errors: int = 0
+    cancelled: int = 0
+    max_in_flight: int = 0
+    late: int = 0
+
+    def __post_init__(self) -> None:
+        self.sent_ns = [0] * self.count
+        self.ended_ns = [0] * self.count
+        self.done = [asyncio.Event() for _ in range(self.count)]
+
+
+async def run_causal(
+    trace: Trace,
+    send_one: SendOne,
+    on_outcome: OnOutcome,
+    *,
+    time_scale: float,
+    open_loop: bool,
+    concurrency: int | None,
+    drain_timeout_s: float,
+) -> ScheduleWindow:
+    """Send every call of ``trace`` once its parent has completed (see the module docstring); ``on_outcome(i,
+    outcome, due_ns)`` as each completes. A request in flight while nothing else was sent or completed for
+    ``drain_timeout_s`` is cancelled (a ``timeout`` error), and its children are sent as if it had completed."""
+    requests = trace.requests
+    state = _CausalState(len(requests))
+    slots = asyncio.Semaphore(concurrency) if concurrency is not None else None
+    start = state.last_event_ns = time.monotonic_ns()
+    first_ms = requests[0].timestamp_ms if requests else 0.0
+
+    def scaled_ns(gap_ms: float) -> int:
+        return int(gap_ms * time_scale * 1_000_000) if open_loop else 0
+
+    async def one(index: int) -> None:
+        request = requests[index]
+        if request.parent is None:
+            due = start + scaled_ns(request.timestamp_ms - first_ms)
+        else:
+            parent = request.parent
+            await state.done[parent].wait()
+            gap = scaled_ns(request.timestamp_ms - requests[parent].timestamp_ms)
+            due = max(state.sent_ns[parent] + gap, state.ended_ns[parent])
+        await asyncio.sleep(max(0.0, (due - time.monotonic_ns()) / NS))
+        if slots is not None:
+            if slots.locked():
+                state.late += 1
+            await slots.acquire()
+        state.sent_ns[index] = state.last_event_ns = time.monotonic_ns()
+        state.sent += 1
+        sending = asyncio.ensure_future(send_one(index))
+        state.in_flight[index] = sending
+        state.max_in_flight = max(state.max_in_flight, len(state.in_flight))
+        try:
+            outcome = await sending
+        except asyncio.CancelledError:
+            if index not in state.stalled:
+                raise  # the replay itself is being cancelled
+            state.cancelled += 1
+            outcome = RequestOutcome(
+                started_ns=state.sent_ns[index],
+                e2e_ns=time.monotonic_ns() - state.sent_ns[index],
+                error_kind="timeout",
+                error=f"nothing else completed for {drain_timeout_s:g} s while it ran; cancelled",
+            )
+        finally:
+            state.in_flight.pop(index, None)
+            state.ended_ns[index] = state.last_event_ns = time.monotonic_ns()
+            if slots is not None:
+                slots.release()
+            state.done[index].set()
+        if not outcome.ok:
+            state.errors += 1
+        on_outcome(index, outcome, due if open_loop else None)
+
+    tasks = [asyncio.ensure_future(one(index)) for index in range(len(requests))]
+    try:
+        pending: set[asyncio.Future[None]] = set(tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=min(1.0, drain_timeout_s))
+            idle_s = (time.monotonic_ns() - state.last_event_ns) / NS
+            if state.in_flight and idle_s > drain_timeout_s:
+                for index, sending in list(state.in_flight.items()):
+                    state.stalled.add(index)
+                    sending.cancel()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return ScheduleWindow(
+        start_ns=start,
+        end_ns=time.monotonic_ns(),
+        sent=state.sent,
+        errors=state.errors,
+        cancelled=state.cancelled,
+        max_in_flight=state.max_in_flight,
+        waited_for_slot=state.late,
+    )
 
 
 class TraceRunner(Runner[ReplayResult]):
@@ -138,12 +264,18 @@ class TraceRunner(Runner[ReplayResult]):
             return position
         return self._conversations.setdefault(request.session, len(self._conversations))
 
-    async def _prompts(self, session: ArmSession) -> list[str]:
+    async def _prompts(self, session: ArmSession) -> list[Prompt]:
+        """Each call's prompt as the engine is sent it: token ids, chat messages, or text (hash blocks built)."""
         builder = TracePrompts(session.tokenizer, seed=self.scenario.seed, block_tokens=self.trace.block_tokens)
-        prompts = []
+        prompts: list[Prompt] = []
         total = len(self.trace.requests)
         for index, request in enumerate(self.trace.requests):
-            prompts.append(await builder.prompt(request))
+            if request.token_ids is not None:
+                prompts.append(TokenIds(request.token_ids))
+            elif request.messages is not None:
+                prompts.append([{"role": role, "content": content} for role, content in request.messages])
+            else:
+                prompts.append(await builder.prompt(request))
             if index % 50 == 0:
                 self.progress.describe(f"{session.arm.name}: building prompts {index + 1}/{total}")
         return prompts
@@ -160,7 +292,7 @@ class TraceRunner(Runner[ReplayResult]):
         async def send_one(index: int) -> RequestOutcome:
             prompt = prompts[index]
             return await session.send(
-                prompt, requests[index].output_length, api=config.api, ignore_eos=config.ignore_eos
+                prompt, max(1, requests[index].output_length), api=self._api(prompt), ignore_eos=config.ignore_eos
             )
 
         def on_outcome(index: int, outcome: RequestOutcome, due_ns: int | None) -> None:
@@ -171,14 +303,25 @@ class TraceRunner(Runner[ReplayResult]):
         self._start_ns = self._last_ns = time.monotonic_ns()
         sampler = asyncio.ensure_future(self._sample(session))
         try:
-            window = await run_schedule(
-                len(requests),
-                send_one,
-                on_outcome,
-                due_s=due_times(self.trace, config.time_scale) if config.mode == "open" else None,
-                concurrency=config.concurrency,
-                drain_timeout_s=config.drain_timeout_s,
-            )
+            if any(request.parent is not None for request in requests):
+                window = await run_causal(
+                    self.trace,
+                    send_one,
+                    on_outcome,
+                    time_scale=config.time_scale,
+                    open_loop=config.mode == "open",
+                    concurrency=config.concurrency,
+                    drain_timeout_s=config.drain_timeout_s,
+                )
+            else:
+                window = await run_schedule(
+                    len(requests),
+                    send_one,
+                    on_outcome,
+                    due_s=due_times(self.trace, config.time_scale) if config.mode == "open" else None,
+                    concurrency=config.concurrency,
+                    drain_timeout_s=config.drain_timeout_s,
+                )
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
@@ -197,9 +340,16 @@ class TraceRunner(Runner[ReplayResult]):
             )
         )
 
+    def _api(self, prompt: Prompt) -> str:
+        """Token ids go through completions and chat messages through chat, whatever the scenario's ``api``."""
+        if isinstance(prompt, TokenIds):
+            return "completions"
+        return self.config.api if isinstance(prompt, str) else "chat"
+
     def _record(self, arm: str, index: int, outcome: RequestOutcome, due_ns: int | None) -> RequestRecord:
         request = self.trace.requests[index]
-        api = self.config.api
+        api = "chat" if request.messages is not None else ("completions" if request.token_ids else self.config.api)
+        parent = None if request.parent is None else self.trace.requests[request.parent].call_id
         return RequestRecord(
             arm=arm,
             attempt=self.attempt,
@@ -219,13 +369,17 @@ class TraceRunner(Runner[ReplayResult]):
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
             cached_tokens=outcome.cached_tokens,
-            expected_prompt_tokens=request.input_length if request.hash_ids is not None else None,
+            expected_prompt_tokens=request.input_length
+            if request.hash_ids is not None or request.token_ids is not None
+            else None,
             http_status=outcome.http_status,
             ok=outcome.ok,
             error_kind=outcome.error_kind,
             error=outcome.error,
             scheduled_ns=due_ns,
             trace_line=request.line,
+            call_id=request.call_id,
+            parent_call=parent,
         )
 
     # -- /metrics over time ---------------------------------------------------------------------

@@ -100,6 +100,10 @@ class RequestRecord(BaseModel):
     trace_line: int | None = Field(
         default=None, strict=True, ge=1, description="1-based line of the trace file this request replays."
     )
+    call_id: str | None = Field(default=None, description="An agent trace's id of the call this request replays.")
+    parent_call: str | None = Field(
+        default=None, description="The call_id of the call it waited for (sent only after that one completed)."
+    )
 
     @field_validator("ok")
     @classmethod

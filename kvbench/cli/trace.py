@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .console import fail
+
+if TYPE_CHECKING:
+    from workloads.trace import TraceStats
 
 trace_app = typer.Typer(
     help="Request traces: statistics and the infinite-cache ceiling; synthetic traces from a multi-user workload.",
@@ -29,7 +33,14 @@ def _fail(message: str) -> typer.Exit:
 @trace_app.command()
 def stats(
     file: Annotated[Path, typer.Argument(help="Trace file (JSON Lines).")],
-    format: Annotated[str, typer.Option("--format", "-f", help="mooncake or kvbench.")] = "mooncake",
+    format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="auto (from the first line), mooncake, kvbench, bailian, claude-code, tokens or text.",
+        ),
+    ] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (key infinite_cache_hit_rate, ...).")] = False,
     cache_tokens: Annotated[
         list[int] | None,
@@ -41,26 +52,42 @@ def stats(
     allow_gaps: Annotated[
         bool, typer.Option("--allow-gaps", help="Accept consecutive requests more than an hour apart.")
     ] = False,
+    max_context: Annotated[
+        int | None,
+        typer.Option(
+            "--max-context",
+            help="Ceilings leave out calls longer than N tokens (an engine with max-model-len N refuses them).",
+        ),
+    ] = None,
+    tier_tokens: Annotated[
+        int | None, typer.Option("--tier-tokens", help="Also the LRU hit rate of a tier of N tokens (own block size).")
+    ] = None,
 ) -> None:
     """Requests, duration, arrival rate, length percentiles, and the hit rate an infinite (or LRU) cache would get."""
     from rich.console import Console
     from rich.table import Table
 
-    from workloads.trace import FORMATS, TraceError, load_trace, trace_stats
+    from workloads.trace import FORMAT_CHOICES, TraceError, load_trace, resolve_trace_path, trace_stats
 
-    if format not in FORMATS:
-        raise _fail(f"--format {format!r}: allowed values are {', '.join(FORMATS)}")
+    chosen = next((choice for choice in FORMAT_CHOICES if choice == format), None)
+    if chosen is None:
+        raise _fail(f"--format {format!r}: allowed values are {', '.join(FORMAT_CHOICES)}")
     sizes = list(cache_tokens or [])
     if any(size < 1 for size in sizes):
         raise _fail("--cache-tokens must be positive token counts")
+    for flag, count in (("--max-context", max_context), ("--tier-tokens", tier_tokens)):
+        if count is not None and count < 1:
+            raise _fail(f"{flag} {count}: must be a positive token count")
     try:
-        trace = load_trace(file, format, block_tokens=block_tokens, allow_gaps=allow_gaps)
+        trace = load_trace(resolve_trace_path(str(file)), chosen, block_tokens=block_tokens, allow_gaps=allow_gaps)
     except TraceError as error:
         raise _fail(str(error)) from None
-    result = trace_stats(trace, sizes)
+    result = trace_stats(trace, sizes, max_context=max_context, tier_tokens=tier_tokens)
     if json_out:
         data = dataclasses.asdict(result)
         data["lru_hit_rates"] = [{"cache_tokens": size, "hit_rate": rate} for size, rate in result.lru_hit_rates]
+        own = result.ceilings.by_block[0] if result.ceilings and result.ceilings.by_block else None
+        data["infinite_cache_block_hit_rate"] = None if own is None else own.block_hit_rate
         typer.echo(json.dumps(data, indent=2))
         return
     console = Console()
@@ -87,12 +114,55 @@ def stats(
         ("distinct blocks", "—" if result.unique_blocks is None else f"{result.unique_blocks:,}"),
         ("infinite-cache hit rate", share(result.infinite_cache_hit_rate)),
         *((f"LRU cache of {size:,} tokens", share(hit)) for size, hit in result.lru_hit_rates),
+        *_ceiling_rows(result, share),
     ]  # fmt: skip
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
     per_bucket = ", ".join(f"{value:.2f}" for value in result.rate_over_time)
     console.print(f"arrival rate per {result.rate_bucket_s:.0f} s bucket (req/s): {per_bucket}", highlight=False)
+
+
+def _ceiling_rows(result: TraceStats, share: Callable[[float | None], str]) -> list[tuple[str, str]]:
+    """The table's rows for the ceilings (with their assumptions) and the trace's shape."""
+    rows: list[tuple[str, str]] = []
+    ceilings, shape = result.ceilings, result.shape
+    if ceilings is not None:
+        cap = (
+            "no context cap"
+            if ceilings.max_context is None
+            else (f"calls over {ceilings.max_context:,} tokens excluded ({ceilings.excluded_calls})")
+        )
+        rows.append(("ceiling from", f"{ceilings.basis}, {cap}"))
+        for entry in ceilings.by_block:
+            rows.append(
+                (
+                    f"infinite cache, {entry.block_tokens}-{ceilings.unit[:-1]} blocks: {ceilings.unit} / blocks",
+                    f"{share(entry.token_hit_rate)} / {share(entry.block_hit_rate)}",
+                )
+            )
+        if ceilings.tier_tokens is not None:
+            rows.append((f"LRU tier of {ceilings.tier_tokens:,} {ceilings.unit}", share(ceilings.tier_hit_rate)))
+    if shape is not None and shape.roots < shape.calls:
+        rows.append(("roots / depth max / depth mean", f"{shape.roots} / {shape.depth_max} / {shape.depth_mean:.2f}"))
+        rows.append(
+            (
+                "children per call mean / max; calls with 2+",
+                f"{shape.children_mean:.2f} / {shape.children_max}; {shape.branching_calls}",
+            )
+        )
+        rows.append(("subagent / side calls", f"{share(shape.subagent_share)} / {share(shape.side_share)}"))
+        if shape.reuse_distance_s is not None and shape.reuse_distance_tokens is not None:
+            rows.append(
+                ("reuse distance p50 / p90 (s)", f"{shape.reuse_distance_s.p50:.1f} / {shape.reuse_distance_s.p90:.1f}")
+            )
+            rows.append(
+                (
+                    "reuse distance p50 / p90 (tokens between)",
+                    f"{shape.reuse_distance_tokens.p50:,.0f} / {shape.reuse_distance_tokens.p90:,.0f}",
+                )
+            )
+    return rows
 
 
 @trace_app.command()
