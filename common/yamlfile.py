@@ -8,6 +8,7 @@ error class, so a bad file still fails as that kind of input (ScenarioError, Pla
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -52,3 +53,91 @@ Yaml12BooleansLoader.yaml_implicit_resolvers = {
 Yaml12BooleansLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+
+
+# -- ${VAR} and ${VAR:-default} in scenario files ------------------------------------------------------------
+ENV_REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+"""``${VAR}``, ``${VAR:-default}`` (the default when VAR is unset or empty, as in a POSIX shell) and ``$$`` (a
+literal ``$``, so ``$${VAR}`` stays ``${VAR}``)."""
+_WHOLE_REFERENCE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*(?::-[^}]*)?\}$")
+ENV_TAG = "tag:kvbench,2026:env"
+"""The tag of a plain (unquoted) scalar that is one whole ``${...}``: typed after expansion (see :class:`EnvPlain`)."""
+
+
+class EnvPlain(str):
+    """A plain scalar that is one whole reference, ``conversations: ${N:-4}``: once expanded, its text is typed as
+    YAML would type it written there (4 is a number, ``off`` a string, ``null`` nothing); a quoted one,
+    ``"${N}"``, and a reference inside longer text always stay strings."""
+
+
+class ScenarioLoader(Yaml12BooleansLoader):
+    """:class:`Yaml12BooleansLoader` that keeps whole ``${...}`` plain scalars for :func:`expand_env`."""
+
+
+ScenarioLoader.yaml_implicit_resolvers = {
+    key: list(value) for key, value in Yaml12BooleansLoader.yaml_implicit_resolvers.items()
+}
+ScenarioLoader.add_implicit_resolver(ENV_TAG, _WHOLE_REFERENCE, ["$"])
+ScenarioLoader.add_constructor(ENV_TAG, lambda loader, node: EnvPlain(loader.construct_scalar(node)))
+
+
+class EnvUnset(LookupError):
+    """A ``${VAR}`` without a default whose variable is not set; the message names the field and the variable."""
+
+
+def expand_text(text: str, environ: Mapping[str, str], where: str) -> tuple[str, list[str]]:
+    """``text`` with every reference expanded, and the names of the variables read; :class:`EnvUnset` naming
+    ``where`` and the variable when one is unset and has no default."""
+    used: list[str] = []
+
+    def one(found: re.Match[str]) -> str:
+        if found.group(0) == "$$":
+            return "$"
+        name, default = found.group(1), found.group(2)
+        value = environ.get(name)
+        if value:  # set and not empty
+            used.append(name)
+            return value
+        if default is not None:
+            return default
+        if value is None:
+            raise EnvUnset(f"{where}: ${{{name}}} is not set (export {name}, or give a default: ${{{name}:-VALUE}})")
+        used.append(name)
+        return value
+
+    return ENV_REFERENCE.sub(one, text), used
+
+
+def _typed(text: str) -> object:
+    """``text`` typed as the plain scalar it would be written in a scenario file (int, float, bool, null, str)."""
+    loader = Yaml12BooleansLoader("")
+    try:
+        node = yaml.ScalarNode(loader.resolve(yaml.ScalarNode, text, (True, False)), text)
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def expand_env(data: object, environ: Mapping[str, str], path: tuple[str, ...] = ()) -> tuple[object, dict[str, str]]:
+    """A copy of ``data`` (as :class:`ScenarioLoader` read it) with ``${...}`` expanded in every string value (not
+    in keys), and the variables read with their values; :class:`EnvUnset` names the field (``engine.env.HF_TOKEN``)."""
+    used: dict[str, str] = {}
+    where = ".".join(path) or "(top level)"
+    if isinstance(data, dict):
+        out: dict[object, object] = {}
+        for key, value in data.items():
+            out[key], found = expand_env(value, environ, (*path, str(key)))
+            used.update(found)
+        return out, used
+    if isinstance(data, list):
+        items: list[object] = []
+        for index, item in enumerate(data):
+            expanded, found = expand_env(item, environ, (*path, str(index)))
+            items.append(expanded)
+            used.update(found)
+        return items, used
+    if isinstance(data, str):
+        text, names = expand_text(data, environ, where)
+        used.update({name: environ[name] for name in names})
+        return (_typed(text) if isinstance(data, EnvPlain) else text), used
+    return data, used
