@@ -67,6 +67,7 @@ PACKAGE_DATA = {
     "reports": ["templates/*.html.j2"],
     "harness.sim": ["calibrations/*.yaml"],
     "harness.client": ["metrics.yaml"],
+    "harness.results": ["schemas/*.schema.json"],
     DISTRIBUTION: ["py.typed"],
 }
 
