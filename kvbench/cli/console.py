@@ -58,6 +58,7 @@ def verdict_exit(outcomes: list[Outcome], where: str = "") -> None:
         raise typer.Exit(outcome.exit_code)
 
 
+STDOUT_FD = 1
 VERDICT_EXITS = (0, 1, 3)
 """Exit codes after which a command's result file holds its verdict (valid, FAILED, INCONCLUSIVE); after 2 it
 measured or read nothing to print."""
@@ -100,12 +101,12 @@ def json_stdout(enabled: bool) -> Iterator[None]:
         return
     real = sys.stdout
     real.flush()
-    out_fd, err_fd = _fd(real), _fd(sys.stderr)
+    err_fd = _fd(sys.__stderr__) if sys.__stderr__ is not None else None
     saved = None
-    if out_fd is not None and err_fd is not None:
-        # engines and C code write to descriptor 1 directly, not through sys.stdout
-        saved = os.dup(out_fd)
-        os.dup2(err_fd, out_fd)
+    if err_fd is not None:
+        # engines, C code and child processes write to descriptor 1 itself, not through sys.stdout
+        saved = os.dup(STDOUT_FD)
+        os.dup2(err_fd, STDOUT_FD)
     results = JsonResults()
     _results.append(results)
     sys.stdout = sys.stderr
@@ -119,8 +120,8 @@ def json_stdout(enabled: bool) -> Iterator[None]:
     finally:
         sys.stderr.flush()
         sys.stdout = real
-        if saved is not None and out_fd is not None:
-            os.dup2(saved, out_fd)
+        if saved is not None:
+            os.dup2(saved, STDOUT_FD)
             os.close(saved)
         _results.remove(results)
         if verdict and results.texts:
