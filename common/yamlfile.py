@@ -78,7 +78,14 @@ ScenarioLoader.yaml_implicit_resolvers = {
     key: list(value) for key, value in Yaml12BooleansLoader.yaml_implicit_resolvers.items()
 }
 ScenarioLoader.add_implicit_resolver(ENV_TAG, _WHOLE_REFERENCE, ["$"])
-ScenarioLoader.add_constructor(ENV_TAG, lambda loader, node: EnvPlain(loader.construct_scalar(node)))
+
+
+def _construct_env(loader: yaml.SafeLoader, node: yaml.Node) -> EnvPlain:
+    assert isinstance(node, yaml.ScalarNode)  # the implicit resolver tags plain scalars only
+    return EnvPlain(loader.construct_scalar(node))
+
+
+ScenarioLoader.add_constructor(ENV_TAG, _construct_env)
 
 
 class EnvUnset(LookupError):
@@ -108,14 +115,17 @@ def expand_text(text: str, environ: Mapping[str, str], where: str) -> tuple[str,
     return ENV_REFERENCE.sub(one, text), used
 
 
+SCALAR_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("int", "float", "bool", "null")}
+
+
 def _typed(text: str) -> object:
-    """``text`` typed as the plain scalar it would be written in a scenario file (int, float, bool, null, str)."""
-    loader = Yaml12BooleansLoader("")
-    try:
-        node = yaml.ScalarNode(loader.resolve(yaml.ScalarNode, text, (True, False)), text)
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
+    """``text`` typed as the plain scalar it would be written as in a scenario file: a number, true/false or
+    null where its whole text is one (the loader's own patterns), else the text."""
+    resolvers = Yaml12BooleansLoader.yaml_implicit_resolvers
+    for tag, pattern in [*resolvers.get(text[:1], []), *resolvers.get(None, [])]:
+        if tag in SCALAR_TAGS and pattern.match(text):
+            return yaml.load(text, Loader=Yaml12BooleansLoader)  # one scalar: the pattern matched the whole text
+    return text
 
 
 def expand_env(data: object, environ: Mapping[str, str], path: tuple[str, ...] = ()) -> tuple[object, dict[str, str]]:
