@@ -3,7 +3,8 @@
 ``--json`` (:func:`json_stdout`): while a command runs, everything it, its libraries and the processes it starts
 write to stdout goes to stderr instead (the Python stream and file descriptor 1 both), and the result files the
 command names (:func:`emit_json`) are printed to the real stdout when it ends with a verdict (exit 0, 1 or 3):
-one file as is, several as a JSON array of them. So ``json.loads(stdout)`` reads the result and nothing else.
+one file as is, several (or none) as a JSON array of them. So ``json.loads(stdout)`` reads the result and nothing
+else; after exit 2 stdout stays empty.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class JsonResults:
 
     def text(self) -> str:
         parts = [text.strip() for text in self.texts]
+        if not parts:
+            return "[]\n"  # a verdict without a result file (report --html --playbook): still one JSON document
         return (parts[0] if len(parts) == 1 else "[\n" + ",\n".join(parts) + "\n]") + "\n"
 
 
@@ -124,6 +127,6 @@ def json_stdout(enabled: bool) -> Iterator[None]:
             os.dup2(saved, STDOUT_FD)
             os.close(saved)
         _results.remove(results)
-        if verdict and results.texts:
+        if verdict:
             real.write(results.text())
             real.flush()

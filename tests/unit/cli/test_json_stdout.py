@@ -55,6 +55,12 @@ def test_several_results_are_one_array(capfd: pytest.CaptureFixture[str]) -> Non
     assert json.loads(capfd.readouterr().out) == [{"a": 1}, {"b": 2}]
 
 
+def test_a_verdict_without_a_result_is_an_empty_array(capfd: pytest.CaptureFixture[str]) -> None:
+    with json_stdout(True):
+        print("only notes")
+    assert json.loads(capfd.readouterr().out) == []
+
+
 def test_without_json_nothing_changes(capfd: pytest.CaptureFixture[str]) -> None:
     with json_stdout(False):
         print("plain")

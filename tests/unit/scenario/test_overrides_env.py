@@ -88,7 +88,8 @@ def test_an_unset_variable_without_default_names_file_field_and_variable(tmp_pat
 def test_dollar_dollar_is_a_literal_dollar(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(
-        "name: lit\ndescription: costs $$5 and $${NOT_EXPANDED}\nengine: {kind: sim, model: llama-3.1-8b, hardware: h100-sxm}\n"
+        "name: lit\ndescription: costs $$5 and $${NOT_EXPANDED}\n"
+        "engine: {kind: sim, model: llama-3.1-8b, hardware: h100-sxm}\n"
         "arms: [{name: A, offload: 'off'}]\nworkload: {kind: multi_round_qa, context_tokens: [64]}\n",
         encoding="utf-8",
     )
