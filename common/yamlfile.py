@@ -3,6 +3,9 @@
 Scenarios, playbooks, calibrations and published-table specs all start the same way: read the text
 (UTF-8), parse it with ``yaml.safe_load`` and expect a mapping at the top. Each caller passes its own
 error class, so a bad file still fails as that kind of input (ScenarioError, PlaybookError, ...).
+
+Scenario files may also say ``${VAR}`` and ``${VAR:-default}`` in string values: :class:`ScenarioLoader` reads
+them and :func:`expand_env` expands them from an environment, naming the field of an unset variable.
 """
 
 from __future__ import annotations
