@@ -68,6 +68,7 @@ PACKAGE_DATA = {
     "harness.sim": ["calibrations/*.yaml"],
     "harness.client": ["metrics.yaml"],
     "workloads": ["data/*.jsonl"],
+    "harness.results": ["schemas/*.schema.json"],
     DISTRIBUTION: ["py.typed"],
 }
 

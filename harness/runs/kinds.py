@@ -49,6 +49,9 @@ class LaunchOverrides:
     arms: tuple[str, ...] = ()
     load_from: Path | None = None
     load_fraction: float = DEFAULT_LOAD_FRACTION
+    scenario_set: tuple[str, ...] = ()
+    """``--set`` given with ``--resume``: re-applied to the original scenario file when the stored one had its
+    secrets removed (:meth:`RunDir.resume_scenario`); a new run's scenario has them applied already."""
 
     @property
     def changes_window(self) -> bool:
@@ -223,7 +226,7 @@ def launch(
             raise SoakError("--resume continues the stored window: --window, --interval and --load cannot change it")
         run_dir = RunDir.open(resume)
         source = run_dir.scenario_file
-        effective = spec.check(run_dir.resume_scenario(), str(source), overrides)
+        effective = spec.check(run_dir.resume_scenario(overrides.scenario_set), str(source), overrides)
     else:
         if scenario is None:
             raise KvbenchError("missing scenario (a YAML file or a bundled name such as 'quickstart')")

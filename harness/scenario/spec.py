@@ -1,22 +1,27 @@
 """The scenario: one YAML file that says what to run, validated once, then read-only.
 
 ``load_scenario`` is the single entry point; any problem becomes a :class:`ScenarioError` whose
-message names the file, the field path and the allowed values.
+message names the file, the field path and the allowed values. String values may say ``${VAR}`` or
+``${VAR:-default}`` (expanded at load, :func:`common.yamlfile.expand_env`); ``--set dotted.path=value``
+changes a field before validation (:mod:`.overrides`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from common.errors import ScenarioError
+from common.redact import is_secret_name, remember_secret
 from common.schema import StrictModel
-from common.yamlfile import Yaml12BooleansLoader, read_yaml_mapping
+from common.yamlfile import EnvUnset, ScenarioLoader, expand_env, read_yaml_mapping
 from harness.engines import kinds
 from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
 from harness.engines.replicas import PrometheusSpec, RoutingSpec
@@ -38,6 +43,7 @@ from workloads.config import (
 )
 
 from .fleet import check_fleet
+from .overrides import apply_overrides
 
 VERB_OF_WORKLOAD: dict[str, str] = {
     "multi_round_qa": "run",
@@ -562,8 +568,38 @@ def parse_scenario(data: object, source: str) -> Scenario:
         raise ScenarioError(format_validation_error(source, error)) from None
 
 
-def load_scenario(ref: str | Path) -> tuple[Scenario, Path]:
-    """Read and validate a scenario file (or bundled scenario name)."""
-    path = resolve_scenario_path(str(ref))
+def read_scenario_data(
+    path: Path, overrides: Sequence[str] = (), environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, object], str]:
+    """The raw mapping of a scenario file with ``${VAR}``/``${VAR:-default}`` expanded from ``environ`` (default:
+    this process's environment) and ``overrides`` (``dotted.path=value``, ``--set``) applied, not yet validated;
+    and the source to name in its errors (the file, and the overrides when there are any).
+
+    A variable whose name says it holds a secret (``HF_TOKEN``, ``API_KEY``: :func:`common.redact.is_secret_name`)
+    is remembered as one, so its value is scrubbed from the stored scenario, the manifest and every error line,
+    wherever in the scenario it was expanded into.
+    """
     # YAML 1.2 booleans: `offload: off` is the profile "off", an arm named ON is named "ON"
-    return parse_scenario(read_yaml_mapping(path, ScenarioError, loader=Yaml12BooleansLoader), str(path)), path
+    raw = read_yaml_mapping(path, ScenarioError, loader=ScenarioLoader)
+    try:
+        expanded, used = expand_env(raw, os.environ if environ is None else environ)
+    except EnvUnset as error:
+        raise ScenarioError(f"{path}: {error}") from None
+    for name, value in used.items():
+        if is_secret_name(name):
+            remember_secret(value)
+    assert isinstance(expanded, dict)  # expand_env keeps the mapping read_yaml_mapping checked
+    data = {str(key): value for key, value in expanded.items()}
+    if not overrides:
+        return data, str(path)
+    return apply_overrides(data, overrides, Scenario), f"{path} with --set {' --set '.join(overrides)}"
+
+
+def load_scenario(
+    ref: str | Path, overrides: Sequence[str] = (), environ: Mapping[str, str] | None = None
+) -> tuple[Scenario, Path]:
+    """Read and validate a scenario file (or bundled scenario name), its ``${VAR}`` references expanded and
+    ``overrides`` (``--set dotted.path=value``) applied (:func:`read_scenario_data`)."""
+    path = resolve_scenario_path(str(ref))
+    data, source = read_scenario_data(path, overrides, environ)
+    return parse_scenario(data, source), path

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gzip
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -233,12 +234,17 @@ class RunDir:
         except KvbenchError as error:
             raise RunDirError(str(error)) from None
 
-    def resume_scenario(self) -> Scenario:
+    def resume_scenario(self, overrides: Sequence[str] = ()) -> Scenario:
         """The scenario to continue with: the stored one, or, when secrets were removed from it, the
-        original file (``scenario_source`` in the manifest) if it still says the same thing."""
+        original file (``scenario_source`` in the manifest), its ``${VAR}`` expanded and ``overrides`` (the
+        run's ``--set`` options, given again) applied, if it still says the same thing."""
         stored = self.scenario()
         text = self.scenario_file.read_text(encoding="utf-8")
         if REDACTED not in text:
+            if overrides:
+                raise RunDirError(
+                    f"{self.scenario_file}: --resume continues the stored scenario; --set cannot change it"
+                )
             return stored
         source = read_manifest(self.manifest_file).get("scenario_source")
         hint = (
@@ -248,11 +254,14 @@ class RunDir:
         if not isinstance(source, str):
             raise RunDirError(hint)
         try:
-            original, _ = load_scenario(source)
+            original, _ = load_scenario(source, overrides)
         except KvbenchError as error:
             raise RunDirError(f"{hint}, which cannot be read: {error}") from None
         if redact_data(original.model_dump(mode="json")) != stored.model_dump(mode="json"):
-            raise RunDirError(f"{hint}, which has changed since the run started")
+            raise RunDirError(
+                f"{hint}, which has changed since the run started (or the run had --set options: give the same "
+                "ones with --resume)"
+            )
         return original
 
     def records(self) -> list[RequestRecord]:

@@ -1,7 +1,8 @@
 """The kvbench command line: parse, call the harness, then reports. Nothing else lives here.
 
 One module per command group: :mod:`.runs` (run, sweep, soak, replay, report), :mod:`.gate` (compare,
-playbook), :mod:`.scenarios` (validate, scenarios), :mod:`.sim`, :mod:`.trace`, :mod:`.model`, :mod:`.offload`.
+playbook), :mod:`.scenarios` (validate, scenarios), :mod:`.schema`, :mod:`.sim`, :mod:`.trace`, :mod:`.model`,
+:mod:`.offload`; options several commands share are defined once in :mod:`.options`.
 Heavy modules (pandas, aiohttp, engines) are imported inside the commands so ``kvbench --help``
 stays fast.
 """
@@ -14,7 +15,7 @@ import typer
 
 from kvbench import __version__
 
-from . import gate, runs, scenarios
+from . import gate, runs, scenarios, schema
 from .console import console
 from .model import model_app
 from .offload import offload_app
@@ -41,7 +42,7 @@ def main(
 
 COMMANDS = (
     runs.run, runs.sweep, runs.soak, runs.replay, runs.report, runs.versus, gate.compare, scenarios.validate,
-    scenarios.scenarios,
+    scenarios.scenarios, schema.schema,
 )  # fmt: skip
 for command in COMMANDS:
     app.command()(command)

@@ -9,7 +9,7 @@ import typer
 
 from common.markup import console_text
 
-from .console import console, fail, os_error
+from .console import console, emit_json, fail, json_stdout, os_error
 
 
 def compare(
@@ -25,22 +25,35 @@ def compare(
     ] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     markdown: Annotated[Path | None, typer.Option("--markdown", help="Also write the Markdown summary here.")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON here.")] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--json", help="Write the comparison as JSON here; '--json -' prints it to stdout (the rest to stderr)."
+        ),
+    ] = None,
 ) -> None:
     """Regression gate: exit 0 = no regression, 1 = regression, 2 = cannot compare, 3 = INCONCLUSIVE."""
     from common.errors import KvbenchError
     from harness.gate.compare import compare_paths
+    from reports.gate import render_json
     from reports.outputs import write_compare_outputs
 
-    files = {name: path for name, path in (("markdown", markdown), ("junit", junit), ("json", json_out)) if path}
-    try:
-        result = compare_paths(baseline, current, threshold or [])
-        write_compare_outputs(result, files, console)
-    except KvbenchError as error:  # exit 2: cannot compare, whatever could not be read
-        raise fail(str(error)) from None
-    except OSError as error:
-        raise fail(os_error(error)) from None
-    raise typer.Exit(result.exit_code)
+    to_stdout = json_out == Path("-")
+    files = {
+        name: path
+        for name, path in (("markdown", markdown), ("junit", junit), ("json", None if to_stdout else json_out))
+        if path
+    }
+    with json_stdout(to_stdout):
+        try:
+            result = compare_paths(baseline, current, threshold or [])
+            write_compare_outputs(result, files, console)
+            emit_json(render_json(result))
+        except KvbenchError as error:  # exit 2: cannot compare, whatever could not be read
+            raise fail(str(error)) from None
+        except OSError as error:
+            raise fail(os_error(error)) from None
+        raise typer.Exit(result.exit_code)
 
 
 playbook_app = typer.Typer(

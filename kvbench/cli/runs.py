@@ -8,7 +8,9 @@ or read, 3 INCONCLUSIVE.
 
 from __future__ import annotations
 
+import dataclasses
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,7 +19,8 @@ from rich.console import Console
 
 from common.markup import console_text
 
-from .console import console, fail, os_error, verdict_exit
+from .console import console, emit_json, fail, json_stdout, os_error, verdict_exit
+from .options import JsonFlag, SetOption
 
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
@@ -38,11 +41,14 @@ def launch_kind(
     output_dir: Path | None,
     resume: Path | None,
     overrides: LaunchOverrides | None = None,
+    sets: Sequence[str] = (),
 ) -> RunDir:
-    """Start (or resume) a run of ``kind`` through the one spine, then write every report of it."""
+    """Start (or resume) a run of ``kind`` through the one spine, then write every report of it; ``sets``: the
+    ``--set`` overrides of the scenario (with ``--resume``: re-applied to the original file where the stored
+    scenario had its secrets removed)."""
     from common.errors import KvbenchError, RunInterrupted
     from harness.results.verdict import outcome_of_result
-    from harness.runs.kinds import launch
+    from harness.runs.kinds import LaunchOverrides, launch
     from harness.runs.progress import progress_for
     from harness.scenario.spec import load_scenario
     from harness.store.rundir import RunDir
@@ -51,7 +57,9 @@ def launch_kind(
     if (scenario is None) == (resume is None):
         raise fail("give either a scenario (a YAML file or a bundled name such as 'quickstart') or --resume RUN_DIR")
     try:
-        loaded, source = load_scenario(scenario) if scenario is not None else (None, None)
+        loaded, source = load_scenario(scenario, sets) if scenario is not None else (None, None)
+        if resume is not None:
+            overrides = dataclasses.replace(overrides or LaunchOverrides(), scenario_set=tuple(sets))
         with progress_for(console) as progress:
             run_dir, result = launch(
                 kind,
@@ -63,6 +71,7 @@ def launch_kind(
                 overrides=overrides,
             )
         write_outputs(run_dir, console)
+        emit_json(run_dir.path / result.FILE_NAME)
     except RunInterrupted as stopped:
         # the result file and reports would otherwise be an earlier attempt's (or none): rebuild them from what
         # this one kept, then say how to resume
@@ -91,7 +100,9 @@ def rebuild(path: Path, out: Console = console, formats: set[str] | None = None)
     from reports.outputs import write_outputs
 
     run_dir = RunDir.open(path)
-    outcome = outcome_of_result(summarize(run_dir))
+    result = summarize(run_dir)
+    outcome = outcome_of_result(result)
+    emit_json(run_dir.path / result.FILE_NAME)
     out.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
     for written in write_outputs(run_dir, out, formats):
         out.print(f"wrote {written}", highlight=False, markup=False)
@@ -108,14 +119,19 @@ def run(
     ] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
+    sets: SetOption = None,
+    json: JsonFlag = False,
 ) -> None:
     """Run a scenario: every arm, the workload, then the t1/t2 TTFT table."""
     from harness.runs.kinds import LaunchOverrides
 
     overrides = LaunchOverrides(arms=tuple(arms or ()))
-    run_dir = launch_kind("probe", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
-    path = console_text(run_dir.path)
-    console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
+    with json_stdout(json):
+        run_dir = launch_kind(
+            "probe", scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
+        )
+        path = console_text(run_dir.path)
+        console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
 
 
 def sweep(
@@ -132,20 +148,27 @@ def sweep(
         Path | None, typer.Option("--report", help="Only rebuild sweep.json and the curves of a sweep run directory.")
     ] = None,
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
+    sets: SetOption = None,
+    json: JsonFlag = False,
 ) -> None:
     """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved (workload kind
     agentic: concurrent agent sessions, agents at SLO per tier)."""
     if report_only is not None:
-        if scenario is not None or resume is not None:
-            raise fail("give exactly one of: a scenario, --resume RUN_DIR, --report RUN_DIR")
-        report(run_dirs=[report_only])
+        if scenario is not None or resume is not None or sets:
+            raise fail(
+                "give exactly one of: a scenario, --resume RUN_DIR, --report RUN_DIR (--set goes with a scenario)"
+            )
+        report(run_dirs=[report_only], json=json)
         return
     from harness.runs.kinds import LaunchOverrides
 
     overrides = LaunchOverrides(arms=tuple(arms or ()))
-    run_dir = launch_kind("sweep", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
-    path = console_text(run_dir.path)
-    console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
+    with json_stdout(json):
+        run_dir = launch_kind(
+            "sweep", scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
+        )
+        path = console_text(run_dir.path)
+        console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
 
 
 def soak(
@@ -171,6 +194,8 @@ def soak(
         Path | None, typer.Option("--output-dir", "-o", help="Parent of the soak directory (default: scenario).")
     ] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted window.")] = None,
+    sets: SetOption = None,
+    json: JsonFlag = False,
 ) -> None:
     """Stability window: the workload at its target load; per-interval stats and a PASS/FAIL verdict."""
     from harness.runs.kinds import LaunchOverrides
@@ -184,9 +209,12 @@ def soak(
     overrides = LaunchOverrides(
         window_s=window_s, interval_s=interval_s, load=load, arm=arm, load_from=load_from, load_fraction=load_fraction
     )
-    run_dir = launch_kind("soak", scenario, output_dir=output_dir, resume=resume, overrides=overrides)
-    path = console_text(run_dir.path)
-    console.print(f"Soak directory: [bold]{path}[/]  (HTML: kvbench report --html {path})", highlight=False)
+    with json_stdout(json):
+        run_dir = launch_kind(
+            "soak", scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
+        )
+        path = console_text(run_dir.path)
+        console.print(f"Soak directory: [bold]{path}[/]  (HTML: kvbench report --html {path})", highlight=False)
 
 
 def report(
@@ -215,6 +243,7 @@ def report(
             "--out", "-o", help="With --html: the output file (default: beside the playbook, or in RUN_DIR/report)."
         ),
     ] = None,
+    json: JsonFlag = False,
 ) -> None:
     """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
     from common.errors import KvbenchError
@@ -233,15 +262,16 @@ def report(
     if (playbook is not None or out is not None) and not html:
         raise fail("--playbook and --out go with --html")
     outcomes: list[Outcome] = []
-    try:
-        outcomes += [rebuild(path, formats=None if wanted is None else wanted - {"html"}) for path in dirs]
-        if html:
-            console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}", highlight=False, markup=False)
-    except KvbenchError as error:
-        raise fail(str(error)) from None
-    except OSError as error:
-        raise fail(os_error(error)) from None
-    verdict_exit(outcomes)
+    with json_stdout(json):  # one directory: its result file; several: a JSON array of them
+        try:
+            outcomes += [rebuild(path, formats=None if wanted is None else wanted - {"html"}) for path in dirs]
+            if html:
+                console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}", highlight=False, markup=False)
+        except KvbenchError as error:
+            raise fail(str(error)) from None
+        except OSError as error:
+            raise fail(os_error(error)) from None
+        verdict_exit(outcomes)
 
 
 def versus(
@@ -278,7 +308,10 @@ def replay(
     resume: Annotated[
         Path | None, typer.Option("--resume", help="Continue an interrupted replay (arms not finished run again).")
     ] = None,
+    sets: SetOption = None,
+    json: JsonFlag = False,
 ) -> None:
     """Replay a timestamped trace on every arm: TTFT/TPOT/E2E, SLO, hit rate against the trace's ceiling."""
-    run_dir = launch_kind("replay", scenario, output_dir=output_dir, resume=resume)
-    console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")
+    with json_stdout(json):
+        run_dir = launch_kind("replay", scenario, output_dir=output_dir, resume=resume, sets=sets or ())
+        console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")

@@ -9,19 +9,21 @@ import typer
 from common.markup import console_text
 
 from .console import console, err_console
+from .options import SetOption
 
 
 def validate(
     files: Annotated[list[str], typer.Argument(help="Scenario files or bundled names.")],
+    sets: SetOption = None,
 ) -> None:
-    """Check scenario files without running anything."""
+    """Check scenario files without running anything (with ${VAR} expanded and each --set applied)."""
     from common.errors import ScenarioError
     from harness.scenario.spec import load_scenario
 
     failed = 0
     for ref in files:
         try:
-            scenario, path = load_scenario(ref)
+            scenario, path = load_scenario(ref, sets or ())
         except ScenarioError as error:
             err_console.print(f"[red]✗[/] {console_text(error)}", highlight=False)
             failed += 1

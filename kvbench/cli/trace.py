@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .console import fail
+from .options import SetOption
 
 if TYPE_CHECKING:
     from workloads.trace import TraceStats
@@ -182,6 +183,7 @@ def synth(
     ] = 2.0,
     block_tokens: Annotated[int, typer.Option(help="Tokens per hash id.")] = 512,
     seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's, else 0).")] = None,
+    sets: SetOption = None,
 ) -> None:
     """Write a multi-user QA workload as a kvbench trace, to inspect, share and replay exactly."""
     import yaml
@@ -203,10 +205,12 @@ def synth(
         path = Path(source)
         data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
         if isinstance(data, dict) and data.get("kind") == "multi_user_qa":
+            if sets:
+                raise _fail(f"{source}: a workload mapping, not a scenario; --set changes a scenario's fields")
             config = MultiUserQA.model_validate(data)
             chosen_seed = 0 if seed is None else seed
         else:
-            scenario, _ = load_scenario(source)
+            scenario, _ = load_scenario(source, sets or ())
             config = scenario.load_workload
             chosen_seed = scenario.seed if seed is None else seed
     except ValidationError as error:

@@ -98,6 +98,7 @@ def test_the_wheel_holds_only_kvbench_and_every_module_imports_from_it_alone(tmp
         archive.extractall(tmp_path / "site")
     assert {name.split("/")[0] for name in names} == {"kvbench", wheel.name.split("-py3")[0] + ".dist-info"}
     assert "kvbench/scenarios/quickstart.yaml" in names and "kvbench/py.typed" in names
+    assert "kvbench/harness/results/schemas/summary.schema.json" in names  # kvbench schema NAME prints these
     # the extracted wheel first on the path, run from an empty folder: the checkout is not importable
     imported = subprocess.run(
         [sys.executable, "-c", IMPORT_ALL],
