@@ -55,6 +55,7 @@ from harness.engines.common import remove_session_dirs
 from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.host_link import probe_host_link
 from harness.engines.kinds import create_engine, host_link_target
+from harness.results.aggregate import RESET_DETAIL
 from harness.results.fleet import summarize_fleet
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
@@ -257,6 +258,7 @@ class ArmSession:
             if required:
                 raise
             log.info("arm %s: the engine cannot reset its prefix cache; it starts warm", self.arm.name)
+            self.note(RESET_DETAIL, "the engine cannot reset its prefix cache; the arm started warm")
             return False
         return True
 
