@@ -12,34 +12,35 @@ import pytest
 
 from common.errors import ScenarioError
 from harness.engines.configs import OpenAIEngineConfig
-from harness.scenario.flags import EndpointFlags, scenario_from_flags
+from harness.scenario.flags import EndpointFlags, FlagKind, scenario_from_flags
 from workloads.config import MultiRoundQAProbe, MultiUserQA, TraceReplay
 
 
-def served(model: str) -> object:
-    asked: list[str] = []
+class Served:
+    """A stand-in for GET /v1/models: always ``model``; remembers the URLs asked."""
 
-    def discover(url: str, api_key: str | None) -> str:
-        asked.append(url)
-        return model
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.asked: list[str] = []
 
-    discover.asked = asked  # type: ignore[attr-defined]
-    return discover
+    def __call__(self, url: str, api_key: str | None) -> str:
+        self.asked.append(url)
+        return self.model
 
 
 def test_one_endpoint_is_one_arm_with_the_probe_defaults_and_the_discovered_model() -> None:
-    discover = served("m-1")
+    discover = Served("m-1")
     scenario = scenario_from_flags(
         "probe", EndpointFlags(base_url="http://127.0.0.1:8000/v1/", contexts="32000,8000"), discover=discover
-    )  # type: ignore[arg-type]
-    assert discover.asked == ["http://127.0.0.1:8000"]  # type: ignore[attr-defined]
+    )
+    assert discover.asked == ["http://127.0.0.1:8000"]
     engine = scenario.engine
     assert isinstance(engine, OpenAIEngineConfig)
     assert (engine.model, engine.base_url, engine.arm_urls) == ("m-1", "http://127.0.0.1:8000", {})
     assert [(arm.name, arm.offload) for arm in scenario.arms] == [("endpoint", "hbm")]
     workload = scenario.workload
     assert isinstance(workload, MultiRoundQAProbe)
-    defaults = MultiRoundQAProbe(kind="multi_round_qa", context_tokens=[16])
+    defaults = MultiRoundQAProbe.model_validate({"kind": "multi_round_qa", "context_tokens": [16]})
     assert workload.context_tokens == [8000, 32000]
     assert (workload.conversations, workload.turns, workload.answer_tokens) == (
         defaults.conversations,
@@ -107,7 +108,7 @@ def test_several_endpoints_serving_different_models_need_model() -> None:
         ("probe", EndpointFlags(base_url="http://h", tokenizer="/nonexistent/dir"), r"^--tokenizer .*no such file"),
     ],
 )
-def test_bad_flags_are_one_line_errors_naming_the_flag(kind: str, flags: EndpointFlags, message: str) -> None:
+def test_bad_flags_are_one_line_errors_naming_the_flag(kind: FlagKind, flags: EndpointFlags, message: str) -> None:
     with pytest.raises(ScenarioError, match=message) as caught:
-        scenario_from_flags(kind, flags, discover=lambda url, key: "m")  # type: ignore[arg-type]
+        scenario_from_flags(kind, flags, discover=lambda url, key: "m")
     assert "\n" not in str(caught.value)
