@@ -27,6 +27,7 @@ from .ttft_table import (
     RANK_HEADER,
     TIMING_HEADER,
     SplitRow,
+    endpoint_lines,
     lmcache_rows,
     pass_header,
     pass_rows,
@@ -121,6 +122,8 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
     settle, unsettled = settle_line(result)
     if settle is not None:
         out.print(escape(settle), style="yellow" if unsettled else None, highlight=False)
+    for note in endpoint_lines(result):
+        out.print(escape(note), style="yellow", highlight=False)
     sections = (
         (
             "Where TTFT goes (ms, mean per request; engine /metrics)",
@@ -175,6 +178,7 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         text.append(line)
         text.extend(f"\n**Warning:** {warning}." for warning in warnings)
         text.append("")
+    text.extend(f"{md_text(note)}\n" for note in endpoint_lines(result))
     sections = (
         answer_markdown(result),
         timing_markdown(result),

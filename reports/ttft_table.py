@@ -218,3 +218,20 @@ def settle_line(result: RunResult) -> tuple[str | None, bool]:
         f"Passes: the last of {passes} moved no cell's median by more than {SETTLE_WARN:.0%} (largest: {where}).",
         False,
     )
+
+
+def endpoint_lines(result: RunResult) -> list[str]:
+    """What an attached endpoint could not give: which tokenizer built the prompts (and how far the server's own
+    counts were from it), and arms whose prefix cache was not reset between turns. Empty when neither applies."""
+    lines = []
+    for lengths in result.prompt_lengths:
+        spread = (
+            f"usage.prompt_tokens / counted − 1: median {lengths.median_diff:+.1%}, largest |difference| "
+            f"{lengths.max_abs_diff:.1%} over {lengths.requests} requests"
+            if lengths.median_diff is not None and lengths.max_abs_diff is not None
+            else "no request reported usage.prompt_tokens"
+        )
+        lines.append(f"Prompts of {lengths.arm} built with {lengths.built_with}; {spread}.")
+    for arm, why in sorted(result.reset_unavailable.items()):
+        lines.append(f"{arm}: no prefix-cache reset between turns ({why}); turn 2 may have hit the GPU prefix cache.")
+    return lines

@@ -63,6 +63,13 @@ class OpenAIEngineConfig(ReplicaFields):
     hardware: str = Field(default="unknown", description="Free-text hardware label for reports.")
     parallelism: Parallelism = Parallelism()
     startup_timeout_s: float = Field(default=30.0, gt=0, description="How long to wait for /health.")
+    vocab: str | None = Field(
+        default=None,
+        description="Where the server has no POST /tokenize: the served model's tokenizer (a directory with a "
+        "tokenizer.json, or that file) to build prompts with; default: kvbench's word tokenizer. The server's "
+        "usage.prompt_tokens gives the true lengths either way. (Not named 'tokenizer': kvbench stores every "
+        "field whose name holds 'token' as a secret.)",
+    )
     endpoints: list[ReplicaEndpoint] = Field(
         default_factory=list,
         description="Fleet replicas: a url (and metrics_url) each, or only metrics_url behind a router at base_url.",

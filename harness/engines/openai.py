@@ -6,38 +6,122 @@ reads ``GET /version`` for the manifest, and leaving only closes kvbench's HTTP 
 counts come from the server's ``POST /tokenize`` (vLLM's and the simulator's shape); the GPU
 prefix cache is reset with ``POST /reset_prefix_cache`` where the server offers it. The API key is
 read from the environment variable the scenario names and never stored.
+
+A server without ``POST /tokenize`` (any other OpenAI-compatible server) is asked once, at attach time;
+then prompts are built with a local tokenizer: ``engine.vocab`` (the served model's
+``tokenizer.json``) or kvbench's own :class:`~workloads.tokenizer.WordTokenizer`. The manifest names
+the tokenizer (``engines.ARM.details.prompts_built_with``), and the server's ``usage.prompt_tokens`` gives each
+prompt's true length. :func:`discover_model` reads ``GET /v1/models`` for a run that names no model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 
 import aiohttp
 
-from common.errors import EngineStartError
+from common.errors import EngineStartError, KvbenchError
 from common.redact import redact_text
 from harness.client.connections import new_session
 from harness.client.endpoint import Endpoint
-from workloads.tokenizer import Tokenizer
+from harness.client.models import served_models
+from workloads.tokenizer import Tokenizer, WordTokenizer
 
 from .base import EngineConfigModel, EngineFacts, LaunchContext
-from .common import RunningServer, ServerTokenizer, reset_with_retry, server_version
+from .common import (
+    TOKENIZER_FILE,
+    EngineRequestError,
+    ModelDirTokenizer,
+    RunningServer,
+    ServerTokenizer,
+    post_text,
+    reset_with_retry,
+    server_version,
+)
 from .configs import OpenAIEngineConfig
 
 POLL_S = 0.5
+PROMPTS_BUILT_WITH = "prompts_built_with"
+"""The manifest's ``engines.ARM.details`` key naming the tokenizer that built the arm's prompts."""
+COUNTS_EXACT = "counts_exact"
+"""The details key saying whether that tokenizer's counts are the engine's ("true"/"false")."""
 REQUEST_TIMEOUT_S = 30.0
+
+
+class LabeledTokenizer:
+    """A tokenizer with what it is and whether its counts are the engine's (a
+    :class:`~workloads.tokenizer.DescribedTokenizer`)."""
+
+    def __init__(self, inner: Tokenizer, description: str, *, exact: bool) -> None:
+        self._inner = inner
+        self.description = description
+        self.exact = exact
+
+    async def encode(self, text: str) -> list[int]:
+        return await self._inner.encode(text)
+
+    async def prompt_ids(self, text: str) -> list[int]:
+        return await self._inner.prompt_ids(text)
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        return await self._inner.decode(token_ids)
+
+
+def local_tokenizer(path: str | None) -> Tokenizer:
+    """The tokenizer at ``path`` (a directory with a tokenizer.json, or that file), else kvbench's word tokenizer.
+
+    One-line :class:`KvbenchError` naming the path when it holds no readable tokenizer.
+    """
+    if path is None:
+        return WordTokenizer()
+    where = Path(path).expanduser()
+    file = where / TOKENIZER_FILE if where.is_dir() else where
+    if not file.is_file():
+        raise KvbenchError(f"tokenizer {path}: no {TOKENIZER_FILE} there (give a model directory or the file)")
+    return LabeledTokenizer(ModelDirTokenizer(file), f"{TOKENIZER_FILE} at {file}", exact=False)
+
+
+async def endpoint_tokenizer(
+    session: aiohttp.ClientSession, base_url: str, model: str, local: str | None
+) -> LabeledTokenizer:
+    """The server's ``POST /tokenize`` when it answers a token list, else :func:`local_tokenizer` (asked once)."""
+    why = "no token list"
+    try:
+        status, text = await post_text(session, base_url + "/tokenize", {"model": model, "prompt": "kvbench"})
+    except EngineRequestError as error:
+        status, text, why = 0, "", str(error)
+    if status == 200:
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if isinstance(tokens, list) and tokens and all(isinstance(token, int) for token in tokens):
+            return LabeledTokenizer(
+                ServerTokenizer(session, base_url, model), "the server's POST /tokenize", exact=True
+            )
+    elif status:
+        why = f"HTTP {status}"
+    chosen = local_tokenizer(local)
+    label = chosen.description if isinstance(chosen, LabeledTokenizer | WordTokenizer) else str(local)
+    return LabeledTokenizer(chosen, f"{label}; the server has no POST /tokenize ({why})", exact=False)
 
 
 class RunningEndpoint(RunningServer):
     """The :class:`~harness.engines.base.RunningEngine` of an attached endpoint."""
 
-    def __init__(self, endpoint: Endpoint, facts: EngineFacts, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, endpoint: Endpoint, facts: EngineFacts, session: aiohttp.ClientSession, tokenizer: Tokenizer
+    ) -> None:
         super().__init__(endpoint, facts)
         self._session = session
-        self._tokenizer = ServerTokenizer(session, endpoint.base_url, endpoint.model)
+        self._tokenizer = tokenizer
 
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
@@ -90,6 +174,7 @@ class OpenAIEngine:
         try:
             await self._wait_ready(session, endpoint.base_url)
             version = await self._version(session, endpoint.base_url)
+            tokenizer = await endpoint_tokenizer(session, endpoint.base_url, self.config.model, self.config.vocab)
         except BaseException:
             await session.close()
             self._session = None
@@ -102,9 +187,12 @@ class OpenAIEngine:
                 "model": self.config.model,
                 "hardware": self.config.hardware,
                 "managed": "false",
+                # keys without "token" in them: the manifest stores such keys as secrets
+                PROMPTS_BUILT_WITH: tokenizer.description,
+                COUNTS_EXACT: "true" if tokenizer.exact else "false",
             },
         )
-        return RunningEndpoint(endpoint, facts, session)
+        return RunningEndpoint(endpoint, facts, session, tokenizer)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -135,3 +223,27 @@ class OpenAIEngine:
     @staticmethod
     async def _version(session: aiohttp.ClientSession, base_url: str) -> str:
         return await server_version(session, base_url)
+
+
+DISCOVERY_TIMEOUT_S = 30.0
+
+
+def discover_model(base_url: str, api_key: str | None) -> str:
+    """The one model the server at ``base_url`` lists under ``GET /v1/models``.
+
+    One-line :class:`KvbenchError` when it cannot be read, lists none, or lists several (naming them: give one).
+    """
+
+    async def listed() -> list[str]:
+        headers = Endpoint(base_url=base_url, model="", api_key=api_key).headers
+        async with new_session(headers=headers, timeout=aiohttp.ClientTimeout(total=DISCOVERY_TIMEOUT_S)) as session:
+            return await served_models(session, base_url.rstrip("/").removesuffix("/v1"))
+
+    models = asyncio.run(listed())
+    if len(models) == 1:
+        return models[0]
+    if not models:
+        raise KvbenchError(f"{redact_text(base_url)}: GET /v1/models lists no model; give --model NAME")
+    raise KvbenchError(
+        f"{redact_text(base_url)} serves {len(models)} models ({', '.join(models)}); choose one with --model NAME"
+    )

@@ -16,8 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from harness.engines.openai import COUNTS_EXACT, PROMPTS_BUILT_WITH
 from harness.scenario.spec import Scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, GroupKey, MetricsDelta
+from harness.store.manifest import read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 
@@ -30,13 +32,14 @@ from .run_result import (
     LatencyStats,
     PassMedians,
     PctDiff,
+    PromptLengths,
     RequestCounts,
     RunResult,
     StreamCheck,
     TtftCell,
     pct_diff,
 )
-from .validity import judge_probe, with_engines_down
+from .validity import judge_probe, with_engines_down, with_reset_unavailable
 
 NS_PER_MS = 1_000_000
 CellKey = tuple[str, int, int]
@@ -457,8 +460,53 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
     result = aggregate(
         scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics(), engine_logs=logs
     )
+    details = engine_details(run_dir)
+    unavailable = {arm: why for arm, found in details.items() if (why := found.get(RESET_DETAIL))}
+    lengths = prompt_lengths(chosen_measured(run_dir), details)
+    result = result.model_copy(update={"prompt_lengths": lengths, "reset_unavailable": unavailable})
     if result.validity is not None:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
+        judged = with_reset_unavailable(
+            judged, unavailable, result.cells, result.cache, scenario.validity.max_reset_hit_rate
+        )
         result = result.model_copy(update={"validity": judged})
     result.write_file(run_dir.summary_file)
     return result
+
+
+RESET_DETAIL = "prefix_cache_reset"
+"""The manifest's ``engines.ARM.details`` key a probe writes when the arm's engine cannot reset its prefix cache."""
+
+
+def engine_details(run_dir: RunDir) -> dict[str, dict[str, str]]:
+    """Every arm's ``engines.ARM.details`` from the manifest (strings only)."""
+    engines = read_manifest(run_dir.manifest_file).get("engines")
+    out: dict[str, dict[str, str]] = {}
+    for arm, entry in (engines or {}).items() if isinstance(engines, dict) else ():
+        details = entry.get("details") if isinstance(entry, dict) else None
+        if isinstance(details, dict):
+            out[str(arm)] = {str(k): v for k, v in details.items() if isinstance(v, str)}
+    return out
+
+
+def prompt_lengths(measured: Sequence[RequestRecord], details: Mapping[str, Mapping[str, str]]) -> list[PromptLengths]:
+    """Per arm whose prompts a tokenizer other than the engine's built: usage.prompt_tokens / counted − 1."""
+    out: list[PromptLengths] = []
+    for arm, found in details.items():
+        if found.get(COUNTS_EXACT) != "false":
+            continue
+        diffs = [
+            record.prompt_tokens / record.expected_prompt_tokens - 1.0
+            for record in measured
+            if record.arm == arm and record.ok and record.prompt_tokens and record.expected_prompt_tokens
+        ]
+        out.append(
+            PromptLengths(
+                arm=arm,
+                built_with=found.get(PROMPTS_BUILT_WITH, "unknown"),
+                requests=len(diffs),
+                median_diff=statistics.median(diffs) if diffs else None,
+                max_abs_diff=max(abs(d) for d in diffs) if diffs else None,
+            )
+        )
+    return out

@@ -221,6 +221,21 @@ class StreamCheck(Frozen):
     warnings: list[str] = Field(default_factory=list)
 
 
+class PromptLengths(Frozen):
+    """One arm's prompt lengths as the tokenizer that built them counted them vs the server's ``usage.prompt_tokens``.
+
+    Written where the prompts were built with a tokenizer that is not the engine's (an endpoint without
+    ``/tokenize``), over the arm's measured successful requests with both counts; relative difference =
+    usage / counted − 1 (chat: counted = the messages' contents, so the server's template tokens are in it).
+    """
+
+    arm: str
+    built_with: str = Field(description="The tokenizer that built the prompts (the manifest's prompts_built_with).")
+    requests: int
+    median_diff: float | None = Field(description="Median relative difference (usage / counted − 1).")
+    max_abs_diff: float | None = Field(description="Largest |usage / counted − 1|.")
+
+
 class RequestCounts(Frozen):
     measured: int
     ok: int
@@ -271,6 +286,17 @@ class RunResult(ResultHeader):
         default_factory=list,
         description="Per cell of a run of 2 passes or more, its median TTFT after each pass (empty with one pass, "
         "and in summaries written before 2026-11-28).",
+    )
+
+    prompt_lengths: list[PromptLengths] = Field(
+        default_factory=list,
+        description="Per arm whose prompts a tokenizer other than the engine's built: its counts vs the server's "
+        "usage.prompt_tokens (empty otherwise).",
+    )
+    reset_unavailable: dict[str, str] = Field(
+        default_factory=dict,
+        description="Arms whose engine could not reset its GPU prefix cache between turns, and why (empty when every "
+        "reset happened or none was asked for).",
     )
 
     def outcome(self) -> Outcome:

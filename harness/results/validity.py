@@ -17,6 +17,11 @@ offload tier, must say so instead of printing a table (issue 11). Gates, over th
   nothing to load) while the engine reports that counter, and ``between_turns`` is not ``none``;
 * ``engine_restarted`` (INCONCLUSIVE): an engine's cumulative counters went down or its process
   start time moved during an arm (``engine_restarts`` in ``engine_metrics.jsonl``);
+* ``reset_unavailable`` (INCONCLUSIVE): ``between_turns`` resets the GPU prefix cache but an arm's engine
+  offers no reset (:func:`with_reset_unavailable`), and nothing shows whether turn ≥ 2 hit that cache: no
+  ``/metrics`` cache counters and no ``usage.prompt_tokens_details.cached_tokens`` for those turns. Where the
+  counters are there, the gates above judge the turns as usual; where only ``cached_tokens`` is, a share
+  ``cached / prompt tokens`` (medians) above ``validity.max_reset_hit_rate`` is ``reset_missed``;
 * ``engine_died`` (FAILED): in the run's last attempt an arm's engine process exited, or its endpoint refused
   connections, and the arm ended there (``engine_events.jsonl``); a later attempt that finishes the arm clears it.
 
@@ -186,3 +191,47 @@ def judge_errors(measured: int, ok: int, errors_by_kind: Mapping[str, int], max_
         errors_by_kind=dict(errors_by_kind),
         findings=findings,
     )
+
+
+def with_reset_unavailable(
+    validity: Validity,
+    unavailable: Mapping[str, str],
+    cells: Sequence[TtftCell],
+    cache: Sequence[CacheStats],
+    max_reset_hit_rate: float,
+) -> Validity:
+    """``validity`` judged for the arms whose engine could not reset its prefix cache (``unavailable``: arm -> why)."""
+    findings: list[Finding] = []
+    for arm, why in sorted(unavailable.items()):
+        if any(s.arm == arm and s.turn >= 2 and (s.prompt_tokens or s.gpu_queries) for s in cache):
+            continue  # the engine's counters judge its later turns (reset_missed, off_arm_hits)
+        later = [c for c in cells if c.arm == arm and c.turn >= 2 and c.cached_tokens_median is not None]
+        if not later:
+            findings.append(
+                Finding(
+                    gate="reset_unavailable",
+                    arm=arm,
+                    message=f"{arm}: {why}, and the endpoint reports no cache counters (/metrics) or usage "
+                    "cached_tokens, so whether turn 2 hit the GPU prefix cache is unknown",
+                )
+            )
+            continue
+        for cell in later:
+            prompt = cell.prompt_tokens_median or 0.0
+            share = (cell.cached_tokens_median or 0.0) / prompt if prompt else 0.0
+            if share > max_reset_hit_rate:
+                findings.append(
+                    Finding(
+                        gate="reset_missed",
+                        arm=arm,
+                        context_tokens=cell.context_tokens,
+                        turn=cell.turn,
+                        message=f"{arm} {cell.context_tokens} tokens turn {cell.turn}: {share:.0%} of prompt tokens "
+                        f"were cached (usage cached_tokens) and the endpoint cannot reset its prefix cache (limit "
+                        f"{max_reset_hit_rate:.0%})",
+                    )
+                )
+    if not findings:
+        return validity
+    every = [*validity.findings, *findings]
+    return validity.model_copy(update={"findings": every, "verdict": verdict_of(every)})

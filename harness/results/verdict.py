@@ -27,7 +27,14 @@ EXIT_INCONCLUSIVE = 3
 
 VerdictValue = Literal["valid", "failed", "inconclusive"]
 GateName = Literal[
-    "no_success", "error_rate", "no_offload_hits", "reset_missed", "off_arm_hits", "engine_restarted", "engine_died"
+    "no_success",
+    "error_rate",
+    "no_offload_hits",
+    "reset_missed",
+    "off_arm_hits",
+    "engine_restarted",
+    "engine_died",
+    "reset_unavailable",
 ]
 FAILING_GATES: frozenset[str] = frozenset({"no_success", "error_rate", "engine_died"})
 """Gates that make the run ``failed``; the others make it ``inconclusive``."""

@@ -7,6 +7,14 @@ turn 1 cold (GPU prefix cache reset when the scenario says so), makes turn 2 a *
 (``engine_metrics.jsonl``) and, once finished, appends a :class:`GroupDone` to ``progress.jsonl``.
 Resume skips every finished group, so a killed run loses at most the group in flight.
 
+An endpoint that cannot reset its GPU prefix cache (a production vLLM without dev mode, any other
+OpenAI-compatible server) is said once per arm, in the console and in the manifest
+(``engines.ARM.details.prefix_cache_reset``); the run goes on, turn 2 may hit the GPU cache, and the
+validity gates judge what the counters show (:func:`harness.results.validity.with_reset_unavailable`).
+Where prompts are built with a tokenizer that is not the engine's (an endpoint without ``/tokenize``),
+each measured record keeps the prompt tokens that tokenizer counted (``expected_prompt_tokens``: the
+messages' contents for chat, the text for completions), to set beside the server's ``usage.prompt_tokens``.
+
 ``arm_order: interleaved`` (:meth:`ProbeRunner.blocks`) runs one repetition per block with the
 arms in ABBA order and an engine start per arm and block; each turn's ``/metrics`` delta records
 the engine restarts the spine saw (``engine_restarts``), which make the run INCONCLUSIVE.
@@ -15,16 +23,21 @@ the engine restarts the spine saw (``engine_restarts``), which make the run INCO
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 
 from harness.client.scrape import cache_counter_deltas
-from harness.results.aggregate import summarize_run_dir
+from harness.engines.base import PrefixCacheResetUnsupported
+from harness.results.aggregate import RESET_DETAIL, summarize_run_dir
 from harness.results.run_result import RunResult
-from harness.scenario.spec import Arm
+from harness.scenario.spec import Arm, Scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
+from harness.store.rundir import RunDir
 from workloads.config import MultiRoundQAProbe
 from workloads.multi_round_qa import ConversationGroup, ConversationState, build_filler
-from workloads.tokenizer import TokenIds
+from workloads.tokenizer import TokenIds, tokenizer_facts
 
+from .progress import RunProgress
 from .spine import ArmSession, Prompt, Runner, record_from
 
 log = logging.getLogger(__name__)
@@ -35,6 +48,19 @@ class ProbeRunner(Runner[RunResult]):
 
     verb = "run"
     unit = "requests"
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        run_dir: RunDir,
+        *,
+        source: Path | None = None,
+        progress: RunProgress | None = None,
+        only_arms: Sequence[str] = (),
+    ) -> None:
+        super().__init__(scenario, run_dir, source=source, progress=progress, only_arms=only_arms)
+        self._no_reset: set[str] = set()
+        """Arms whose engine cannot reset its GPU prefix cache (said once; no further tries)."""
 
     @property
     def workload(self) -> MultiRoundQAProbe:
@@ -87,7 +113,7 @@ class ProbeRunner(Runner[RunResult]):
             w.warmup_requests, api=w.api, ignore_eos=w.ignore_eos, tag="warmup", prompt_tokens=w.warmup_prompt_tokens
         )
         if w.between_turns.mode == "reset_prefix_cache":
-            await session.reset_prefix_cache(required=True)
+            await self._reset(session)
         self.progress.describe(f"{session.arm.name}: measuring")
         for repetition, context_tokens in self._groups(session.arm, session.block):
             await self._run_group(session, repetition, context_tokens)
@@ -98,10 +124,26 @@ class ProbeRunner(Runner[RunResult]):
             )
             session.sync()
 
+    async def _reset(self, session: ArmSession) -> None:
+        """Drop the engine's GPU prefix cache; where it cannot, say so once for the arm and go on."""
+        arm = session.arm.name
+        if arm in self._no_reset:
+            return
+        try:
+            await session.reset_prefix_cache(required=True)
+        except PrefixCacheResetUnsupported as error:
+            self._no_reset.add(arm)
+            session.note(RESET_DETAIL, str(error))
+            message = (
+                f"{arm}: {error}, so kvbench cannot drop its GPU prefix cache between turns; the run goes on "
+                "(turn 2 may hit that cache) and the validity gates judge it"
+            )
+            self.progress.note(message)  # once per arm: later resets are not tried
+
     async def _between_turns(self, session: ArmSession, repetition: int, context_tokens: int, turn: int) -> None:
         mode = self.workload.between_turns.mode
         if mode == "reset_prefix_cache":
-            await session.reset_prefix_cache(required=True)
+            await self._reset(session)
         elif mode == "filler":
             await self._send_filler(session, repetition, context_tokens, turn)
 
@@ -144,8 +186,9 @@ class ProbeRunner(Runner[RunResult]):
         )
         # index -> answers so far: all a conversation keeps between turns (its document is rebuilt when large)
         alive: dict[int, list[str]] = {index: [] for index in range(w.conversations)}
+        _, exact = tokenizer_facts(session.tokenizer)
         if w.between_turns.mode == "reset_prefix_cache":
-            await session.reset_prefix_cache(required=True)  # turn 1 starts cold
+            await self._reset(session)  # turn 1 starts cold
         for turn in range(1, w.turns + 1):
             if turn > 1:
                 await self._between_turns(session, repetition, context_tokens, turn)
@@ -154,6 +197,7 @@ class ProbeRunner(Runner[RunResult]):
             for index, answers in alive.items():
                 state = await group.state(index, answers)
                 prompt = await self._prompt(session, state)
+                counted = None if exact else await _counted_tokens(session, prompt)
                 key = f"{repetition}:{context_tokens}:{state.conversation.index}"
                 outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos, key=key)
                 session.append(
@@ -167,6 +211,7 @@ class ProbeRunner(Runner[RunResult]):
                         context_tokens=context_tokens,
                         conversation=state.conversation.index,
                         turn=turn,
+                        expected_prompt_tokens=counted,
                     )
                 )
                 self.progress.advance(f"{arm} {context_tokens} tok t{turn}")
@@ -199,6 +244,16 @@ class ProbeRunner(Runner[RunResult]):
         if self.workload.prompt == "token_ids":
             return TokenIds(tuple(await session.tokenizer.prompt_ids(text)))
         return text
+
+
+async def _counted_tokens(session: ArmSession, prompt: Prompt) -> int:
+    """The prompt's tokens as the run's tokenizer counts them: token ids as sent, a text prompt's text, chat messages
+    as the sum of their contents (the server's special tokens and chat template add their own)."""
+    if isinstance(prompt, TokenIds):
+        return len(prompt.ids)
+    if isinstance(prompt, str):
+        return len(await session.tokenizer.encode(prompt))
+    return sum([len(await session.tokenizer.encode(message["content"])) for message in prompt])
 
 
 def _counter_deltas(before: str | None, after: str | None) -> dict[str, float] | None:

@@ -55,6 +55,7 @@ from harness.engines.common import remove_session_dirs
 from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.host_link import probe_host_link
 from harness.engines.kinds import create_engine, host_link_target
+from harness.results.aggregate import RESET_DETAIL
 from harness.results.fleet import summarize_fleet
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
@@ -138,8 +139,10 @@ class ArmSession:
         writer: RecordWriter,
         block: int | None = None,
         fleet: RunningFleet | None = None,
+        manifest: Manifest | None = None,
     ) -> None:
         self.runner = runner
+        self._manifest = manifest
         self.block = block
         """Which block of :meth:`Runner.blocks` this engine start serves (None: all the arm's work)."""
         self.arm = arm
@@ -149,6 +152,7 @@ class ArmSession:
         """One engine's client, or a :class:`FleetClient` that routes over the replicas."""
         self.writer = writer
         self._counters: dict[str, float] = {}
+        self._said_no_metrics = False
         self._restarts = 0
         self.fleet = fleet or RunningFleet((engine,))
 
@@ -162,6 +166,11 @@ class ArmSession:
 
     def append(self, record: RequestRecord) -> None:
         self.writer.append(record)
+
+    def note(self, key: str, value: str) -> None:
+        """Record a fact about the arm's engine that showed while it ran in the manifest (``engines.ARM.details``)."""
+        if self._manifest is not None:
+            self._manifest.note_engine(self.arm.name, key, value)
 
     def sync(self) -> None:
         """fsync the records written so far (at the end of each unit of work)."""
@@ -249,6 +258,7 @@ class ArmSession:
             if required:
                 raise
             log.info("arm %s: the engine cannot reset its prefix cache; it starts warm", self.arm.name)
+            self.note(RESET_DETAIL, "the engine cannot reset its prefix cache; the arm started warm")
             return False
         return True
 
@@ -261,7 +271,9 @@ class ArmSession:
         try:
             text = await self.client.metrics_text()
         except (aiohttp.ClientError, TimeoutError) as error:
-            log.warning("arm %s: /metrics unavailable (%s); no cache statistics", self.arm.name, error)
+            if not self._said_no_metrics:  # once per arm: an endpoint without /metrics would say it every turn
+                log.warning("arm %s: /metrics unavailable (%s); no cache statistics", self.arm.name, error)
+                self._said_no_metrics = True
             return None
         try:
             counters = counter_totals(parse_metrics(text))
@@ -423,7 +435,10 @@ class Runner(ABC, Generic[ResultT]):
         try:
             if fleet_size(self.scenario.engine) > 1 or (arm.routing or self.scenario.routing).router is not None:
                 async with open_fleet(self, arm, context, manifest) as (fleet, client):
-                    yield ArmSession(self, arm, fleet.first, client, writer, block=block, fleet=fleet)  # type: ignore[arg-type]
+                    runner: Runner[VersionedFile] = self  # type: ignore[assignment]
+                    yield ArmSession(
+                        runner, arm, fleet.first, client, writer, block=block, fleet=fleet, manifest=manifest
+                    )
                 return
             async with create_engine(self.scenario.engine, context) as engine:
                 manifest.record_engine(arm.name, engine.facts)
@@ -433,7 +448,7 @@ class Runner(ABC, Generic[ResultT]):
                     read_timeout_s=self.stall_timeout_s(),
                     max_connections=self.connections(),
                 ) as client:
-                    yield ArmSession(self, arm, engine, client, writer, block=block)  # type: ignore[arg-type]
+                    yield ArmSession(self, arm, engine, client, writer, block=block, manifest=manifest)  # type: ignore[arg-type]
         finally:  # the engines have stopped: the KV they wrote is kvbench's own
             remove_session_dirs(arm.profile, session)
 

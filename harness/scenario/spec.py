@@ -568,6 +568,15 @@ def parse_scenario(data: object, source: str) -> Scenario:
         raise ScenarioError(format_validation_error(source, error)) from None
 
 
+def override_scenario(scenario: Scenario, overrides: Sequence[str]) -> Scenario:
+    """``scenario`` (built in code, e.g. from a command's flags) with ``--set`` overrides applied as to a file."""
+    if not overrides:
+        return scenario
+    data = scenario.model_dump(mode="json", exclude_unset=True)
+    source = f"the flags with --set {' --set '.join(overrides)}"
+    return parse_scenario(apply_overrides(data, overrides, Scenario), source)
+
+
 def read_scenario_data(
     path: Path, overrides: Sequence[str] = (), environ: Mapping[str, str] | None = None
 ) -> tuple[dict[str, object], str]:

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from common import __version__
 from common.errors import RunDirError
 from common.private import FILE_MODE, open_private
-from common.redact import redact_argv, redact_data
+from common.redact import redact_argv, redact_data, redact_text
 from common.schema import first_problem
 from harness.engines.base import EngineFacts
 from harness.engines.host_link import HostLink
@@ -159,6 +159,13 @@ class Manifest:
         }
         # engines redact their own command lines; this catches what they could not know (a URL password)
         self.data["engines"][arm] = redact_data(json.loads(json.dumps(entry, default=str)))
+        self.save()
+
+    def note_engine(self, arm: str, key: str, value: str) -> None:
+        """Add one fact the arm's engine showed while it ran (e.g. that it cannot reset its prefix cache) to
+        ``engines.ARM.details``."""
+        entry = self.data["engines"].setdefault(arm, {"details": {}})
+        entry.setdefault("details", {})[key] = redact_text(value)
         self.save()
 
     def record_host_link(self, link: HostLink) -> None:

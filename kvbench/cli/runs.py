@@ -25,18 +25,75 @@ from .options import JsonFlag, SetOption
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
     from harness.runs.kinds import LaunchOverrides
+    from harness.scenario.flags import EndpointFlags, FlagKind
+    from harness.scenario.spec import Scenario
     from harness.store.rundir import RunDir, RunKind
 
 
 ONLY_ARMS = typer.Option(
     "--arm",
-    help="Run only this arm now (repeatable); the others stay pending, and --resume RUN_DIR runs them later.",
+    help="Run only this arm now (repeatable); the others stay pending, and --resume RUN_DIR runs them later. "
+    "Without a scenario, NAME=URL (or NAME:PROFILE=URL) measures that endpoint as an arm; the first is the baseline.",
 )
+
+# Flags-only runs (no scenario file): the endpoint to measure and the multi-round QA workload's main knobs
+# (harness.scenario.flags builds the scenario from them).
+BASE_URL = typer.Option("--base-url", help="Measure this OpenAI-compatible endpoint (no scenario file needed).")
+BASELINE = typer.Option("--baseline", help="With --arm NAME=URL: the baseline arm (default: the first).")
+MODEL = typer.Option("--model", help="Model name to send (default: the one GET /v1/models lists).")
+API_KEY_ENV = typer.Option("--api-key-env", help="Environment variable holding the endpoint's API key.")
+TOKENIZER = typer.Option(
+    "--tokenizer",
+    help="Where the endpoint has no /tokenize: the served model's tokenizer.json or its directory "
+    "(default: kvbench's word tokenizer; the server's usage gives the true lengths).",
+)
+CONTEXTS = typer.Option("--contexts", help="Context lengths in tokens, e.g. 8000,32000.")
+CONVERSATIONS = typer.Option(
+    "--conversations", help="Conversations per length (sweep: distinct users, default 2 x the largest concurrency)."
+)
+TURNS = typer.Option("--turns", help="Turns per conversation (sweep: rounds per session).")
+ANSWER_TOKENS = typer.Option("--answer-tokens", help="max_tokens of every answer.")
+
+
+def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, resume: Path | None) -> Scenario | None:
+    """The scenario the flags describe (None when they name no endpoint); one-line errors for flags that clash."""
+    from common.errors import KvbenchError
+    from harness.scenario.flags import scenario_from_flags
+
+    if not flags.given:
+        endpoint_only = {
+            "--baseline": flags.baseline,
+            "--model": flags.model,
+            "--api-key-env": flags.api_key_env,
+            "--tokenizer": flags.tokenizer,
+            "--contexts": flags.contexts,
+            "--conversations": flags.conversations,
+            "--turns": flags.turns,
+            "--answer-tokens": flags.answer_tokens,
+            "--concurrency": flags.concurrency,
+            "--duration": flags.duration,
+            "--warmup": flags.warmup,
+            "--trace": flags.trace,
+        }
+        given = [flag for flag, value in endpoint_only.items() if value is not None]
+        if given:
+            raise fail(f"{given[0]} goes with --base-url URL or --arm NAME=URL (a scenario file sets it in its YAML)")
+        if scenario is None and resume is None and flags.arms:
+            raise fail(
+                f"--arm {flags.arms[0]!r}: give NAME=URL to measure an endpoint, or a scenario whose arm it names"
+            )
+        return None
+    if scenario is not None or resume is not None:
+        raise fail("give a scenario, --resume RUN_DIR, or an endpoint (--base-url URL / --arm NAME=URL): one of them")
+    try:
+        return scenario_from_flags(kind, flags)
+    except KvbenchError as error:
+        raise fail(str(error)) from None
 
 
 def launch_kind(
     kind: RunKind,
-    scenario: str | None,
+    scenario: str | Scenario | None,
     *,
     output_dir: Path | None,
     resume: Path | None,
@@ -50,14 +107,18 @@ def launch_kind(
     from harness.results.verdict import outcome_of_result
     from harness.runs.kinds import LaunchOverrides, launch
     from harness.runs.progress import progress_for
-    from harness.scenario.spec import load_scenario
+    from harness.scenario.spec import load_scenario, override_scenario
     from harness.store.rundir import RunDir
     from reports.outputs import write_outputs
 
     if (scenario is None) == (resume is None):
         raise fail("give either a scenario (a YAML file or a bundled name such as 'quickstart') or --resume RUN_DIR")
     try:
-        loaded, source = load_scenario(scenario, sets) if scenario is not None else (None, None)
+        # a str names a file or a bundled scenario; a Scenario was built from flags (harness.scenario.flags)
+        if isinstance(scenario, str):
+            loaded, source = load_scenario(scenario, sets)
+        else:
+            loaded, source = (override_scenario(scenario, sets) if scenario is not None else None), None
         if resume is not None:
             overrides = dataclasses.replace(overrides or LaunchOverrides(), scenario_set=tuple(sets))
         with progress_for(console) as progress:
@@ -121,14 +182,38 @@ def run(
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
+    base_url: Annotated[str | None, BASE_URL] = None,
+    baseline: Annotated[str | None, BASELINE] = None,
+    model: Annotated[str | None, MODEL] = None,
+    api_key_env: Annotated[str | None, API_KEY_ENV] = None,
+    tokenizer: Annotated[str | None, TOKENIZER] = None,
+    contexts: Annotated[str | None, CONTEXTS] = None,
+    conversations: Annotated[int | None, CONVERSATIONS] = None,
+    turns: Annotated[int | None, TURNS] = None,
+    answer_tokens: Annotated[int | None, ANSWER_TOKENS] = None,
 ) -> None:
-    """Run a scenario: every arm, the workload, then the t1/t2 TTFT table."""
+    """Run a scenario (or measure an endpoint: --base-url URL): every arm, the workload, then the t1/t2 TTFT table."""
     from harness.runs.kinds import LaunchOverrides
+    from harness.scenario.flags import EndpointFlags
 
-    overrides = LaunchOverrides(arms=tuple(arms or ()))
+    flags = EndpointFlags(
+        base_url=base_url,
+        arms=tuple(arms or ()),
+        baseline=baseline,
+        model=model,
+        api_key_env=api_key_env,
+        tokenizer=tokenizer,
+        contexts=contexts,
+        conversations=conversations,
+        turns=turns,
+        answer_tokens=answer_tokens,
+        output_dir=str(output_dir or "runs"),
+    )
     with json_stdout(json):
+        built = flag_scenario("probe", flags, scenario, resume)
+        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()))
         run_dir = launch_kind(
-            "probe", scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
+            "probe", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
         )
         path = console_text(run_dir.path)
         console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
@@ -150,6 +235,24 @@ def sweep(
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
+    base_url: Annotated[str | None, BASE_URL] = None,
+    baseline: Annotated[str | None, BASELINE] = None,
+    model: Annotated[str | None, MODEL] = None,
+    api_key_env: Annotated[str | None, API_KEY_ENV] = None,
+    tokenizer: Annotated[str | None, TOKENIZER] = None,
+    concurrency: Annotated[
+        str | None, typer.Option("--concurrency", help="With --base-url: users at each load point, e.g. 1,4,16,64.")
+    ] = None,
+    duration: Annotated[
+        str | None, typer.Option("--duration", help="With --base-url: each point's measured window (default 60s).")
+    ] = None,
+    warmup: Annotated[
+        str | None, typer.Option("--warmup", help="With --base-url: each point's unmeasured lead-in (default 10s).")
+    ] = None,
+    contexts: Annotated[str | None, CONTEXTS] = None,
+    conversations: Annotated[int | None, CONVERSATIONS] = None,
+    turns: Annotated[int | None, TURNS] = None,
+    answer_tokens: Annotated[int | None, ANSWER_TOKENS] = None,
 ) -> None:
     """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved (workload kind
     agentic: concurrent agent sessions, agents at SLO per tier)."""
@@ -161,11 +264,29 @@ def sweep(
         report(run_dirs=[report_only], json=json)
         return
     from harness.runs.kinds import LaunchOverrides
+    from harness.scenario.flags import EndpointFlags
 
-    overrides = LaunchOverrides(arms=tuple(arms or ()))
+    flags = EndpointFlags(
+        base_url=base_url,
+        arms=tuple(arms or ()),
+        baseline=baseline,
+        model=model,
+        api_key_env=api_key_env,
+        tokenizer=tokenizer,
+        contexts=contexts,
+        conversations=conversations,
+        turns=turns,
+        answer_tokens=answer_tokens,
+        concurrency=concurrency,
+        duration=duration,
+        warmup=warmup,
+        output_dir=str(output_dir or "runs"),
+    )
     with json_stdout(json):
+        built = flag_scenario("sweep", flags, scenario, resume)
+        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()))
         run_dir = launch_kind(
-            "sweep", scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
+            "sweep", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
         )
         path = console_text(run_dir.path)
         console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
@@ -310,8 +431,30 @@ def replay(
     ] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
+    base_url: Annotated[str | None, BASE_URL] = None,
+    arms: Annotated[
+        list[str] | None, typer.Option("--arm", help="NAME=URL: replay on this endpoint as an arm (repeatable).")
+    ] = None,
+    baseline: Annotated[str | None, BASELINE] = None,
+    model: Annotated[str | None, MODEL] = None,
+    api_key_env: Annotated[str | None, API_KEY_ENV] = None,
+    tokenizer: Annotated[str | None, TOKENIZER] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="With --base-url: the trace file to replay.")] = None,
 ) -> None:
     """Replay a timestamped trace on every arm: TTFT/TPOT/E2E, SLO, hit rate against the trace's ceiling."""
+    from harness.scenario.flags import EndpointFlags
+
+    flags = EndpointFlags(
+        base_url=base_url,
+        arms=tuple(arms or ()),
+        baseline=baseline,
+        model=model,
+        api_key_env=api_key_env,
+        tokenizer=tokenizer,
+        trace=trace,
+        output_dir=str(output_dir or "runs"),
+    )
     with json_stdout(json):
-        run_dir = launch_kind("replay", scenario, output_dir=output_dir, resume=resume, sets=sets or ())
+        built = flag_scenario("replay", flags, scenario, resume)
+        run_dir = launch_kind("replay", built or scenario, output_dir=output_dir, resume=resume, sets=sets or ())
         console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")
