@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from harness.results.agentic_result import AgenticResult
 from harness.results.calibrated import CalibratedTtft
 from harness.results.fleet import FleetResult
 from harness.results.replay_result import ReplayResult
@@ -75,6 +76,7 @@ STORED_FILES: dict[str, StoredFile] = {
         StoredFile("sweep", "sweep.json", SweepResult, "kvbench sweep: capacity curves, SLO, GPUs saved"),
         StoredFile("soak", "soak.json", SoakResult, "kvbench soak: intervals and the verdict"),
         StoredFile("replay", "replay.json", ReplayResult, "kvbench replay: per-arm latency, SLO and hit rates"),
+        StoredFile("agentic", "agentic.json", AgenticResult, "kvbench sweep (agentic): agents at SLO per tier, energy"),
         StoredFile("fleet", "fleet.json", FleetResult, "fleets: same vs moved, per-replica hits and load"),
         StoredFile("calibration", "calibration.yaml", Calibration, "kvbench sim calibrate -o FILE (YAML)"),
         StoredFile("calibrated-ttft", "calibrated_ttft.json", CalibratedTtft, "kvbench sim predict: TTFT per cell"),

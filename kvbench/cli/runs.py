@@ -115,6 +115,8 @@ def launch_kind(
         raise fail("give either a scenario (a YAML file or a bundled name such as 'quickstart') or --resume RUN_DIR")
     try:
         # a str names a file or a bundled scenario; a Scenario was built from flags (harness.scenario.flags)
+        loaded: Scenario | None
+        source: Path | None
         if isinstance(scenario, str):
             loaded, source = load_scenario(scenario, sets)
         else:

@@ -76,7 +76,7 @@ def test_agentic_sweep_on_the_simulator(tmp_path: Path) -> None:
         assert len(p.tiers) == 2
         energy = p.energy  # the simulator's power model, labelled as such
         assert energy is not None and energy.source == "simulated" and energy.joules_per_token, energy
-        assert energy.agents_per_kw == p.agents / (energy.avg_watts / 1000), energy
+        assert energy.avg_watts and energy.agents_per_kw == p.agents / (energy.avg_watts / 1000), energy
     off, on = (next(p for p in result.points if p.arm == arm and p.agents == 8) for arm in ("AMG-OFF", "AMG-ON"))
     assert on.hit_rate is not None and off.hit_rate is not None and on.hit_rate > off.hit_rate + 0.1
     for tier in ("interactive", "batch"):
