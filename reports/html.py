@@ -116,6 +116,7 @@ class ReportSources:
     production: ProbeSource | None = None
     soak: SoakSource | None = None
     sweeps: list[Path] = field(default_factory=list)
+    agentic: list[Path] = field(default_factory=list)
     playbook: PlaybookStatus | None = None
     target_context: int | None = None
     target_turn: int = 2
@@ -129,6 +130,7 @@ class ReportSources:
         if self.soak is not None:
             out.append(("stability window", self.soak.path))
         out.extend(("sweep", path) for path in self.sweeps)
+        out.extend(("agentic sweep", path) for path in self.agentic)
         return out
 
 
@@ -189,7 +191,9 @@ def collect_sources(paths: Sequence[Path], playbook_path: Path | None = None) ->
             sources.soak = load_soak(path)
         elif kind == "sweep":
             sources.sweeps.append(path)
-        elif kind in ("replay", "agentic"):
+        elif kind == "agentic":
+            sources.agentic.append(path)
+        elif kind == "replay":
             raise HtmlReportError(
                 f"{path}: a {kind} run has no HTML card yet; its reports are in {path / 'report'} "
                 "(kvbench report RUN_DIR)"
@@ -215,8 +219,10 @@ def collect_sources(paths: Sequence[Path], playbook_path: Path | None = None) ->
             sources.title = sources.soak.result.scenario_name
         else:
             sources.title = "kvbench case study"
-    if not (sources.poc or sources.baseline or sources.production or sources.soak or sources.sweeps):
-        raise HtmlReportError("nothing to report: give run, soak or sweep directories, or a playbook with runs")
+    if not (sources.poc or sources.baseline or sources.production or sources.soak or sources.sweeps or sources.agentic):
+        raise HtmlReportError(
+            "nothing to report: give run, soak, sweep or agentic sweep directories, or a playbook with runs"
+        )
     return sources
 
 
@@ -963,6 +969,34 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
     return CapacityView(charts, tables, notes), cards
 
 
+def agents_view(paths: Sequence[Path]) -> CapacityView | None:
+    """Agents at SLO of the agentic sweeps (agentic.json, drawn by reports/agentic.py): per tier and arm, the
+    points, TTFT against agents, and what the figures mean."""
+    from harness.results.agentic_result import AgenticResult
+
+    from . import agentic
+
+    view = CapacityView([], [], [])
+    for index, path in enumerate(paths):
+        result = AgenticResult.read_file(path / AgenticResult.FILE_NAME)
+        origin = provenance(read_manifest(path / "manifest.json"))
+        view.charts.append(
+            figure_chart(
+                agentic.ttft_figure(result, str(origin)),
+                f"chart-agents-{index}-ttft",
+                f"TTFT against concurrent agents ({result.scenario_name})",
+                f"TTFT of each arm's calls at each agents count, every tier's TTFT limit dashed; {origin}.",
+            )
+        )
+        for rows in (agentic.capacity_rows(result), agentic.point_rows(result)):
+            header, body = rows
+            view.tables.append(
+                TableView(header, body, [False] * 2 + [True] * (len(header) - 2), caption=f"{path}; {origin}")
+            )
+        view.notes.extend(agentic.notes(result))
+    return view if paths else None
+
+
 def playbook_table(status: PlaybookStatus) -> TableView:
     """Every stage with the provenance of its evidence; the case study stage is this very report."""
     rows = []
@@ -1018,6 +1052,7 @@ def build_context(sources: ReportSources, out_dir: Path) -> dict[str, Any]:
         "soak_criteria": soak_criteria_table(soak) if soak else None,
         "sweeps": [str(p) for p in sources.sweeps],
         "capacity": capacity,
+        "agents": agents_view(sources.agentic),
         "prediction": prediction,
         "methodology": methodology(sources),
         "raw_files": raw_files(sources, out_dir),

@@ -177,3 +177,15 @@ def test_a_measured_lmcache_run_shows_where_its_turn_2_goes(tmp_path: Path) -> N
     assert "Passes: the last of 3 moved" in text and "report/pass_medians.csv" in html
     simulated = render_html(collect_sources([make_probe_run(tmp_path / "sim", speedup=4.0)]), tmp_path)
     assert "chart-lmcache-turn2" not in simulated  # the simulator logs no LMCache lines
+
+
+def test_the_measured_agentic_sweep_has_its_agents_section(tmp_path: Path) -> None:
+    """The committed 1x H200 agentic sweep: agents at SLO per tier and arm, with NVML energy labelled measured."""
+    run = Path(__file__).resolve().parents[3] / "docs" / "results" / "gpu-agentic-llama8b-h200"
+    html = render_html(collect_sources([run]), tmp_path)
+    text = " ".join(parse(html).text)
+    assert 'id="agents"' in html and "SIMULATED" not in text
+    agents = text[text.index("Agents at SLO") :]
+    for arm in ("AMG-OFF", "AMG-ON-LMCache", "AMG-ON-native"):
+        assert arm in agents
+    assert "J/token (measured (NVML))" in agents and "interactive" in agents and "none met" in agents
