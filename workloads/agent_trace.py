@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .trace import HEADER_KEY, CallType, HashId, TraceError, TraceFormat, TraceRequest, _Line
+from .trace_model import HEADER_KEY, CallType, HashId, TraceError, TraceFormat, TraceRequest, _Line
 
 AgentFormat = Literal["bailian", "claude-code", "tokens", "text"]
 AGENT_FORMATS: tuple[AgentFormat, ...] = ("bailian", "claude-code", "tokens", "text")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .agent_trace import prompt_string_of
-from .trace import Percentiles, Trace, TraceRequest, percentiles
+from .trace_model import Percentiles, Trace, TraceRequest, percentiles
 
 COARSE_BLOCKS = (16, 64, 256, 512)
 """The block sizes a ceiling is re-blocked to where they divide: engine blocks (16), LMCache chunks (256), ..."""
