@@ -5,7 +5,8 @@ the experiment in ``LLMDBENCH_*`` variables, and collects ``$LLMDBENCH_RUN_EXPER
 The test sets that environment against a ``kvbench sim serve`` endpoint and checks what lands in
 the results folder: the result (``--json``), kvbench's run directory, the logs and
 ``run_metadata.yaml``, for a flags-only run and for a workload profile (a scenario file whose
-``${VAR}`` fields read the launcher's environment); a missing variable is one line and exit 2.
+``${VAR}`` fields read the launcher's environment); a missing variable is one line and exit 2. The
+analysis step (``scripts/llmd-analyze.sh``) puts kvbench's reports of that run in ``analysis/``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from tests.support import SimulatorLauncher, kvbench_env
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "llmd-harness.sh"
+ANALYZE = SCRIPT.with_name("llmd-analyze.sh")
 SERVE = ("--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--host", "127.0.0.1")
 KVBENCH = f"{shlex.quote(sys.executable)} -m kvbench"
 
 
-def harness(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def harness(env: dict[str, str], cwd: Path, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(SCRIPT)],
+        ["bash", str(script)],
         env=kvbench_env(KVBENCH=KVBENCH, **env),
         cwd=cwd,
         capture_output=True,
@@ -69,6 +71,18 @@ def test_flags_only_experiment(tmp_path: Path, simulator: SimulatorLauncher) -> 
     assert metadata["endpoint_url"] == base_url
     assert metadata["harness_version"].startswith("kvbench ")
     assert f"--base-url {base_url}/v1 --contexts 1000 --model llama-3.1-8b" in metadata["harness_args"]
+    # the analysis step: kvbench's reports of that run directory, and the result, in analysis/
+    analysed = harness({"LLMDBENCH_RUN_EXPERIMENT_RESULTS_DIR": str(results)}, tmp_path, ANALYZE)
+    assert analysed.returncode == 0, analysed.stderr[-3000:]
+    table = (results / "analysis" / "ttft_table.md").read_text()
+    assert "1000" in table
+    assert json.loads((results / "analysis" / "result.json").read_text()) == result
+
+
+def test_analysis_without_a_run_is_one_line(tmp_path: Path) -> None:
+    done = harness({"LLMDBENCH_RUN_EXPERIMENT_RESULTS_DIR": str(tmp_path)}, tmp_path, ANALYZE)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "no kvbench run directory" in done.stderr
 
 
 def test_workload_profile_is_a_scenario(tmp_path: Path, simulator: SimulatorLauncher) -> None:
