@@ -31,10 +31,10 @@ GROUND = "common"
 CLI = "kvbench"
 TOP_FLOOR = {CLI, "benchmarks"}
 PACKAGES = ("kvbench", "common", "harness", "workloads", "offload", "reports", "scenarios", "benchmarks")
-OUTSIDE_THE_GRAPH = {"docs", "lab", "scripts", "tests", "ci"}
+OUTSIDE_THE_GRAPH = {"docs", "lab", "scripts", "tests", "ci", "deploy"}
 """Top-level folders that hold no importable code: documentation, the lab, shell scripts, the tests (which
-may import anything) and CI. Hidden folders and what git ignores (virtual environments, caches, build
-output) are not the tree's."""
+may import anything), CI and ``deploy`` (Kubernetes manifests and a Dockerfile). Hidden folders and what git
+ignores (virtual environments, caches, build output) are not the tree's."""
 IGNORED = re.compile(r"^(\..*|.*\.egg-info|build|dist|runs|__pycache__)$")
 NAMED_CODE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+):[A-Za-z_]\w*$")
 IMPORT_CALLS = {"import_module", "__import__", "files"}

@@ -1,0 +1,111 @@
+"""The Jobs of ``deploy/kubernetes`` run as written: their container's command line against simulators.
+
+A cluster is not needed to know that a Job's arguments are a kvbench command line that measures:
+the test takes the container's ``command`` + ``args`` (and its plain ``env`` values) from the
+manifest and runs them as the pod would, with only what points into the cluster replaced --
+Service URLs by ``kvbench sim serve`` endpoints on 127.0.0.1, the results volume's mount path by a
+temporary folder, the ConfigMap's mount by the file it holds -- and smaller contexts so it is quick.
+The API key variable is set, as the Secret sets it. It must exit 0, print the result on stdout
+(``--json``) and leave the run directory on the "volume".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import SimulatorLauncher, kvbench_argv, kvbench_env
+
+pytestmark = pytest.mark.integration
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+SERVE = ("--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--host", "127.0.0.1")
+RESULTS_MOUNT = "/results"
+
+
+def container(path: Path) -> Mapping[str, object]:
+    (job,) = yaml.safe_load_all(path.read_text(encoding="utf-8"))
+    (only,) = job["spec"]["template"]["spec"]["containers"]
+    assert isinstance(only, dict)
+    return only
+
+
+def pod_argv(spec: Mapping[str, object], replace: Mapping[str, str]) -> list[str]:
+    command = spec["command"]
+    args = spec["args"]
+    assert command == ["kvbench"], command
+    assert isinstance(args, list)
+    return kvbench_argv(*(replace.get(str(arg), str(arg)) for arg in args))
+
+
+def pod_env(spec: Mapping[str, object], replace: Mapping[str, str]) -> dict[str, str]:
+    env = spec["env"]
+    assert isinstance(env, list)
+    values = {entry["name"]: replace.get(entry["value"], entry["value"]) for entry in env if "value" in entry}
+    values.pop("HOME")  # the pod's writable /tmp; here the test's own HOME serves
+    secrets = [entry["name"] for entry in env if "valueFrom" in entry]
+    return kvbench_env(**values, **{name: "sk-test-not-a-real-key" for name in secrets})
+
+
+def run_pod(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_flags_only_job_measures_the_service(tmp_path: Path, simulator: SimulatorLauncher) -> None:
+    spec = container(DEPLOY / "job.yaml")
+    args = [str(arg) for arg in spec["args"]]  # type: ignore[attr-defined]
+    service = args[args.index("--base-url") + 1]
+    contexts = args[args.index("--contexts") + 1]
+    results = tmp_path / "results"
+    with simulator(*SERVE) as base_url:
+        replace = {service: f"{base_url}/v1", contexts: "1000", RESULTS_MOUNT: str(results)}
+        code, stdout, stderr = run_pod(pod_argv(spec, replace), pod_env(spec, {}), tmp_path)
+    assert code == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    result = json.loads(stdout)
+    assert result["context_tokens"] == [1000]
+    assert {cell["turn"] for cell in result["cells"]} == {1, 2}
+    assert all(cell["ttft"]["n"] > 0 and cell["ttft"]["median_ms"] > 0 for cell in result["cells"])
+    (run_dir,) = results.iterdir()
+    assert (run_dir / "summary.json").is_file() and (run_dir / "records.jsonl").is_file()
+    assert "sk-test-not-a-real-key" not in "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file())
+
+
+def test_scenario_job_runs_the_configmap_scenario(tmp_path: Path, simulator: SimulatorLauncher) -> None:
+    configmap = yaml.safe_load((DEPLOY / "scenario" / "configmap.yaml").read_text(encoding="utf-8"))
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(configmap["data"]["scenario.yaml"], encoding="utf-8")
+    spec = container(DEPLOY / "scenario" / "job.yaml")
+    (mount,) = [m for m in spec["volumeMounts"] if m["name"] == "scenario"]  # type: ignore[attr-defined]
+    env = {entry["name"]: entry.get("value") for entry in spec["env"]}  # type: ignore[attr-defined]
+    results = tmp_path / "results"
+    with simulator(*SERVE, "--offload", "hbm") as off, simulator(*SERVE, "--offload", "cpu") as on:
+        replace = {
+            f"{mount['mountPath']}/scenario.yaml": str(scenario),
+            str(env["KVBENCH_OFF_URL"]): off,
+            str(env["KVBENCH_ON_URL"]): on,
+            str(env["KVBENCH_MODEL"]): "llama-3.1-8b",
+        }
+        argv = [
+            *pod_argv(spec, replace),
+            "--set",
+            "workload.context_tokens=[1000]",
+            "--set",
+            "workload.conversations=1",
+        ]
+        environ = pod_env(spec, replace)
+        assert not any("svc.cluster.local" in value for value in environ.values())
+        # the scenario's output.dir is the results volume's mount path: here a temporary folder
+        code, stdout, stderr = run_pod([*argv, "--set", f"output.dir={results}"], environ, tmp_path)
+    assert code == 0, stderr[-3000:]
+    result = json.loads(stdout)
+    assert result["arms"] == ["off", "on"] and result["baseline_arm"] == "off"
+    (run_dir,) = results.iterdir()
+    assert (run_dir / "summary.json").is_file()
+    assert run_dir.name.startswith("cluster-offload-on-vs-off")

@@ -1,0 +1,135 @@
+"""The Kubernetes manifests under ``deploy/kubernetes`` are valid objects of the Kubernetes API.
+
+Every document of every manifest is validated strictly (an unknown field fails, as ``kubectl apply
+--validate=strict`` does) against the JSON Schemas of Kubernetes :data:`KUBERNETES_VERSION`, shipped
+offline by the ``kubernetes-validate`` package. Beside the schema, the Jobs must hold what a benchmark
+in a shared cluster needs: no retry (``backoffLimit: 0``: a second attempt would measure a warmed
+cache), a TTL, a non-root pod, resources set, the API key from a Secret and results on the
+PersistentVolumeClaim. Each ``kustomization.yaml`` lists files that exist. A broken manifest (an
+unknown field, a wrong type) must fail the same check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "kubernetes"
+KUBERNETES_VERSION = "1.30.0"
+"""The oldest Kubernetes the manifests target (batch/v1 Job with ttlSecondsAfterFinished is GA since 1.23)."""
+
+Doc = Mapping[str, object]
+
+
+def manifests() -> list[Path]:
+    return sorted(path for path in DEPLOY.rglob("*.yaml") if path.name != "kustomization.yaml")
+
+
+def documents(path: Path) -> Iterator[Doc]:
+    for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        if document is not None:
+            assert isinstance(document, dict), f"{path}: a document is not a mapping"
+            yield document
+
+
+def validate(document: Doc) -> None:
+    kubernetes_validate.validate(dict(document), KUBERNETES_VERSION, strict=True)
+
+
+def test_there_are_manifests() -> None:
+    kinds = sorted(str(doc["kind"]) for path in manifests() for doc in documents(path))
+    assert kinds == ["ConfigMap", "Job", "Job", "PersistentVolumeClaim"]
+
+
+@pytest.mark.parametrize("path", manifests(), ids=lambda path: str(path.relative_to(DEPLOY)))
+def test_manifest_validates_against_the_kubernetes_schema(path: Path) -> None:
+    for document in documents(path):
+        validate(document)
+
+
+def jobs() -> list[tuple[Path, Doc]]:
+    return [(path, doc) for path in manifests() for doc in documents(path) if doc["kind"] == "Job"]
+
+
+def _at(document: object, *keys: str | int) -> object:
+    for key in keys:
+        if isinstance(document, dict):
+            document = document[key]
+        else:
+            assert isinstance(document, list) and isinstance(key, int), f"no {key!r} under {document!r}"
+            document = document[key]
+    return document
+
+
+def _mapping(document: object, *keys: str | int) -> dict[str, object]:
+    found = _at(document, *keys)
+    assert isinstance(found, dict), f"{keys}: not a mapping"
+    return found
+
+
+def _list(document: object, *keys: str | int) -> list[object]:
+    found = _at(document, *keys)
+    assert isinstance(found, list), f"{keys}: not a list"
+    return found
+
+
+@pytest.mark.parametrize("path,job", jobs(), ids=[str(path.relative_to(DEPLOY)) for path, _ in jobs()])
+def test_job_is_fit_for_a_shared_cluster(path: Path, job: Doc) -> None:
+    assert _at(job, "spec", "backoffLimit") == 0, path
+    assert isinstance(_at(job, "spec", "ttlSecondsAfterFinished"), int)
+    pod = _mapping(job, "spec", "template", "spec")
+    assert pod["restartPolicy"] == "Never"
+    assert _at(pod, "securityContext", "runAsNonRoot") is True
+    (container,) = _list(pod, "containers")
+    assert _at(container, "securityContext", "allowPrivilegeEscalation") is False
+    for bound in ("requests", "limits"):
+        assert set(_mapping(container, "resources", bound)) == {"cpu", "memory"}
+    env = {str(_at(entry, "name")): _mapping(entry) for entry in _list(container, "env")}
+    assert "value" not in env["KVBENCH_API_KEY"], "the API key comes from a Secret, never the manifest"
+    assert _at(env["KVBENCH_API_KEY"], "valueFrom", "secretKeyRef", "name") == "kvbench-api-key"
+    volumes = [_mapping(volume) for volume in _list(pod, "volumes")]
+    claims = {
+        _at(volume, "persistentVolumeClaim", "claimName") for volume in volumes if "persistentVolumeClaim" in volume
+    }
+    assert claims == {"kvbench-results"}
+
+
+def test_kustomizations_list_files_that_exist() -> None:
+    found = sorted(DEPLOY.rglob("kustomization.yaml"))
+    assert found
+    for kustomization in found:
+        listed = yaml.safe_load(kustomization.read_text(encoding="utf-8"))["resources"]
+        for resource in listed:
+            assert (kustomization.parent / resource).is_file(), f"{kustomization}: {resource} does not exist"
+    listed = {
+        (kustomization.parent / resource).resolve()
+        for kustomization in found
+        for resource in yaml.safe_load(kustomization.read_text(encoding="utf-8"))["resources"]
+    }
+    assert listed == {path.resolve() for path in manifests()}, "every manifest is in a kustomization"
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        ("spec", "backofLimit", 0),  # a misspelt field: strict validation refuses unknown fields
+        ("spec", "backoffLimit", "none"),  # a wrong type
+        ("spec", "template", "spec", "containers", 0, "resources", "limit", {"cpu": "1"}),
+    ],
+    ids=["unknown-field", "wrong-type", "nested-unknown-field"],
+)
+def test_a_broken_manifest_fails_the_check(breakage: tuple[str | int | object, ...]) -> None:
+    _, job = jobs()[0]
+    broken = yaml.safe_load(yaml.safe_dump(dict(job)))
+    *keys, last, value = breakage
+    target = broken
+    for key in keys:
+        target = target[key]
+    target[last] = value
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(broken)
