@@ -19,6 +19,9 @@ The call, first match wins:
 * **roll out** otherwise: a measured, valid POC faster at the lengths that matter and a measured
   stability window that PASSed.
 
+GPUs saved (a sweep's) count only for the recommended arm (the POC's first offload arm), and say SIMULATED
+when the sweep ran on the simulator.
+
 Caveats list what the call rests on but does not settle: simulated parts, verdicts that could not
 tell, coarse grids (fewer than :data:`COARSE_CONTEXTS` context lengths, fewer than
 :data:`COARSE_LOADS` load points per arm).
@@ -169,7 +172,7 @@ def decide(inputs: DecisionInputs) -> Decision:
     setups = sorted({e.label for e in parts if e.origin == "measured"})
     if len(setups) > 1:
         caveats.append(f"the parts were measured on {len(setups)} different setups: compare each only with itself")
-    arm = inputs.arm or "the offload arm"
+    arm = inputs.arm or (inputs.savings[0].arm if inputs.savings else "the offload arm")
     turn = inputs.turn
     matter, rest = speedup_ranges(inputs.speedups)
     speed = ""
@@ -181,7 +184,14 @@ def decide(inputs: DecisionInputs) -> Decision:
         speed = f"turn-{turn} TTFT {rest.text()}, under {MATERIAL:g}× at every length"
     if inputs.poc is not None and inputs.poc.origin == "simulated" and speed:
         speed = "SIMULATED " + speed
-    arm_savings = [s for s in inputs.savings if s.arm == inputs.arm] or list(inputs.savings)
+    # only the recommended arm's savings count: another arm's GPUs are not this one's
+    arm_savings = [s for s in inputs.savings if s.arm == arm]
+    saved = [
+        f"{gpus(s.gpus_saved)} saved at {s.target_rps:g} req/s vs {s.baseline}"
+        + (" (SIMULATED sweep)" if s.origin == "simulated" else "")
+        for s in arm_savings
+        if s.gpus_saved > 0
+    ]
 
     blockers: list[str] = []
     if inputs.poc is not None and inputs.poc.verdict == "failed":
@@ -214,14 +224,11 @@ def decide(inputs: DecisionInputs) -> Decision:
     elif inputs.soak.origin != "measured":
         missing.append(f"the stability window is {inputs.soak.origin.upper()}, not measured on a real engine")
     if missing:
-        so_far = f" (so far: {speed})" if speed else ""
+        found = [text for text in (speed, *saved) if text]
+        so_far = f" (so far: {', '.join(found)})" if found else ""
         headline = f"not enough evidence to roll out {arm}: " + "; ".join(missing) + so_far
         return Decision("not enough evidence", headline, measured, simulated, missing, caveats)
 
-    reasons = [speed, "stability window PASS"]
-    for s in arm_savings:
-        if s.gpus_saved > 0:
-            sim = " (SIMULATED sweep)" if s.origin == "simulated" else ""
-            reasons.append(f"{gpus(s.gpus_saved)} saved at {s.target_rps:g} req/s vs {s.baseline}{sim}")
+    reasons = [speed, "stability window PASS", *saved]
     headline = f"roll out {arm}: " + ", ".join(reasons)
     return Decision("roll out", headline, measured, simulated, reasons, caveats)

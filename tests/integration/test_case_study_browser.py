@@ -33,6 +33,16 @@ OVERFLOWING = """() => Array.from(document.querySelectorAll('table, .table-wrap,
   .map(e => `${e.tagName}.${e.className}#${e.closest('section') ? e.closest('section').id : ''}: `
             + `${e.scrollWidth} > ${e.clientWidth}`)"""
 
+# per chart: its id, the left edge of its legend, the right edge of its axes, and whether every text is in the shared
+# style's font (reports/figures.py: one style, the legend beside the data)
+CHARTS = """() => Array.from(document.querySelectorAll('svg.chart')).map(svg => {
+  const legend = svg.querySelector('g[id$="-legend_1"]');
+  const axes = svg.querySelector('g[id$="-axes_1"] > g[id*="-patch_"]');
+  const texts = Array.from(svg.querySelectorAll('text'));
+  return [svg.id, legend ? legend.getBoundingClientRect().left : null, axes.getBoundingClientRect().right,
+          texts.length > 0 && texts.every(t => (t.getAttribute('style') || '').includes('DejaVu Sans'))];
+})"""
+
 
 def test_committed_case_study_fits_1280px_and_opens_with_the_decision(
     browser: Any,  # noqa: F811
@@ -52,6 +62,11 @@ def test_committed_case_study_fits_1280px_and_opens_with_the_decision(
         headline = page.locator("#decision-headline").inner_text()
         assert "× faster at" in headline  # the speed-up range over the lengths that matter
         assert page.locator("section#agents").count() == 1
+        charts = page.evaluate(CHARTS)
+        assert len(charts) >= 8
+        for chart_id, legend_left, axes_right, shared_font in charts:
+            assert legend_left is not None and legend_left >= axes_right, chart_id  # the legend is off the data
+            assert shared_font, chart_id
         body = page.inner_text("body")
         assert "1 GPU saved" in body and re.search(r"(?<![\d.,])1 GPUs", body) is None  # AMG-ON-native saves 1
         shot = tmp_path / "case-study-1280.png"

@@ -105,6 +105,17 @@ def test_simulated_speedups_never_read_as_measured() -> None:
     assert any("POC is SIMULATED" in c for c in d.caveats)
 
 
+def test_a_simulated_sweep_alone_is_not_enough_and_says_so() -> None:
+    sweep = Evidence("capacity sweep s", "", "simulated", "simulated: kvbench simulator")
+    d = decide(DecisionInputs(None, None, 2, sweeps=(sweep,), savings=(Saving("ON", "OFF", 1, 5.0, "simulated"),)))
+    assert d.call == "not enough evidence"
+    assert d.headline == (
+        "not enough evidence to roll out ON: no POC run with a baseline arm and an offload arm; no stability window "
+        "(kvbench soak) (so far: 1 GPU saved at 5 req/s vs OFF (SIMULATED sweep))"
+    )
+    assert d.measured == [] and d.simulated == ["capacity sweep s: kvbench simulator"]
+
+
 def test_caveats_name_inconclusive_coarse_and_mixed_setups() -> None:
     sweep = Evidence("capacity sweep s", "", "measured", "measured: vLLM 0.26.0, 1× NVIDIA H200")
     d = decide(inputs(sweeps=(sweep,), coarse=("sweep s has 2 load point(s) per arm",)))
