@@ -4,7 +4,8 @@
   load points; each arm's Pareto frontier (no other point of the arm has both more RPS/GPU and
   more TPS/user) is drawn as a dashed step line with large markers; points meeting the SLO are
   filled, the others hollow; the region the TPOT limit allows (TPS/user ≥ 1000 / tpot_ms) is shaded.
-* ``ttft_p99.png`` / ``ttft_p99.svg``: TTFT p99 against load per arm, the TTFT limit shaded below.
+* ``ttft_p99.png`` / ``ttft_p99.svg``: TTFT at the SLO's percentile against load per arm, the TTFT limit
+  (labelled with its percentile) shaded below.
 * ``sweep.csv``: one row per (arm, point) with every metric and the frontier flag.
 * ``capacity.md``: the points table, capacity at the SLO, GPUs saved and $/year, and the
   analytical model beside the measurement.
@@ -34,6 +35,7 @@ from harness.results.capacity import COARSE_GRID
 from harness.results.energy import EnergySample
 from harness.results.sweep_result import PointResult, Quantiles, SweepResult
 
+from .decision import gpus
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
 from .tables import csv_cell
 
@@ -120,7 +122,12 @@ def capacity_figure(result: SweepResult, provenance: str = "") -> Figure:
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     if result.slo.tpot_ms is not None:
-        slo_band(ax, 1000.0 / result.slo.tpot_ms, f"TPOT ≤ {result.slo.tpot_ms:g} ms", "right")
+        # the x axis is the mean decode rate, so the band (TPS/user ≥ 1000 / L) is a guide to a TPOT limit of L ms
+        # that holds at the SLO's percentile; a point's fill says whether it met the SLO at that percentile (TTFT
+        # has no axis here: its band is on the TTFT chart)
+        limit = result.slo.tpot_ms
+        label = f"TPOT p{result.slo.percentile:g} ≤ {limit:g} ms (band: mean TPS/user ≥ {1000.0 / limit:.3g})"
+        slo_band(ax, 1000.0 / limit, label, "right")
     ax.set_xlabel("TPS/user: output tokens/s per user while decoding (mean)")
     ax.set_ylabel("RPS/GPU: completed requests/s per GPU")
     fig.suptitle(_title(result))
@@ -129,32 +136,38 @@ def capacity_figure(result: SweepResult, provenance: str = "") -> Figure:
     return fig
 
 
-def _p99(q: Quantiles | None) -> float | None:
-    return None if q is None else q.p99_ms
+def slo_quantile(result: SweepResult) -> float:
+    """The stored percentile the SLO's percentile reads: 50, 90 or 99, the nearest stored one at or above it."""
+    return next((p for p in (50.0, 90.0, 99.0) if result.slo.percentile <= p), 99.0)
+
+
+def _at(q: Quantiles, percentile: float) -> float:
+    return {50.0: q.p50_ms, 90.0: q.p90_ms}.get(percentile, q.p99_ms)
 
 
 @styled()
 def ttft_figure(result: SweepResult, provenance: str = "") -> Figure:
-    """TTFT p99 (all rounds, and later rounds dashed) vs load per arm, the TTFT limit shaded."""
+    """TTFT at the SLO's percentile (all rounds, and later rounds dashed) vs load per arm, the TTFT limit shaded."""
+    percentile = slo_quantile(result)
+    tag = f"p{percentile:g}"
     fig = new_figure(8.0, 4.5)
     ax = fig.add_subplot()
     for index, arm in enumerate(result.arms):
         pts = [p for p in result.arm_points(arm) if p.ttft is not None]
         if not pts:
             continue
-        ax.plot(
-            [p.load for p in pts], [_p99(p.ttft) or 0.0 for p in pts], "o-", color=color(index), label=f"{arm} TTFT p99"
-        )
-        later = [(p.load, p.ttft_later.p99_ms) for p in pts if p.ttft_later is not None]
+        values = [_at(p.ttft, percentile) for p in pts if p.ttft is not None]
+        ax.plot([p.load for p in pts], values, "o-", color=color(index), label=f"{arm} TTFT {tag}")
+        later = [(p.load, _at(p.ttft_later, percentile)) for p in pts if p.ttft_later is not None]
         if later:
-            loads, p99 = zip(*later, strict=True)
-            label = f"{arm} TTFT p99, rounds ≥ 2"
-            ax.plot(loads, p99, "s--", color=color(index), alpha=0.6, markersize=4, label=label)
+            loads, shown = zip(*later, strict=True)
+            label = f"{arm} TTFT {tag}, rounds ≥ 2"
+            ax.plot(loads, shown, "s--", color=color(index), alpha=0.6, markersize=4, label=label)
     log_scale(ax)
     if result.slo.ttft_ms is not None:
-        slo_band(ax, result.slo.ttft_ms, f"TTFT ≤ {result.slo.ttft_ms:g} ms", "below")
+        slo_band(ax, result.slo.ttft_ms, f"TTFT p{result.slo.percentile:g} ≤ {result.slo.ttft_ms:g} ms", "below")
     ax.set_xlabel(_load_label(result))
-    ax.set_ylabel("TTFT p99 (ms, log scale)")
+    ax.set_ylabel(f"TTFT {tag} (ms, log scale)")
     fig.suptitle(_title(result))
     legend_outside(ax)
     caption(fig, provenance)
@@ -307,7 +320,7 @@ def capacity_lines(result: SweepResult) -> list[str]:
             f"{_f(c.tps_user_at_max)} tokens/s/user)"
         )
         if c.gpus_needed is not None:
-            line += f"; {c.gpus_needed} GPUs for the target load, ${_f(c.usd_per_year, ',.0f')}/year"
+            line += f"; {gpus(c.gpus_needed)} for the target load, ${_f(c.usd_per_year, ',.0f')}/year"
         lines.append(line)
         if c.between is not None:
             b = c.between
@@ -328,7 +341,7 @@ def capacity_lines(result: SweepResult) -> list[str]:
             continue
         lines.append(
             f"GPUs saved by {s.arm} vs {s.baseline} at {s.target_rps:g} req/s: {s.gpus_baseline} − {s.gpus_arm} = "
-            f"{s.gpus_saved} GPUs, ${s.usd_per_year_saved:,.0f}/year at ${s.usd_per_gpu_hour:g}/GPU-hour "
+            f"{gpus(s.gpus_saved)}, ${s.usd_per_year_saved:,.0f}/year at ${s.usd_per_gpu_hour:g}/GPU-hour "
             f"(capacity × {_f(s.capacity_ratio)})"
         )
     return lines

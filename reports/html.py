@@ -45,6 +45,18 @@ from offload.profiles import OffloadProfile
 from workloads.config import MultiRoundQAProbe
 
 from .charts import PALETTE, BarSeries, Chart, Highlight, Limit, LineSeries, bar_chart, figure_chart, line_chart
+from .decision import (
+    COARSE_CONTEXTS,
+    COARSE_LOADS,
+    DecisionInputs,
+    Evidence,
+    Saving,
+    decide,
+    fmt_times,
+    fmt_tokens,
+    gpus,
+    speedup_ranges,
+)
 from .figures import color
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -332,6 +344,70 @@ def setup_differences(sources: ReportSources) -> list[str]:
     return [f"{label}: {origin.label}" for label, origin in origins]
 
 
+def speedups(result: RunResult, arm: str, turn: int) -> tuple[tuple[int, float], ...]:
+    """(context tokens, baseline / arm median TTFT at ``turn``) for every length with both medians."""
+    out = []
+    for context in result.context_tokens:
+        base = _median(result, result.baseline_arm, context, turn)
+        treated = _median(result, arm, context, turn)
+        if base is not None and treated is not None and treated > 0:
+            out.append((context, base / treated))
+    return tuple(out)
+
+
+def decision_inputs(sources: ReportSources) -> DecisionInputs:
+    """The facts the decision card is derived from, read from the stored files."""
+    from harness.results.sweep_result import SweepResult
+
+    poc = sources.poc
+    turn = sources.target_turn
+    arm = _treatment(poc.result) if poc is not None else None
+    coarse: list[str] = []
+    poc_evidence = None
+    if poc is not None:
+        validity = poc.result.validity
+        poc_evidence = Evidence("POC", validity.verdict if validity else "", poc.provenance.origin, poc.origin)
+        if len(poc.result.context_tokens) < COARSE_CONTEXTS:
+            coarse.append(
+                f"the POC measured {len(poc.result.context_tokens)} context length(s): too few to say where the "
+                "speed-up starts"
+            )
+    soak_evidence = None
+    if sources.soak is not None:
+        soak = sources.soak
+        soak_evidence = Evidence("stability window", soak.result.verdict.verdict, soak.provenance.origin, soak.origin)
+    sweeps: list[Evidence] = []
+    savings: list[Saving] = []
+    for path in sources.sweeps:
+        result = SweepResult.read_file(path / "sweep.json")
+        origin = provenance(read_manifest(path / "manifest.json"))
+        sweeps.append(Evidence(f"capacity sweep {path.name}", "", origin.origin, origin.label))
+        savings += [
+            Saving(s.arm, s.baseline, s.gpus_saved, s.target_rps, origin.origin)
+            for s in result.savings
+            if s.gpus_saved is not None
+        ]
+        loads = min((len(result.arm_points(a)) for a in result.arms), default=0)
+        if loads < COARSE_LOADS:
+            coarse.append(f"sweep {path.name} has {loads} load point(s) per arm: GPUs saved are read at grid points")
+    for path in sources.agentic:
+        origin = provenance(read_manifest(path / "manifest.json"))
+        sweeps.append(Evidence(f"agentic sweep {path.name}", "", origin.origin, origin.label))
+    failed = tuple(s.stage for s in sources.playbook.stages if s.state == "failed") if sources.playbook else ()
+    return DecisionInputs(
+        arm=arm,
+        baseline=poc.result.baseline_arm if poc is not None else None,
+        turn=turn,
+        speedups=speedups(poc.result, arm, turn) if poc is not None and arm is not None else (),
+        poc=poc_evidence,
+        soak=soak_evidence,
+        sweeps=tuple(sweeps),
+        savings=tuple(savings),
+        failed_stages=failed,
+        coarse=tuple(coarse),
+    )
+
+
 def executive_summary(sources: ReportSources) -> list[Headline]:
     cards: list[Headline] = []
     poc = sources.poc
@@ -342,15 +418,29 @@ def executive_summary(sources: ReportSources) -> list[Headline]:
         context = _target_context(sources, result)
         base = _median(result, result.baseline_arm, context, turn)
         treated = _median(result, arm, context, turn) if arm else None
-        if base is not None and treated is not None and treated > 0:
+        matter, rest = speedup_ranges(speedups(result, arm, turn)) if arm else (None, None)
+        shown = matter or rest
+        if base is not None and treated is not None and treated > 0 and shown is not None:
             speedup = base / treated
+            # the range over the lengths that matter leads; one cell (the target length) with its % diff follows
+            value = (
+                f"{fmt_times(shown.low)}–{fmt_times(shown.high)}× faster"
+                if shown.low != shown.high
+                else (f"{fmt_times(shown.low)}× faster")
+            )
+            where = f"{fmt_tokens(shown.first_context)}–{fmt_tokens(shown.last_context)}"
+            detail = (
+                f"at {where} tokens ({arm} vs {result.baseline_arm}); at {context:,}: {fmt_ms(base)} → "
+                f"{fmt_ms(treated)}, {fmt_x(speedup)} faster (% diff {(speedup - 1) * 100:+.1f}%)"
+            )
+            if matter is not None and rest is not None:
+                detail += f"; shorter lengths: {rest.text()}"
             cards.append(
                 Headline(
-                    f"TTFT at {context:,} tokens, turn {turn}",
-                    f"{fmt_x(speedup)} faster",
-                    f"{result.baseline_arm} {fmt_ms(base)} → {arm} {fmt_ms(treated)} "
-                    f"(% diff {(speedup - 1) * 100:+.1f}%)",
-                    "good" if speedup > 1 else "bad",
+                    f"Turn-{turn} TTFT at the lengths that matter",
+                    value,
+                    detail,
+                    "good" if shown.high > 1 else "bad",
                     poc.origin,
                     poc.provenance.origin == "simulated",
                 )
@@ -484,10 +574,25 @@ def poc_table(probe: ProbeSource) -> TableView:
     from .ttft_table import rows as ttft_rows
 
     cols, body = ttft_rows(probe.result)
+    titles = [c.title for c in cols]
+    # the seed's "% diff" columns keep their figure and gain the speed-up it stands for: × = 1 + % diff / 100
+    diffs = [i for i, title in enumerate(titles) if title.startswith("% diff")]
+    for i in diffs:
+        titles[i] = titles[i].replace("% diff", "speed-up × (% diff)", 1)
+    body = [[_with_times(v) if i in diffs else v for i, v in enumerate(row)] for row in body]
     # a FAILED or INCONCLUSIVE run says so under its table, with every reason (escaped by the template)
     verdict = validity_lines(probe.result.validity)
     caption = f"median TTFT in ms; {probe.origin}" + (". " + " ".join(verdict) if verdict else "")
-    return TableView([c.title for c in cols], body, [True for _ in cols], caption=caption)
+    return TableView(titles, body, [True for _ in cols], caption=caption)
+
+
+def _with_times(pct_diff: str) -> str:
+    """'59.40' -> '1.59× (+59.40%)'; a cell without a number stays as it is."""
+    try:
+        value = float(pct_diff)
+    except ValueError:
+        return pct_diff
+    return f"{fmt_x(1 + value / 100)} ({value:+.2f}%)" if math.isfinite(value) else pct_diff
 
 
 def spread_table(probe: ProbeSource) -> TableView:
@@ -634,7 +739,8 @@ def soak_charts(soak: SoakSource) -> list[Chart]:
         highlights=ttft_highlights,
         bands=bands,
         x_range=span,
-        limits=[Limit(v, f"SLO {name} {v:g} ms") for name, v in ms if v is not None],
+        # the soak's SLO holds per request (its compliance criterion counts requests within it), not at a percentile
+        limits=[Limit(v, f"SLO {name} ≤ {v:g} ms per request") for name, v in ms if v is not None],
     )
     health_highlights = [
         Highlight(x, 100.0 * (item.error_rate or 0.0), f"interval {index}: {', '.join(names)}")
@@ -932,8 +1038,9 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
             figure_chart(
                 curves.ttft_figure(result, str(origin)),
                 f"chart-capacity-{index}-ttft",
-                f"TTFT p99 against load ({name})",
-                f"TTFT p99 of each arm at each load point of the sweep, the SLO's TTFT limit shaded; {origin}.",
+                f"TTFT p{curves.slo_quantile(result):g} against load ({name})",
+                f"TTFT p{curves.slo_quantile(result):g} of each arm at each load point of the sweep, the SLO's TTFT "
+                f"limit at its percentile (p{result.slo.percentile:g}) shaded; {origin}.",
             )
         )
         charts.append(
@@ -950,14 +1057,14 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
         notes.extend(curves.energy_lines(result))
         notes.extend(curves.capacity_lines(result))
         for saving in result.savings:
-            if saving.gpus_saved is None:
+            if saving.gpus_saved is None or saving.gpus_baseline is None or saving.gpus_arm is None:
                 continue
             dollars = f", ${saving.usd_per_year_saved:,.0f}/year" if saving.usd_per_year_saved is not None else ""
             cards.append(
                 Headline(
                     f"GPUs at {saving.target_rps:g} req/s within the SLO",
-                    f"{saving.gpus_saved} GPU{'' if saving.gpus_saved == 1 else 's'} saved",
-                    f"{saving.baseline} {saving.gpus_baseline} → {saving.arm} {saving.gpus_arm} GPUs{dollars} "
+                    f"{gpus(saving.gpus_saved)} saved",
+                    f"{saving.baseline} {gpus(saving.gpus_baseline)} → {saving.arm} {gpus(saving.gpus_arm)}{dollars} "
                     f"at ${saving.usd_per_gpu_hour:g}/GPU-hour",
                     "good" if saving.gpus_saved > 0 else "bad",
                     origin.label,
@@ -1036,6 +1143,7 @@ def build_context(sources: ReportSources, out_dir: Path) -> dict[str, Any]:
         "title": sources.title,
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "kvbench_version": __version__,
+        "decision": decide(decision_inputs(sources)),
         "headlines": executive_summary(sources) + capacity_cards,
         "setup_differences": setup_differences(sources),
         "playbook": playbook_table(sources.playbook) if sources.playbook else None,

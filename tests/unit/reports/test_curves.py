@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
 from rich.console import Console
@@ -205,3 +206,22 @@ def test_energy_columns_are_labelled_and_a_point_without_energy_says_why() -> No
     assert "AMG-OFF @ 16: energy not sampled (nvml): NVML library not importable" in lines
     # a sweep that metered nothing has no energy columns at all
     assert points_rows(base)[0][-1] == "errors" and energy_lines(base) == []
+
+
+def test_each_slo_band_says_its_percentile_and_the_ttft_lines_are_drawn_at_it() -> None:
+    sweep = result()
+    tag = f"p{sweep.slo.percentile:g}"
+    capacity_labels = [t.get_text() for t in capacity_figure(sweep).axes[0].get_legend().get_texts()]  # type: ignore[union-attr]
+    assert any(label.startswith(f"TPOT {tag} ≤ {sweep.slo.tpot_ms:g} ms") for label in capacity_labels)
+    ttft_ax = ttft_figure(sweep).axes[0]
+    labels = [t.get_text() for t in ttft_ax.get_legend().get_texts()]  # type: ignore[union-attr]
+    assert f"TTFT {tag} ≤ {sweep.slo.ttft_ms:g} ms" in labels and f"AMG-OFF TTFT {tag}" in labels
+    assert ttft_ax.get_ylabel().startswith(f"TTFT {tag}")
+    # the line reads the stored quantile at the SLO's percentile, not p99
+    field = {"p50": "p50_ms", "p90": "p90_ms", "p99": "p99_ms"}[tag]
+    drawn = next(line for line in ttft_ax.get_lines() if line.get_label() == f"AMG-OFF TTFT {tag}")
+    points = [p for p in sweep.arm_points("AMG-OFF") if p.ttft is not None]
+    assert np.asarray(drawn.get_ydata()).tolist() == [getattr(p.ttft, field) for p in points]
+    # the legend sits outside the data: to the right of the axes
+    legend = ttft_ax.get_legend()
+    assert legend is not None and legend.get_bbox_to_anchor().x0 >= ttft_ax.get_window_extent().x1 - 1
