@@ -154,7 +154,7 @@ def ttft_figure(result: AgenticResult, provenance: str = "") -> Figure:
     log_scale(ax)
     log_scale(ax, "x")
     for index, tier in enumerate(result.tiers):
-        label = f"{tier['name']}: TTFT ≤ {float(tier['ttft_s']):g} s"
+        label = f"{tier['name']}: TTFT p{float(tier['percentile']):g} ≤ {float(tier['ttft_s']):g} s"
         slo_band(ax, float(tier["ttft_s"]), label, "below", shade=False, dash=TIER_DASHES[index % len(TIER_DASHES)])
     ax.set_xlabel("concurrent agent sessions")
     ax.set_ylabel(f"TTFT p{percentile:g} (s, log scale)")
