@@ -48,7 +48,15 @@ def test_progress_lines_reach_a_pipe_while_the_run_goes_on(tmp_path: Path) -> No
             lines.put(line)
         lines.put(None)
 
+    errors: list[str] = []
+
+    def read_errors() -> None:  # stderr drained apart, so neither pipe fills and no stdout line is read elsewhere
+        assert process.stderr is not None
+        errors.extend(process.stderr)
+
     threading.Thread(target=read, daemon=True).start()
+    error_reader = threading.Thread(target=read_errors, daemon=True)
+    error_reader.start()
     seen: list[str] = []
     try:
         deadline = time.monotonic() + 120
@@ -61,13 +69,15 @@ def test_progress_lines_reach_a_pipe_while_the_run_goes_on(tmp_path: Path) -> No
                 assert process.poll() is None
                 assert measured_so_far(runs) < TOTAL // 2
                 break
-        _, err = process.communicate(timeout=120)
+        process.wait(timeout=120)  # not communicate(): it would read stdout too and take lines from the reader
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     while (rest := lines.get(timeout=10)) is not None:
         seen.append(rest)
+    error_reader.join(timeout=10)
+    err = "".join(errors)
     assert process.returncode in (0, 3), err
     text = "".join(seen)
     assert "\x1b" not in text
