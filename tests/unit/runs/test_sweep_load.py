@@ -115,7 +115,9 @@ async def test_qps_mode_sends_at_the_rate_and_records_the_schedule(server: str) 
     async with client(server) as c:
         window = await run_load(c, workload(), plan, CONTEXT, on_record=records.append)
     measured = [r for r in records if r.phase == "measure"]
-    assert 38 <= len(measured) <= 42
+    # the rate within the window as it ran (a loaded machine may close it late; the requests inside it count)
+    window_s = (window.window_end_ns - window.window_start_ns) / NS
+    assert 1.0 <= window_s < 1.5 and abs(len(measured) - 40 * window_s) <= 2, (len(measured), window_s)
     starts = sorted(r.scheduled_ns or 0 for r in records)
     gaps = [(b - a) / NS for a, b in pairwise(starts)]
     assert all(abs(gap - 0.025) < 0.002 for gap in gaps)
