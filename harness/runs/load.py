@@ -23,7 +23,9 @@ Timeline (all ``time.monotonic_ns()``)::
   sessions opened during warm-up) start at a random round of their session with a synthetic
   history, so the mix of rounds is steady from the beginning; such a first request is always a
   warm-up record, because the engine never saw its history.
-* A request is ``measure`` when it is sent inside the window, ``warmup`` before it. Nothing is sent
+* A request is ``measure`` when it is sent inside the window (an open-loop arrival when it was
+  *scheduled* inside it, so a client that falls behind in warm-up does not inflate the measured
+  rate), ``warmup`` before it. Nothing is sent
   after ``window_end`` (or once ``stop`` is set); requests in flight then have ``drain_timeout_s``
   to finish, after which they are cancelled and recorded as ``timeout`` errors.
 
@@ -318,7 +320,9 @@ class _Runner(_Driver):
             raise _Stopped
         prompt = session.prompt()
         now = time.monotonic_ns()
-        phase: Phase = "warmup" if now < self.window_start_ns or session.is_prefilled else "measure"
+        # an open-loop arrival belongs to the window it was offered in, even when a loaded client sends it late
+        arrived_ns = now if scheduled_ns is None else scheduled_ns
+        phase: Phase = "warmup" if arrived_ns < self.window_start_ns or session.is_prefilled else "measure"
         counters = self.counters
         counters.sent += 1
         counters.in_flight += 1
