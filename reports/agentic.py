@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.markup import console_text, md_table, md_text
-from harness.results.agentic_result import AgenticResult, AgentPoint
+from harness.results.agentic_result import AgenticResult, AgentPoint, TierCheck
 from harness.results.energy import EnergySample
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
@@ -89,6 +89,12 @@ def _ttft_s(point: AgentPoint, percentile: float) -> float | None:
     return (q.p99_ms if percentile >= 99 else q.p90_ms if percentile >= 90 else q.p50_ms) / 1000.0
 
 
+def _tier_cell(check: TierCheck) -> str:
+    if check.meets is None and check.attainment is not None:
+        return _pct(check.attainment) + " (too few)"
+    return _pct(check.attainment) + (" ✓" if check.meets else "")
+
+
 def point_rows(result: AgenticResult) -> tuple[list[str], list[list[str]]]:
     tiers = [str(t["name"]) for t in result.tiers]
     header = ["arm", "agents", "calls", "TTFT p50 s", "TTFT p90 s", "calls/s", "tok/s", "hit", "ceiling", "$/Mtok"]
@@ -109,7 +115,7 @@ def point_rows(result: AgenticResult) -> tuple[list[str], list[list[str]]]:
                 _pct(p.hit_rate),
                 _pct(p.ceiling),
                 _f(p.usd_per_mtok),
-                *(_pct(t.attainment) + (" ✓" if t.meets else "") for t in p.tiers),
+                *(_tier_cell(t) for t in p.tiers),
                 *(_energy_cells(p.energy) if energy_label(result) else []),
             ]
         )
@@ -123,6 +129,11 @@ def notes(result: AgenticResult) -> list[str]:
         f"attainment (an estimate); per GPU = / {result.gpus} GPU(s); $/Mtok = "
         f"{_f(result.usd_per_gpu_hour)} $/GPU-hour × GPUs / (prompt + generated) tokens per hour at the measured point"
     )
+    if any(_tier_cell(t).endswith("(too few)") for p in result.points for t in p.tiers):
+        lines.append(
+            "too few: fewer measured calls than judge the tier's percentile (⌈1 / (1 − p/100)⌉: 10 at p90), so the "
+            "point neither met nor failed it (lengthen the window)"
+        )
     lines.append(
         f"ceiling: the infinite-cache hit rate of the calls sent (the workload's over its first sessions: "
         f"{_pct(result.workload_ceiling)}); hit: the engine's measured prefix-hit share of prompt tokens"

@@ -33,7 +33,8 @@ from rich.table import Table
 from common.markup import console_text, md_table, md_text
 from harness.results.capacity import COARSE_GRID
 from harness.results.energy import EnergySample
-from harness.results.sweep_result import PointResult, Quantiles, SweepResult
+from harness.results.sweep_metrics import requests_to_judge
+from harness.results.sweep_result import PointResult, Quantiles, SloLimits, SweepResult
 
 from .decision import gpus
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
@@ -109,7 +110,7 @@ def capacity_figure(result: SweepResult, provenance: str = "") -> Figure:
         ys = [p.rps_per_gpu for p in pts]
         ax.plot(xs, ys, "-", color=color(index), linewidth=1.2, alpha=0.6, label=f"{arm}")
         for p, x, y in zip(pts, xs, ys, strict=True):
-            face = color(index) if p.meets_slo is not False else "white"
+            face = color(index) if p.meets_slo or not result.slo.has_limits else "white"
             ax.plot([x], [y], "o", markersize=6, color=color(index), markerfacecolor=face, markeredgewidth=1.2)
             ax.annotate(
                 f"{p.load:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color(index)
@@ -300,7 +301,7 @@ def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
                     _ms(p.e2e),
                     _f(p.goodput_rps_per_gpu),
                     _pct(p.slo_attainment),
-                    "—" if p.meets_slo is None else ("yes" if p.meets_slo else "no"),
+                    _meets_cell(p.meets_slo, result.slo),
                     _pct(p.hit_rate if p.hit_rate is not None else p.cached_share),
                     str(p.errors),
                     *(cell(p.energy) for cell in energy_cells),
@@ -309,8 +310,24 @@ def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def _meets_cell(meets: bool | None, slo: SloLimits) -> str:
+    if meets is None:
+        return "too few" if slo.has_limits else "—"
+    return "yes" if meets else "no"
+
+
 def capacity_lines(result: SweepResult) -> list[str]:
     lines = []
+    if result.slo.has_limits:
+        needed = requests_to_judge(result.slo.percentile)
+        for arm in result.arms:
+            unjudged = [p for p in result.points if p.arm == arm and p.meets_slo is None]
+            if unjudged:
+                loads = ", ".join(f"{p.load:g}" for p in unjudged)
+                lines.append(
+                    f"{arm}: the SLO is not judged at load {loads}: fewer than {needed} measured requests, the fewest "
+                    f"that resolve a p{result.slo.percentile:g} (lengthen sweep.duration)"
+                )
     for c in result.capacity:
         if c.max_rps_per_gpu_at_slo is None:
             lines.append(f"{c.arm}: no load point meets the SLO ({_slo_text(result)})")

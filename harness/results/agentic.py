@@ -6,12 +6,14 @@ Per (arm, agents) point the attempt that finished it is kept (as in :mod:`.sweep
 * **tier check**: a measured call meets tier ``t`` when ``ttft ≤ t.ttft_s`` and its output speed
   ``(tokens − 1) / (e2e − ttft) ≥ t.min_output_tokens_per_s`` (a call of one token has no speed and is judged on
   TTFT alone); a failed call meets no tier. ``attainment`` = meeting calls / measured calls; the point meets the
-  tier when ``attainment ≥ percentile / 100``.
+  tier when ``attainment ≥ percentile / 100``, judged only with at least ``⌈1 / (1 − percentile/100)⌉`` measured
+  calls (:func:`~.sweep_metrics.requests_to_judge`: 10 at p90); with fewer, ``meets`` is None.
 * **agents at SLO** (:func:`tier_capacity`): ``a_pass`` = the largest agents count that meets the tier; where the
   next larger count ``a_fail`` fails, the boundary is interpolated on the attainment (as the sweep's
   :class:`~.sweep_result.GridCrossing`): ``a_pass + f × (a_fail − a_pass)``, ``f = (att_pass − need) /
   (att_pass − att_fail)`` clipped to [0, 1]. Every point passing: ``a_pass`` as a lower bound (``above-grid``);
-  none passing: ``none-met``; the point above ``a_pass`` without measured calls: ``inconclusive``. Per GPU:
+  none passing: ``none-met`` when the fewest agents failed, judged; ``inconclusive`` when the fewest agents, or the
+  point above ``a_pass``, measured too few calls to judge. Per GPU:
   divided by the deployment's GPUs (``engine.fleet_gpus``, as RPS/GPU is). Ratio: arm / baseline arm, same tier.
 * **$/Mtok**: ``usd_per_gpu_hour × GPUs / (tokens_per_s × 3600 / 10⁶)`` with tokens = prompt + generated tokens of
   the calls completed inside the window; a tier's $/Mtok is the one at its measured passing point.
@@ -39,7 +41,7 @@ from .agentic_result import AgenticResult, AgentPoint, TierCapacity, TierCheck
 from .capacity import COARSE_GRID
 from .energy import energy_sample
 from .header import header_fields
-from .sweep_metrics import NS_PER_S, derive_columns, point_data, point_result
+from .sweep_metrics import NS_PER_S, derive_columns, point_data, point_result, requests_to_judge
 from .sweep_result import SloLimits, SweepCounts
 from .validity import judge_errors, with_engines_down
 
@@ -66,6 +68,7 @@ def tier_check(measured: pd.DataFrame, tier: SloTier) -> TierCheck:
             ttft_s_at_percentile=None,
             output_tokens_per_s_at_percentile=None,
         )
+    judged = len(measured) >= requests_to_judge(tier.percentile)
     ok = measured["ok"].astype(bool)
     ttft_s = measured["ttft_ns"].astype("float64") / NS_PER_S
     speed = measured["decode_tps"].astype("float64")
@@ -78,7 +81,7 @@ def tier_check(measured: pd.DataFrame, tier: SloTier) -> TierCheck:
     return TierCheck(
         tier=tier.name,
         attainment=attainment,
-        meets=attainment >= q - 1e-12,
+        meets=attainment >= q - 1e-12 if judged else None,
         ttft_s_at_percentile=float(good_ttft.quantile(q)) if not good_ttft.empty else None,
         output_tokens_per_s_at_percentile=float(good_speed.quantile(1.0 - q)) if not good_speed.empty else None,
     )
@@ -107,7 +110,8 @@ def tier_capacity(arm: str, tier: SloTier, points: list[AgentPoint], gpus: int) 
         return TierCapacity.model_validate(values | fields)
 
     if not passing:
-        return result("none-met")
+        # fewest agents failing, judged: no larger count passes either; unjudged: nothing can be said
+        return result("none-met" if checks and checks[0].meets is False else "inconclusive")
     best = passing[-1]
     point, check = mine[best], checks[best]
     base = {"measured_agents": point.agents, "usd_per_mtok": point.usd_per_mtok, "energy": point.energy}

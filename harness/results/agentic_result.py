@@ -24,7 +24,10 @@ class TierCheck(Frozen):
 
     tier: str
     attainment: float | None = Field(description="Measured calls meeting both limits / measured calls.")
-    meets: bool | None = Field(description="attainment >= percentile/100; None without a measured call.")
+    meets: bool | None = Field(
+        description="attainment >= percentile/100; None with too few measured calls to judge the percentile "
+        "(fewer than ⌈1 / (1 − p/100)⌉: 10 at p90)."
+    )
     ttft_s_at_percentile: float | None = Field(description="TTFT at the tier's percentile, s.")
     output_tokens_per_s_at_percentile: float | None = Field(
         description="Output speed that percentile % of the calls reach or exceed (the (100−p) quantile), tok/s."
@@ -65,7 +68,8 @@ class TierCapacity(Frozen):
     tier: str
     status: Status = Field(
         description="met: placed between a passing and a failing point; above-grid: every point passed (a lower "
-        "bound); none-met: no point passed; inconclusive: the point above the best passing one measured nothing."
+        "bound); none-met: no point passed and the fewest agents failed, judged; inconclusive: the fewest agents (none "
+        "passing) or the point above the best passing one measured too few calls to judge."
     )
     agents_at_slo: float | None = Field(
         description="Largest passing agents count, interpolated toward the next failing one on the attainment."

@@ -63,8 +63,11 @@ COARSE_GRID = 1.5
 def grid_crossing(mine: list[PointResult], best: PointResult, need: float) -> GridCrossing | None:
     """The SLO boundary between ``best`` (the best passing point) and the next higher load that fails."""
     above = sorted((p for p in mine if p.load > best.load), key=lambda p: p.load)
-    failing = next((p for p in above if p.meets_slo is False), None)
-    if failing is None or best.slo_attainment is None or failing.slo_attainment is None:
+    # the next point that did not pass; an unjudged one (too few requests) leaves the crossing unplaced
+    failing = next((p for p in above if p.meets_slo is not True), None)
+    if failing is None or failing.meets_slo is None:
+        return None
+    if best.slo_attainment is None or failing.slo_attainment is None:
         return None
     drop = best.slo_attainment - failing.slo_attainment
     share = min(max((best.slo_attainment - need) / drop, 0.0), 1.0) if drop > 0 else 0.0

@@ -18,6 +18,7 @@ token-carrying chunks); ``TPOT = (e2e − ttft) / (tokens − 1)``; decode speed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -213,15 +214,22 @@ def _goodput_rps_per_gpu(data: PointData) -> float | None:
     return None if goodput is None else goodput / data.gpus
 
 
+def requests_to_judge(percentile: float) -> int:
+    """Measured requests a point needs before its ``percentile`` can be judged: ``⌈1 / (1 − p/100)⌉`` (p50: 2,
+    p90: 10, p95: 20, p99: 100). With fewer, the percentile is the slowest request and one request decides the
+    verdict either way, so the point is unjudged (``None``), never a pass or a fail."""
+    miss_share = 1.0 - percentile / 100.0
+    return 1 if miss_share <= 0 else max(1, math.ceil(round(1.0 / miss_share, 9)))
+
+
 def meets_slo(data: PointData) -> bool | None:
     """The point meets the SLO when, for each limit given, at least ``percentile`` % of the measured
     requests succeeded within it (i.e. the percentile of that latency, failures counting as
-    infinite, is within the limit). None when the scenario gives no limit."""
+    infinite, is within the limit). None when the scenario gives no limit, or the point measured fewer
+    requests than :func:`requests_to_judge` asks for the percentile."""
     checks = _within_limits(data)
-    if not checks:
+    if not checks or len(data.measured) < requests_to_judge(data.slo.percentile):
         return None
-    if data.measured.empty:
-        return False
     need = data.slo.percentile / 100.0
     return all(float(check.mean()) >= need for check in checks)
 

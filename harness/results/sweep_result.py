@@ -67,7 +67,10 @@ class PointResult(Frozen):
     goodput_rps: float | None
     goodput_rps_per_gpu: float | None
     slo_attainment: float | None
-    meets_slo: bool | None = Field(description="None when the scenario sets no SLO limit.")
+    meets_slo: bool | None = Field(
+        description="None when the scenario sets no SLO limit, or the point measured too few requests to judge its "
+        "percentile (fewer than ⌈1 / (1 − p/100)⌉: 10 at p90)."
+    )
     prompt_tokens_mean: float | None
     prompt_tokens_round1_mean: float | None
     prompt_tokens_later_mean: float | None
@@ -90,6 +93,10 @@ class SloLimits(Frozen):
     tpot_ms: float | None
     e2e_ms: float | None
     percentile: float
+
+    @property
+    def has_limits(self) -> bool:
+        return any(limit is not None for limit in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
 
 
 class GridCrossing(Frozen):

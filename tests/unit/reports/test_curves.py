@@ -23,6 +23,7 @@ from harness.results.sweep_result import (
 from harness.scenario.spec import CostSpec
 from reports.curves import (
     capacity_figure,
+    capacity_lines,
     energy_lines,
     frontier_flags,
     pareto_frontier,
@@ -225,3 +226,15 @@ def test_each_slo_band_says_its_percentile_and_the_ttft_lines_are_drawn_at_it() 
     # the legend sits outside the data: to the right of the axes
     legend = ttft_ax.get_legend()
     assert legend is not None and legend.get_bbox_to_anchor().x0 >= ttft_ax.get_window_extent().x1 - 1
+
+
+def test_an_unjudged_point_says_too_few_and_the_summary_names_its_load() -> None:
+    base = result()
+    unjudged = base.points[2].model_copy(update={"measured": 6, "meets_slo": None})
+    changed = base.model_copy(update={"points": [*base.points[:2], unjudged, *base.points[3:]]})
+    header, rows = points_rows(changed)
+    meets = header.index(next(name for name in header if name.startswith("meets")))
+    assert [row[meets] for row in rows][:3] == ["yes", "yes", "too few"]
+    lines = capacity_lines(changed)
+    assert any(line.startswith("AMG-OFF: the SLO is not judged at load 32: fewer than 10") for line in lines)
+    assert not any(line.startswith("AMG-ON: the SLO is not judged") for line in lines)

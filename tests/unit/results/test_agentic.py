@@ -1,6 +1,6 @@
 """Agents at SLO: the tier check of a point's calls, the interpolation between grid points, the ratio to the
 baseline, and each way a tier can be unplaceable (every point passed, none passed, the next point measured
-nothing)."""
+too few calls to judge)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,35 @@ def test_tier_check_needs_both_ttft_and_output_speed_and_fails_errors() -> None:
             "ok": [ok for *_, ok in rows],
         }
     )
-    check = tier_check(derive_columns(frame), TIER)
+    ten = pd.concat([frame, frame], ignore_index=True)  # 10 calls: the fewest that judge a p90
+    check = tier_check(derive_columns(ten), TIER)
     assert check.attainment == pytest.approx(2 / 5) and check.meets is False
     assert tier_check(derive_columns(frame.iloc[:0]), TIER).meets is None
+
+
+def test_a_tier_is_judged_from_ten_calls_at_p90_never_from_fewer() -> None:
+    def calls(n: int, slow: int) -> pd.DataFrame:
+        ttft = [0.5] * (n - slow) + [5.0] * slow
+        frame = pd.DataFrame(
+            {
+                "ttft_ns": [int(t * S) for t in ttft],
+                "e2e_ns": [int((t + 1.0) * S) for t in ttft],
+                "completion_tokens": [101] * n,
+                "output_chunks": [101] * n,
+                "started_ns": [0] * n,
+                "ok": [True] * n,
+            }
+        )
+        return derive_columns(frame)
+
+    nine_fast, nine_one_slow = tier_check(calls(9, 0), TIER), tier_check(calls(9, 1), TIER)
+    assert nine_fast.attainment == 1.0 and nine_fast.meets is None  # the p90 of 9 calls is their slowest
+    assert nine_one_slow.meets is None
+    assert tier_check(calls(10, 1), TIER).meets is True and tier_check(calls(10, 2), TIER).meets is False
+
+
+def test_no_pass_is_none_met_only_when_the_fewest_agents_failed_judged() -> None:
+    judged = tier_capacity("A", TIER, [point("A", 1, 0.5), point("A", 2, None)], gpus=1)
+    assert judged.status == "none-met"
+    unjudged = tier_capacity("A", TIER, [point("A", 1, None), point("A", 2, 0.5)], gpus=1)
+    assert unjudged.status == "inconclusive" and unjudged.describe() == "INCONCLUSIVE"

@@ -16,12 +16,13 @@ from harness.results.capacity import (
     arm_capacity,
     engine_shapes,
     gpus_needed,
+    grid_crossing,
     measured_reuse,
     predicted_ttft,
     savings,
 )
 from harness.results.sweep import aggregate_sweep
-from harness.results.sweep_metrics import LATENCY_METRICS, SCALAR_METRICS
+from harness.results.sweep_metrics import LATENCY_METRICS, SCALAR_METRICS, requests_to_judge
 from harness.results.sweep_result import PointResult, SweepResult
 from harness.scenario.spec import CostSpec, Scenario, parse_scenario
 from harness.store.events import PointDone
@@ -166,6 +167,20 @@ def test_meets_slo_at_a_lower_percentile_and_none_without_limits() -> None:
     assert p.meets_slo is True
     p = aggregate_sweep(scenario(slo={}), "run", arm_records("AMG-OFF"), [done("AMG-OFF")]).points[0]
     assert p.meets_slo is None and p.goodput_rps is None and p.slo_attainment is None
+
+
+def test_a_point_with_fewer_requests_than_its_percentile_needs_is_unjudged() -> None:
+    assert [requests_to_judge(q) for q in (50, 90, 95, 99, 99.9, 100)] == [2, 10, 20, 100, 1000, 1]
+    # 5 measured requests, 2 within the limits: a fail at p50, unjudged at p90 (its p90 is the slowest request)
+    strict = scenario(slo={"ttft_ms": 250, "tpot_ms": 30, "percentile": 90})
+    p = aggregate_sweep(strict, "run", arm_records("AMG-OFF"), [done("AMG-OFF")]).points[0]
+    assert p.slo_attainment == pytest.approx(0.4) and p.meets_slo is None
+    assert arm_capacity("AMG-OFF", [p], None, 1, 90.0).max_rps_per_gpu_at_slo is None
+    # a pass below an unjudged point: the crossing is not placed across it
+    passing = p.model_copy(update={"meets_slo": True, "slo_attainment": 1.0, "load": 2, "point": 0})
+    above = p.model_copy(update={"load": 4, "point": 1})
+    failing = p.model_copy(update={"meets_slo": False, "load": 8, "point": 2})
+    assert grid_crossing([passing, above, failing], passing, 0.9) is None
 
 
 def test_the_completing_attempt_wins_and_older_records_are_discarded() -> None:
