@@ -176,6 +176,7 @@ def _replay_files(result: ReplayResult, job: Job) -> list[Path]:
 
 def _replay_console(result: ReplayResult, job: Job, console: Console) -> None:
     replay.print_replay(result, console, job.origin)
+    renderers.print_validity(result.validity, console)
 
 
 def _agentic_files(result: AgenticResult, job: Job) -> list[Path]:

@@ -18,10 +18,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from common.markup import md_text
 from harness.results.replay_result import ArmReplay, ReplayResult
 from harness.results.sweep_result import Quantiles
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, styled
+from .renderers import validity_lines
 from .tables import csv_cell, md_rows
 
 
@@ -167,6 +169,9 @@ def markdown(result: ReplayResult, provenance: str = "") -> str:
         lines += ["", *(f"- {line}." for line in causal)]
     if not result.complete:
         lines += ["", "The replay is incomplete: continue it with `kvbench replay --resume RUN_DIR`."]
+    verdict = validity_lines(result.validity)
+    if verdict:
+        lines += ["", f"**{md_text(verdict[0])}**", *(md_text(line) for line in verdict[1:])]
     return "\n".join(lines) + "\n"
 
 

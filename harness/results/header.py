@@ -7,7 +7,7 @@ when every result class declared them itself, and files written before they were
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import TypedDict
 
 from common import __version__
 from common.schema import VersionedFile
@@ -15,9 +15,10 @@ from common.schema import VersionedFile
 
 class ResultHeader(VersionedFile):
     """``schema_version``, ``kvbench_version``, ``run_id``, ``scenario_name``: the fields every run-level result
-    file starts with. A result class that changes its format redeclares ``schema_version`` (its position stays)."""
+    file starts with. Each result class declares its own ``schema_version: Literal[N] = N`` (its position stays
+    first), so a file of another version is refused by name."""
 
-    schema_version: Literal[1] = 1
+    schema_version: int
     kvbench_version: str
     run_id: str
     scenario_name: str

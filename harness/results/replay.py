@@ -11,6 +11,9 @@ else the latest attempt with records (``complete: false``). Over that attempt's 
   ``fell_behind`` when the lag's p99 exceeds ``behind_ms``;
 * causal order (agent traces): a child call is a violation when its ``started_ns`` precedes its parent's
   ``started_ns + e2e_ns`` (the parent's record found by ``call_id``);
+* verdict (``validity``): the error gates (:func:`~harness.results.validity.judge_errors`) over the kept
+  attempts' requests, FAILED above ``validity.max_error_rate`` or with no successful request, plus an
+  ``engine_died`` finding (FAILED) for an arm whose engine died mid-replay;
 * hit rate = Σ (Δ gpu_prefix_hits + Δ external_prefix_hits) / Σ Δ prompt_tokens over the arm's
   ``/metrics`` samples (Δ gpu_prefix_queries where the engine has no prompt-token counter), beside
   the trace's ``infinite_cache_hit_rate`` (the ceiling any cache could reach on that window).
@@ -34,6 +37,7 @@ from .replay_result import ArmReplay, ReplayComparison, ReplayResult, TimelinePo
 from .run_result import pct_diff
 from .sweep_metrics import derive_columns, quantiles, slo_attainment
 from .sweep_result import Quantiles, SloLimits
+from .validity import judge_errors, with_engines_down
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -213,6 +217,11 @@ def aggregate_replay(
                 hit_rate_baseline=base.hit_rate,
             )
         )
+    errors_by_kind: dict[str, int] = {}
+    for item in results:
+        for kind, count in item.errors_by_kind.items():
+            errors_by_kind[kind] = errors_by_kind.get(kind, 0) + count
+    measured, ok = sum(item.requests for item in results), sum(item.ok for item in results)
     engine = scenario.engine
     return ReplayResult(
         **header_fields(run_id, scenario.name),
@@ -229,6 +238,7 @@ def aggregate_replay(
         results=results,
         timeline=timeline,
         comparisons=comparisons,
+        validity=judge_errors(measured, ok, errors_by_kind, scenario.validity.max_error_rate),
     )
 
 
@@ -240,5 +250,7 @@ def summarize_replay(run_dir: RunDir) -> ReplayResult:
     result = aggregate_replay(
         run_dir.scenario(), run_dir.run_id, trace, run_dir.records(), run_dir.samples(), run_dir.replayed()
     )
+    judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
+    result = result.model_copy(update={"validity": judged})
     result.write_file(run_dir.replay_file)
     return result

@@ -6,7 +6,7 @@ Every formula is in :mod:`harness.results.replay`.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -15,6 +15,7 @@ from harness.store.events import TraceInfo
 from .header import ResultHeader
 from .run_result import Frozen
 from .sweep_result import Quantiles, SloLimits
+from .verdict import Outcome, Validity
 
 
 class ArmReplay(Frozen):
@@ -79,6 +80,7 @@ class ReplayResult(ResultHeader):
     """Everything the replay reports need, aggregated from records.jsonl, samples.jsonl and trace.json."""
 
     FILE_NAME: ClassVar[str] = "replay.json"
+    schema_version: Literal[2] = 2  # 2: the verdict (validity)
 
     engine_kind: str
     model: str
@@ -93,6 +95,13 @@ class ReplayResult(ResultHeader):
     results: list[ArmReplay]
     timeline: list[TimelinePoint]
     comparisons: list[ReplayComparison]
+    validity: Validity = Field(
+        description="The error gates over every arm's requests, and an engine_died finding for an arm whose engine "
+        "died mid-replay."
+    )
+
+    def outcome(self) -> Outcome:
+        return self.validity.outcome()
 
     def arm(self, name: str) -> ArmReplay | None:
         return next((item for item in self.results if item.arm == name), None)

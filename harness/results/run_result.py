@@ -9,7 +9,7 @@ incompatible change; readers refuse versions they do not know. Fields added sinc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -249,6 +249,7 @@ class RequestCounts(Frozen):
 class RunResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "summary.json"
     """Everything reports need, aggregated from records.jsonl and engine_metrics.jsonl."""
+    schema_version: Literal[1] = 1
 
     workload_kind: str
     arms: list[str]

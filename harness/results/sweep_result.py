@@ -205,6 +205,7 @@ class SweepCounts(Frozen):
 
 class SweepResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "sweep.json"
+    schema_version: Literal[1] = 1
     """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
 
     engine_kind: str

@@ -304,7 +304,7 @@ class TraceRunner(Runner[ReplayResult]):
         sampler = asyncio.ensure_future(self._sample(session))
         try:
             if any(request.parent is not None for request in requests):
-                window = await run_causal(
+                replayed = run_causal(
                     self.trace,
                     send_one,
                     on_outcome,
@@ -314,7 +314,7 @@ class TraceRunner(Runner[ReplayResult]):
                     drain_timeout_s=config.drain_timeout_s,
                 )
             else:
-                window = await run_schedule(
+                replayed = run_schedule(
                     len(requests),
                     send_one,
                     on_outcome,
@@ -322,6 +322,8 @@ class TraceRunner(Runner[ReplayResult]):
                     concurrency=config.concurrency,
                     drain_timeout_s=config.drain_timeout_s,
                 )
+            # a dead engine ends the arm as a finding at once, not after the rest of the trace has been refused
+            window = await session.while_alive(replayed)
         finally:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)

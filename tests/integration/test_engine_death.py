@@ -138,3 +138,34 @@ def test_a_killed_engine_under_load_is_a_finding(tmp_path: Path, kind: str) -> N
     else:  # a soak measures one arm: the window fails on the death, whatever else it measured
         assert result["verdict"]["verdict"] == "FAIL", result["verdict"]
         assert "the engine died under the window" in " ".join(result["verdict"]["reasons"]), result["verdict"]
+
+
+def test_a_killed_engine_mid_replay_is_a_finding(tmp_path: Path) -> None:
+    """kill -9 the first arm's simulator mid-replay: the arm stops at once (not after the rest of the trace was
+    refused), replay.json says FAILED with engine_died, the other arm replays the trace, exit 1."""
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": i * 100, "input_length": 1024, "output_length": 8, "hash_ids": [i, i + 1]} for i in range(80)]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = {
+        "name": "dies-replay",
+        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
+        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
+        "workload": {"kind": "trace", "path": str(trace), "format": "mooncake", "warmup_requests": 1},
+        "seed": 5,
+    }
+    scenario = write_scenario(tmp_path / "replay.yaml", data)
+    runs = tmp_path / "runs"
+    run = kvbench_process("replay", str(scenario), "-o", str(runs))
+    assert wait_for(lambda: measured_so_far(runs) >= 5 and bool(simulators(run.pid)), 120, run), "nothing measured"
+    os.kill(simulators(run.pid)[0], signal.SIGKILL)
+    out, err = run.communicate(timeout=300)
+    assert "Traceback" not in out + err, out + err
+    assert run.returncode == 1, out + err
+    (run_dir,) = runs.iterdir()
+    result = json.loads((run_dir / "replay.json").read_text())
+    died = [f for f in result["validity"]["findings"] if f["gate"] == "engine_died"]
+    assert result["validity"]["verdict"] == "failed" and [f["arm"] for f in died] == ["AMG-OFF"], result["validity"]
+    by_arm = {arm["arm"]: arm for arm in result["results"]}
+    assert by_arm["AMG-ON"]["requests"] == len(rows) and by_arm["AMG-ON"]["complete"]
+    assert not by_arm["AMG-OFF"]["complete"] and by_arm["AMG-OFF"]["requests"] < len(rows)
+    assert "FAILED" in (run_dir / "report" / "replay.md").read_text()

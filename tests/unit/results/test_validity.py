@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.results.agentic_result import AgenticResult
 from harness.results.aggregate import aggregate
+from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
 from harness.results.sweep_result import SweepResult
 from harness.results.verdict import EXIT_FAILED, EXIT_INCONCLUSIVE, outcome_of_result
@@ -169,7 +171,12 @@ def test_kept_run_directories_load_render_and_keep_their_verdict(kept: Path, tmp
     copy = tmp_path / kept.name
     shutil.copytree(kept, copy)
     run_dir = RunDir.open(copy)
-    files: dict[str, type[RunResult] | type[SweepResult]] = {"probe": RunResult, "sweep": SweepResult}
+    files: dict[str, type[RunResult] | type[SweepResult] | type[ReplayResult] | type[AgenticResult]] = {
+        "probe": RunResult,
+        "sweep": SweepResult,
+        "replay": ReplayResult,
+        "agentic": AgenticResult,
+    }
     result_file = files.get(run_dir.kind)
     if result_file is None:
         pytest.skip(f"{kept.name} is a {run_dir.kind} run")

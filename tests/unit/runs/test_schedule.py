@@ -38,7 +38,8 @@ async def test_open_loop_sends_on_time_without_waiting_for_answers() -> None:
         scheduled = outcomes[index]
         assert scheduled == window.start_ns + int(offset * NS)
     for started, offset in zip(sorted(sent), due, strict=True):
-        assert 0 <= started - (window.start_ns + offset * NS) < 0.03 * NS
+        # well under the 0.4 s answer: on the clock, not after an answer (a loaded CI machine stalls event loops)
+        assert 0 <= started - (window.start_ns + offset * NS) < 0.2 * NS
 
 
 async def test_an_open_loop_cap_makes_requests_wait_and_counts_them() -> None:

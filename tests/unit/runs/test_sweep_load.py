@@ -117,15 +117,16 @@ async def test_qps_mode_sends_at_the_rate_and_records_the_schedule(server: str) 
     measured = [r for r in records if r.phase == "measure"]
     # the rate within the window as it ran (a loaded machine may close it late; the requests inside it count)
     window_s = (window.window_end_ns - window.window_start_ns) / NS
-    assert 1.0 <= window_s < 1.5 and abs(len(measured) - 40 * window_s) <= 2, (len(measured), window_s)
+    assert 1.0 <= window_s < 3.0 and abs(len(measured) - 40 * window_s) <= 2, (len(measured), window_s)
     starts = sorted(r.scheduled_ns or 0 for r in records)
     gaps = [(b - a) / NS for a, b in pairwise(starts)]
     assert all(abs(gap - 0.025) < 0.002 for gap in gaps)
-    # sent on time, not after earlier answers: the typical lag is the event loop's, not a request's
-    # (one scheduling hiccup of a loaded 2-core machine must not fail the test, so no max)
+    # sent on the clock, not after earlier answers: an answer takes 80 ms and arrivals come every 25 ms, so
+    # several are in flight at once, and the lag stays bounded (sending after each answer would add 55 ms per
+    # request, seconds by the end); the bound is loose because a loaded 2-core CI machine stalls event loops
     lags = sorted((r.started_ns - (r.scheduled_ns or 0)) / NS for r in records)
     assert all(lag >= 0 for lag in lags)
-    assert lags[len(lags) // 2] < 0.01 and lags[int(len(lags) * 0.9)] < 0.02
+    assert window.max_in_flight >= 2 and lags[len(lags) // 2] < 0.25, (window.max_in_flight, lags)
     assert window.sessions < len(records)  # users come back for their next round
 
 
