@@ -83,9 +83,9 @@ class RequestOutcome:
     output_chunks: int = 0
     """Token-carrying frames received: frames with generated text (content or reasoning)."""
     first_chunk_ns: int | None = None
+    """First frame standing for a generated token, text or not (empty content deltas count)."""
     first_content_ns: int | None = None
     """First frame with answer text (content, not reasoning) minus start: TTFT unless reasoning streamed first."""
-    """First frame standing for a generated token, text or not (empty content deltas count)."""
     empty_token_chunks: int = 0
     """Empty content deltas received (tokens that streamed no text)."""
     text: str = ""

@@ -1,7 +1,7 @@
 """An agentic sweep's result: a pure function of its stored records and point events -> ``agentic.json``.
 
-Per (arm, agents) point the attempt that finished it is kept (as in :mod:`.sweep`); the sweep's metric formulas
-(:mod:`.sweep_metrics`) give its latencies, throughput and measured hit rate, and on top of them:
+Per (arm, agents) point the attempt that finished it is kept (:mod:`.points`, as for a sweep); the sweep's metric
+formulas (:mod:`.sweep_metrics`) give its latencies, throughput and measured hit rate, and on top of them:
 
 * **tier check**: a measured call meets tier ``t`` when ``ttft ≤ t.ttft_s`` and its output speed
   ``(tokens − 1) / (e2e − ttft) ≥ t.min_output_tokens_per_s`` (a call of one token has no speed and is judged on
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
 import pandas as pd
 
 from common.errors import KvbenchError
@@ -41,21 +40,13 @@ from .agentic_result import AgenticResult, AgentPoint, TierCapacity, TierCheck
 from .capacity import COARSE_GRID
 from .energy import energy_sample
 from .header import header_fields
-from .sweep_metrics import NS_PER_S, derive_columns, point_data, point_result, requests_to_judge
-from .sweep_result import SloLimits, SweepCounts
+from .points import errors_by_kind, stored_grid
+from .sweep_metrics import NS_PER_S, derive_columns, point_result, requests_to_judge
+from .sweep_result import SloLimits
 from .validity import judge_errors, with_engines_down
 
 CEILING_SESSIONS = 200
 """Sessions the workload's headline ceiling is computed over (sent one after another)."""
-
-
-def _chosen(points: Iterable[PointDone]) -> dict[tuple[str, int], PointDone]:
-    chosen: dict[tuple[str, int], PointDone] = {}
-    for event in points:
-        current = chosen.get(event.key)
-        if current is None or event.attempt >= current.attempt:
-            chosen[event.key] = event
-    return chosen
 
 
 def tier_check(measured: pd.DataFrame, tier: SloTier) -> TierCheck:
@@ -194,68 +185,45 @@ def aggregate_agentic(
     gpus = engine.fleet_gpus
     price = config.cost.usd_per_gpu_hour if config.cost is not None else None
     sessions = AgentSessions(config, seed=scenario.seed)
-    chosen = _chosen(points)
-    records = list(records)
-    df = pd.DataFrame([record.model_dump(exclude={"itl_ns"}) for record in records])
-    itl_by_id = {r.request_id: r.itl_ns for r in records if r.phase == "measure" and r.ok and r.point is not None}
     slo = SloLimits(ttft_ms=None, tpot_ms=None, e2e_ms=None, percentile=90.0)
-    discarded = 0
-    if not df.empty:
-        loaded = df[df["point"].notna()]
-        keys = zip(loaded["arm"], loaded["point"].astype("int64"), loaded["attempt"], strict=True)
-        keep = [chosen.get((str(a), int(p))) is not None and chosen[(str(a), int(p))].attempt == t for a, p, t in keys]
-        discarded = int(len(loaded) - sum(keep))
-
+    arm_names = [arm.name for arm in scenario.arms]
+    grid = stored_grid(arm_names, len(config.agents), records, points, gpus, slo)
     results: list[AgentPoint] = []
-    for arm in scenario.arms:
-        for index, agents in enumerate(config.agents):
-            event = chosen.get((arm.name, index))
-            if event is None:
-                continue
-            if df.empty:
-                subset = df
-            else:
-                subset = df[(df["arm"] == arm.name) & (df["point"] == index) & (df["attempt"] == event.attempt)]
-            good = subset[(subset["phase"] == "measure") & subset["ok"].astype(bool)] if not subset.empty else subset
-            gaps = [gap for rid in good.get("request_id", []) for gap in itl_by_id.get(str(rid), [])]
-            data = point_data(subset, np.asarray(gaps, dtype="float64"), event, gpus, slo)
-            sweep_point = point_result(data, mode="concurrency")
-            completed = derive_columns(data.completed)
-            prompt_tps = _tokens_per_s(completed, "prompt_tokens", data.window_s)
-            output_tps = _tokens_per_s(completed, "tokens", data.window_s)
-            tps = prompt_tps + output_tps if prompt_tps is not None and output_tps is not None else None
-            energy = energy_sample(
-                event.energy,
-                prompt_tokens=_token_sum(completed, "prompt_tokens"),
-                generated_tokens=_token_sum(completed, "tokens"),
-                agents=float(agents),
+    for stored in grid.points:
+        agents = config.agents[stored.index]
+        data = stored.data
+        sweep_point = point_result(data, mode="concurrency")
+        completed = derive_columns(data.completed)
+        prompt_tps = _tokens_per_s(completed, "prompt_tokens", data.window_s)
+        output_tps = _tokens_per_s(completed, "tokens", data.window_s)
+        tps = prompt_tps + output_tps if prompt_tps is not None and output_tps is not None else None
+        energy = energy_sample(
+            data.done.energy,
+            prompt_tokens=_token_sum(completed, "prompt_tokens"),
+            generated_tokens=_token_sum(completed, "tokens"),
+            agents=float(agents),
+        )
+        usd = price * gpus / (tps * 3600 / 1e6) if price is not None and tps else None
+        results.append(
+            AgentPoint(
+                arm=stored.arm,
+                agents=agents,
+                point=sweep_point,
+                tokens_per_s=tps,
+                prompt_tokens_per_s=prompt_tps,
+                output_tokens_per_s=output_tps,
+                usd_per_mtok=usd,
+                hit_rate=sweep_point.hit_rate,
+                ceiling=_ceiling(sessions, stored.records),
+                tiers=[tier_check(data.measured, tier) for tier in config.tiers],
+                energy=energy,
             )
-            usd = price * gpus / (tps * 3600 / 1e6) if price is not None and tps else None
-            results.append(
-                AgentPoint(
-                    arm=arm.name,
-                    agents=agents,
-                    point=sweep_point,
-                    tokens_per_s=tps,
-                    prompt_tokens_per_s=prompt_tps,
-                    output_tokens_per_s=output_tps,
-                    usd_per_mtok=usd,
-                    hit_rate=sweep_point.hit_rate,
-                    ceiling=_ceiling(sessions, subset),
-                    tiers=[tier_check(data.measured, tier) for tier in config.tiers],
-                    energy=energy,
-                )
-            )
-    capacities = [tier_capacity(arm.name, tier, results, gpus) for arm in scenario.arms for tier in config.tiers]
+        )
+    capacities = [tier_capacity(arm, tier, results, gpus) for arm in arm_names for tier in config.tiers]
     workload_calls = [call for s in range(CEILING_SESSIONS) for call in sessions.plan(s).calls]
     hits, total = infinite_cache_hits(workload_calls)
-    measured = sum(p.point.measured for p in results)
-    ok = sum(p.point.ok for p in results)
-    errors: dict[str, int] = {}
-    for p in results:
-        for kind, count in p.point.errors_by_kind.items():
-            errors[kind] = errors.get(kind, 0) + count
-    planned = {(arm.name, i) for arm in scenario.arms for i in range(len(config.agents))}
+    sweep_points = [p.point for p in results]
+    counts = grid.counts(sweep_points)
     return AgenticResult(
         **header_fields(run_id, scenario.name),
         engine_kind=engine.kind,
@@ -263,23 +231,18 @@ def aggregate_agentic(
         hardware=engine.hardware,
         gpus=gpus,
         agents=list(config.agents),
-        arms=[arm.name for arm in scenario.arms],
+        arms=arm_names,
         baseline_arm=scenario.baseline_arm,
         tiers=[tier.model_dump() for tier in config.tiers],
         usd_per_gpu_hour=price,
         workload_ceiling=hits / total if total else None,
-        complete=planned <= set(chosen),
+        complete=grid.complete,
         points=results,
         capacity=with_ratios(capacities, scenario.baseline_arm),
-        requests=SweepCounts(
-            sent=len(df),
-            measured=measured,
-            ok=ok,
-            errors=measured - ok,
-            warmup=int((df["phase"] == "warmup").sum()) if not df.empty else 0,
-            discarded=discarded,
+        requests=counts,
+        validity=judge_errors(
+            counts.measured, counts.ok, errors_by_kind(sweep_points), scenario.validity.max_error_rate
         ),
-        validity=judge_errors(measured, ok, errors, scenario.validity.max_error_rate),
     )
 
 

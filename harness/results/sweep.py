@@ -1,7 +1,7 @@
 """A sweep's result: a pure function of its stored records and point events -> ``sweep.json``.
 
-Per (arm, load point) the attempt that finished the point is kept (a re-run after an interruption
-supersedes the earlier one; its records are counted as discarded); the metric formulas
+Per (arm, load point) the attempt that finished the point is kept (:mod:`.points`: a re-run after an
+interruption supersedes the earlier one; its records are counted as discarded); the metric formulas
 (:mod:`.sweep_metrics`) turn the window's records into RPS/GPU, TPS/user and latency quantiles, and
 :mod:`.capacity` finds each arm's capacity within the SLO, the GPUs saved and the analytical model's
 expectation beside the measurement.
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-import pandas as pd
 
 from common.errors import KvbenchError
 from harness.scenario.spec import Scenario
@@ -24,18 +23,10 @@ from workloads.multi_user import plan_only
 
 from .capacity import analytical_comparisons, arm_capacity, engine_shapes, savings
 from .header import header_fields
-from .sweep_metrics import point_data, point_result
-from .sweep_result import PointResult, SloLimits, SweepCounts, SweepResult
+from .points import errors_by_kind, stored_grid
+from .sweep_metrics import point_result
+from .sweep_result import SloLimits, SweepResult
 from .validity import judge_errors, with_engines_down
-
-
-def _chosen(points: Iterable[PointDone]) -> dict[tuple[str, int], PointDone]:
-    chosen: dict[tuple[str, int], PointDone] = {}
-    for event in points:
-        current = chosen.get(event.key)
-        if current is None or event.attempt >= current.attempt:
-            chosen[event.key] = event
-    return chosen
 
 
 def _mean_question_tokens(config: MultiUserQA, seed: int, sessions: int = 400) -> float:
@@ -61,35 +52,9 @@ def aggregate_sweep(
         e2e_ms=scenario.slo.e2e_ms,
         percentile=scenario.slo.percentile,
     )
-    chosen = _chosen(points)
-    records = list(records)
-    rows = [record.model_dump(exclude={"itl_ns"}) for record in records]
-    df = pd.DataFrame(rows)
-    itl_by_id = {r.request_id: r.itl_ns for r in records if r.phase == "measure" and r.ok and r.point is not None}
-
-    results: list[PointResult] = []
-    discarded = 0
-    if not df.empty:
-        loaded = df[df["point"].notna()]
-        keys = zip(loaded["arm"], loaded["point"].astype("int64"), loaded["attempt"], strict=True)
-        keep = [chosen.get((str(a), int(p))) is not None and chosen[(str(a), int(p))].attempt == t for a, p, t in keys]
-        discarded = int(len(loaded) - sum(keep))
-    for arm in scenario.arms:
-        for index in range(len(spec.values)):
-            event = chosen.get((arm.name, index))
-            if event is None:
-                continue
-            if df.empty:
-                subset = df
-            else:
-                subset = df[(df["arm"] == arm.name) & (df["point"] == index) & (df["attempt"] == event.attempt)]
-            ids: list[str] = []
-            if not subset.empty:
-                good = subset[(subset["phase"] == "measure") & subset["ok"].astype(bool)]
-                ids = [str(rid) for rid in good["request_id"]]
-            gaps = [gap for rid in ids for gap in itl_by_id.get(rid, [])]
-            data = point_data(subset, np.asarray(gaps, dtype="float64"), event, gpus, slo)
-            results.append(point_result(data, mode=spec.mode))
+    arm_names = [arm.name for arm in scenario.arms]
+    grid = stored_grid(arm_names, len(spec.values), records, points, gpus, slo)
+    results = [point_result(point.data, mode=spec.mode) for point in grid.points]
 
     percentile = scenario.slo.percentile
     capacities = [arm_capacity(arm.name, results, scenario.cost, per_deployment, percentile) for arm in scenario.arms]
@@ -102,9 +67,7 @@ def aggregate_sweep(
         capacities,
         question_tokens_mean=_mean_question_tokens(config, scenario.seed),
     )
-    planned = {(arm.name, i) for arm in scenario.arms for i in range(len(spec.values))}
-    measured = sum(p.measured for p in results)
-    ok = sum(p.ok for p in results)
+    counts = grid.counts(results)
     return SweepResult(
         **header_fields(run_id, scenario.name),
         engine_kind=engine.kind,
@@ -113,33 +76,18 @@ def aggregate_sweep(
         gpus=gpus,
         mode=spec.mode,
         loads=list(spec.values),
-        arms=[arm.name for arm in scenario.arms],
+        arms=arm_names,
         baseline_arm=baseline,
         slo=slo,
-        complete=planned <= set(chosen),
+        complete=grid.complete,
         points=results,
         capacity=capacities,
         savings=savings(capacities, baseline, scenario.cost),
         analytical=report.comparisons,
         analytical_notes=report.notes,
-        requests=SweepCounts(
-            sent=len(df),
-            measured=measured,
-            ok=ok,
-            errors=measured - ok,
-            warmup=int((df["phase"] == "warmup").sum()) if not df.empty else 0,
-            discarded=discarded,
-        ),
-        validity=judge_errors(measured, ok, _errors_by_kind(results), scenario.validity.max_error_rate),
+        requests=counts,
+        validity=judge_errors(counts.measured, counts.ok, errors_by_kind(results), scenario.validity.max_error_rate),
     )
-
-
-def _errors_by_kind(points: list[PointResult]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for point in points:
-        for kind, count in point.errors_by_kind.items():
-            total[kind] = total.get(kind, 0) + count
-    return total
 
 
 def summarize_sweep(run_dir: RunDir) -> SweepResult:

@@ -205,8 +205,8 @@ class SweepCounts(Frozen):
 
 class SweepResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "sweep.json"
-    schema_version: Literal[1] = 1
     """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
+    schema_version: Literal[1] = 1
 
     engine_kind: str
     model: str

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,6 @@ from typing import Any
 from harness.client.openai import RequestOutcome
 from harness.results.agentic import summarize_agentic
 from harness.results.agentic_result import AgenticResult
-from harness.scenario.spec import Arm
 from harness.store.records import Phase, RequestRecord
 from workloads.agentic import AgentBranch, AgentCall, AgentSessionPlan, AgentSessions
 from workloads.config import AgenticSessions
@@ -35,13 +33,14 @@ from workloads.trace import TracePrompts
 
 from .energy import energy_meter
 from .load import NS, LoadWindow, RecordContext, RefusedBackoff, _cancelled, _Driver, _Stopped
-from .spine import ArmSession, Runner
-from .sweep import SESSIONS_PER_POINT, _point_done, _scrape_after
+from .points import SESSIONS_PER_POINT, PointGridRunner, point_done, scrape_after
+from .recording import outcome_fields
+from .spine import ArmSession
 
 TICK_S = 0.5
 
 
-class AgenticRunner(Runner[AgenticResult]):
+class AgenticRunner(PointGridRunner[AgenticResult]):
     """Runs an agentic scenario's sweep into a run directory."""
 
     verb = "sweep"
@@ -51,22 +50,8 @@ class AgenticRunner(Runner[AgenticResult]):
     def config(self) -> AgenticSessions:
         return self.scenario.agentic_workload
 
-    def pending(self) -> dict[str, list[int]]:
-        done = {event.key for event in self.run_dir.points()}
-        return {
-            arm.name: [i for i in range(len(self.config.agents)) if (arm.name, i) not in done]
-            for arm in self.scenario.arms
-        }
-
-    def arms_with_work(self) -> list[Arm]:
-        plan = self.pending()
-        return [arm for arm in self.selected_arms() if plan[arm.name]]
-
-    def work(self) -> tuple[int, int]:
-        arms = self.selected_arms()
-        plan = self.pending()
-        total = len(arms) * len(self.config.agents)
-        return total, total - sum(len(plan[arm.name]) for arm in arms)
+    def grid_size(self) -> int:
+        return len(self.config.agents)
 
     def connections(self) -> int:
         # a session has its main branch and its subagents in flight at once
@@ -115,7 +100,7 @@ class AgenticRunner(Runner[AgenticResult]):
             on_record=on_record,
         )
         async with energy_meter(session) as meter:
-            before_task = asyncio.ensure_future(_scrape_after(session, config.warmup_s))
+            before_task = asyncio.ensure_future(scrape_after(session, config.warmup_s))
             try:
                 window = await driver.run(on_tick)
                 before = await before_task
@@ -124,7 +109,7 @@ class AgenticRunner(Runner[AgenticResult]):
             energy = await meter.window(window.window_start_ns, window.window_end_ns)
         after = await session.scrape()
         session.sync()
-        done = _point_done(arm.name, index, float(agents), self.attempt, window, before, after)
+        done = point_done(arm.name, index, float(agents), self.attempt, window, before, after)
         self.run_dir.append_point(done.model_copy(update={"energy": energy}))
         self.progress.end_step()
         self.progress.advance(f"{arm.name} @ {agents} agents: {window.measured} calls measured")
@@ -227,29 +212,11 @@ class _AgentDriver(_Driver):
                 context_tokens=call.prompt_tokens,
                 conversation=call.session,
                 turn=call.index + 1,
-                request_id=uuid.uuid4().hex[:16],
                 api=self.config.api,
-                started_ns=outcome.started_ns,
-                ttft_ns=outcome.ttft_ns,
-                e2e_ns=outcome.e2e_ns,
-                itl_ns=list(outcome.itl_ns),
-                output_chunks=outcome.output_chunks,
-                first_chunk_ns=outcome.first_chunk_ns,
-                empty_token_chunks=outcome.empty_token_chunks,
-                first_content_ns=outcome.first_content_ns,
-                finish_reason=outcome.finish_reason,
-                prompt_tokens=outcome.prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
-                cached_tokens=outcome.cached_tokens,
                 expected_prompt_tokens=call.prompt_tokens,
-                http_status=outcome.http_status,
-                ok=outcome.ok,
-                error_kind=outcome.error_kind,
-                error=outcome.error,
                 point=self.context.point,
                 load=float(self.agents),
-                replica=outcome.replica,
-                moved=outcome.moved,
+                **outcome_fields(outcome),
             )
         )
 

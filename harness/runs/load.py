@@ -42,7 +42,6 @@ import contextlib
 import math
 import random
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,6 +52,8 @@ from harness.client.router import routing_key
 from harness.scenario.spec import SweepSpec
 from harness.store.records import Phase, RequestRecord
 from workloads.multi_user import MultiUserWorkload, Prompt, Session, stream
+
+from .recording import outcome_fields
 
 NS = 1_000_000_000
 REFUSED_BACKOFF_BASE_S = 0.1
@@ -366,31 +367,13 @@ class _Runner(_Driver):
                 context_tokens=plan.context_tokens,
                 conversation=plan.session,
                 turn=prompt.round,
-                request_id=uuid.uuid4().hex[:16],
                 api=config.api,
-                started_ns=outcome.started_ns,
-                ttft_ns=outcome.ttft_ns,
-                e2e_ns=outcome.e2e_ns,
-                itl_ns=list(outcome.itl_ns),
-                output_chunks=outcome.output_chunks,
-                first_chunk_ns=outcome.first_chunk_ns,
-                empty_token_chunks=outcome.empty_token_chunks,
-                first_content_ns=outcome.first_content_ns,
-                finish_reason=outcome.finish_reason,
-                prompt_tokens=outcome.prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
-                cached_tokens=outcome.cached_tokens,
                 expected_prompt_tokens=prompt.expected_prompt_tokens,
-                http_status=outcome.http_status,
-                ok=outcome.ok,
-                error_kind=outcome.error_kind,
-                error=outcome.error,
                 point=self.context.point,
                 load=self.plan.value,
                 user=plan.user,
                 scheduled_ns=scheduled_ns,
-                replica=outcome.replica,
-                moved=outcome.moved,
+                **outcome_fields(outcome),
             )
         )
 

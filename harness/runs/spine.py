@@ -70,6 +70,7 @@ from workloads.tokenizer import TokenIds, Tokenizer
 from .fleet import open_fleet
 from .interrupt import Interrupted, run_interruptible
 from .progress import NoProgress, RunProgress
+from .recording import outcome_fields
 
 Prompt = str | TokenIds | Sequence[Mapping[str, str]]
 """What :meth:`ArmSession.send` sends: text, token ids (completions only) or chat messages (chat only)."""
@@ -113,18 +114,17 @@ def record_from(
 ) -> RequestRecord:
     """The immutable record of one request the spine or a probe sent (load records come from ``load.py``)."""
     return RequestRecord(
-        arm=arm, attempt=attempt, phase=phase, repetition=repetition, context_tokens=context_tokens,
-        conversation=conversation, turn=turn, request_id=uuid.uuid4().hex[:16],
-        api="chat" if api == "chat" else "completions", started_ns=outcome.started_ns, ttft_ns=outcome.ttft_ns,
-        e2e_ns=outcome.e2e_ns, itl_ns=list(outcome.itl_ns), output_chunks=outcome.output_chunks,
-        first_chunk_ns=outcome.first_chunk_ns, empty_token_chunks=outcome.empty_token_chunks,
-        first_content_ns=outcome.first_content_ns,
-        finish_reason=outcome.finish_reason,
-        prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-        cached_tokens=outcome.cached_tokens, expected_prompt_tokens=expected_prompt_tokens,
-        http_status=outcome.http_status, ok=outcome.ok, error_kind=outcome.error_kind, error=outcome.error,
-        replica=outcome.replica, moved=outcome.moved,
-    )  # fmt: skip
+        arm=arm,
+        attempt=attempt,
+        phase=phase,
+        repetition=repetition,
+        context_tokens=context_tokens,
+        conversation=conversation,
+        turn=turn,
+        api="chat" if api == "chat" else "completions",
+        expected_prompt_tokens=expected_prompt_tokens,
+        **outcome_fields(outcome),
+    )
 
 
 class ArmSession:

@@ -16,32 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 
 from common.errors import KvbenchError
 from harness.client.pool import ProcessClientPool, StreamingClient
-from harness.client.scrape import cache_counter_deltas
 from harness.results.sweep import summarize_sweep
 from harness.results.sweep_result import SweepResult
-from harness.scenario.spec import Arm, SweepSpec
-from harness.store.events import PointDone
+from harness.scenario.spec import SweepSpec
 from harness.store.records import RequestRecord
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
 from .energy import energy_meter
-from .load import LoadPlan, LoadWindow, RecordContext, run_load
-from .spine import ArmSession, Runner
+from .load import LoadPlan, RecordContext, run_load
+from .points import SESSIONS_PER_POINT, PointGridRunner, point_done, scrape_after
+from .spine import ArmSession
 
 log = logging.getLogger(__name__)
 
-SESSIONS_PER_POINT = 1_000_000
-"""Point ``p`` numbers its sessions from ``p × SESSIONS_PER_POINT``: new conversations per point."""
 
-
-class SweepRunner(Runner[SweepResult]):
+class SweepRunner(PointGridRunner[SweepResult]):
     """Runs a multi-user scenario's sweep into a run directory."""
 
     verb = "sweep"
@@ -58,22 +53,8 @@ class SweepRunner(Runner[SweepResult]):
             raise KvbenchError(f"scenario {self.scenario.name!r} has no sweep section")
         return self.scenario.sweep
 
-    def pending(self) -> dict[str, list[int]]:
-        done = {event.key for event in self.run_dir.points()}
-        return {
-            arm.name: [i for i in range(len(self.spec.values)) if (arm.name, i) not in done]
-            for arm in self.scenario.arms
-        }
-
-    def arms_with_work(self) -> list[Arm]:
-        plan = self.pending()
-        return [arm for arm in self.selected_arms() if plan[arm.name]]
-
-    def work(self) -> tuple[int, int]:
-        arms = self.selected_arms()
-        plan = self.pending()
-        total = len(arms) * len(self.spec.values)
-        return total, total - sum(len(plan[arm.name]) for arm in arms)
+    def grid_size(self) -> int:
+        return len(self.spec.values)
 
     def connections(self) -> int:
         if self.spec.mode == "concurrency":
@@ -138,7 +119,7 @@ class SweepRunner(Runner[SweepResult]):
             self.progress.tick(min((now_ns - started) / 1e9, spec.warmup + spec.duration), f"{count} requests")
 
         async with energy_meter(session) as meter:
-            before_task = asyncio.ensure_future(_scrape_after(session, spec.warmup))
+            before_task = asyncio.ensure_future(scrape_after(session, spec.warmup))
             try:
                 window = await run_load(
                     sender,
@@ -155,27 +136,9 @@ class SweepRunner(Runner[SweepResult]):
             energy = await meter.window(window.window_start_ns, window.window_end_ns)
         after = await session.scrape()
         session.sync()
-        done = _point_done(arm.name, index, value, self.attempt, window, before, after)
+        done = point_done(arm.name, index, value, self.attempt, window, before, after)
         self.run_dir.append_point(done.model_copy(update={"energy": energy}))
         self.progress.end_step()
         self.progress.advance(f"{arm.name} @ {value:g} {unit}: {window.measured} measured")
         if window.measured == 0:
             log.warning("arm %s, load %g: no request was sent inside the window", arm.name, value)
-
-
-def _point_done(
-    arm: str, index: int, value: float, attempt: int, window: LoadWindow, before: str | None, after: str | None
-) -> PointDone:
-    metrics = None
-    if before is not None and after is not None:
-        try:
-            metrics = cache_counter_deltas(before, after)
-        except ValueError as error:
-            log.warning("unparseable /metrics page (%s); no cache statistics for this point", error)
-    # the event stores the window as run_load reported it (PointDone's fields are LoadWindow's)
-    return PointDone(arm=arm, point=index, load=value, attempt=attempt, metrics=metrics, **dataclasses.asdict(window))
-
-
-async def _scrape_after(session: ArmSession, delay_s: float) -> str | None:
-    await asyncio.sleep(delay_s)
-    return await session.scrape()

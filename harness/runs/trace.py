@@ -33,7 +33,6 @@ import asyncio
 import hashlib
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from workloads.trace import Trace, TracePrompts, TraceRequest, load_trace, resol
 
 from .load import OnOutcome, ScheduleWindow, SendOne, run_schedule
 from .progress import RunProgress
+from .recording import outcome_fields
 from .spine import DEFAULT_CONNECTIONS, ArmSession, Prompt, Runner
 
 log = logging.getLogger(__name__)
@@ -360,28 +360,15 @@ class TraceRunner(Runner[ReplayResult]):
             context_tokens=request.input_length,
             conversation=self.conversation(request, index),
             turn=request.turn or 1,
-            request_id=uuid.uuid4().hex[:16],
             api="chat" if api == "chat" else "completions",
-            started_ns=outcome.started_ns,
-            ttft_ns=outcome.ttft_ns,
-            first_content_ns=outcome.first_content_ns,
-            e2e_ns=outcome.e2e_ns,
-            itl_ns=list(outcome.itl_ns),
-            output_chunks=outcome.output_chunks,
-            prompt_tokens=outcome.prompt_tokens,
-            completion_tokens=outcome.completion_tokens,
-            cached_tokens=outcome.cached_tokens,
             expected_prompt_tokens=request.input_length
             if request.hash_ids is not None or request.token_ids is not None
             else None,
-            http_status=outcome.http_status,
-            ok=outcome.ok,
-            error_kind=outcome.error_kind,
-            error=outcome.error,
             scheduled_ns=due_ns,
             trace_line=request.line,
             call_id=request.call_id,
             parent_call=parent,
+            **outcome_fields(outcome),
         )
 
     # -- /metrics over time ---------------------------------------------------------------------
