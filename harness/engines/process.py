@@ -292,6 +292,8 @@ class ManagedProcess:
 
     def _spawn(self) -> None:
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # a kvbench killed before it stopped this process's previous run left that log unscrubbed; this run appends
+        scrub_file(self.spec.log_path, secret_values(self.spec.argv, self.spec.env))
         self._token = secrets.token_hex(16) if self.spec.launch_token else None
         env = {**os.environ, **self.spec.env}
         if self._token is not None:

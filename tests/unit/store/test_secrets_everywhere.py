@@ -138,3 +138,25 @@ async def test_a_real_engine_process_logs_its_command_without_the_password(tmp_p
     assert "--ssl-keyfile-password ***" in text  # the command line kvbench logs
     assert "loading model ***" in text  # the engine's own echo of it (the fake takes it for its model)
     assert PASSWORD not in text
+
+
+async def test_a_log_left_unscrubbed_by_a_killed_kvbench_is_scrubbed_when_the_process_starts_again(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    log = tmp_path / "logs" / "engine.log"
+    log.parent.mkdir()
+    # what an engine printed before kvbench was killed -9: its own echo of the password, never scrubbed
+    log.write_text(f"INFO args: --ssl-keyfile-password {PASSWORD}\n", encoding="utf-8")
+    spec = ProcessSpec(
+        name="fake vllm engine",
+        argv=(sys.executable, str(FAKE_ENGINE), "--family", "vllm", "--port", str(port)),
+        env={"PYTHONUNBUFFERED": "1", "VLLM_SSL_KEYFILE_PASSWORD": PASSWORD},
+        log_path=log,
+        health_url=f"http://127.0.0.1:{port}/health",
+        startup_timeout_s=10,
+        stop_grace_s=2,
+    )
+    async with ManagedProcess(spec):
+        text = log.read_text(encoding="utf-8")  # while the new process runs, before any stop could scrub
+        assert text.startswith("INFO args: --ssl-keyfile-password ***") and PASSWORD not in text
