@@ -162,7 +162,8 @@ class AgentSessions:
         self.config = config
         self.seed = seed
         self.trace = None if config.trace is None else TraceSessions.load(config.trace)
-        self.root = () if self.trace else tuple(range(math.ceil(config.system_prompt_tokens / config.block_tokens)))
+        root = 0 if self.trace is not None else math.ceil(config.system_prompt_tokens / config.block_tokens)
+        self.root = tuple(range(root))
         self._plans: dict[int, AgentSessionPlan] = {}
 
     @property
