@@ -1,7 +1,11 @@
-"""Synthesized agent sessions (workload kind ``agentic``) and their infinite-cache ceiling.
+"""Agent sessions (workload kind ``agentic``), synthesized or from an agent trace, and their infinite-cache ceiling.
 
-A session (:class:`AgentSessionPlan`) is a tree of branches of calls, drawn deterministically from
-``(seed, session id)`` with the distributions of :class:`~workloads.config.AgenticSessions`:
+A session (:class:`AgentSessionPlan`) is a causal tree of calls, stored as branches (chains of calls; a branch
+other than the first forks after one call of another): a call's parent is the previous call of its branch, or
+the call its branch forks after. A call is sent once its parent has answered, after the call's ``pause_s``.
+
+**Synthesized** sessions are drawn deterministically from ``(seed, session id)`` with the distributions of
+:class:`~workloads.config.AgenticSessions`:
 
 * the **root prefix**: ``⌈system_prompt_tokens / B⌉`` blocks (``B`` = ``block_tokens``) with the same
   hash ids in every session (the system prompt and tool definitions every agent of a deployment sends);
@@ -17,6 +21,18 @@ so (as in a Mooncake replay) the engine's decode KV is never reused. Hash ids ar
 root's are ``0 … R−1``, a session's own are ``(session + 1) · 2^32 + n``, so no two sessions share
 a block outside the root.
 
+**Trace** sessions (``trace:``, :class:`TraceSessions`): session ``s`` is the trace's session ``k = s mod N``
+(``N`` sessions in the trace, in first-appearance order) in cycle ``c = s // N``. Its calls keep their trace
+order (index ``i``, ``turn = i + 1``), parents, hash blocks and ``block_tokens``; ``output_tokens =
+max(1, output_length)``; a call without a parent other than the session's first waits for the session's
+previous call. A call's pause is ``max(0, t_call − t_parent)`` seconds of the trace's clock: the parent's own
+service time is in it, since a trace records when calls were sent, not when they were answered. Prompts are
+whole blocks (``B × blocks`` tokens, the last block rounded up). Hash ids become integers: the ``n``-th
+distinct id of the trace (first appearance) is ``n`` when more than one trace session sends it (a shared
+system prompt or repository context), and ``(c + 1) · 2^32 + n`` when only one does, so a session replayed in
+a later cycle does not hit its own earlier replay's private blocks. A call longer than ``max_context_tokens``
+is dropped with its subtree.
+
 Ceiling: with an infinite prefix cache, call ``c`` hits its longest prefix of blocks already sent
 (by any earlier call, in send order): ``hit_c = B · #{leading blocks of c seen before}``, and the
 ceiling of a sequence of calls is ``Σ hit_c / Σ prompt_c`` (:func:`infinite_cache_hits`; prompt
@@ -26,15 +42,21 @@ tokens = ``B`` × blocks, so the rate is a block-count ratio).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from .config import AgenticSessions
+from common.errors import KvbenchError
+
+from .config import AgenticSessions, AgentTraceSource
 from .multi_user import sample, stream
-from .trace import TraceRequest
+from .trace import HashId, Trace, TraceRequest, load_trace, resolve_trace_path
 
 SESSION_STRIDE = 1 << 32
-"""Hash ids of session ``s`` start at ``(s + 1) × SESSION_STRIDE``; the root's are below it."""
+"""Hash ids of session ``s`` start at ``(s + 1) × SESSION_STRIDE``; the root's are below it (synthesized). A trace's
+private blocks of cycle ``c`` are ``(c + 1) × SESSION_STRIDE + n``, its shared ones ``n``."""
+HASH_FORMATS = ("mooncake", "kvbench", "bailian", "claude-code")
+"""Trace formats whose calls carry hash blocks, the only ones an agentic sweep can replay."""
 MAIN = 0
 """The main branch's number; subagents are 1, 2, ..."""
 
@@ -53,7 +75,7 @@ class AgentCall:
     block_tokens: int
     output_tokens: int
     pause_s: float
-    """Seconds after the branch's previous answer (or the fork) before this call is sent."""
+    """Seconds after the parent call's answer before this call is sent."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -77,24 +99,56 @@ class AgentCall:
 class AgentBranch:
     branch: int
     fork_after: int | None
-    """The main-branch step whose answer starts this branch (None: the main branch)."""
+    """The index of the call whose answer starts this branch (None: a root branch). Synthesized: a main-branch
+    call, whose index is its step."""
     calls: tuple[AgentCall, ...]
 
 
 @dataclass(frozen=True)
 class AgentSessionPlan:
+    """A session's calls as a causal tree: :attr:`parents` and :meth:`children` are what a driver follows."""
+
     session: int
     branches: tuple[AgentBranch, ...]
 
-    @property
+    @cached_property
     def calls(self) -> tuple[AgentCall, ...]:
-        return tuple(call for branch in self.branches for call in branch.calls)
+        """Every call, in index order."""
+        return tuple(sorted((call for branch in self.branches for call in branch.calls), key=lambda c: c.index))
 
     def call(self, index: int) -> AgentCall:
         return self.calls[index]
 
     def forks_after(self, step: int) -> list[AgentBranch]:
         return [branch for branch in self.branches if branch.fork_after == step]
+
+    @cached_property
+    def parents(self) -> tuple[int | None, ...]:
+        """Per call index, the index of the call it waits for (None: a root, sent when the session starts)."""
+        out: list[int | None] = [None] * len(self.calls)
+        for branch in self.branches:
+            previous = branch.fork_after
+            for call in branch.calls:
+                out[call.index] = previous
+                previous = call.index
+        return tuple(out)
+
+    @cached_property
+    def _children(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.calls]
+        for index, parent in enumerate(self.parents):
+            if parent is not None:
+                out[parent].append(index)
+        return tuple(tuple(children) for children in out)
+
+    @property
+    def roots(self) -> tuple[int, ...]:
+        return tuple(index for index, parent in enumerate(self.parents) if parent is None)
+
+    def children(self, index: int) -> tuple[int, ...]:
+        """The calls sent after call ``index``'s answer, in index order (synthesized: the main branch's next call
+        first, then the subagents forking there)."""
+        return self._children[index]
 
 
 def _blocks(tokens: float, block_tokens: int) -> int:
@@ -107,13 +161,24 @@ class AgentSessions:
     def __init__(self, config: AgenticSessions, *, seed: int) -> None:
         self.config = config
         self.seed = seed
-        self.root = tuple(range(math.ceil(config.system_prompt_tokens / config.block_tokens)))
+        self.trace = None if config.trace is None else TraceSessions.load(config.trace)
+        root = 0 if self.trace is not None else math.ceil(config.system_prompt_tokens / config.block_tokens)
+        self.root = tuple(range(root))
         self._plans: dict[int, AgentSessionPlan] = {}
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per hash block of every call (the trace's, with one)."""
+        return self.trace.block_tokens if self.trace is not None else self.config.block_tokens
 
     def plan(self, session: int) -> AgentSessionPlan:
         cached = self._plans.get(session)
         if cached is None:
-            cached = self._plans[session] = self._draw(session)
+            if self.trace is not None:
+                plan = self.trace.plan(session, self.config.max_context_tokens)
+            else:
+                plan = self._draw(session)
+            cached = self._plans[session] = plan
         return cached
 
     def _draw(self, session: int) -> AgentSessionPlan:
@@ -154,6 +219,124 @@ class AgentSessions:
                     branches.append(AgentBranch(len(branches), call.step, tuple(sub)))
                     index += len(sub)
         return AgentSessionPlan(session, tuple(branches))
+
+
+@dataclass(frozen=True)
+class _TraceSession:
+    requests: tuple[TraceRequest, ...]
+    parents: tuple[int | None, ...]
+    """Per call, the session-local index of its parent."""
+
+
+class TraceSessions:
+    """An agent trace's sessions as plans (see the module docstring for the mapping)."""
+
+    def __init__(self, trace: Trace) -> None:
+        if trace.format not in HASH_FORMATS:
+            raise KvbenchError(
+                f"{trace.path}: a {trace.format} trace has no hash blocks; agentic sessions need one of the "
+                f"formats {', '.join(HASH_FORMATS)}"
+            )
+        missing = next((r for r in trace.requests if r.hash_ids is None), None)
+        if missing is not None:
+            raise KvbenchError(
+                f"{trace.path}:{missing.line}: a call without hash_ids; agentic sessions need one of the "
+                f"formats {', '.join(HASH_FORMATS)} with hash ids on every call"
+            )
+        self.path = trace.path
+        self.block_tokens = trace.block_tokens
+        self.sessions = _sessions(trace.requests)
+        self.numbers: dict[HashId, int] = {}
+        owners: dict[HashId, int] = {}
+        self.shared: set[HashId] = set()
+        for k, session in enumerate(self.sessions):
+            for request in session.requests:
+                for block in request.hash_ids or ():
+                    self.numbers.setdefault(block, len(self.numbers))
+                    if owners.setdefault(block, k) != k:
+                        self.shared.add(block)
+
+    @classmethod
+    def load(cls, source: AgentTraceSource) -> TraceSessions:
+        return cls(load_trace(resolve_trace_path(source.path), source.format, allow_gaps=True))
+
+    def block(self, block: HashId, cycle: int) -> int:
+        number = self.numbers[block]
+        return number if block in self.shared else (cycle + 1) * SESSION_STRIDE + number
+
+    def plan(self, session: int, max_context_tokens: int | None) -> AgentSessionPlan:
+        """Trace session ``session mod N`` in cycle ``session // N``, calls over ``max_context_tokens`` and their
+        subtrees dropped (the kept calls are re-indexed in trace order)."""
+        cycle, k = divmod(session, len(self.sessions))
+        source, size = self.sessions[k], self.block_tokens
+        kept: dict[int, int] = {}  # session-local index -> plan index
+        calls: list[AgentCall] = []
+        parents: list[int | None] = []
+        for local, (request, parent) in enumerate(zip(source.requests, source.parents, strict=True)):
+            assert request.hash_ids is not None
+            blocks = tuple(self.block(block, cycle) for block in request.hash_ids)
+            if parent is not None and parent not in kept:
+                continue
+            if max_context_tokens is not None and len(blocks) * size > max_context_tokens:
+                continue
+            pause = 0.0
+            if parent is not None:
+                pause = max(0.0, (request.timestamp_ms - source.requests[parent].timestamp_ms) / 1000.0)
+            kept[local] = len(calls)
+            parents.append(None if parent is None else kept[parent])
+            calls.append(AgentCall(session, len(calls), 0, 0, blocks, size, max(1, request.output_length), pause))
+        return AgentSessionPlan(session, _branches(calls, parents))
+
+
+def _sessions(requests: Sequence[TraceRequest]) -> list[_TraceSession]:
+    """The trace's sessions in first-appearance order; a request without a session is a session of its own, a
+    parentless call after a session's first waits for the session's previous call."""
+    grouped: dict[str, list[int]] = {}
+    for position, request in enumerate(requests):
+        key = f"session:{request.session}" if request.session is not None else f"request:{position}"
+        grouped.setdefault(key, []).append(position)
+    out: list[_TraceSession] = []
+    for positions in grouped.values():
+        local = {position: index for index, position in enumerate(positions)}
+        parents: list[int | None] = []
+        for index, position in enumerate(positions):
+            parent = requests[position].parent
+            if parent is not None and parent in local:
+                parents.append(local[parent])
+            else:
+                parents.append(index - 1 if index > 0 else None)
+        out.append(_TraceSession(tuple(requests[p] for p in positions), tuple(parents)))
+    return out
+
+
+def _branches(calls: list[AgentCall], parents: list[int | None]) -> tuple[AgentBranch, ...]:
+    """``calls`` (in index order) grouped into branches: a call's first child continues its branch, every
+    other child (and every root) starts a new one forking after its parent."""
+    branch_of: list[int] = []
+    members: list[list[AgentCall]] = []
+    forks: list[int | None] = []
+    continued: set[int] = set()
+    for call, parent in zip(calls, parents, strict=True):
+        if parent is not None and parent not in continued:
+            continued.add(parent)
+            number = branch_of[parent]
+        else:
+            number = len(members)
+            members.append([])
+            forks.append(parent)
+        branch_of.append(number)
+        placed = AgentCall(
+            call.session,
+            call.index,
+            number,
+            len(members[number]),
+            call.blocks,
+            call.block_tokens,
+            call.output_tokens,
+            call.pause_s,
+        )
+        members[number].append(placed)
+    return tuple(AgentBranch(n, forks[n], tuple(chain)) for n, chain in enumerate(members))
 
 
 def infinite_cache_hits(calls: Iterable[AgentCall], seen: set[int] | None = None) -> tuple[int, int]:

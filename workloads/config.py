@@ -16,6 +16,8 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from common.schema import StrictModel
 
+from .trace_model import FormatChoice
+
 MAX_COUNT = 1_000_000
 """Upper bound of any count of requests, users or conversations: a typo (a billion conversations)
 is refused at validation instead of running for years or exhausting memory building prompts."""
@@ -327,6 +329,32 @@ class AgentCost(StrictModel):
     usd_per_gpu_hour: float = Field(gt=0, description="Price of one GPU-hour in US dollars.")
 
 
+class AgentTraceSource(StrictModel):
+    """An agent trace whose sessions an ``agentic`` sweep replays (:mod:`workloads.agentic`)."""
+
+    path: str = Field(
+        description="The trace file (JSON Lines): relative to the working directory, or a bundled sample's name."
+    )
+    format: FormatChoice = Field(
+        default="auto",
+        description="The trace's format; a hash-block one (mooncake, kvbench, bailian, claude-code) or auto.",
+    )
+
+
+SYNTHESIS_FIELDS = (
+    "system_prompt_tokens",
+    "task_tokens",
+    "calls",
+    "tool_result_tokens",
+    "output_tokens",
+    "tool_time_s",
+    "subagent_probability",
+    "subagent_calls",
+    "block_tokens",
+)
+"""The fields of :class:`AgenticSessions` that only synthesized sessions use."""
+
+
 class AgenticSessions(StrictModel):
     """Concurrent agent sessions (``kvbench sweep``), synthesized from a trace's statistics (:mod:`workloads.agentic`).
 
@@ -337,7 +365,8 @@ class AgenticSessions(StrictModel):
     ``subagent_calls`` concurrently. Token counts are rounded up to whole ``block_tokens`` blocks; equal blocks are
     identical text, so the engine sees exactly the reuse the plan describes. ``agents`` is the load axis: that many
     sessions at once, a finished one replaced by a new one (closed loop). Per point: ``warmup_s`` unmeasured, then
-    ``window_s`` measured (calls sent inside it).
+    ``window_s`` measured (calls sent inside it). With ``trace``, the sessions are an agent trace's instead (its
+    calls, tree, hash blocks, answers and pauses), replayed in turn.
     """
 
     kind: Literal["agentic"]
@@ -366,6 +395,11 @@ class AgenticSessions(StrictModel):
     )
     max_context_tokens: int | None = Field(
         default=None, ge=16, le=MAX_TOKENS, description="A branch ends rather than send a longer prompt (model limit)."
+    )
+    trace: AgentTraceSource | None = Field(
+        default=None,
+        description="Draw the sessions from this agent trace instead of synthesizing them: the synthesis fields "
+        "(system_prompt_tokens ... subagent_calls, block_tokens) are then not used and must keep their defaults.",
     )
     block_tokens: int = Field(
         default=64, ge=1, le=4096, description="Tokens per reuse block (the engine's block size should divide it)."
@@ -403,9 +437,25 @@ class AgenticSessions(StrictModel):
         return tiers
 
     @model_validator(mode="after")
+    def _trace_or_synthesis(self) -> AgenticSessions:
+        if self.trace is not None:
+            changed = [
+                name
+                for name in SYNTHESIS_FIELDS
+                if getattr(self, name) != AgenticSessions.model_fields[name].get_default(call_default_factory=True)
+            ]
+            if changed:
+                raise ValueError(
+                    f"trace draws the sessions from {self.trace.path}; the synthesis fields {', '.join(changed)} "
+                    "would not be used (remove them)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _root_fits(self) -> AgenticSessions:
         if (
-            self.max_context_tokens is not None
+            self.trace is None
+            and self.max_context_tokens is not None
             and self.system_prompt_tokens + self.block_tokens > self.max_context_tokens
         ):
             raise ValueError(

@@ -3,9 +3,10 @@
 What differs from a multi-user sweep (:mod:`.sweep`; the spine, :mod:`.spine`, does the rest): the load is
 ``agents`` sessions at once (closed loop over sessions: a finished session is replaced by the next one, session
 ids of point ``p`` from ``p × SESSIONS_PER_POINT``), and a session is a plan of
-:mod:`workloads.agentic`: its main branch sends call after call (each after the previous answer and the call's
-tool time), and every subagent that forks after a main-branch call runs its own chain concurrently, tracked like
-any sender so the drain waits for it. Prompts are built from the calls' hash blocks exactly as a trace replay
+:mod:`workloads.agentic` (synthesized, or drawn from an agent trace): a causal tree whose calls are each sent
+after their parent's answer and their pause (tool time), every child of a call concurrently, each chain that
+forks off tracked like any sender so the drain waits for it. A failed call stops its subtree.
+Prompts are built from the calls' hash blocks exactly as a trace replay
 builds them (:class:`~workloads.trace.TracePrompts`: equal blocks, identical text), lazily, since a closed loop
 cannot know in advance which sessions it will reach.
 
@@ -21,13 +22,14 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from harness.client.openai import RequestOutcome
 from harness.results.agentic import summarize_agentic
 from harness.results.agentic_result import AgenticResult
 from harness.store.records import Phase, RequestRecord
-from workloads.agentic import AgentBranch, AgentCall, AgentSessionPlan, AgentSessions
+from workloads.agentic import AgentCall, AgentSessionPlan, AgentSessions
 from workloads.config import AgenticSessions
 from workloads.trace import TracePrompts
 
@@ -50,6 +52,14 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
     def config(self) -> AgenticSessions:
         return self.scenario.agentic_workload
 
+    @cached_property
+    def sessions(self) -> AgentSessions:
+        return AgentSessions(self.config, seed=self.scenario.seed)
+
+    def work(self) -> tuple[int, int]:
+        _ = self.sessions  # a trace that cannot be replayed is refused before any engine starts
+        return super().work()
+
     def grid_size(self) -> int:
         return len(self.config.agents)
 
@@ -64,8 +74,8 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
         arm, config = session.arm, self.config
         self.progress.describe(f"{arm.name}: warming up")
         await session.warm_up(config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag="agentic")
-        sessions = AgentSessions(config, seed=self.scenario.seed)
-        prompts = TracePrompts(session.tokenizer, seed=self.scenario.seed, block_tokens=config.block_tokens)
+        sessions = self.sessions
+        prompts = TracePrompts(session.tokenizer, seed=self.scenario.seed, block_tokens=sessions.block_tokens)
         await session.reset_prefix_cache(required=False)
         for index in self.pending()[arm.name]:
             if config.reset_between_points:
@@ -148,19 +158,28 @@ class _AgentDriver(_Driver):
             await self._session(plan)
 
     async def _session(self, plan: AgentSessionPlan) -> None:
-        """The main branch; each subagent starts after the main-branch call it forks from, and runs alongside."""
-        subagents: list[asyncio.Task[Any]] = []
-        for call in plan.branches[0].calls:
-            if not await self._call(call):
-                break  # a failed call: the agent cannot go on without its answer
-            subagents += [self.spawn(self._branch(branch)) for branch in plan.forks_after(call.step)]
-        if subagents:
-            await asyncio.wait(subagents)
+        """The plan's causal tree: a call is sent after its parent's answer and its pause, all children of a call
+        start together, and the session ends when every call is done. The first root's chain of first children
+        (synthesized: the main branch) runs in this task; every other child runs in a tracked task of its own, so
+        that the drain waits for it."""
+        forks: list[asyncio.Task[Any]] = []
+        roots = plan.roots
+        if not roots:
+            return
+        forks += [self.spawn(self._chain(plan, root, forks)) for root in roots[1:]]
+        await self._chain(plan, roots[0], forks)
+        while pending := [task for task in forks if not task.done()]:
+            await asyncio.wait(pending)
 
-    async def _branch(self, branch: AgentBranch) -> None:
-        for call in branch.calls:
-            if not await self._call(call):
-                return
+    async def _chain(self, plan: AgentSessionPlan, index: int, forks: list[asyncio.Task[Any]]) -> None:
+        """Call ``index``, then its first child, and so on, forking the other children into ``forks``."""
+        current: int | None = index
+        while current is not None:
+            if not await self._call(plan.call(current)):
+                return  # a failed call: its subtree cannot go on without its answer
+            children = plan.children(current)
+            forks += [self.spawn(self._chain(plan, child, forks)) for child in children[1:]]
+            current = children[0] if children else None
 
     async def _call(self, call: AgentCall) -> bool:
         """Wait the call's tool time, send it, record it; whether it succeeded."""
