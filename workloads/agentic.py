@@ -25,8 +25,10 @@ a block outside the root.
 (``N`` sessions in the trace, in first-appearance order) in cycle ``c = s // N``. Its calls keep their trace
 order (index ``i``, ``turn = i + 1``), parents, hash blocks and ``block_tokens``; ``output_tokens =
 max(1, output_length)``; a call without a parent other than the session's first waits for the session's
-previous call. A call's pause is ``max(0, t_call − t_parent)`` seconds of the trace's clock: the parent's own
-service time is in it, since a trace records when calls were sent, not when they were answered. Prompts are
+previous call. A call is due ``max(0, t_call − t_parent)`` seconds of the trace's clock after its parent was
+*sent*, or at the parent's answer if that comes later (``gap_from_send``; as ``kvbench replay`` sends a child):
+a trace records when calls were sent, not when they were answered, so the gap already holds the traced
+deployment's service time and is not added on top of the measured one. Prompts are
 whole blocks (``B × blocks`` tokens, the last block rounded up). Hash ids become integers: the ``n``-th
 distinct id of the trace (first appearance) is ``n`` when more than one trace session sends it (a shared
 system prompt or repository context), and ``(c + 1) · 2^32 + n`` when only one does, so a session replayed in
@@ -75,7 +77,10 @@ class AgentCall:
     block_tokens: int
     output_tokens: int
     pause_s: float
-    """Seconds after the parent call's answer before this call is sent."""
+    """Seconds after the parent call's answer before this call is sent (``gap_from_send``: after its send)."""
+    gap_from_send: bool = False
+    """``pause_s`` is a trace's gap between the parent's and this call's timestamps: the call is due at the
+    parent's send + ``pause_s`` or at the parent's answer, whichever is later (as ``kvbench replay`` sends it)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -284,7 +289,8 @@ class TraceSessions:
                 pause = max(0.0, (request.timestamp_ms - source.requests[parent].timestamp_ms) / 1000.0)
             kept[local] = len(calls)
             parents.append(None if parent is None else kept[parent])
-            calls.append(AgentCall(session, len(calls), 0, 0, blocks, size, max(1, request.output_length), pause))
+            output = max(1, request.output_length)
+            calls.append(AgentCall(session, len(calls), 0, 0, blocks, size, output, pause, gap_from_send=True))
         return AgentSessionPlan(session, _branches(calls, parents))
 
 
@@ -334,6 +340,7 @@ def _branches(calls: list[AgentCall], parents: list[int | None]) -> tuple[AgentB
             call.block_tokens,
             call.output_tokens,
             call.pause_s,
+            call.gap_from_send,
         )
         members[number].append(placed)
     return tuple(AgentBranch(n, forks[n], tuple(chain)) for n, chain in enumerate(members))

@@ -158,10 +158,10 @@ class _AgentDriver(_Driver):
             await self._session(plan)
 
     async def _session(self, plan: AgentSessionPlan) -> None:
-        """The plan's causal tree: a call is sent after its parent's answer and its pause, all children of a call
-        start together, and the session ends when every call is done. The first root's chain of first children
-        (synthesized: the main branch) runs in this task; every other child runs in a tracked task of its own, so
-        that the drain waits for it."""
+        """The plan's causal tree: a call is sent after its parent's answer and its pause (a trace's call: at its
+        parent's send + its gap, or at the answer if later), all children of a call start together, and the session
+        ends when every call is done. The first root's chain of first children (synthesized: the main branch) runs
+        in this task; every other child runs in a tracked task of its own, so that the drain waits for it."""
         forks: list[asyncio.Task[Any]] = []
         roots = plan.roots
         if not roots:
@@ -171,20 +171,26 @@ class _AgentDriver(_Driver):
         while pending := [task for task in forks if not task.done()]:
             await asyncio.wait(pending)
 
-    async def _chain(self, plan: AgentSessionPlan, index: int, forks: list[asyncio.Task[Any]]) -> None:
+    async def _chain(
+        self, plan: AgentSessionPlan, index: int, forks: list[asyncio.Task[Any]], parent_sent_ns: int | None = None
+    ) -> None:
         """Call ``index``, then its first child, and so on, forking the other children into ``forks``."""
         current: int | None = index
         while current is not None:
-            if not await self._call(plan.call(current)):
+            sent_ns = await self._call(plan.call(current), parent_sent_ns)
+            if sent_ns is None:
                 return  # a failed call: its subtree cannot go on without its answer
             children = plan.children(current)
-            forks += [self.spawn(self._chain(plan, child, forks)) for child in children[1:]]
+            forks += [self.spawn(self._chain(plan, child, forks, sent_ns)) for child in children[1:]]
             current = children[0] if children else None
+            parent_sent_ns = sent_ns
 
-    async def _call(self, call: AgentCall) -> bool:
-        """Wait the call's tool time, send it, record it; whether it succeeded."""
-        if call.pause_s > 0:
-            await self.pause_until(time.monotonic_ns() + int(call.pause_s * NS))
+    async def _call(self, call: AgentCall, parent_sent_ns: int | None) -> int | None:
+        """Wait until the call is due, send it, record it; when it was sent, or None when it failed."""
+        start_ns = parent_sent_ns if call.gap_from_send and parent_sent_ns is not None else time.monotonic_ns()
+        due_ns = start_ns + int(call.pause_s * NS)
+        if due_ns > time.monotonic_ns():
+            await self.pause_until(due_ns)
         if self.stopping:
             raise _Stopped
         prompt = await self.prompts.prompt(call.trace_request())
@@ -214,7 +220,7 @@ class _AgentDriver(_Driver):
         wait_s = self.backoff.after(outcome)
         if wait_s > 0:
             await self.pause_until(time.monotonic_ns() + int(wait_s * NS))
-        return outcome.ok
+        return outcome.started_ns if outcome.ok else None
 
     def _emit(self, call: AgentCall, phase: Phase, outcome: RequestOutcome) -> None:
         if phase == "measure":

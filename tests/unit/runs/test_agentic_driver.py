@@ -1,5 +1,6 @@
-"""The agentic driver on a fake engine: a trace session runs as its causal tree (a child after its parent's answer
-plus its pause, siblings together), a failed call stops its subtree, and the session ends when every call is done."""
+"""The agentic driver on a fake engine: a trace session runs as its causal tree (a child at its parent's send plus
+the trace's gap, or at the parent's answer if later; siblings together), a failed call stops its subtree, and the
+session ends when every call is done."""
 
 from __future__ import annotations
 
@@ -18,17 +19,17 @@ from workloads.agentic import AgentSessions
 from workloads.config import AgenticSessions
 from workloads.trace import TracePrompts, TraceRequest
 
-SERVICE_S = 0.05
+SERVICE_S = 0.2
 # (chat_id, parent, timestamp s, hash ids): a0 -> a1 -> {a2, a3}, a3 -> {a4, a5}; a2 fails, so its child a6 is
 # never sent
 CALLS: list[tuple[str, str | int, float, list[int]]] = [
     ("a0", -1, 0.0, [1, 10]),
-    ("a1", "a0", 0.05, [1, 10, 11]),
-    ("a2", "a1", 0.06, [1, 10, 11, 12]),
-    ("a3", "a1", 0.09, [1, 10, 11, 13]),
-    ("a4", "a3", 0.10, [1, 10, 11, 13, 14]),
-    ("a5", "a3", 0.10, [1, 10, 11, 13, 15]),
-    ("a6", "a2", 0.15, [1, 10, 11, 12, 16]),
+    ("a1", "a0", 0.30, [1, 10, 11]),  # a gap longer than an answer: due 0.30 s after a0's send
+    ("a2", "a1", 0.31, [1, 10, 11, 12]),
+    ("a3", "a1", 0.34, [1, 10, 11, 13]),
+    ("a4", "a3", 0.35, [1, 10, 11, 13, 14]),
+    ("a5", "a3", 0.35, [1, 10, 11, 13, 15]),
+    ("a6", "a2", 0.40, [1, 10, 11, 12, 16]),
 ]
 FAILING = 3  # a2's turn
 
@@ -66,7 +67,7 @@ def test_a_trace_session_runs_as_its_causal_tree(tmp_path: Path) -> None:
         )
     )  # fmt: skip
     config = AgenticSessions.model_validate(
-        {"kind": "agentic", "agents": [1], "trace": {"path": str(path)}, "warmup_s": 0, "window_s": 0.8}
+        {"kind": "agentic", "agents": [1], "trace": {"path": str(path)}, "warmup_s": 0, "window_s": 2.0}
     )
     sessions = AgentSessions(config, seed=0)
     plan = sessions.plan(0)
@@ -94,9 +95,12 @@ def test_a_trace_session_runs_as_its_causal_tree(tmp_path: Path) -> None:
         before = first[parent + 1]
         assert before.e2e_ns is not None
         answered = before.started_ns + before.e2e_ns
-        # sent after the parent's answer plus the pause (the event loop may add a little, never take any away)
-        assert record.started_ns >= answered + int(plan.call(turn - 1).pause_s * 1e9) - 1_000_000
-    # siblings run together: a4 and a5 (both 10 ms after a3's answer) are in flight at once
+        due = max(answered, before.started_ns + int(plan.call(turn - 1).pause_s * 1e9))
+        # the event loop may add a little, never take any away
+        assert record.started_ns >= due - 1_000_000, turn
+    # the gap counts from the parent's send, not on top of its answer (that would be 0.30 + 0.2 s)
+    assert first[2].started_ns - first[1].started_ns < 0.45e9
+    # siblings run together: a4 and a5 (both due at a3's answer) are in flight at once
     a4, a5 = first[5], first[6]
     assert a4.e2e_ns is not None and a5.e2e_ns is not None
     assert max(a4.started_ns, a5.started_ns) < min(a4.started_ns + a4.e2e_ns, a5.started_ns + a5.e2e_ns)
