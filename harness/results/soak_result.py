@@ -16,7 +16,10 @@ Criteria (:class:`~harness.scenario.spec.SoakCriteria`), judged on the intervals
 ``warmup_intervals``:
 
 * ``slo_compliance`` -- share of requests that succeeded within ``slo.ttft_ms``/``slo.tpot_ms``/
-  ``slo.e2e_ms`` over the window, at least ``slo_compliance_min``;
+  ``slo.e2e_ms`` over the window, at least ``slo_compliance_min``; judged from at least
+  ``⌈1 / (1 − slo_compliance_min)⌉`` requests (20 at 95 %); with fewer it is ``too_few`` (the verdict
+  INCOMPLETE) unless its misses already sink it (it would fail even if every request up to that count met the
+  SLO);
 * ``error_rate`` -- failed / all requests over the window, at most ``max_error_rate``;
 * ``drift`` -- no significant upward trend of the per-interval ``drift_metric`` (TTFT p99 by
   default): one-sided Mann-Kendall test (Kendall's tau of value against time, tie-corrected) at
@@ -49,6 +52,7 @@ from offload.hits import usage_hit_rate
 
 from .header import ResultHeader
 from .run_result import Frozen
+from .sweep_metrics import requests_to_judge
 from .verdict import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, Outcome
 
 NS_PER_MS = 1_000_000
@@ -56,7 +60,8 @@ NS_PER_S = 1_000_000_000
 MIN_DRIFT_POINTS = 4
 
 CriterionName = Literal["slo_compliance", "error_rate", "drift", "hit_rate_floor", "restarts"]
-CriterionStatus = Literal["pass", "fail", "not_evaluated"]
+CriterionStatus = Literal["pass", "fail", "not_evaluated", "too_few"]
+"""``not_evaluated``: the scenario does not ask for it; ``too_few``: it asks, but the window has too little to judge."""
 VerdictValue = Literal["PASS", "FAIL", "INCOMPLETE"]
 
 
@@ -397,6 +402,16 @@ def check_slo(judged: Sequence[IntervalStats], spec: SoakSpec, slo: SLO) -> Crit
     if requests == 0:
         return result(status="fail", reason="no request completed in the judged intervals")
     observed = met / requests
+    needed = requests_to_judge(100.0 * limit)
+    # too few to judge, unless the misses already sink it: with every request up to `needed` within the SLO, the
+    # window would still miss the minimum
+    if requests < needed and (met + needed - requests) / needed >= limit:
+        return result(
+            status="too_few",
+            observed=observed,
+            reason=f"SLO compliance cannot be judged from {requests} requests: a {_pct(limit)} minimum needs at least "
+            f"{needed} (lengthen soak.window or add users)",
+        )
     broken = [
         i.index
         for i in judged
@@ -613,6 +628,9 @@ def evaluate(
             reasons=[f"only {len(intervals)} of {planned} intervals measured; continue with `kvbench soak --resume`"],
             criteria=criteria,
         )
+    unjudged = [c.reason for c in criteria if c.status == "too_few"]
+    if unjudged:  # a window too thin to judge a criterion it asks for cannot pass it
+        return SoakVerdict(verdict="INCOMPLETE", reasons=unjudged, criteria=criteria)
     return SoakVerdict(verdict="PASS", reasons=[], criteria=criteria)
 
 

@@ -72,7 +72,8 @@ def test_kill_and_pause_are_rehearsed_recorded_and_named(tmp_path: Path) -> None
         timeout=180,
         check=False,
     )
-    assert done.returncode in (0, 1), done.stdout + done.stderr  # PASS or FAIL, never an abort
+    # PASS, FAIL or INCOMPLETE (too few requests to judge the SLO compliance), never an abort
+    assert done.returncode in (0, 1, 3), done.stdout + done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
 
     warmups = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "warmup" and r.repetition == -1]

@@ -76,7 +76,9 @@ def test_the_lmcache_server_is_killed_restarted_recorded_and_named(tmp_path: Pat
     path = tmp_path / "soak.yaml"
     path.write_text(yaml.safe_dump(scenario(model)))
     done = kvbench("soak", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path, timeout=900)
-    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]  # a verdict, never an abort
+    # a verdict, never an abort: PASS, FAIL, or INCOMPLETE (a 30 s window on vLLM-CPU may hold too few requests to
+    # judge a 99 % SLO compliance)
+    assert done.returncode in (0, 1, 3), done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
 
     events = [json.loads(line) for line in (run_dir / "faults.jsonl").read_text().splitlines()]

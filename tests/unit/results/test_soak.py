@@ -326,3 +326,25 @@ def test_soak_scenario_overrides_and_checks() -> None:
     )
     with pytest.raises(ScenarioError, match=r"probe\.yaml: workload kind 'multi_round_qa'.*multi_user_qa"):
         soak_scenario(probe, source="probe.yaml")
+
+
+def test_a_window_too_thin_to_judge_its_slo_compliance_is_incomplete_never_pass() -> None:
+    # 10 intervals of 1 request, every one within the SLO: 10 < the 20 a 95 % minimum needs
+    thin = evaluate(
+        [interval(i, requests=1) for i in range(10)], spec(slo_compliance_min=0.95), SLO_TARGETS, planned=10
+    )
+    assert status(thin, "slo_compliance") == "too_few" and thin.verdict == "INCOMPLETE"
+    assert "needs at least 20" in thin.reasons[0]
+    # one request more per interval is enough to judge, and to pass
+    enough = evaluate(
+        [interval(i, requests=2) for i in range(10)], spec(slo_compliance_min=0.95), SLO_TARGETS, planned=10
+    )
+    assert status(enough, "slo_compliance") == "pass" and enough.verdict == "PASS"
+    # misses that sink it whatever the next requests show: 2 of 10 missed, 18 of 20 at best < 95 %
+    sunk = [interval(i, requests=1, slo_met=0 if i < 2 else 1) for i in range(10)]
+    assert status(evaluate(sunk, spec(slo_compliance_min=0.95), SLO_TARGETS, planned=10), "slo_compliance") == "fail"
+    one_miss = [interval(i, requests=1, slo_met=0 if i < 1 else 1) for i in range(10)]  # 19 of 20 at best: 95 %
+    assert (
+        status(evaluate(one_miss, spec(slo_compliance_min=0.95), SLO_TARGETS, planned=10), "slo_compliance")
+        == "too_few"
+    )
