@@ -23,6 +23,11 @@ Parameters (:data:`POWER`), per hardware profile (:mod:`offload.shapes`):
   weights and KV cache idles somewhat above an empty one, so 90 W (the exact figure varies by board, clocks
   and temperature).
 
+The simulator adds a step's busy seconds when the step ends, so a window's counter delta can run one step
+ahead of its clock. The source credits busy time no faster than it elapses (at most ``R × Δt`` per interval
+between readings, ``R`` = replicas = GPUs / tp), carrying the rest into the next interval: totals are kept and
+no window draws more than ``tdp_w`` per GPU.
+
 A run's measured figures (``kvbench`` on GPUs, NVML) replace these; the simulator's carry the label
 **simulated** wherever they appear.
 """
@@ -102,6 +107,9 @@ class SimulatedPower:
         self._origin_ns: int | None = None
         self._busy_base = 0.0
         self._busy_last: float | None = None
+        self._credited: float | None = None
+        """Busy seconds counted so far: the counter, held back to what the elapsed time can hold."""
+        self._last_ns: int | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def _read(self) -> None:
@@ -118,10 +126,17 @@ class SimulatedPower:
         if self._busy_last is not None and busy < self._busy_last:
             self._busy_base += self._busy_last  # the engine restarted: its counter began again at 0
         self._busy_last = busy
-        if self._origin_ns is None:
+        counter = self._busy_base + busy
+        if self._origin_ns is None or self._last_ns is None or self._credited is None:
             self._origin_ns = t_ns
+            self._credited = counter
+        else:
+            replicas = max(1, self.gpus // self.tp)
+            room = replicas * max(0, t_ns - self._last_ns) / NS
+            self._credited = min(counter, self._credited + room)
+        self._last_ns = t_ns
         seconds = (t_ns - self._origin_ns) / NS
-        joules = self.profile.joules(seconds, self._busy_base + busy, self.gpus, self.tp)
+        joules = self.profile.joules(seconds, self._credited, self.gpus, self.tp)
         self.timeline.add(Reading(t_ns, joules, None))
 
     async def _sample(self) -> None:

@@ -219,3 +219,30 @@ def test_the_registry_picks_the_source(tmp_path: Path) -> None:
     assert isinstance(nvml, NvmlSource) and nvml.devices == ["4", "6"]
     cpu = power_source(VllmEngineConfig(kind="vllm", model="m", device="cpu"), scrape)
     assert isinstance(cpu, NotSampled) and "runs on no GPU" in cpu.reason
+
+
+def test_a_busy_counter_that_runs_ahead_of_the_clock_never_draws_more_than_tdp() -> None:
+    """The simulator adds a step's seconds when it ends: 1.5 s of busy time can land in a 1 s interval. The
+    source credits it no faster than time passes, and keeps the total."""
+    clock = [0]
+    busy = [0.0]
+
+    async def scrape() -> str:
+        return f'# TYPE {BUSY_SECONDS[:-6]} counter\n{BUSY_SECONDS}{{engine="0"}} {busy[0]}\n'
+
+    async def run() -> tuple[EnergyWindow, EnergyWindow]:
+        source = SimulatedPower(POWER["h100-sxm"], gpus=1, tp=1, scrape=scrape, period_s=3600, clock=lambda: clock[0])
+        await source.start()
+        for step in (1.5, 0.5, 0.0, 0.0):  # a 1.5 s step ends in the first second, then 0.5 s, then idle
+            clock[0] += NS
+            busy[0] += step
+            await source._read()
+        first = await source.window(0, NS)
+        whole = await source.window(0, 4 * NS)
+        await source.stop()
+        return first, whole
+
+    first, whole = asyncio.run(run())
+    profile = POWER["h100-sxm"]
+    assert first.avg_watts == pytest.approx(profile.tdp_w)  # busy 1.5 s in 1 s: held at the board's limit
+    assert whole.joules == pytest.approx(profile.joules(4.0, 2.0, gpus=1, tp=1))  # every busy second counted
