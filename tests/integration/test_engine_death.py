@@ -33,6 +33,21 @@ def simulators(pid: int) -> list[int]:
     return found
 
 
+def kill_the_first_engine(verb: str, scenario: Path, runs: Path, measured: int) -> Path:
+    """``kvbench VERB SCENARIO`` kill -9'd in its first arm's engine once ``measured`` requests are recorded; the run
+    must end with exit 1 and no traceback. Its run directory."""
+    run = kvbench_process(verb, str(scenario), "-o", str(runs))
+    assert wait_for(lambda: measured_so_far(runs) >= measured and bool(simulators(run.pid)), 120, run), (
+        "nothing measured"
+    )
+    os.kill(simulators(run.pid)[0], signal.SIGKILL)
+    out, err = run.communicate(timeout=300)
+    assert "Traceback" not in out + err, out + err
+    assert run.returncode == 1, out + err
+    (run_dir,) = runs.iterdir()
+    return run_dir
+
+
 def test_a_killed_engine_ends_its_arm_as_a_finding_and_the_run_still_reports(tmp_path: Path) -> None:
     data = {
         "name": "dies",
@@ -47,13 +62,7 @@ def test_a_killed_engine_ends_its_arm_as_a_finding_and_the_run_still_reports(tmp
     }
     scenario = write_scenario(tmp_path / "dies.yaml", data)
     runs = tmp_path / "runs"
-    run = kvbench_process("run", str(scenario), "-o", str(runs))
-    assert wait_for(lambda: measured_so_far(runs) >= 2 and bool(simulators(run.pid)), 120, run), "nothing measured"
-    os.kill(simulators(run.pid)[0], signal.SIGKILL)
-    out, err = run.communicate(timeout=300)
-    assert "Traceback" not in out + err, out + err
-    assert run.returncode == 1, out + err
-    (run_dir,) = runs.iterdir()
+    run_dir = kill_the_first_engine("run", scenario, runs, measured=2)
     summary = json.loads((run_dir / "summary.json").read_text())
     died = [f for f in summary["validity"]["findings"] if f["gate"] == "engine_died"]
     assert summary["validity"]["verdict"] == "failed" and [f["arm"] for f in died] == ["AMG-OFF"], summary["validity"]
@@ -121,13 +130,7 @@ def test_a_killed_engine_under_load_is_a_finding(tmp_path: Path, kind: str) -> N
     engine_died, and the other arm still runs."""
     scenario = write_scenario(tmp_path / f"{kind}.yaml", load_scenario_data(kind))
     runs = tmp_path / "runs"
-    run = kvbench_process(kind, str(scenario), "-o", str(runs))
-    assert wait_for(lambda: measured_so_far(runs) >= 5 and bool(simulators(run.pid)), 120, run), "nothing measured"
-    os.kill(simulators(run.pid)[0], signal.SIGKILL)
-    out, err = run.communicate(timeout=300)
-    assert "Traceback" not in out + err, out + err
-    assert run.returncode == 1, out + err
-    (run_dir,) = runs.iterdir()
+    run_dir = kill_the_first_engine(kind, scenario, runs, measured=5)
     events = [json.loads(line) for line in (run_dir / "engine_events.jsonl").read_text().splitlines()]
     assert len(events) == 1 and "exited" in events[0]["reason"], events  # the arm killed first, whichever runs first
     result = json.loads((run_dir / f"{kind}.json").read_text())
@@ -155,13 +158,7 @@ def test_a_killed_engine_mid_replay_is_a_finding(tmp_path: Path) -> None:
     }
     scenario = write_scenario(tmp_path / "replay.yaml", data)
     runs = tmp_path / "runs"
-    run = kvbench_process("replay", str(scenario), "-o", str(runs))
-    assert wait_for(lambda: measured_so_far(runs) >= 5 and bool(simulators(run.pid)), 120, run), "nothing measured"
-    os.kill(simulators(run.pid)[0], signal.SIGKILL)
-    out, err = run.communicate(timeout=300)
-    assert "Traceback" not in out + err, out + err
-    assert run.returncode == 1, out + err
-    (run_dir,) = runs.iterdir()
+    run_dir = kill_the_first_engine("replay", scenario, runs, measured=5)
     result = json.loads((run_dir / "replay.json").read_text())
     died = [f for f in result["validity"]["findings"] if f["gate"] == "engine_died"]
     assert result["validity"]["verdict"] == "failed" and [f["arm"] for f in died] == ["AMG-OFF"], result["validity"]
