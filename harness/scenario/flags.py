@@ -4,7 +4,8 @@
 run directory keeps it as ``scenario.yaml``, so ``--resume`` and ``kvbench report`` work as for any run.
 
 * The engine is kind ``openai`` (an endpoint kvbench attaches to): ``--base-url URL`` measures one
-  endpoint as the arm ``endpoint``; ``--arm NAME=URL`` (repeatable) measures several, one arm each, the
+  endpoint as the arm ``endpoint`` (``--offload PROFILE``: what it offloads, as ``NAME:PROFILE`` below);
+  ``--arm NAME=URL`` (repeatable) measures several, one arm each, the
   first the baseline unless ``--baseline NAME``; ``--arm NAME:PROFILE=URL`` also says what that deployment
   offloads (a built-in profile: off, hbm, cpu, disk, shared; default hbm: a GPU prefix cache, no tier),
   which the validity gates judge its cache hits by. URLs are http(s) with a host; a trailing ``/v1`` is
@@ -22,21 +23,21 @@ Every problem is a one-line :class:`~common.errors.ScenarioError` naming the fla
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from common.errors import KvbenchError, ScenarioError
 from offload.profiles import BUILTIN_PROFILES
 
+from .flag_fields import ALL_WORKLOAD_FIELDS, WORKLOAD_FIELDS, flag_of
+from .flag_fields import FlagKind as FlagKind  # the kinds are named with the flags they build from
 from .spec import Scenario, format_validation_error, parse_duration
-
-FlagKind = Literal["probe", "sweep", "replay"]
 
 SINGLE_ARM = "endpoint"
 """The arm of a run against one ``--base-url``."""
@@ -57,6 +58,7 @@ class EndpointFlags:
     """The flags of a flags-only run, as typed (strings are parsed and checked by :func:`scenario_from_flags`)."""
 
     base_url: str | None = None
+    offload: str | None = None
     arms: tuple[str, ...] = ()
     baseline: str | None = None
     model: str | None = None
@@ -76,6 +78,16 @@ class EndpointFlags:
     def given(self) -> bool:
         """Whether this is a flags-only run (an endpoint given: --base-url or --arm NAME=URL)."""
         return self.base_url is not None or any("=" in arm for arm in self.arms)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, object]) -> EndpointFlags:
+        """The flags from the command line's parsed options (field -> value, None where not given)."""
+        return TypeAdapter(cls).validate_python(dict(options))
+
+    def typed(self, fields: Iterable[str]) -> dict[str, object]:
+        """``{flag: value}`` of the ``fields`` the user gave."""
+        values = {flag_of(field): getattr(self, field) for field in fields}
+        return {flag: value for flag, value in values.items() if value is not None}
 
 
 def check_url(url: str, flag: str) -> str:
@@ -103,12 +115,17 @@ def parse_arm(text: str) -> tuple[str, str, str]:
             f"--arm {text!r}: arm name {name!r} must start with a letter or digit and hold only letters, digits, "
             "'_', '.', '+', '-'"
         )
-    profile = profile or DEFAULT_PROFILE
+    profile = check_profile(profile, f"--arm {text!r}") if profile else DEFAULT_PROFILE
+    return name, profile, check_url(url, f"--arm {name}")
+
+
+def check_profile(profile: str, flag: str) -> str:
+    """``profile`` if it is a built-in offload profile; one-line error naming ``flag`` and the allowed ones."""
     if profile not in BUILTIN_PROFILES:
         raise ScenarioError(
-            f"--arm {text!r}: unknown offload profile {profile!r}; allowed: {', '.join(sorted(BUILTIN_PROFILES))}"
+            f"{flag}: unknown offload profile {profile!r}; allowed: {', '.join(sorted(BUILTIN_PROFILES))}"
         )
-    return name, profile, check_url(url, f"--arm {name}")
+    return profile
 
 
 def parse_ints(text: str, flag: str, *, low: int) -> list[int]:
@@ -128,8 +145,11 @@ def _endpoints(flags: EndpointFlags) -> list[tuple[str, str, str]]:
     """(arm, profile, url) of every endpoint the flags name."""
     if flags.base_url is not None and flags.arms:
         raise ScenarioError("give --base-url URL (one endpoint) or --arm NAME=URL (one per arm), not both")
+    if flags.offload is not None and flags.base_url is None:
+        raise ScenarioError("--offload goes with --base-url URL; with --arm give NAME:PROFILE=URL")
     if flags.base_url is not None:
-        return [(SINGLE_ARM, DEFAULT_PROFILE, check_url(flags.base_url, "--base-url"))]
+        profile = DEFAULT_PROFILE if flags.offload is None else check_profile(flags.offload, "--offload")
+        return [(SINGLE_ARM, profile, check_url(flags.base_url, "--base-url"))]
     arms = [parse_arm(text) for text in flags.arms]
     names = [name for name, _, _ in arms]
     repeated = sorted({name for name in names if names.count(name) > 1})
@@ -207,30 +227,12 @@ def _sweep(flags: EndpointFlags) -> dict[str, object]:
     return sweep
 
 
-_TAKES: dict[FlagKind, frozenset[str]] = {
-    "probe": frozenset({"--contexts", "--conversations", "--turns", "--answer-tokens"}),
-    "sweep": frozenset(
-        {"--contexts", "--conversations", "--turns", "--answer-tokens", "--concurrency", "--duration", "--warmup"}
-    ),
-    "replay": frozenset({"--trace"}),
-}
-"""The workload flags each command takes (the endpoint flags go with all three)."""
 _VERB: dict[FlagKind, str] = {"probe": "run", "sweep": "sweep", "replay": "replay"}
 
 
 def _refuse_unused(kind: FlagKind, flags: EndpointFlags) -> None:
     """A workload flag the command does not use is an error, not silently ignored."""
-    given = {
-        "--contexts": flags.contexts,
-        "--conversations": flags.conversations,
-        "--turns": flags.turns,
-        "--answer-tokens": flags.answer_tokens,
-        "--concurrency": flags.concurrency,
-        "--duration": flags.duration,
-        "--warmup": flags.warmup,
-        "--trace": flags.trace,
-    }
-    unused = [flag for flag, value in given.items() if value is not None and flag not in _TAKES[kind]]
+    unused = list(flags.typed(field for field in ALL_WORKLOAD_FIELDS if field not in WORKLOAD_FIELDS[kind]))
     if unused:
         raise ScenarioError(f"{unused[0]}: kvbench {_VERB[kind]} does not take it")
 
@@ -314,3 +316,17 @@ def _flag_names(problem: str) -> str:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
+
+
+def tier_declaration(command: Sequence[str], arm: str, index: int, profile: str) -> str:
+    """How the run started by ``command`` (its argv, as the manifest keeps it) declares that arm ``arm`` (the
+    scenario's ``arms[index]``) offloads to ``profile``: ``--offload cpu`` after ``--base-url URL``,
+    ``--arm NAME:cpu=URL`` after ``--arm NAME=URL``, else the scenario file's ``arms[i].offload: cpu``."""
+    args = list(command)
+    if any(arg == "--base-url" or arg.startswith("--base-url=") for arg in args):
+        return f"--offload {profile}"
+    arm_values = [value for flag, value in itertools.pairwise(args) if flag == "--arm"]
+    arm_values += [arg.removeprefix("--arm=") for arg in args if arg.startswith("--arm=")]
+    if any("=" in value for value in arm_values):
+        return f"--arm {arm}:{profile}=URL"
+    return f"arms[{index}].offload: {profile}"

@@ -9,15 +9,18 @@ or read, 3 INCONCLUSIVE.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, get_type_hints
 
 import typer
 from rich.console import Console
 
 from common.markup import console_text
+from harness.scenario.flag_fields import ALL_WORKLOAD_FIELDS, ENDPOINT_FIELDS, WORKLOAD_FIELDS, FlagKind
 
 from .console import console, emit_json, fail, json_stdout, os_error, verdict_exit
 from .options import JsonFlag, SetOption
@@ -25,7 +28,7 @@ from .options import JsonFlag, SetOption
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
     from harness.runs.kinds import LaunchOverrides
-    from harness.scenario.flags import EndpointFlags, FlagKind
+    from harness.scenario.flags import EndpointFlags
     from harness.scenario.spec import Scenario
     from harness.store.rundir import RunDir, RunKind
 
@@ -36,23 +39,86 @@ ONLY_ARMS = typer.Option(
     "Without a scenario, NAME=URL (or NAME:PROFILE=URL) measures that endpoint as an arm; the first is the baseline.",
 )
 
-# Flags-only runs (no scenario file): the endpoint to measure and the multi-round QA workload's main knobs
-# (harness.scenario.flags builds the scenario from them).
-BASE_URL = typer.Option("--base-url", help="Measure this OpenAI-compatible endpoint (no scenario file needed).")
-BASELINE = typer.Option("--baseline", help="With --arm NAME=URL: the baseline arm (default: the first).")
-MODEL = typer.Option("--model", help="Model name to send (default: the one GET /v1/models lists).")
-API_KEY_ENV = typer.Option("--api-key-env", help="Environment variable holding the endpoint's API key.")
-TOKENIZER = typer.Option(
-    "--tokenizer",
-    help="Where the endpoint has no /tokenize: the served model's tokenizer.json or its directory "
-    "(default: kvbench's word tokenizer; the server's usage gives the true lengths).",
-)
-CONTEXTS = typer.Option("--contexts", help="Context lengths in tokens, e.g. 8000,32000.")
-CONVERSATIONS = typer.Option(
-    "--conversations", help="Conversations per length (sweep: distinct users, default 2 x the largest concurrency)."
-)
-TURNS = typer.Option("--turns", help="Turns per conversation (sweep: rounds per session).")
-ANSWER_TOKENS = typer.Option("--answer-tokens", help="max_tokens of every answer.")
+# Flags-only runs (no scenario file): one option per EndpointFlags field, the endpoint to measure and the workload's
+# main knobs (harness.scenario.flag_fields says which command takes which; harness.scenario.flags builds the scenario).
+# A new option is one entry here, one EndpointFlags field and its place in flag_fields.
+ENDPOINT_OPTIONS: dict[str, object] = {
+    "base_url": Annotated[
+        str | None, typer.Option(help="Measure this OpenAI-compatible endpoint (no scenario file needed).")
+    ],
+    "offload": Annotated[
+        str | None,
+        typer.Option(
+            help="With --base-url: what the endpoint offloads, a built-in profile (off, hbm, cpu, disk, shared; "
+            "default hbm: a GPU prefix cache, no tier); with --arm give NAME:PROFILE=URL."
+        ),
+    ],
+    "baseline": Annotated[str | None, typer.Option(help="With --arm NAME=URL: the baseline arm (default: the first).")],
+    "model": Annotated[str | None, typer.Option(help="Model name to send (default: the one GET /v1/models lists).")],
+    "api_key_env": Annotated[str | None, typer.Option(help="Environment variable holding the endpoint's API key.")],
+    "tokenizer": Annotated[
+        str | None,
+        typer.Option(
+            help="Where the endpoint has no /tokenize: the served model's tokenizer.json or its directory "
+            "(default: kvbench's word tokenizer; the server's usage gives the true lengths)."
+        ),
+    ],
+    "concurrency": Annotated[
+        str | None, typer.Option(help="With --base-url: users at each load point, e.g. 1,4,16,64.")
+    ],
+    "duration": Annotated[
+        str | None, typer.Option(help="With --base-url: each point's measured window (default 60s).")
+    ],
+    "warmup": Annotated[
+        str | None, typer.Option(help="With --base-url: each point's unmeasured lead-in (default 10s).")
+    ],
+    "contexts": Annotated[str | None, typer.Option(help="Context lengths in tokens, e.g. 8000,32000.")],
+    "conversations": Annotated[
+        int | None,
+        typer.Option(help="Conversations per length (sweep: distinct users, default 2 x the largest concurrency)."),
+    ],
+    "turns": Annotated[int | None, typer.Option(help="Turns per conversation (sweep: rounds per session).")],
+    "answer_tokens": Annotated[int | None, typer.Option(help="max_tokens of every answer.")],
+    "trace": Annotated[Path | None, typer.Option(help="With --base-url: the trace file to replay.")],
+}
+"""Each option's type and help; its flag is the field's name with dashes (``--answer-tokens``)."""
+
+
+def endpoint_options(kind: FlagKind) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command of ``kind`` with the endpoint options it takes appended to its own, whose values it receives as one
+    ``flags: EndpointFlags`` argument (with its ``arms`` and ``output_dir``)."""
+    fields = (*ENDPOINT_FIELDS, *WORKLOAD_FIELDS[kind])
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        # the command's own annotations resolved for Typer; "flags" is filled here, so its type (imported for
+        # type checking only) is not needed
+        hints = get_type_hints(command, localns={"EndpointFlags": object}, include_extras=True)
+        own = [
+            parameter.replace(annotation=hints[parameter.name])
+            for parameter in inspect.signature(command).parameters.values()
+            if parameter.name != "flags"
+        ]
+        added = [
+            inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ENDPOINT_OPTIONS[field])
+            for field in fields
+        ]
+
+        @functools.wraps(command)
+        def with_flags(**values: object) -> None:
+            from harness.scenario.flags import EndpointFlags
+
+            options = {field: values.pop(field) for field in fields}
+            arms = values.get("arms")
+            output_dir = values.get("output_dir")
+            options |= {"arms": tuple(arms) if isinstance(arms, list) else (), "output_dir": str(output_dir or "runs")}
+            command(**values, flags=EndpointFlags.from_options(options))
+
+        parameters = [*own, *added]
+        with_flags.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+        with_flags.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+        return with_flags
+
+    return decorate
 
 
 def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, resume: Path | None) -> Scenario | None:
@@ -61,21 +127,7 @@ def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, re
     from harness.scenario.flags import scenario_from_flags
 
     if not flags.given:
-        endpoint_only = {
-            "--baseline": flags.baseline,
-            "--model": flags.model,
-            "--api-key-env": flags.api_key_env,
-            "--tokenizer": flags.tokenizer,
-            "--contexts": flags.contexts,
-            "--conversations": flags.conversations,
-            "--turns": flags.turns,
-            "--answer-tokens": flags.answer_tokens,
-            "--concurrency": flags.concurrency,
-            "--duration": flags.duration,
-            "--warmup": flags.warmup,
-            "--trace": flags.trace,
-        }
-        given = [flag for flag, value in endpoint_only.items() if value is not None]
+        given = list(flags.typed((*ENDPOINT_FIELDS, *ALL_WORKLOAD_FIELDS)))
         if given:
             raise fail(f"{given[0]} goes with --base-url URL or --arm NAME=URL (a scenario file sets it in its YAML)")
         if scenario is None and resume is None and flags.arms:
@@ -172,6 +224,7 @@ def rebuild(path: Path, out: Console = console, formats: set[str] | None = None)
     return outcome
 
 
+@endpoint_options("probe")
 def run(
     scenario: Annotated[
         str | None, typer.Argument(help="Scenario YAML file or bundled scenario name (e.g. quickstart).")
@@ -184,33 +237,12 @@ def run(
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
-    base_url: Annotated[str | None, BASE_URL] = None,
-    baseline: Annotated[str | None, BASELINE] = None,
-    model: Annotated[str | None, MODEL] = None,
-    api_key_env: Annotated[str | None, API_KEY_ENV] = None,
-    tokenizer: Annotated[str | None, TOKENIZER] = None,
-    contexts: Annotated[str | None, CONTEXTS] = None,
-    conversations: Annotated[int | None, CONVERSATIONS] = None,
-    turns: Annotated[int | None, TURNS] = None,
-    answer_tokens: Annotated[int | None, ANSWER_TOKENS] = None,
+    *,
+    flags: EndpointFlags,
 ) -> None:
     """Run a scenario (or measure an endpoint: --base-url URL): every arm, the workload, then the t1/t2 TTFT table."""
     from harness.runs.kinds import LaunchOverrides
-    from harness.scenario.flags import EndpointFlags
 
-    flags = EndpointFlags(
-        base_url=base_url,
-        arms=tuple(arms or ()),
-        baseline=baseline,
-        model=model,
-        api_key_env=api_key_env,
-        tokenizer=tokenizer,
-        contexts=contexts,
-        conversations=conversations,
-        turns=turns,
-        answer_tokens=answer_tokens,
-        output_dir=str(output_dir or "runs"),
-    )
     with json_stdout(json):
         built = flag_scenario("probe", flags, scenario, resume)
         overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()))
@@ -221,6 +253,7 @@ def run(
         console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
 
 
+@endpoint_options("sweep")
 def sweep(
     scenario: Annotated[
         str | None,
@@ -237,24 +270,8 @@ def sweep(
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
-    base_url: Annotated[str | None, BASE_URL] = None,
-    baseline: Annotated[str | None, BASELINE] = None,
-    model: Annotated[str | None, MODEL] = None,
-    api_key_env: Annotated[str | None, API_KEY_ENV] = None,
-    tokenizer: Annotated[str | None, TOKENIZER] = None,
-    concurrency: Annotated[
-        str | None, typer.Option("--concurrency", help="With --base-url: users at each load point, e.g. 1,4,16,64.")
-    ] = None,
-    duration: Annotated[
-        str | None, typer.Option("--duration", help="With --base-url: each point's measured window (default 60s).")
-    ] = None,
-    warmup: Annotated[
-        str | None, typer.Option("--warmup", help="With --base-url: each point's unmeasured lead-in (default 10s).")
-    ] = None,
-    contexts: Annotated[str | None, CONTEXTS] = None,
-    conversations: Annotated[int | None, CONVERSATIONS] = None,
-    turns: Annotated[int | None, TURNS] = None,
-    answer_tokens: Annotated[int | None, ANSWER_TOKENS] = None,
+    *,
+    flags: EndpointFlags,
 ) -> None:
     """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved (workload kind
     agentic: concurrent agent sessions, agents at SLO per tier)."""
@@ -266,24 +283,7 @@ def sweep(
         report(run_dirs=[report_only], json=json)
         return
     from harness.runs.kinds import LaunchOverrides
-    from harness.scenario.flags import EndpointFlags
 
-    flags = EndpointFlags(
-        base_url=base_url,
-        arms=tuple(arms or ()),
-        baseline=baseline,
-        model=model,
-        api_key_env=api_key_env,
-        tokenizer=tokenizer,
-        contexts=contexts,
-        conversations=conversations,
-        turns=turns,
-        answer_tokens=answer_tokens,
-        concurrency=concurrency,
-        duration=duration,
-        warmup=warmup,
-        output_dir=str(output_dir or "runs"),
-    )
     with json_stdout(json):
         built = flag_scenario("sweep", flags, scenario, resume)
         overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()))
@@ -420,6 +420,7 @@ def versus(
     console.print(f"wrote {out}", highlight=False, markup=False)
 
 
+@endpoint_options("replay")
 def replay(
     scenario: Annotated[
         str | None, typer.Argument(help="Scenario with workload kind trace (file or bundled name).")
@@ -433,29 +434,13 @@ def replay(
     ] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
-    base_url: Annotated[str | None, BASE_URL] = None,
     arms: Annotated[
         list[str] | None, typer.Option("--arm", help="NAME=URL: replay on this endpoint as an arm (repeatable).")
     ] = None,
-    baseline: Annotated[str | None, BASELINE] = None,
-    model: Annotated[str | None, MODEL] = None,
-    api_key_env: Annotated[str | None, API_KEY_ENV] = None,
-    tokenizer: Annotated[str | None, TOKENIZER] = None,
-    trace: Annotated[Path | None, typer.Option("--trace", help="With --base-url: the trace file to replay.")] = None,
+    *,
+    flags: EndpointFlags,
 ) -> None:
     """Replay a timestamped trace on every arm: TTFT/TPOT/E2E, SLO, hit rate against the trace's ceiling."""
-    from harness.scenario.flags import EndpointFlags
-
-    flags = EndpointFlags(
-        base_url=base_url,
-        arms=tuple(arms or ()),
-        baseline=baseline,
-        model=model,
-        api_key_env=api_key_env,
-        tokenizer=tokenizer,
-        trace=trace,
-        output_dir=str(output_dir or "runs"),
-    )
     with json_stdout(json):
         built = flag_scenario("replay", flags, scenario, resume)
         run_dir = launch_kind("replay", built or scenario, output_dir=output_dir, resume=resume, sets=sets or ())
