@@ -109,8 +109,10 @@ def aggregate(
     done: Iterable[GroupDone],
     metrics: Iterable[MetricsDelta] = (),
     engine_logs: Mapping[str, Iterable[str]] | None = None,
+    command: Sequence[str] = (),
 ) -> RunResult:
-    """``engine_logs``: arm -> its engine log's lines, for :mod:`harness.results.lmcache_log` (read once)."""
+    """``engine_logs``: arm -> its engine log's lines, for :mod:`harness.results.lmcache_log` (read once);
+    ``command``: the run's command line (:func:`~.validity.judge_probe`)."""
     lmcache_logs = {arm: parse_log(lines) for arm, lines in (engine_logs or {}).items()}
     done = list(done)
     records = list(records)
@@ -206,7 +208,13 @@ def aggregate(
         cache=cache,
         requests=counts,
         validity=judge_probe(
-            scenario, counts, cells, cache, _restarts(metrics, chosen), moved_cells=_moved_cells(measured)
+            scenario,
+            counts,
+            cells,
+            cache,
+            _restarts(metrics, chosen),
+            moved_cells=_moved_cells(measured),
+            command=command,
         ),
         stream=stream_check(
             measured,
@@ -457,8 +465,15 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
     """Aggregate a probe run directory's stored files into summary.json (used by run and report)."""
     scenario = run_dir.scenario()
     logs = {arm.name: lines for arm in scenario.arms if (lines := run_dir.engine_log(arm.name)) is not None}
+    command = read_manifest(run_dir.manifest_file).get("command")
     result = aggregate(
-        scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics(), engine_logs=logs
+        scenario,
+        run_dir.run_id,
+        run_dir.records(),
+        run_dir.groups_done(),
+        run_dir.metrics(),
+        engine_logs=logs,
+        command=[str(arg) for arg in command] if isinstance(command, list) else (),
     )
     details = engine_details(run_dir)
     unavailable = {arm: why for arm, found in details.items() if (why := found.get(RESET_DETAIL))}

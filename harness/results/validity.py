@@ -11,7 +11,10 @@ offload tier, must say so instead of printing a table (issue 11). Gates, over th
   validity.max_reset_hit_rate`` although ``between_turns`` drops the GPU prefix cache
   (``reset_prefix_cache`` / ``disable_prefix_cache``): the reset did not happen;
 * ``off_arm_hits`` (INCONCLUSIVE): an arm without offload tiers has turn ≥ 2 ``(gpu + external
-  hits) / prompt_tokens`` above the same limit with ``between_turns`` other than ``none``;
+  hits) / prompt_tokens`` above the same limit with ``between_turns`` other than ``none``; where the
+  external (offload-tier) hits alone pass it, the endpoint has a tier the arm does not declare, and the
+  message names how to declare it (:func:`harness.scenario.flags.tier_declaration`: ``--offload cpu``,
+  ``--arm NAME:cpu=URL`` or ``arms[i].offload: cpu``, after the run's command line);
 * ``no_offload_hits`` (INCONCLUSIVE): an arm with offload tiers has zero offload-tier (external)
   hit tokens in turn ≥ 2 of a context of at least its ``chunk_tokens`` (shorter contexts have
   nothing to load) while the engine reports that counter, and ``between_turns`` is not ``none``;
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 
+from harness.scenario.flags import tier_declaration
 from harness.scenario.spec import Scenario
 from harness.store.events import EngineDown
 
@@ -39,6 +43,8 @@ from .run_result import CacheStats, RequestCounts, TtftCell
 from .verdict import Finding, Validity, verdict_of
 
 RESETTING_MODES = frozenset({"reset_prefix_cache", "disable_prefix_cache"})
+UNDECLARED_TIER_PROFILE = "cpu"
+"""The profile an undeclared tier's message suggests: the counters show a tier's hits, not which tier."""
 
 
 def error_findings(measured: int, ok: int, errors_by_kind: Mapping[str, int], max_error_rate: float) -> list[Finding]:
@@ -77,8 +83,8 @@ def _cell_findings(cells: Sequence[TtftCell]) -> list[Finding]:
     ]
 
 
-def _cache_finding(scenario: Scenario, stats: CacheStats) -> Finding | None:
-    arm = next(a for a in scenario.arms if a.name == stats.arm)
+def _cache_finding(scenario: Scenario, stats: CacheStats, command: Sequence[str]) -> Finding | None:
+    index, arm = next((i, a) for i, a in enumerate(scenario.arms) if a.name == stats.arm)
     profile = arm.profile
     mode = scenario.probe_workload.between_turns.mode
     limit = scenario.validity.max_reset_hit_rate
@@ -97,6 +103,17 @@ def _cache_finding(scenario: Scenario, stats: CacheStats) -> Finding | None:
             f"between_turns {mode} drops that cache ({what}; limit {limit:.0%})",
         )
     any_share = ((stats.gpu_hits or 0.0) + (stats.external_hits or 0.0)) / prompt
+    tier_share = (stats.external_hits or 0.0) / prompt
+    if not profile.offload_enabled and tier_share > limit:
+        # the reset worked; the hits are an offload tier's that the arm was not declared to have
+        declare = tier_declaration(command, stats.arm, index, UNDECLARED_TIER_PROFILE)
+        return Finding(
+            gate="off_arm_hits",
+            **located,
+            message=f"{where}: {tier_share:.0%} of prompt tokens came from an offload tier (external prefix-cache "
+            f"hits) but the arm declares none (offload {profile.name}); declare the endpoint's tier: {declare} "
+            f"(limit {limit:.0%})",
+        )
     if not profile.offload_enabled and any_share > limit:
         return Finding(
             gate="off_arm_hits",
@@ -130,19 +147,21 @@ def judge_probe(
     cache: Sequence[CacheStats],
     restarts: Mapping[str, int],
     moved_cells: Set[tuple[str, int, int]] = frozenset(),
+    command: Sequence[str] = (),
 ) -> Validity:
     """Every gate of a probe run (``restarts``: engine restarts seen per arm in the chosen attempts).
 
     ``moved_cells``: (arm, context, turn) cells of a fleet whose every request landed on another
     replica than its previous turn; a per-replica tier cannot serve them, so the offload-hit gate
-    skips them (the fleet report's same-vs-moved split is the measurement there).
+    skips them (the fleet report's same-vs-moved split is the measurement there). ``command``: the run's command
+    line (the manifest's), which says how an arm's offload tier is declared.
     """
     spec = scenario.validity
     findings = error_findings(counts.measured, counts.ok, counts.errors_by_kind, spec.max_error_rate)
     findings += _cell_findings(cells)
     findings += [
         f
-        for f in (_cache_finding(scenario, stats) for stats in cache)
+        for f in (_cache_finding(scenario, stats, command) for stats in cache)
         if f is not None and not (f.gate == "no_offload_hits" and (stats_key(f) in moved_cells))
     ]
     findings += [

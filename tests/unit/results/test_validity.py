@@ -134,6 +134,25 @@ def test_off_arm_hits_with_filler_mode() -> None:
     assert gates(aggregate(filler, "r", records(), DONE, metrics(hot))) == {"off_arm_hits"}
 
 
+@pytest.mark.parametrize(
+    ("command", "fix"),
+    [
+        (["kvbench", "run", "--base-url", "http://h/v1"], "--offload cpu"),
+        (["kvbench", "run", "--arm", "OFF=http://a/v1", "--arm", "ON=http://b/v1"], "--arm OFF:cpu=URL"),
+        (["kvbench", "run", "offload.yaml"], "arms[0].offload: cpu"),
+    ],
+)
+def test_an_undeclared_tier_is_named_with_the_flag_that_declares_it(command: list[str], fix: str) -> None:
+    # the reset happened (no GPU hits); the OFF arm's turn 2 came from a tier it was not declared to have
+    tier = {("OFF", 8000, 2): {"external_prefix_hits": 0.9 * 4 * 8000}}
+    result = aggregate(scenario(), "r", records(), DONE, metrics(tier), command=command)
+    assert gates(result) == {"off_arm_hits"}
+    assert result.validity is not None and result.validity.verdict == "inconclusive"
+    (message,) = [finding.message for finding in result.validity.findings]
+    assert f"declare the endpoint's tier: {fix} " in message and "offload tier" in message
+    assert "did not make turn 2 a returning user" not in message  # the reset is not what went wrong
+
+
 def test_on_arm_turn2_from_the_gpu_cache_after_a_reset() -> None:
     hot = {("ON", 8000, 2): {"gpu_prefix_hits": 0.8 * 4 * 8000, "external_prefix_hits": 0.1 * 4 * 8000}}
     result = aggregate(scenario(), "r", records(), DONE, metrics(hot))

@@ -12,7 +12,7 @@ import pytest
 
 from common.errors import ScenarioError
 from harness.engines.configs import OpenAIEngineConfig
-from harness.scenario.flags import EndpointFlags, FlagKind, scenario_from_flags
+from harness.scenario.flags import EndpointFlags, FlagKind, scenario_from_flags, tier_declaration
 from workloads.config import MultiRoundQAProbe, MultiUserQA, TraceReplay
 
 
@@ -96,6 +96,8 @@ def test_several_endpoints_serving_different_models_need_model() -> None:
         ("probe", EndpointFlags(arms=("A=http://h:1",), baseline="Z"), r"^--baseline 'Z': no such arm; arms: A$"),
         ("probe", EndpointFlags(arms=("A:gpu=http://h:1",)), r"unknown offload profile 'gpu'; allowed: cpu, disk,"),
         ("probe", EndpointFlags(arms=("A=http://h:1", "A=http://h:2")), r"arm 'A' given twice"),
+        ("probe", EndpointFlags(base_url="http://h", offload="dram"), r"^--offload: unknown offload profile 'dram';"),
+        ("probe", EndpointFlags(arms=("A=http://h:1",), offload="cpu"), r"^--offload goes with --base-url URL; with"),
         ("probe", EndpointFlags(base_url="http://h", arms=("A=http://h:1",)), r"not both"),
         ("probe", EndpointFlags(base_url="http://h", contexts="8k"), r"^--contexts '8k': give whole numbers"),
         ("probe", EndpointFlags(base_url="http://h", turns=1), r"^--turns: .*greater than or equal to 2"),
@@ -112,3 +114,26 @@ def test_bad_flags_are_one_line_errors_naming_the_flag(kind: FlagKind, flags: En
     with pytest.raises(ScenarioError, match=message) as caught:
         scenario_from_flags(kind, flags, discover=lambda url, key: "m")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("profile", ["cpu", "disk", "off"])
+def test_offload_declares_what_the_one_endpoint_offloads(profile: str) -> None:
+    flags = EndpointFlags(base_url="http://127.0.0.1:8000/v1", offload=profile, model="m")
+    scenario = scenario_from_flags("probe", flags)
+    assert [(arm.name, arm.offload) for arm in scenario.arms] == [("endpoint", profile)]
+    assert scenario.arms[0].profile.offload_enabled == (profile != "off" and profile != "hbm")
+
+
+@pytest.mark.parametrize(
+    ("command", "declared"),
+    [
+        (["kvbench", "run", "--base-url", "http://h/v1", "--contexts", "8000"], "--offload cpu"),
+        (["kvbench", "sweep", "--base-url=http://h/v1"], "--offload cpu"),
+        (["kvbench", "run", "--arm", "OFF=http://a/v1", "--arm", "ON=http://b/v1"], "--arm ON:cpu=URL"),
+        (["kvbench", "run", "--arm=ON=http://b/v1"], "--arm ON:cpu=URL"),
+        (["kvbench", "run", "scenario.yaml", "--arm", "ON"], "arms[1].offload: cpu"),
+        ([], "arms[1].offload: cpu"),
+    ],
+)
+def test_an_undeclared_tier_is_declared_the_way_the_run_was_started(command: list[str], declared: str) -> None:
+    assert tier_declaration(command, "ON", 1, "cpu") == declared
