@@ -141,6 +141,29 @@ async def server_version(session: aiohttp.ClientSession, base_url: str) -> str:
     return str(version) if version else "unknown"
 
 
+SIMULATOR_OWNER = "kvbench-sim"
+"""``owned_by`` of every model ``kvbench sim serve`` lists under ``GET /v1/models``: how an attached endpoint is
+known to be kvbench's simulator."""
+SERVED_BY = "served_by"
+"""The ``engines.ARM.details`` key an attached endpoint gets when it is kvbench's simulator (value
+:data:`SIMULATOR_OWNER`); :func:`harness.results.provenance.provenance` reads it."""
+
+
+async def served_by_simulator(session: aiohttp.ClientSession, base_url: str) -> bool:
+    """Whether the server at ``base_url`` (no ``/v1``) lists its models as owned by kvbench's simulator."""
+    try:
+        async with idempotent_request(session, "GET", base_url + "/v1/models") as response:
+            if response.status != 200:
+                return False
+            body = json.loads(await response.text())
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return False
+    models = body.get("data") if isinstance(body, dict) else None
+    return isinstance(models, list) and any(
+        isinstance(model, dict) and model.get("owned_by") == SIMULATOR_OWNER for model in models
+    )
+
+
 # --- tokenizers -------------------------------------------------------------------------------
 
 

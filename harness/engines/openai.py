@@ -2,7 +2,8 @@
 
 Staging and production clusters, or a server you run yourself, have no lifecycle here: entering
 :class:`OpenAIEngine` waits for the endpoint to answer (``GET /health``, else ``GET /v1/models``),
-reads ``GET /version`` for the manifest, and leaving only closes kvbench's HTTP session. Token
+reads ``GET /version`` for the manifest (and ``GET /v1/models``: an endpoint whose models are owned by
+``kvbench-sim`` is kvbench's simulator, ``details.served_by``), and leaving only closes kvbench's HTTP session. Token
 counts come from the server's ``POST /tokenize`` (vLLM's and the simulator's shape); the GPU
 prefix cache is reset with ``POST /reset_prefix_cache`` where the server offers it. The API key is
 read from the environment variable the scenario names and never stored.
@@ -35,6 +36,8 @@ from workloads.tokenizer import Tokenizer, WordTokenizer
 
 from .base import EngineConfigModel, EngineFacts, LaunchContext
 from .common import (
+    SERVED_BY,
+    SIMULATOR_OWNER,
     TOKENIZER_FILE,
     EngineRequestError,
     ModelDirTokenizer,
@@ -42,6 +45,7 @@ from .common import (
     ServerTokenizer,
     post_text,
     reset_with_retry,
+    served_by_simulator,
     server_version,
 )
 from .configs import OpenAIEngineConfig
@@ -175,6 +179,7 @@ class OpenAIEngine:
             await self._wait_ready(session, endpoint.base_url)
             version = await self._version(session, endpoint.base_url)
             tokenizer = await endpoint_tokenizer(session, endpoint.base_url, self.config.model, self.config.vocab)
+            simulated = await served_by_simulator(session, endpoint.base_url)
         except BaseException:
             await session.close()
             self._session = None
@@ -190,7 +195,8 @@ class OpenAIEngine:
                 # keys without "token" in them: the manifest stores such keys as secrets
                 PROMPTS_BUILT_WITH: tokenizer.description,
                 COUNTS_EXACT: "true" if tokenizer.exact else "false",
-            },
+            }
+            | ({SERVED_BY: SIMULATOR_OWNER} if simulated else {}),
         )
         return RunningEndpoint(endpoint, facts, session, tokenizer)
 

@@ -7,7 +7,10 @@ pass for a measurement:
 * measured: ``measured: vLLM 0.26.0 + LMCache 0.5.3, 1× NVIDIA H200`` (GPU model from the host's
   ``nvidia-smi``, count = replicas × (gpus_per_replica, else TP × PP × DP) of the engine; ``CPU`` for
   CPU engines; for an attached endpoint, the hardware the scenario declares);
-* simulated: ``simulated: kvbench simulator, llama-3.1-8b on 1× h100-sxm (bf16), not a measurement``.
+* simulated: ``simulated: kvbench simulator, llama-3.1-8b on 1× h100-sxm (bf16), not a measurement``; an
+  attached endpoint (engine kind ``openai``) that is kvbench's simulator (its ``GET /v1/models`` says
+  ``owned_by: kvbench-sim``, kept as ``engines.ARM.details.served_by``) is simulated too:
+  ``simulated: kvbench simulator attached at http://127.0.0.1:8000, llama-3.1-8b; not a measurement``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from harness.engines.common import SERVED_BY, SIMULATOR_OWNER
 from harness.engines.kinds import find_engine_kind
 from harness.scenario.spec import EngineConfig  # noqa: F401  (importing it registers every engine kind)
 
@@ -81,6 +85,13 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
             f"{f' ({dtype})' if dtype else ''}{source}; not a measurement"
         )
         return Provenance("simulated", label, f"sim {model} {dtype or ''} {count}x {hardware}".strip())
+    attached_simulators = _attached_simulators(manifest.get("engines") or {})
+    if attached_simulators:
+        at = ", ".join(attached_simulators)
+        label = (
+            f"simulated: kvbench simulator attached at {at}, {model}{f' ({dtype})' if dtype else ''}; not a measurement"
+        )
+        return Provenance("simulated", label, f"sim {model} {dtype or ''} attached".replace("  ", " "))
     gpus = (manifest.get("host") or {}).get("gpus") or []
     if not row.starts_process:
         hardware = f"hardware declared as {engine.get('hardware') or 'unknown'}"
@@ -95,9 +106,21 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
     return Provenance("measured", label, f"{kind} {model} {dtype or ''} {hardware}".replace("  ", " "))
 
 
+def _attached_simulators(engines: Mapping[str, Any]) -> list[str]:
+    """The URLs of the arms' endpoints that said they are kvbench's simulator (``details.served_by``)."""
+    return sorted(
+        {
+            str(facts.get("details", {}).get("base_url", "?"))
+            for facts in engines.values()
+            if isinstance(facts, Mapping) and facts.get("details", {}).get(SERVED_BY) == SIMULATOR_OWNER
+        }
+    )
+
+
 def measured_on_attached_endpoint(manifest: Mapping[str, Any]) -> bool:
     """Whether the run measured an endpoint kvbench attached to (a service it did not start), not an engine it
-    started or the simulator: the evidence a production stage needs."""
+    started or the simulator (started by kvbench or attached): the evidence a production stage needs."""
     engine: Mapping[str, Any] = (manifest.get("scenario") or {}).get("engine") or {}
     row = find_engine_kind(str(engine.get("kind", "")))
-    return row is not None and not row.starts_process and not row.simulated
+    attached = row is not None and not row.starts_process and not row.simulated
+    return attached and provenance(manifest).origin == "measured"

@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from common import __version__
+from harness.engines.common import SIMULATOR_OWNER
 from harness.engines.kvbench_replica_header import REPLICA_ENV, REPLICA_HEADER
 from harness.engines.process import LAUNCH_TOKEN_ENV, LAUNCH_TOKEN_HEADER
 
@@ -176,7 +177,7 @@ class SimServer:
             "id": self.model_name,
             "object": "model",
             "created": self.started,
-            "owned_by": "kvbench-sim",
+            "owned_by": SIMULATOR_OWNER,  # how kvbench knows it attached to a simulator
             "root": self.core.deployment.model.hf_id,
             "parent": None,
             "max_model_len": self.core.max_model_len,

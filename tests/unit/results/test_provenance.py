@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.results.provenance import provenance
+from harness.results.provenance import measured_on_attached_endpoint, provenance
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 
@@ -43,6 +43,21 @@ def test_an_attached_endpoint_reports_the_declared_hardware() -> None:
     }
     origin = provenance(data)
     assert origin.origin == "measured" and "hardware declared as 8x H100 staging" in origin.label
+
+
+def test_an_attached_endpoint_that_is_kvbench_s_simulator_is_simulated() -> None:
+    details = {"base_url": "http://127.0.0.1:8000", "served_by": "kvbench-sim"}
+    data: dict[str, Any] = {
+        "scenario": {"engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": "http://127.0.0.1:8000"}},
+        "engines": {"endpoint": {"kind": "openai", "version": "0.1.0", "details": details}},
+        "host": {"gpus": []},
+    }
+    origin = provenance(data)
+    assert origin.origin == "simulated" and origin.label.endswith("not a measurement")
+    assert "kvbench simulator attached at http://127.0.0.1:8000, llama-3.1-8b" in origin.label
+    assert not measured_on_attached_endpoint(data)
+    data["engines"]["endpoint"]["details"] = {"base_url": "http://127.0.0.1:8000"}  # any other server
+    assert provenance(data).origin == "measured" and measured_on_attached_endpoint(data)
 
 
 def test_a_cpu_engine_and_an_unknown_manifest() -> None:
