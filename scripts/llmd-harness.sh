@@ -9,7 +9,8 @@
 #   LLMDBENCH_RUN_WORKSPACE_DIR + LLMDBENCH_RUN_EXPERIMENT_HARNESS_WORKLOAD_NAME
 #       the workload profile: profiles/kvbench/<name>, a kvbench scenario file (its ${VAR} fields see this
 #       environment); without one, a flags-only run of the endpoint with KVBENCH_CONTEXTS (default
-#       8000,32000), KVBENCH_CONVERSATIONS, KVBENCH_TURNS, KVBENCH_ANSWER_TOKENS
+#       8000,32000), KVBENCH_CONVERSATIONS, KVBENCH_TURNS, KVBENCH_ANSWER_TOKENS, and KVBENCH_OFFLOAD: what
+#       the stack offloads (off, hbm, cpu, disk, shared; default hbm: a GPU prefix cache, no tier)
 #   KVBENCH_API_KEY_ENV                    the name of the variable that holds the endpoint's API key
 #   LLMDBENCH_HARNESS_NAME, LLMDBENCH_RUN_EXPERIMENT_ID   copied into run_metadata.yaml
 # and writes into the results directory: result.json (kvbench's summary, `kvbench schema summary`), the
@@ -44,6 +45,7 @@ else
     [[ -n "${KVBENCH_CONVERSATIONS:-}" ]] && args+=(--conversations "$KVBENCH_CONVERSATIONS")
     [[ -n "${KVBENCH_TURNS:-}" ]] && args+=(--turns "$KVBENCH_TURNS")
     [[ -n "${KVBENCH_ANSWER_TOKENS:-}" ]] && args+=(--answer-tokens "$KVBENCH_ANSWER_TOKENS")
+    [[ -n "${KVBENCH_OFFLOAD:-}" ]] && args+=(--offload "$KVBENCH_OFFLOAD")
     [[ -n "${KVBENCH_API_KEY_ENV:-}" ]] && args+=(--api-key-env "$KVBENCH_API_KEY_ENV")
 fi
 args+=(--output-dir "$results" --json)

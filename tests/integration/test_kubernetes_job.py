@@ -4,14 +4,17 @@ A cluster is not needed to know that a Job's arguments are a kvbench command lin
 the test takes the container's ``command`` + ``args`` (and its plain ``env`` values) from the
 manifest and runs them as the pod would, with only what points into the cluster replaced --
 Service URLs by ``kvbench sim serve`` endpoints on 127.0.0.1, the results volume's mount path by a
-temporary folder, the ConfigMap's mount by the file it holds -- and smaller contexts so it is quick.
-The API key variable is set, as the Secret sets it. It must exit 0, print the result on stdout
-(``--json``) and leave the run directory on the "volume".
+temporary folder, the ConfigMap's mount by the file it holds -- and smaller contexts so it is quick;
+``$(VAR)`` in the arguments is the container's variable, as Kubernetes expands it. The API key variable
+is set, as the Secret sets it. The offload-ON Service is a simulator with a CPU tier, declared by the
+Job's offload profile. It must exit 0 (valid: turn 2 loaded from the declared tier), print the result on
+stdout (``--json``) and leave the run directory on the "volume".
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,12 +38,14 @@ def container(path: Path) -> Mapping[str, object]:
     return only
 
 
-def pod_argv(spec: Mapping[str, object], replace: Mapping[str, str]) -> list[str]:
+def pod_argv(spec: Mapping[str, object], replace: Mapping[str, str], env: Mapping[str, str] = {}) -> list[str]:
+    """The container's command line; ``$(VAR)`` expanded from ``env``, as Kubernetes expands it."""
     command = spec["command"]
     args = spec["args"]
     assert command == ["kvbench"], command
     assert isinstance(args, list)
-    return kvbench_argv(*(replace.get(str(arg), str(arg)) for arg in args))
+    expanded = (re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), str(arg)) for arg in args)
+    return kvbench_argv(*(replace.get(arg, arg) for arg in expanded))
 
 
 def pod_env(spec: Mapping[str, object], replace: Mapping[str, str]) -> dict[str, str]:
@@ -63,13 +68,16 @@ def test_flags_only_job_measures_the_service(tmp_path: Path, simulator: Simulato
     service = args[args.index("--base-url") + 1]
     contexts = args[args.index("--contexts") + 1]
     results = tmp_path / "results"
-    with simulator(*SERVE) as base_url:
+    environ = pod_env(spec, {})
+    with simulator(*SERVE, "--offload", environ["KVBENCH_OFFLOAD"]) as base_url:
         replace = {service: f"{base_url}/v1", contexts: "1000", RESULTS_MOUNT: str(results)}
-        code, stdout, stderr = run_pod(pod_argv(spec, replace), pod_env(spec, {}), tmp_path)
+        code, stdout, stderr = run_pod(pod_argv(spec, replace, environ), environ, tmp_path)
     assert code == 0, stderr[-3000:]
     assert "Traceback" not in stderr
     result = json.loads(stdout)
     assert result["context_tokens"] == [1000]
+    assert result["validity"]["verdict"] == "valid"
+    assert any(entry["turn"] == 2 and entry["external_hits"] > 0 for entry in result["cache"])  # from the tier
     assert {cell["turn"] for cell in result["cells"]} == {1, 2}
     assert all(cell["ttft"]["n"] > 0 and cell["ttft"]["median_ms"] > 0 for cell in result["cells"])
     (run_dir,) = results.iterdir()
@@ -85,7 +93,8 @@ def test_scenario_job_runs_the_configmap_scenario(tmp_path: Path, simulator: Sim
     (mount,) = [m for m in spec["volumeMounts"] if m["name"] == "scenario"]  # type: ignore[attr-defined]
     env = {entry["name"]: entry.get("value") for entry in spec["env"]}  # type: ignore[attr-defined]
     results = tmp_path / "results"
-    with simulator(*SERVE, "--offload", "hbm") as off, simulator(*SERVE, "--offload", "cpu") as on:
+    on_tier = str(env["KVBENCH_ON_OFFLOAD"])  # the ON Service's tier, as the Job declares it
+    with simulator(*SERVE, "--offload", "hbm") as off, simulator(*SERVE, "--offload", on_tier) as on:
         replace = {
             f"{mount['mountPath']}/scenario.yaml": str(scenario),
             str(env["KVBENCH_OFF_URL"]): off,

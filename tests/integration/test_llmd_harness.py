@@ -4,7 +4,8 @@ llm-d-benchmark's launcher runs ``/usr/local/bin/<harness>-llm-d-benchmark.sh`` 
 the experiment in ``LLMDBENCH_*`` variables, and collects ``$LLMDBENCH_RUN_EXPERIMENT_RESULTS_DIR``.
 The test sets that environment against a ``kvbench sim serve`` endpoint and checks what lands in
 the results folder: the result (``--json``), kvbench's run directory, the logs and
-``run_metadata.yaml``, for a flags-only run and for a workload profile (a scenario file whose
+``run_metadata.yaml``, for a flags-only run (one of a stack with a CPU tier, ``KVBENCH_OFFLOAD=cpu``) and for a
+workload profile (a scenario file whose
 ``${VAR}`` fields read the launcher's environment); a missing variable is one line and exit 2. The
 analysis step (``scripts/llmd-analyze.sh``) puts kvbench's reports of that run in ``analysis/``.
 """
@@ -77,6 +78,24 @@ def test_flags_only_experiment(tmp_path: Path, simulator: SimulatorLauncher) -> 
     table = (results / "analysis" / "ttft_table.md").read_text()
     assert "1000" in table
     assert json.loads((results / "analysis" / "result.json").read_text()) == result
+
+
+def test_a_stack_with_a_cpu_tier_is_declared_with_kvbench_offload(tmp_path: Path, simulator: SimulatorLauncher) -> None:
+    results = tmp_path / "results"
+    env = {
+        "LLMDBENCH_RUN_EXPERIMENT_RESULTS_DIR": str(results),
+        "KVBENCH_CONTEXTS": "1000",
+        "KVBENCH_CONVERSATIONS": "1",
+        "KVBENCH_ANSWER_TOKENS": "4",
+        "KVBENCH_OFFLOAD": "cpu",
+    }
+    with simulator(*SERVE, "--offload", "cpu") as base_url:
+        done = harness(env | {"LLMDBENCH_HARNESS_STACK_ENDPOINT_URL": base_url}, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((results / "result.json").read_text())
+    assert result["validity"]["verdict"] == "valid"
+    assert any(entry["turn"] == 2 and entry["external_hits"] > 0 for entry in result["cache"])  # from the tier
+    assert "--offload cpu" in yaml.safe_load((results / "run_metadata.yaml").read_text())["harness_args"]
 
 
 def test_analysis_without_a_run_is_one_line(tmp_path: Path) -> None:
