@@ -39,7 +39,7 @@ from workloads.config import SloTier
 from .agentic_result import AgenticResult, AgentPoint, TierCapacity, TierCheck
 from .capacity import COARSE_GRID
 from .energy import energy_sample
-from .header import header_fields
+from .header import header_fields, with_provenance
 from .points import errors_by_kind, stored_grid
 from .sweep_metrics import NS_PER_S, derive_columns, point_result, requests_to_judge
 from .sweep_result import SloLimits
@@ -255,5 +255,6 @@ def summarize_agentic(run_dir: RunDir) -> AgenticResult:
     if result.validity is not None:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         result = result.model_copy(update={"validity": judged})
+    result = with_provenance(result, run_dir)
     result.write_file(run_dir.agentic_file)
     return result

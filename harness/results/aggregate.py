@@ -23,7 +23,7 @@ from harness.store.manifest import read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 
-from .header import header_fields
+from .header import header_fields, with_provenance
 from .lmcache_log import parse_log, ranks, timeline
 from .run_result import (
     STREAM_RATIO_WARN,
@@ -478,7 +478,9 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
     details = engine_details(run_dir)
     unavailable = {arm: why for arm, found in details.items() if (why := found.get(RESET_DETAIL))}
     lengths = prompt_lengths(chosen_measured(run_dir), details)
-    result = result.model_copy(update={"prompt_lengths": lengths, "reset_unavailable": unavailable})
+    result = with_provenance(result, run_dir).model_copy(
+        update={"prompt_lengths": lengths, "reset_unavailable": unavailable}
+    )
     if result.validity is not None:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         judged = with_reset_unavailable(

@@ -32,7 +32,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from offload.hits import counter_hit_rate, usage_hit_rate
 
-from .header import header_fields
+from .header import header_fields, with_provenance
 from .replay_result import ArmReplay, ReplayComparison, ReplayResult, TimelinePoint
 from .run_result import pct_diff
 from .sweep_metrics import derive_columns, quantiles, slo_attainment
@@ -252,5 +252,6 @@ def summarize_replay(run_dir: RunDir) -> ReplayResult:
     )
     judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
     result = result.model_copy(update={"validity": judged})
+    result = with_provenance(result, run_dir)
     result.write_file(run_dir.replay_file)
     return result

@@ -80,7 +80,7 @@ class ReplayResult(ResultHeader):
     """Everything the replay reports need, aggregated from records.jsonl, samples.jsonl and trace.json."""
 
     FILE_NAME: ClassVar[str] = "replay.json"
-    schema_version: Literal[2] = 2  # 2: the verdict (validity)
+    schema_version: Literal[3] = 3  # 2: the verdict (validity); 3: provenance
 
     engine_kind: str
     model: str

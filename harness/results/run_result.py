@@ -249,7 +249,7 @@ class RequestCounts(Frozen):
 class RunResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "summary.json"
     """Everything reports need, aggregated from records.jsonl and engine_metrics.jsonl."""
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2  # 2: provenance
 
     workload_kind: str
     arms: list[str]

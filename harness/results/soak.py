@@ -12,7 +12,7 @@ from harness.store.manifest import read_manifest
 from harness.store.records import read_records
 from harness.store.rundir import RunDir
 
-from .header import header_fields
+from .header import header_fields, with_provenance
 from .soak_result import FaultOutcome, SoakResult, evaluate, fault_outcomes, planned_intervals, totals
 
 
@@ -36,7 +36,7 @@ def build_result(
     sweep = scenario.sweep
     planned = planned_intervals(spec.window, spec.interval)
     load = spec.load if spec.load is not None else (max(sweep.values) if sweep else math.nan)
-    return SoakResult(
+    result = SoakResult(
         **header_fields(run_dir.run_id, scenario.name),
         arm=arm,
         engine_kind=scenario.engine.kind,
@@ -61,6 +61,7 @@ def build_result(
         ),
         faults=faults,
     )
+    return with_provenance(result, run_dir)
 
 
 def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:

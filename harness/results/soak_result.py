@@ -128,7 +128,7 @@ class SoakResult(ResultHeader):
     """``soak.json``: what a stability window showed and its verdict (intervals live in intervals.jsonl)."""
 
     FILE_NAME: ClassVar[str] = "soak.json"
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2  # 2: provenance
 
     arm: str
     engine_kind: str

@@ -22,7 +22,7 @@ from workloads.config import MultiUserQA
 from workloads.multi_user import plan_only
 
 from .capacity import analytical_comparisons, arm_capacity, engine_shapes, savings
-from .header import header_fields
+from .header import header_fields, with_provenance
 from .points import errors_by_kind, stored_grid
 from .sweep_metrics import point_result
 from .sweep_result import SloLimits, SweepResult
@@ -96,5 +96,6 @@ def summarize_sweep(run_dir: RunDir) -> SweepResult:
     if result.validity is not None:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         result = result.model_copy(update={"validity": judged})
+    result = with_provenance(result, run_dir)
     result.write_file(run_dir.sweep_file)
     return result

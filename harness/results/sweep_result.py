@@ -206,7 +206,7 @@ class SweepCounts(Frozen):
 class SweepResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "sweep.json"
     """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2  # 2: provenance
 
     engine_kind: str
     model: str

@@ -6,8 +6,8 @@ Against ``kvbench sim serve --offload cpu`` (an endpoint with a CPU tier, reache
   run is INCONCLUSIVE (exit 3) and the verdict line names the flag that declares the tier, ``--offload cpu``;
   with ``--offload cpu`` the same run is valid (exit 0) and its scenario says the arm offloads to cpu;
 * the endpoint says it is kvbench's simulator (``owned_by: kvbench-sim``), so a flags-only run and a
-  flags-only sweep are SIMULATED, never measured: in the console, the Markdown reports, the HTML case
-  study, and the playbook, whose production stage does not close on such a run.
+  flags-only sweep are SIMULATED, never measured: in their result files (``provenance``), the console, the
+  Markdown reports, the HTML case study, and the playbook, whose production stage does not close on such a run.
 """
 
 from __future__ import annotations
@@ -90,6 +90,13 @@ def test_an_attached_simulator_is_simulated_everywhere(simulator: SimulatorLaunc
     assert sweep.returncode == 0, (sweep.stdout + sweep.stderr)[-3000:]
     assert baseline is not None and production is not None
     (sweep_dir,) = (tmp_path / "sweeps").iterdir()
+
+    # the result files (what --json prints)
+    summary = json.loads((production / "summary.json").read_text())
+    swept = json.loads((sweep_dir / "sweep.json").read_text())
+    for result in (summary, swept):
+        assert result["provenance"]["origin"] == "simulated" and ATTACHED_SIM in result["provenance"]["label"]
+    assert json.loads((baseline / "summary.json").read_text())["provenance"]["origin"] == "simulated"
 
     # console and Markdown: the provenance line says simulator, never "measured"
     for output in (prod_out, sweep.stdout + sweep.stderr):

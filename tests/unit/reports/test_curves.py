@@ -13,6 +13,7 @@ from rich.console import Console
 
 from harness.results.capacity import arm_capacity, savings
 from harness.results.energy import EnergySample, energy_sample
+from harness.results.header import UNKNOWN_PROVENANCE
 from harness.results.sweep_result import (
     PointResult,
     Quantiles,
@@ -99,6 +100,7 @@ def result(tpot_ms: float | None = 40.0) -> SweepResult:
         kvbench_version="test",
         run_id="run-1",
         scenario_name="curves",
+        provenance=UNKNOWN_PROVENANCE,
         engine_kind="sim",
         model="qwen3-14b",
         hardware="h100-sxm",
