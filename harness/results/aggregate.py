@@ -27,6 +27,7 @@ from .header import header_fields
 from .lmcache_log import parse_log, ranks, timeline
 from .run_result import (
     STREAM_RATIO_WARN,
+    BetweenTurnsMethod,
     CacheStats,
     EngineTiming,
     LatencyStats,
@@ -109,8 +110,10 @@ def aggregate(
     done: Iterable[GroupDone],
     metrics: Iterable[MetricsDelta] = (),
     engine_logs: Mapping[str, Iterable[str]] | None = None,
+    details: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RunResult:
-    """``engine_logs``: arm -> its engine log's lines, for :mod:`harness.results.lmcache_log` (read once)."""
+    """``engine_logs``: arm -> its engine log's lines, for :mod:`harness.results.lmcache_log` (read once);
+    ``details``: the manifest's ``engines.ARM.details`` (:func:`engine_details`), which say what ran between turns."""
     lmcache_logs = {arm: parse_log(lines) for arm, lines in (engine_logs or {}).items()}
     done = list(done)
     records = list(records)
@@ -192,6 +195,7 @@ def aggregate(
     cache = _cache_stats(totals, arms, contexts, turns)
     planned = {(arm, rep, ctx) for arm in arms for rep in range(scenario.repetitions) for ctx in contexts}
     completed = {event.key for event in done}
+    methods = between_turns_methods(scenario, details or {})
     return RunResult(
         **header_fields(run_id, scenario.name),
         workload_kind=scenario.workload.kind,
@@ -206,7 +210,13 @@ def aggregate(
         cache=cache,
         requests=counts,
         validity=judge_probe(
-            scenario, counts, cells, cache, _restarts(metrics, chosen), moved_cells=_moved_cells(measured)
+            scenario,
+            counts,
+            cells,
+            cache,
+            _restarts(metrics, chosen),
+            moved_cells=_moved_cells(measured),
+            methods={method.arm: method for method in methods},
         ),
         stream=stream_check(
             measured,
@@ -220,6 +230,7 @@ def aggregate(
         ),
         lmcache_ranks=sorted(ranks(lmcache_logs), key=lambda r: (arms.index(r.arm), r.worker)),
         pass_medians=pass_medians(measured, arms, contexts, turns),
+        between_turns=methods,
     )
 
 
@@ -457,10 +468,16 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
     """Aggregate a probe run directory's stored files into summary.json (used by run and report)."""
     scenario = run_dir.scenario()
     logs = {arm.name: lines for arm in scenario.arms if (lines := run_dir.engine_log(arm.name)) is not None}
-    result = aggregate(
-        scenario, run_dir.run_id, run_dir.records(), run_dir.groups_done(), run_dir.metrics(), engine_logs=logs
-    )
     details = engine_details(run_dir)
+    result = aggregate(
+        scenario,
+        run_dir.run_id,
+        run_dir.records(),
+        run_dir.groups_done(),
+        run_dir.metrics(),
+        engine_logs=logs,
+        details=details,
+    )
     unavailable = {arm: why for arm, found in details.items() if (why := found.get(RESET_DETAIL))}
     lengths = prompt_lengths(chosen_measured(run_dir), details)
     result = result.model_copy(update={"prompt_lengths": lengths, "reset_unavailable": unavailable})
@@ -476,6 +493,40 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
 
 RESET_DETAIL = "prefix_cache_reset"
 """The manifest's ``engines.ARM.details`` key a probe writes when the arm's engine cannot reset its prefix cache."""
+METHOD_DETAIL = "between_turns"
+"""The ``engines.ARM.details`` key a probe of mode ``auto`` writes: the method it chose (:data:`ReturningMethod`),
+with :data:`FILLER_TOKENS_DETAIL`, :data:`GPU_KV_TOKENS_DETAIL` and :data:`GPU_KV_SOURCE_DETAIL` for filler."""
+FILLER_TOKENS_DETAIL = "filler_tokens"
+GPU_KV_TOKENS_DETAIL = "gpu_kv_tokens"
+GPU_KV_SOURCE_DETAIL = "gpu_kv_source"
+
+
+def between_turns_methods(scenario: Scenario, details: Mapping[str, Mapping[str, str]]) -> list[BetweenTurnsMethod]:
+    """Per arm, what made turn 2 a returning user: an explicit mode is what ran (``unavailable`` where a reset
+    was asked for and the engine had none); mode ``auto`` is what the probe chose and noted in the manifest
+    (an arm that never started has no note and no entry)."""
+    spec = scenario.probe_workload.between_turns
+    out: list[BetweenTurnsMethod] = []
+    for arm in scenario.arms:
+        found = details.get(arm.name, {})
+        chosen = found.get(METHOD_DETAIL)
+        if spec.mode != "auto":
+            method = "unavailable" if spec.mode == "reset_prefix_cache" and found.get(RESET_DETAIL) else spec.mode
+            filler = spec.filler_tokens if spec.mode == "filler" else None
+            out.append(BetweenTurnsMethod(arm=arm.name, method=method, filler_tokens=filler))
+        elif chosen is not None:
+            out.append(
+                BetweenTurnsMethod.model_validate(
+                    {
+                        "arm": arm.name,
+                        "method": chosen,
+                        "filler_tokens": found.get(FILLER_TOKENS_DETAIL),
+                        "gpu_kv_tokens": found.get(GPU_KV_TOKENS_DETAIL),
+                        "gpu_kv_source": found.get(GPU_KV_SOURCE_DETAIL),
+                    }
+                )
+            )
+    return out
 
 
 def engine_details(run_dir: RunDir) -> dict[str, dict[str, str]]:

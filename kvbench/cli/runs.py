@@ -53,6 +53,11 @@ CONVERSATIONS = typer.Option(
 )
 TURNS = typer.Option("--turns", help="Turns per conversation (sweep: rounds per session).")
 ANSWER_TOKENS = typer.Option("--answer-tokens", help="max_tokens of every answer.")
+GPU_KV_TOKENS = typer.Option(
+    "--gpu-kv-tokens",
+    help="The endpoint's GPU KV-cache capacity in tokens: sizes the filler traffic that evicts turn 1's KV where "
+    "the endpoint cannot reset its prefix cache (default: what its /metrics reports).",
+)
 
 
 def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, resume: Path | None) -> Scenario | None:
@@ -70,6 +75,7 @@ def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, re
             "--conversations": flags.conversations,
             "--turns": flags.turns,
             "--answer-tokens": flags.answer_tokens,
+            "--gpu-kv-tokens": flags.gpu_kv_tokens,
             "--concurrency": flags.concurrency,
             "--duration": flags.duration,
             "--warmup": flags.warmup,
@@ -193,6 +199,7 @@ def run(
     conversations: Annotated[int | None, CONVERSATIONS] = None,
     turns: Annotated[int | None, TURNS] = None,
     answer_tokens: Annotated[int | None, ANSWER_TOKENS] = None,
+    gpu_kv_tokens: Annotated[int | None, GPU_KV_TOKENS] = None,
 ) -> None:
     """Run a scenario (or measure an endpoint: --base-url URL): every arm, the workload, then the t1/t2 TTFT table."""
     from harness.runs.kinds import LaunchOverrides
@@ -209,6 +216,7 @@ def run(
         conversations=conversations,
         turns=turns,
         answer_tokens=answer_tokens,
+        gpu_kv_tokens=gpu_kv_tokens,
         output_dir=str(output_dir or "runs"),
     )
     with json_stdout(json):
