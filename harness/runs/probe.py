@@ -31,6 +31,7 @@ the engine restarts the spine saw (``engine_restarts``), which make the run INCO
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -59,6 +60,11 @@ from .spine import ArmSession, Prompt, Runner, record_from
 
 log = logging.getLogger(__name__)
 
+FILLER_CONCURRENCY = 8
+"""Filler requests in flight at once: the engine batches their prefills (a gap of an H200's 3.7 M KV tokens would
+take minutes one request at a time); an engine short of blocks queues the rest, as it would any traffic."""
+FILLER_ANSWER_TOKENS = 1
+"""max_tokens of a filler request: its prefill is what overwrites the GPU cache, decoding adds only time."""
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 """vLLM's info gauge whose labels hold the KV cache's shape (``num_gpu_blocks``, ``block_size``); the simulator
 serves it too."""
@@ -245,19 +251,22 @@ class ProbeRunner(Runner[RunResult]):
     async def _send_filler(
         self, session: ArmSession, repetition: int, context_tokens: int, turn: int, total: int
     ) -> None:
+        """``total`` prompt tokens of unique filler prompts, :data:`FILLER_CONCURRENCY` at a time, each answered with
+        :data:`FILLER_ANSWER_TOKENS` token: their prefill is what overwrites the GPU cache."""
         w = self.workload
-        spec = w.between_turns
-        sent = 0
-        index = 0
-        while sent < total:
-            tokens = max(min(spec.filler_request_tokens, total - sent), 16)
-            prompt = await build_filler(
-                session.tokenizer,
-                seed=self.scenario.seed,
-                tag=f"{session.arm.name}-{repetition}-{context_tokens}-{turn}-{index}",
-                tokens=tokens,
-            )
-            outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos)
+        size = w.between_turns.filler_request_tokens
+        sizes = [max(min(size, total - start), 16) for start in range(0, total, size)]
+        slots = asyncio.Semaphore(FILLER_CONCURRENCY)
+
+        async def send(index: int, tokens: int) -> None:
+            async with slots:
+                prompt = await build_filler(
+                    session.tokenizer,
+                    seed=self.scenario.seed,
+                    tag=f"{session.arm.name}-{repetition}-{context_tokens}-{turn}-{index}",
+                    tokens=tokens,
+                )
+                outcome = await session.send(prompt, FILLER_ANSWER_TOKENS, api=w.api, ignore_eos=w.ignore_eos)
             session.append(
                 record_from(
                     outcome,
@@ -272,8 +281,8 @@ class ProbeRunner(Runner[RunResult]):
                     expected_prompt_tokens=tokens,
                 )
             )
-            sent += tokens
-            index += 1
+
+        await asyncio.gather(*(send(index, tokens) for index, tokens in enumerate(sizes)))
 
     async def _run_group(self, session: ArmSession, repetition: int, context_tokens: int) -> None:
         w = self.workload
