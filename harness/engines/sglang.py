@@ -39,7 +39,7 @@ from harness.client.scrape import SGLANG, metrics_path
 from workloads.tokenizer import Tokenizer
 
 from . import common
-from .base import EngineConfigModel, EngineFacts, LaunchContext, PrefixCacheResetUnsupported
+from .base import EngineConfigModel, EngineFacts, LaunchContext
 from .common import (
     EngineRequestError,
     ModelDirTokenizer,
@@ -193,12 +193,10 @@ class RunningSglang(RunningProcess):
         process: ManagedProcess,
         session: aiohttp.ClientSession,
         model_dir: Path | None,
-        hierarchical: bool = False,
     ) -> None:
         super().__init__(endpoint, facts, process)
         self._session = session
         self._tokenizer = SglangTokenizer(session, endpoint.base_url, endpoint.model, model_dir)
-        self._hierarchical = hierarchical
 
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
@@ -207,14 +205,9 @@ class RunningSglang(RunningProcess):
         """``POST /flush_cache``: SGLang resets its radix cache (with HiCache: the host pool too).
 
         SGLang answers HTTP 400 while requests are running or waiting, so a refusal is retried for
-        ~10 s before it is an error. With HiCache the flush would empty the tier being measured, so it is
-        unsupported there (``between_turns: auto`` then evicts the GPU cache with filler traffic).
+        ~10 s before it is an error.
         """
         base_url = self._endpoint.base_url
-        if self._hierarchical:
-            raise PrefixCacheResetUnsupported(
-                f"SGLang at {base_url} runs HiCache, whose /flush_cache would empty the host pool too"
-            )
         await reset_with_retry(
             self._session,
             base_url + "/flush_cache",
@@ -290,5 +283,4 @@ class SglangEngine(ProcessEngine[RunningSglang]):
             process=process,
             session=session,
             model_dir=model_dir if model_dir.is_dir() else None,
-            hierarchical=plan.hierarchical,
         )

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from harness.client.scrape import SampleKey, cache_counter_deltas, parse_metrics
 from harness.engines.base import PrefixCacheResetUnsupported
+from harness.engines.kinds import check_supported
 from harness.results.aggregate import (
     FILLER_TOKENS_DETAIL,
     GPU_KV_SOURCE_DETAIL,
@@ -187,11 +188,8 @@ class ProbeRunner(Runner[RunResult]):
             # again since each start records the engine's details afresh
             self._note_method(session, known)
             return
-        try:
-            await session.reset_prefix_cache(required=True)
-        except PrefixCacheResetUnsupported as error:
-            no_reset = str(error)
-        else:
+        no_reset = await self._reset_refused(session)
+        if no_reset is None:
             if known is None:
                 self._note_method(session, BetweenTurnsMethod(arm=arm, method="reset_prefix_cache"))
             return
@@ -222,6 +220,20 @@ class ProbeRunner(Runner[RunResult]):
         )
         self._note_method(session, method)
         self.progress.note(f"{arm}: {no_reset}; between turns kvbench sends {method.describe()} instead")
+
+    async def _reset_refused(self, session: ArmSession) -> str | None:
+        """Reset the GPU prefix cache; None when done, else why not: the engine kind cannot drop it alone (SGLang's
+        flush empties HiCache, TensorRT-LLM has none: what scenario validation refuses for mode reset_prefix_cache)
+        or the endpoint has no reset."""
+        try:
+            check_supported(self.scenario.engine, session.arm.profile, "reset_prefix_cache")
+        except ValueError as error:
+            return str(error)
+        try:
+            await session.reset_prefix_cache(required=True)
+        except PrefixCacheResetUnsupported as error:
+            return str(error)
+        return None
 
     def _note_method(self, session: ArmSession, method: BetweenTurnsMethod) -> None:
         self._chosen[method.arm] = method
