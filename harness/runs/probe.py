@@ -8,10 +8,12 @@ turn 1 cold (GPU prefix cache reset when the scenario says so), makes turn 2 a *
 Resume skips every finished group, so a killed run loses at most the group in flight.
 
 ``between_turns: auto`` (the default) chooses per arm, once, after the warm-up: the GPU prefix-cache reset where
-the engine has one that answers; else filler traffic of ceil(capacity x ``FILLER_MARGIN``) prompt tokens per gap,
-capacity being ``between_turns.gpu_kv_tokens`` (``--gpu-kv-tokens``) or, without it, the GPU KV-cache size the
-endpoint's ``/metrics`` reports (:func:`gpu_kv_capacity`: vLLM's ``vllm:cache_config_info``, num_gpu_blocks x
-block_size, summed over its label sets); else nothing, which the verdict names with what would make the arm valid.
+the engine kind drops the GPU cache alone (:func:`harness.engines.kinds.check_supported` of mode
+``reset_prefix_cache``) and the endpoint's reset answers; else filler traffic of ceil(capacity x
+``FILLER_MARGIN``) prompt tokens per gap, capacity being ``between_turns.gpu_kv_tokens`` (``--gpu-kv-tokens``) or,
+without it, the GPU KV-cache size the endpoint's ``/metrics`` reports (:func:`gpu_kv_capacity`: vLLM's
+``vllm:cache_config_info``, num_gpu_blocks x block_size, summed over its label sets); else nothing, which the
+verdict names with what would make the arm valid.
 The choice is said in the console and kept in the manifest (``engines.ARM.details.between_turns`` and, for filler,
 ``filler_tokens``, ``gpu_kv_tokens``, ``gpu_kv_source``), so the summary names the method that ran. Filler
 requests are unique prompts recorded as ``phase: filler``, never measured.
