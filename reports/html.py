@@ -956,11 +956,14 @@ def methodology(sources: ReportSources) -> list[str]:
     probe = sources.poc or sources.baseline
     if probe is not None and probe.scenario is not None and isinstance(probe.scenario.workload, MultiRoundQAProbe):
         w = probe.scenario.workload
+        between = w.between_turns.mode.replace("_", " ")
+        if w.between_turns.mode == "auto" and probe.result.between_turns:  # auto: what each arm's engine allowed
+            between = "auto: " + "; ".join(f"{m.arm} {m.describe()}" for m in probe.result.between_turns)
         notes.append(
             f"POC workload: multi-round QA, {w.conversations} conversation(s) per context length, {w.turns} turns, "
             f"{w.question_tokens}-token questions, {w.answer_tokens}-token answers, {probe.result.repetitions} "
             f"repetition(s); {w.warmup_requests} unmeasured warm-up request(s) per engine start. Between turns: "
-            f"{w.between_turns.mode.replace('_', ' ')}, so turn 2 measures a returning user whose KV left GPU "
+            f"{between}, so turn 2 measures a returning user whose KV left GPU "
             "memory."
         )
         notes.append(

@@ -222,7 +222,8 @@ def settle_line(result: RunResult) -> tuple[str | None, bool]:
 
 def endpoint_lines(result: RunResult) -> list[str]:
     """What an attached endpoint could not give: which tokenizer built the prompts (and how far the server's own
-    counts were from it), and arms whose prefix cache was not reset between turns. Empty when neither applies."""
+    counts were from it), and arms whose prefix cache was not reset between turns; then what made turn 2 a
+    returning user in each arm (the ``between_turns`` method that ran)."""
     lines = []
     for lengths in result.prompt_lengths:
         spread = (
@@ -234,4 +235,10 @@ def endpoint_lines(result: RunResult) -> list[str]:
         lines.append(f"Prompts of {lengths.arm} built with {lengths.built_with}; {spread}.")
     for arm, why in sorted(result.reset_unavailable.items()):
         lines.append(f"{arm}: no prefix-cache reset between turns ({why}); turn 2 may have hit the GPU prefix cache.")
+    arms_by_method: dict[str, list[str]] = {}
+    for method in result.between_turns:
+        arms_by_method.setdefault(method.describe(), []).append(method.arm)
+    if arms_by_method:
+        methods = "; ".join(f"{described} ({', '.join(arms)})" for described, arms in arms_by_method.items())
+        lines.append(f"Between turns: {methods}.")
     return lines

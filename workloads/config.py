@@ -41,6 +41,11 @@ StallTimeout = Annotated[
 class BetweenTurns(StrictModel):
     """How turn 2 is made to measure a *returning* user, whose KV has left GPU memory.
 
+    * ``auto`` (the default): reset the GPU prefix cache where the engine can (started engines that offer a
+      reset, an attached endpoint whose reset answers); otherwise filler traffic sized from the GPU KV
+      capacity, which the endpoint's ``/metrics`` reports (vLLM's ``vllm:cache_config_info``: num_gpu_blocks
+      x block_size) or ``gpu_kv_tokens`` gives: filler prompt tokens = ceil(capacity x :data:`FILLER_MARGIN`).
+      Where neither is possible the arm runs on and the verdict says what would make it valid.
     * ``reset_prefix_cache``: ask the engine to drop its GPU prefix cache between turns
       (vLLM ``POST /reset_prefix_cache``, SGLang ``/flush_cache``, the simulator); offload tiers stay.
     * ``disable_prefix_cache``: start the engine with its GPU prefix cache off, so only an
@@ -49,7 +54,7 @@ class BetweenTurns(StrictModel):
     * ``none``: do nothing (measures the hot-cache case, useful as a sanity check).
     """
 
-    mode: Literal["reset_prefix_cache", "disable_prefix_cache", "filler", "none"] = "reset_prefix_cache"
+    mode: Literal["auto", "reset_prefix_cache", "disable_prefix_cache", "filler", "none"] = "auto"
     filler_tokens: int = Field(
         default=0,
         ge=0,
@@ -59,12 +64,30 @@ class BetweenTurns(StrictModel):
     filler_request_tokens: int = Field(
         default=4000, ge=16, le=MAX_TOKENS, description="Prompt tokens per filler request."
     )
+    gpu_kv_tokens: int | None = Field(
+        default=None,
+        ge=16,
+        le=MAX_COUNT * 1000,
+        description="With mode=auto: the GPU KV-cache capacity in tokens (all of an arm's GPUs), for an endpoint "
+        "that cannot reset its prefix cache; default: what its /metrics reports (vllm:cache_config_info).",
+    )
 
     @model_validator(mode="after")
     def _filler_needs_tokens(self) -> BetweenTurns:
         if self.mode == "filler" and self.filler_tokens <= 0:
             raise ValueError("mode 'filler' needs filler_tokens > 0 (enough to overwrite the GPU KV cache)")
+        if self.gpu_kv_tokens is not None and self.mode != "auto":
+            raise ValueError(
+                f"gpu_kv_tokens sizes mode 'auto''s filler traffic; mode {self.mode!r} does not use it "
+                "(allowed: mode auto with gpu_kv_tokens, or filler_tokens with mode filler)"
+            )
         return self
+
+
+FILLER_MARGIN = 1.25
+"""Filler prompt tokens per GPU KV token in mode ``auto``: a quarter more than the cache holds, so the blocks
+that turn 1 left (the least recently used once the filler's are freed) are all overwritten even where the
+engine keeps some blocks back (vLLM's null block, a scheduler watermark)."""
 
 
 class MultiRoundQAProbe(StrictModel):

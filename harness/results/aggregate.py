@@ -27,6 +27,7 @@ from .header import header_fields, with_provenance
 from .lmcache_log import parse_log, ranks, timeline
 from .run_result import (
     STREAM_RATIO_WARN,
+    BetweenTurnsMethod,
     CacheStats,
     EngineTiming,
     LatencyStats,
@@ -110,9 +111,11 @@ def aggregate(
     metrics: Iterable[MetricsDelta] = (),
     engine_logs: Mapping[str, Iterable[str]] | None = None,
     command: Sequence[str] = (),
+    details: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RunResult:
     """``engine_logs``: arm -> its engine log's lines, for :mod:`harness.results.lmcache_log` (read once);
-    ``command``: the run's command line (:func:`~.validity.judge_probe`)."""
+    ``command``: the run's command line (:func:`~.validity.judge_probe`); ``details``: the manifest's
+    ``engines.ARM.details`` (:func:`engine_details`), which say what ran between turns."""
     lmcache_logs = {arm: parse_log(lines) for arm, lines in (engine_logs or {}).items()}
     done = list(done)
     records = list(records)
@@ -194,6 +197,7 @@ def aggregate(
     cache = _cache_stats(totals, arms, contexts, turns)
     planned = {(arm, rep, ctx) for arm in arms for rep in range(scenario.repetitions) for ctx in contexts}
     completed = {event.key for event in done}
+    methods = between_turns_methods(scenario, details or {})
     return RunResult(
         **header_fields(run_id, scenario.name),
         workload_kind=scenario.workload.kind,
@@ -215,6 +219,7 @@ def aggregate(
             _restarts(metrics, chosen),
             moved_cells=_moved_cells(measured),
             command=command,
+            methods={method.arm: method for method in methods},
         ),
         stream=stream_check(
             measured,
@@ -228,6 +233,7 @@ def aggregate(
         ),
         lmcache_ranks=sorted(ranks(lmcache_logs), key=lambda r: (arms.index(r.arm), r.worker)),
         pass_medians=pass_medians(measured, arms, contexts, turns),
+        between_turns=methods,
     )
 
 
@@ -466,6 +472,7 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
     scenario = run_dir.scenario()
     logs = {arm.name: lines for arm in scenario.arms if (lines := run_dir.engine_log(arm.name)) is not None}
     command = read_manifest(run_dir.manifest_file).get("command")
+    details = engine_details(run_dir)
     result = aggregate(
         scenario,
         run_dir.run_id,
@@ -474,8 +481,8 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
         run_dir.metrics(),
         engine_logs=logs,
         command=[str(arg) for arg in command] if isinstance(command, list) else (),
+        details=details,
     )
-    details = engine_details(run_dir)
     unavailable = {arm: why for arm, found in details.items() if (why := found.get(RESET_DETAIL))}
     lengths = prompt_lengths(chosen_measured(run_dir), details)
     result = with_provenance(result, run_dir).model_copy(
@@ -493,6 +500,40 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
 
 RESET_DETAIL = "prefix_cache_reset"
 """The manifest's ``engines.ARM.details`` key a probe writes when the arm's engine cannot reset its prefix cache."""
+METHOD_DETAIL = "between_turns"
+"""The ``engines.ARM.details`` key a probe of mode ``auto`` writes: the method it chose (:data:`ReturningMethod`),
+with :data:`FILLER_TOKENS_DETAIL`, :data:`GPU_KV_TOKENS_DETAIL` and :data:`GPU_KV_SOURCE_DETAIL` for filler."""
+FILLER_TOKENS_DETAIL = "filler_tokens"
+GPU_KV_TOKENS_DETAIL = "gpu_kv_tokens"
+GPU_KV_SOURCE_DETAIL = "gpu_kv_source"
+
+
+def between_turns_methods(scenario: Scenario, details: Mapping[str, Mapping[str, str]]) -> list[BetweenTurnsMethod]:
+    """Per arm, what made turn 2 a returning user: an explicit mode is what ran (``unavailable`` where a reset
+    was asked for and the engine had none); mode ``auto`` is what the probe chose and noted in the manifest
+    (an arm that never started has no note and no entry)."""
+    spec = scenario.probe_workload.between_turns
+    out: list[BetweenTurnsMethod] = []
+    for arm in scenario.arms:
+        found = details.get(arm.name, {})
+        chosen = found.get(METHOD_DETAIL)
+        if spec.mode != "auto":
+            method = "unavailable" if spec.mode == "reset_prefix_cache" and found.get(RESET_DETAIL) else spec.mode
+            filler = spec.filler_tokens if spec.mode == "filler" else None
+            out.append(BetweenTurnsMethod(arm=arm.name, method=method, filler_tokens=filler))
+        elif chosen is not None:
+            out.append(
+                BetweenTurnsMethod.model_validate(
+                    {
+                        "arm": arm.name,
+                        "method": chosen,
+                        "filler_tokens": found.get(FILLER_TOKENS_DETAIL),
+                        "gpu_kv_tokens": found.get(GPU_KV_TOKENS_DETAIL),
+                        "gpu_kv_source": found.get(GPU_KV_SOURCE_DETAIL),
+                    }
+                )
+            )
+    return out
 
 
 def engine_details(run_dir: RunDir) -> dict[str, dict[str, str]]:

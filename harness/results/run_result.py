@@ -236,6 +236,43 @@ class PromptLengths(Frozen):
     max_abs_diff: float | None = Field(description="Largest |usage / counted − 1|.")
 
 
+ReturningMethod = Literal["reset_prefix_cache", "filler", "disable_prefix_cache", "none", "unavailable"]
+"""What made turn 2 a returning user in an arm: a GPU prefix-cache reset, filler traffic, a GPU prefix cache that was
+off, nothing (``between_turns: none``), or nothing because the arm could neither reset nor size filler."""
+
+
+class BetweenTurnsMethod(Frozen):
+    """The method that ran between the turns of one arm (``workload.between_turns``; with mode ``auto``, what
+    the arm's engine allowed)."""
+
+    arm: str
+    method: ReturningMethod
+    filler_tokens: int | None = Field(default=None, description="Filler prompt tokens sent per gap (method filler).")
+    gpu_kv_tokens: int | None = Field(
+        default=None, description="The GPU KV capacity in tokens the filler was sized from (mode auto)."
+    )
+    gpu_kv_source: Literal["metrics", "gpu_kv_tokens"] | None = Field(
+        default=None,
+        description="Where that capacity came from: the endpoint's /metrics or workload.between_turns.gpu_kv_tokens "
+        "(--gpu-kv-tokens).",
+    )
+
+    def describe(self) -> str:
+        """E.g. ``filler 150,000 tokens (GPU KV 120,000 tokens from /metrics)``, ``reset of the GPU prefix cache``."""
+        if self.method == "filler":
+            text = f"filler {self.filler_tokens or 0:,} tokens"
+            if self.gpu_kv_tokens is not None:
+                source = "/metrics" if self.gpu_kv_source == "metrics" else "gpu_kv_tokens"
+                text += f" (GPU KV {self.gpu_kv_tokens:,} tokens from {source})"
+            return text
+        return {
+            "reset_prefix_cache": "reset of the GPU prefix cache",
+            "disable_prefix_cache": "GPU prefix cache disabled",
+            "none": "nothing (between_turns none)",
+            "unavailable": "nothing: no reset, and no GPU KV size to size filler by",
+        }[self.method]
+
+
 class RequestCounts(Frozen):
     measured: int
     ok: int
@@ -249,7 +286,7 @@ class RequestCounts(Frozen):
 class RunResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "summary.json"
     """Everything reports need, aggregated from records.jsonl and engine_metrics.jsonl."""
-    schema_version: Literal[2] = 2  # 2: provenance
+    schema_version: Literal[2] = 2  # 2: provenance, and the method that ran between turns per arm
 
     workload_kind: str
     arms: list[str]
@@ -298,6 +335,9 @@ class RunResult(ResultHeader):
         default_factory=dict,
         description="Arms whose engine could not reset its GPU prefix cache between turns, and why (empty when every "
         "reset happened or none was asked for).",
+    )
+    between_turns: list[BetweenTurnsMethod] = Field(
+        description="Per arm, what made turn 2 a returning user (schema 2)."
     )
 
     def outcome(self) -> Outcome:

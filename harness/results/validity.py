@@ -9,7 +9,9 @@ offload tier, must say so instead of printing a table (issue 11). Gates, over th
 * ``error_rate`` (FAILED): failed measured requests / measured requests > ``validity.max_error_rate``;
 * ``reset_missed`` (INCONCLUSIVE): in turn ≥ 2 of a cell, ``gpu_prefix_hits / prompt_tokens >
   validity.max_reset_hit_rate`` although ``between_turns`` drops the GPU prefix cache
-  (``reset_prefix_cache`` / ``disable_prefix_cache``): the reset did not happen;
+  (``reset_prefix_cache`` / ``disable_prefix_cache``, or ``auto`` whatever method it chose: a reset, filler
+  traffic sized to evict the cache, or none possible): the reset did not happen, the filler did not evict
+  turn 1's KV, or nothing could; the message names the method;
 * ``off_arm_hits`` (INCONCLUSIVE): an arm without offload tiers has turn ≥ 2 ``(gpu + external
   hits) / prompt_tokens`` above the same limit with ``between_turns`` other than ``none``; where the
   external (offload-tier) hits alone pass it, the endpoint has a tier the arm does not declare, and the
@@ -23,7 +25,8 @@ offload tier, must say so instead of printing a table (issue 11). Gates, over th
 * ``reset_unavailable`` (INCONCLUSIVE): ``between_turns`` resets the GPU prefix cache but an arm's engine
   offers no reset (:func:`with_reset_unavailable`), and nothing shows whether turn ≥ 2 hit that cache: no
   ``/metrics`` cache counters and no ``usage.prompt_tokens_details.cached_tokens`` for those turns. Where the
-  counters are there, the gates above judge the turns as usual; where only ``cached_tokens`` is, a share
+  counters are there, the gates above judge the turns as usual (their findings then end with why the arm had
+  no reset and what would make it valid); where only ``cached_tokens`` is, a share
   ``cached / prompt tokens`` (medians) above ``validity.max_reset_hit_rate`` is ``reset_missed``;
 * ``engine_died`` (FAILED): in the run's last attempt an arm's engine process exited, or its endpoint refused
   connections, and the arm ended there (``engine_events.jsonl``); a later attempt that finishes the arm clears it.
@@ -39,10 +42,12 @@ from harness.scenario.flags import tier_declaration
 from harness.scenario.spec import Scenario
 from harness.store.events import EngineDown
 
-from .run_result import CacheStats, RequestCounts, TtftCell
+from .run_result import BetweenTurnsMethod, CacheStats, RequestCounts, TtftCell
 from .verdict import Finding, Validity, verdict_of
 
-RESETTING_MODES = frozenset({"reset_prefix_cache", "disable_prefix_cache"})
+RESETTING_MODES = frozenset({"reset_prefix_cache", "disable_prefix_cache", "auto"})
+"""Modes whose every method means turn 2 should miss the GPU prefix cache (``filler`` with a hand-sized
+``filler_tokens`` is judged by the off-arm gate only)."""
 UNDECLARED_TIER_PROFILE = "cpu"
 """The profile an undeclared tier's message suggests: the counters show a tier's hits, not which tier."""
 
@@ -83,7 +88,9 @@ def _cell_findings(cells: Sequence[TtftCell]) -> list[Finding]:
     ]
 
 
-def _cache_finding(scenario: Scenario, stats: CacheStats, command: Sequence[str]) -> Finding | None:
+def _cache_finding(
+    scenario: Scenario, stats: CacheStats, command: Sequence[str], method: BetweenTurnsMethod | None
+) -> Finding | None:
     index, arm = next((i, a) for i, a in enumerate(scenario.arms) if a.name == stats.arm)
     profile = arm.profile
     mode = scenario.probe_workload.between_turns.mode
@@ -94,14 +101,18 @@ def _cache_finding(scenario: Scenario, stats: CacheStats, command: Sequence[str]
     where = f"{stats.arm} {stats.context_tokens} tokens turn {stats.turn}"
     located = {"arm": stats.arm, "context_tokens": stats.context_tokens, "turn": stats.turn}
     gpu_share = (stats.gpu_hits or 0.0) / prompt
+    chosen = method.method if method is not None and mode == "auto" else None
+    how = f"{mode} ({method.describe()})" if method is not None and chosen is not None else mode
+    # under auto the message names the method that ran: a reset that did not happen reads apart from filler
     if mode in RESETTING_MODES and gpu_share > limit:
-        what = "the reset did not happen" if not profile.offload_enabled else "not from the offload tier"
-        return Finding(
-            gate="reset_missed",
-            **located,
-            message=f"{where}: {gpu_share:.0%} of prompt tokens were GPU prefix-cache hits although "
-            f"between_turns {mode} drops that cache ({what}; limit {limit:.0%})",
-        )
+        hits = f"{where}: {gpu_share:.0%} of prompt tokens were GPU prefix-cache hits"
+        if chosen == "unavailable":
+            message = f"{hits}; between_turns auto found no way to drop that cache (limit {limit:.0%})"
+        else:
+            missed = "the filler did not evict turn 1's KV" if chosen == "filler" else "the reset did not happen"
+            what = missed if not profile.offload_enabled else "not from the offload tier"
+            message = f"{hits} although between_turns {how} drops that cache ({what}; limit {limit:.0%})"
+        return Finding(gate="reset_missed", **located, message=message)
     any_share = ((stats.gpu_hits or 0.0) + (stats.external_hits or 0.0)) / prompt
     tier_share = (stats.external_hits or 0.0) / prompt
     if not profile.offload_enabled and tier_share > limit:
@@ -119,7 +130,7 @@ def _cache_finding(scenario: Scenario, stats: CacheStats, command: Sequence[str]
             gate="off_arm_hits",
             **located,
             message=f"{where}: an arm without offload tiers served {any_share:.0%} of prompt tokens from a cache "
-            f"(between_turns {mode} did not make turn 2 a returning user; limit {limit:.0%})",
+            f"(between_turns {how} did not make turn 2 a returning user; limit {limit:.0%})",
         )
     if (
         profile.offload_enabled
@@ -148,20 +159,22 @@ def judge_probe(
     restarts: Mapping[str, int],
     moved_cells: Set[tuple[str, int, int]] = frozenset(),
     command: Sequence[str] = (),
+    methods: Mapping[str, BetweenTurnsMethod] | None = None,
 ) -> Validity:
     """Every gate of a probe run (``restarts``: engine restarts seen per arm in the chosen attempts).
 
     ``moved_cells``: (arm, context, turn) cells of a fleet whose every request landed on another
     replica than its previous turn; a per-replica tier cannot serve them, so the offload-hit gate
     skips them (the fleet report's same-vs-moved split is the measurement there). ``command``: the run's command
-    line (the manifest's), which says how an arm's offload tier is declared.
+    line (the manifest's), which says how an arm's offload tier is declared. ``methods``: arm -> what ran
+    between its turns (named in the cache gates' messages under mode ``auto``).
     """
     spec = scenario.validity
     findings = error_findings(counts.measured, counts.ok, counts.errors_by_kind, spec.max_error_rate)
     findings += _cell_findings(cells)
     findings += [
         f
-        for f in (_cache_finding(scenario, stats, command) for stats in cache)
+        for f in (_cache_finding(scenario, stats, command, (methods or {}).get(stats.arm)) for stats in cache)
         if f is not None and not (f.gate == "no_offload_hits" and (stats_key(f) in moved_cells))
     ]
     findings += [
@@ -212,6 +225,9 @@ def judge_errors(measured: int, ok: int, errors_by_kind: Mapping[str, int], max_
     )
 
 
+COUNTER_CACHE_GATES = frozenset({"reset_missed", "off_arm_hits"})
+
+
 def with_reset_unavailable(
     validity: Validity,
     unavailable: Mapping[str, str],
@@ -221,6 +237,14 @@ def with_reset_unavailable(
 ) -> Validity:
     """``validity`` judged for the arms whose engine could not reset its prefix cache (``unavailable``: arm -> why)."""
     findings: list[Finding] = []
+    judged: list[Finding] = []
+    told: set[str] = set()
+    for found in validity.findings:  # an arm's first counter finding says why it had no reset and what would fix it
+        arm = found.arm
+        if arm is not None and arm in unavailable and arm not in told and found.gate in COUNTER_CACHE_GATES:
+            told.add(arm)
+            found = found.model_copy(update={"message": f"{found.message}; {unavailable[arm]}"})
+        judged.append(found)
     for arm, why in sorted(unavailable.items()):
         if any(s.arm == arm and s.turn >= 2 and (s.prompt_tokens or s.gpu_queries) for s in cache):
             continue  # the engine's counters judge its later turns (reset_missed, off_arm_hits)
@@ -247,10 +271,10 @@ def with_reset_unavailable(
                         turn=cell.turn,
                         message=f"{arm} {cell.context_tokens} tokens turn {cell.turn}: {share:.0%} of prompt tokens "
                         f"were cached (usage cached_tokens) and the endpoint cannot reset its prefix cache (limit "
-                        f"{max_reset_hit_rate:.0%})",
+                        f"{max_reset_hit_rate:.0%}); {why}",
                     )
                 )
-    if not findings:
+    if not findings and judged == validity.findings:
         return validity
-    every = [*validity.findings, *findings]
+    every = [*judged, *findings]
     return validity.model_copy(update={"findings": every, "verdict": verdict_of(every)})

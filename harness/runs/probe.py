@@ -7,6 +7,17 @@ turn 1 cold (GPU prefix cache reset when the scenario says so), makes turn 2 a *
 (``engine_metrics.jsonl``) and, once finished, appends a :class:`GroupDone` to ``progress.jsonl``.
 Resume skips every finished group, so a killed run loses at most the group in flight.
 
+``between_turns: auto`` (the default) chooses per arm, once, after the warm-up: the GPU prefix-cache reset where
+the engine kind drops the GPU cache alone (:func:`harness.engines.kinds.check_supported` of mode
+``reset_prefix_cache``) and the endpoint's reset answers; else filler traffic of ceil(capacity x
+``FILLER_MARGIN``) prompt tokens per gap, capacity being ``between_turns.gpu_kv_tokens`` (``--gpu-kv-tokens``) or,
+without it, the GPU KV-cache size the endpoint's ``/metrics`` reports (:func:`gpu_kv_capacity`: vLLM's
+``vllm:cache_config_info``, num_gpu_blocks x block_size, summed over its label sets); else nothing, which the
+verdict names with what would make the arm valid.
+The choice is said in the console and kept in the manifest (``engines.ARM.details.between_turns`` and, for filler,
+``filler_tokens``, ``gpu_kv_tokens``, ``gpu_kv_source``), so the summary names the method that ran. Filler
+requests are unique prompts recorded as ``phase: filler``, never measured.
+
 An endpoint that cannot reset its GPU prefix cache (a production vLLM without dev mode, any other
 OpenAI-compatible server) is said once per arm, in the console and in the manifest
 (``engines.ARM.details.prefix_cache_reset``); the run goes on, turn 2 may hit the GPU cache, and the
@@ -22,18 +33,28 @@ the engine restarts the spine saw (``engine_restarts``), which make the run INCO
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from harness.client.scrape import cache_counter_deltas
+from harness.client.scrape import SampleKey, cache_counter_deltas, parse_metrics
 from harness.engines.base import PrefixCacheResetUnsupported
-from harness.results.aggregate import RESET_DETAIL, summarize_run_dir
-from harness.results.run_result import RunResult
+from harness.engines.kinds import check_supported
+from harness.results.aggregate import (
+    FILLER_TOKENS_DETAIL,
+    GPU_KV_SOURCE_DETAIL,
+    GPU_KV_TOKENS_DETAIL,
+    METHOD_DETAIL,
+    RESET_DETAIL,
+    summarize_run_dir,
+)
+from harness.results.run_result import BetweenTurnsMethod, ReturningMethod, RunResult
 from harness.scenario.spec import Arm, Scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from harness.store.rundir import RunDir
-from workloads.config import MultiRoundQAProbe
+from workloads.config import FILLER_MARGIN, MultiRoundQAProbe
 from workloads.multi_round_qa import ConversationGroup, ConversationState, build_filler
 from workloads.tokenizer import TokenIds, tokenizer_facts
 
@@ -41,6 +62,15 @@ from .progress import RunProgress
 from .spine import ArmSession, Prompt, Runner, record_from
 
 log = logging.getLogger(__name__)
+
+FILLER_CONCURRENCY = 8
+"""Filler requests in flight at once: the engine batches their prefills (a gap of an H200's 3.7 M KV tokens would
+take minutes one request at a time); an engine short of blocks queues the rest, as it would any traffic."""
+FILLER_ANSWER_TOKENS = 1
+"""max_tokens of a filler request: its prefill is what overwrites the GPU cache, decoding adds only time."""
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+"""vLLM's info gauge whose labels hold the KV cache's shape (``num_gpu_blocks``, ``block_size``); the simulator
+serves it too."""
 
 
 class ProbeRunner(Runner[RunResult]):
@@ -61,6 +91,10 @@ class ProbeRunner(Runner[RunResult]):
         super().__init__(scenario, run_dir, source=source, progress=progress, only_arms=only_arms)
         self._no_reset: set[str] = set()
         """Arms whose engine cannot reset its GPU prefix cache (said once; no further tries)."""
+        self._chosen: dict[str, BetweenTurnsMethod] = {}
+        """Mode ``auto``: the method chosen per arm (at its first engine start; kept for its later blocks)."""
+        self._unavailable: dict[str, str] = {}
+        """Mode ``auto``: arms that could neither reset nor size filler -> why, and what would fix it."""
 
     @property
     def workload(self) -> MultiRoundQAProbe:
@@ -112,7 +146,9 @@ class ProbeRunner(Runner[RunResult]):
         await session.warm_up(
             w.warmup_requests, api=w.api, ignore_eos=w.ignore_eos, tag="warmup", prompt_tokens=w.warmup_prompt_tokens
         )
-        if w.between_turns.mode == "reset_prefix_cache":
+        if w.between_turns.mode == "auto":
+            await self._choose(session)
+        elif w.between_turns.mode == "reset_prefix_cache":
             await self._reset(session)
         self.progress.describe(f"{session.arm.name}: measuring")
         for repetition, context_tokens in self._groups(session.arm, session.block):
@@ -133,34 +169,118 @@ class ProbeRunner(Runner[RunResult]):
             await session.reset_prefix_cache(required=True)
         except PrefixCacheResetUnsupported as error:
             self._no_reset.add(arm)
-            session.note(RESET_DETAIL, str(error))
+            session.note(
+                RESET_DETAIL,
+                f"{error}; between_turns mode auto would evict it with filler traffic instead (sized from /metrics "
+                "or --gpu-kv-tokens N)",
+            )
             message = (
                 f"{arm}: {error}, so kvbench cannot drop its GPU prefix cache between turns; the run goes on "
                 "(turn 2 may hit that cache) and the validity gates judge it"
             )
             self.progress.note(message)  # once per arm: later resets are not tried
 
-    async def _between_turns(self, session: ArmSession, repetition: int, context_tokens: int, turn: int) -> None:
-        mode = self.workload.between_turns.mode
-        if mode == "reset_prefix_cache":
-            await self._reset(session)
-        elif mode == "filler":
-            await self._send_filler(session, repetition, context_tokens, turn)
-
-    async def _send_filler(self, session: ArmSession, repetition: int, context_tokens: int, turn: int) -> None:
-        w = self.workload
-        spec = w.between_turns
-        sent = 0
-        index = 0
-        while sent < spec.filler_tokens:
-            tokens = max(min(spec.filler_request_tokens, spec.filler_tokens - sent), 16)
-            prompt = await build_filler(
-                session.tokenizer,
-                seed=self.scenario.seed,
-                tag=f"{session.arm.name}-{repetition}-{context_tokens}-{turn}-{index}",
-                tokens=tokens,
+    async def _choose(self, session: ArmSession) -> None:
+        """Mode ``auto``: reset the GPU prefix cache where the engine can; else size filler from the GPU KV capacity
+        (the setting, else ``/metrics``); else say what would make the arm valid. Chosen once per arm and noted."""
+        arm = session.arm.name
+        known = self._chosen.get(arm)
+        if known is not None and known.method != "reset_prefix_cache":
+            # a later engine start of the arm (a block, a replica set): the same kind, so the same method, noted
+            # again since each start records the engine's details afresh
+            self._note_method(session, known)
+            return
+        no_reset = await self._reset_refused(session)
+        if no_reset is None:
+            if known is None:
+                self._note_method(session, BetweenTurnsMethod(arm=arm, method="reset_prefix_cache"))
+            return
+        spec = self.workload.between_turns
+        capacity, source = spec.gpu_kv_tokens, "gpu_kv_tokens"
+        if capacity is None:
+            page = await session.scrape()
+            capacity, source = (gpu_kv_capacity(page) if page is not None else None), "metrics"
+        if capacity is None:
+            unknown = f"its /metrics gives no GPU KV-cache size ({CACHE_CONFIG_INFO}) to size filler traffic by"
+            fix = (
+                "pass --gpu-kv-tokens N (its GPU KV capacity in tokens; a scenario's "
+                "workload.between_turns.gpu_kv_tokens) or enable its prefix-cache reset (vLLM: VLLM_SERVER_DEV_MODE=1)"
             )
-            outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos)
+            self._unavailable[arm] = f"{no_reset} and {unknown}; {fix}"
+            self._note_method(session, BetweenTurnsMethod(arm=arm, method="unavailable"))
+            self.progress.note(
+                f"{arm}: {no_reset}, so kvbench cannot drop its GPU prefix cache between turns, and {unknown}; {fix}; "
+                "the run goes on and the validity gates judge it"
+            )
+            return
+        method = BetweenTurnsMethod(
+            arm=arm,
+            method="filler",
+            filler_tokens=math.ceil(capacity * FILLER_MARGIN),
+            gpu_kv_tokens=capacity,
+            gpu_kv_source="metrics" if source == "metrics" else "gpu_kv_tokens",
+        )
+        self._note_method(session, method)
+        self.progress.note(f"{arm}: {no_reset}; between turns kvbench sends {method.describe()} instead")
+
+    async def _reset_refused(self, session: ArmSession) -> str | None:
+        """Reset the GPU prefix cache; None when done, else why not: the engine kind cannot drop it alone (SGLang's
+        flush empties HiCache, TensorRT-LLM has none: what scenario validation refuses for mode reset_prefix_cache)
+        or the endpoint has no reset."""
+        try:
+            check_supported(self.scenario.engine, session.arm.profile, "reset_prefix_cache")
+        except ValueError as error:
+            return str(error)
+        try:
+            await session.reset_prefix_cache(required=True)
+        except PrefixCacheResetUnsupported as error:
+            return str(error)
+        return None
+
+    def _note_method(self, session: ArmSession, method: BetweenTurnsMethod) -> None:
+        self._chosen[method.arm] = method
+        session.note(METHOD_DETAIL, method.method)
+        if method.arm in self._unavailable:
+            session.note(RESET_DETAIL, self._unavailable[method.arm])
+        if method.method == "filler":
+            session.note(FILLER_TOKENS_DETAIL, str(method.filler_tokens))
+            session.note(GPU_KV_TOKENS_DETAIL, str(method.gpu_kv_tokens))
+            session.note(GPU_KV_SOURCE_DETAIL, str(method.gpu_kv_source))
+
+    def _method(self, arm: str) -> tuple[ReturningMethod, int]:
+        """What runs between the arm's turns, and its filler tokens per gap (0 unless filler)."""
+        spec = self.workload.between_turns
+        if spec.mode != "auto":
+            return spec.mode, spec.filler_tokens
+        chosen = self._chosen[arm]
+        return chosen.method, chosen.filler_tokens or 0
+
+    async def _between_turns(self, session: ArmSession, repetition: int, context_tokens: int, turn: int) -> None:
+        method, filler_tokens = self._method(session.arm.name)
+        if method == "reset_prefix_cache":
+            await self._reset(session)
+        elif method == "filler":
+            await self._send_filler(session, repetition, context_tokens, turn, filler_tokens)
+
+    async def _send_filler(
+        self, session: ArmSession, repetition: int, context_tokens: int, turn: int, total: int
+    ) -> None:
+        """``total`` prompt tokens of unique filler prompts, :data:`FILLER_CONCURRENCY` at a time, each answered with
+        :data:`FILLER_ANSWER_TOKENS` token: their prefill is what overwrites the GPU cache."""
+        w = self.workload
+        size = w.between_turns.filler_request_tokens
+        sizes = [max(min(size, total - start), 16) for start in range(0, total, size)]
+        slots = asyncio.Semaphore(FILLER_CONCURRENCY)
+
+        async def send(index: int, tokens: int) -> None:
+            async with slots:
+                prompt = await build_filler(
+                    session.tokenizer,
+                    seed=self.scenario.seed,
+                    tag=f"{session.arm.name}-{repetition}-{context_tokens}-{turn}-{index}",
+                    tokens=tokens,
+                )
+                outcome = await session.send(prompt, FILLER_ANSWER_TOKENS, api=w.api, ignore_eos=w.ignore_eos)
             session.append(
                 record_from(
                     outcome,
@@ -175,8 +295,8 @@ class ProbeRunner(Runner[RunResult]):
                     expected_prompt_tokens=tokens,
                 )
             )
-            sent += tokens
-            index += 1
+
+        await asyncio.gather(*(send(index, tokens) for index, tokens in enumerate(sizes)))
 
     async def _run_group(self, session: ArmSession, repetition: int, context_tokens: int) -> None:
         w = self.workload
@@ -187,7 +307,7 @@ class ProbeRunner(Runner[RunResult]):
         # index -> answers so far: all a conversation keeps between turns (its document is rebuilt when large)
         alive: dict[int, list[str]] = {index: [] for index in range(w.conversations)}
         _, exact = tokenizer_facts(session.tokenizer)
-        if w.between_turns.mode == "reset_prefix_cache":
+        if self._method(arm)[0] == "reset_prefix_cache":
             await self._reset(session)  # turn 1 starts cold
         for turn in range(1, w.turns + 1):
             if turn > 1:
@@ -254,6 +374,31 @@ async def _counted_tokens(session: ArmSession, prompt: Prompt) -> int:
     if isinstance(prompt, str):
         return len(await session.tokenizer.encode(prompt))
     return sum([len(await session.tokenizer.encode(message["content"])) for message in prompt])
+
+
+def gpu_kv_capacity(page: str) -> int | None:
+    """The GPU KV-cache capacity in tokens a ``/metrics`` page reports: Σ over the label sets of
+    :data:`CACHE_CONFIG_INFO` of num_gpu_blocks x block_size (data-parallel engines: one set each); None when
+    the page has no such gauge or its labels are not positive whole numbers."""
+    try:
+        snapshot = parse_metrics(page)
+    except ValueError:
+        return None
+    return _capacity_of(key for key in snapshot if key[0] == CACHE_CONFIG_INFO)
+
+
+def _capacity_of(keys: Iterable[SampleKey]) -> int | None:
+    total = 0
+    for _, labels in keys:
+        found: Mapping[str, str] = dict(labels)
+        try:
+            blocks, block_size = int(found.get("num_gpu_blocks", "")), int(found.get("block_size", ""))
+        except ValueError:
+            return None
+        if blocks <= 0 or block_size <= 0:
+            return None
+        total += blocks * block_size
+    return total or None
 
 
 def _counter_deltas(before: str | None, after: str | None) -> dict[str, float] | None:

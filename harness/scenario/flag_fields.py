@@ -15,7 +15,7 @@ FlagKind = Literal["probe", "sweep", "replay"]
 ENDPOINT_FIELDS = ("base_url", "offload", "baseline", "model", "api_key_env", "tokenizer")
 """The fields every flags-only command takes: which endpoint, what it offloads, how to reach it."""
 WORKLOAD_FIELDS: dict[FlagKind, tuple[str, ...]] = {
-    "probe": ("contexts", "conversations", "turns", "answer_tokens"),
+    "probe": ("contexts", "conversations", "turns", "answer_tokens", "gpu_kv_tokens"),
     "sweep": ("concurrency", "duration", "warmup", "contexts", "conversations", "turns", "answer_tokens"),
     "replay": ("trace",),
 }

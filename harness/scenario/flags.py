@@ -68,6 +68,7 @@ class EndpointFlags:
     conversations: int | None = None
     turns: int | None = None
     answer_tokens: int | None = None
+    gpu_kv_tokens: int | None = None
     concurrency: str | None = None
     duration: str | None = None
     warmup: str | None = None
@@ -189,6 +190,8 @@ def _workload(kind: FlagKind, flags: EndpointFlags) -> dict[str, object]:
     if kind == "probe":
         workload: dict[str, object] = {"kind": "multi_round_qa", "context_tokens": contexts}
         optional = {"conversations": flags.conversations, "turns": flags.turns, "answer_tokens": flags.answer_tokens}
+        if flags.gpu_kv_tokens is not None:  # sizes mode auto's filler where the endpoint cannot reset
+            workload["between_turns"] = {"mode": "auto", "gpu_kv_tokens": flags.gpu_kv_tokens}
         return workload | {key: value for key, value in optional.items() if value is not None}
     if kind == "sweep":
         turns = flags.turns if flags.turns is not None else DEFAULT_SWEEP_TURNS
@@ -300,6 +303,7 @@ _FLAG_OF_FIELD = {
     "workload.turns": "--turns",
     "workload.rounds": "--turns",
     "workload.answer_tokens": "--answer-tokens",
+    "workload.between_turns.gpu_kv_tokens": "--gpu-kv-tokens",
     "workload.context_tokens": "--contexts",
     "sweep.values": "--concurrency",
     "sweep.duration": "--duration",

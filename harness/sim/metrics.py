@@ -9,6 +9,8 @@ and nothing is counted twice. Prefix-cache counters are in tokens, as in vLLM:
 * ``vllm:external_prefix_cache_queries_total`` / ``vllm:external_prefix_cache_hits_total`` --
   the same for the offload tiers (the KV connector, in vLLM's terms);
 * ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``;
+* ``vllm:cache_config_info`` -- vLLM's info gauge (value 1) whose labels ``num_gpu_blocks`` and ``block_size``
+  give the HBM KV cache's size: what ``between_turns: auto`` sizes its filler traffic from;
 * gauges ``vllm:kv_cache_usage_perc`` (referenced fraction of HBM blocks, 0..1, as vLLM reports
   it), ``vllm:num_requests_running`` (loading requests included), ``vllm:num_requests_waiting``;
 * histograms ``vllm:time_to_first_token_seconds`` (arrival to first token), ``vllm:request_queue_time_seconds``
@@ -89,6 +91,13 @@ class SimCollector(Collector):
         )
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens)
+        config = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["engine", "block_size", "num_gpu_blocks"],
+        )
+        config.add_metric([self._labels[1], str(core.block_tokens), str(core.pool.num_blocks)], 1.0)
+        yield config
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", core.pool.usage)
         yield self._gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", core.num_running

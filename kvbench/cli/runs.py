@@ -80,6 +80,13 @@ ENDPOINT_OPTIONS: dict[str, object] = {
     "turns": Annotated[int | None, typer.Option(help="Turns per conversation (sweep: rounds per session).")],
     "answer_tokens": Annotated[int | None, typer.Option(help="max_tokens of every answer.")],
     "trace": Annotated[Path | None, typer.Option(help="With --base-url: the trace file to replay.")],
+    "gpu_kv_tokens": Annotated[
+        int | None,
+        typer.Option(
+            help="The endpoint's GPU KV-cache capacity in tokens: sizes the filler traffic that evicts turn 1's KV "
+            "where the endpoint cannot reset its prefix cache (default: what its /metrics reports)."
+        ),
+    ],
 }
 """Each option's type and help; its flag is the field's name with dashes (``--answer-tokens``)."""
 

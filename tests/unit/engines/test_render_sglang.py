@@ -277,9 +277,11 @@ def scenario(between: str | None, *arms: tuple[str, Any]) -> dict[str, Any]:
 def test_scenario_with_sglang_arms() -> None:
     ok = parse_scenario(scenario("filler", ("off", "hbm"), ("cpu", "cpu"), ("disk", "disk")), "s.yaml")
     assert isinstance(ok.engine, SglangEngineConfig)
-    parse_scenario(scenario(None, ("off", "off"), ("hbm", "hbm")), "s.yaml")  # default reset: fine without tiers
+    parse_scenario(scenario("reset_prefix_cache", ("off", "off"), ("hbm", "hbm")), "s.yaml")  # fine without tiers
     with pytest.raises(ScenarioError, match=r"arm 'cpu'.*flush_cache.*'filler'"):
-        parse_scenario(scenario(None, ("off", "hbm"), ("cpu", "cpu")), "s.yaml")  # default mode: reset_prefix_cache
+        parse_scenario(scenario("reset_prefix_cache", ("off", "hbm"), ("cpu", "cpu")), "s.yaml")
+    # the default, auto, takes no reset from an arm with HiCache (its flush would empty the tier): filler instead
+    parse_scenario(scenario(None, ("off", "hbm"), ("cpu", "cpu")), "s.yaml")
     with pytest.raises(ScenarioError, match=r"arm 'disk'.*disable-radix-cache"):
         parse_scenario(scenario("disable_prefix_cache", ("disk", "disk")), "s.yaml")
     lmcache = {"name": "lm", "backend": "lmcache", "tiers": [{"kind": "cpu", "capacity_gb": 8}]}

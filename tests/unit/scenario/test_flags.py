@@ -47,7 +47,7 @@ def test_one_endpoint_is_one_arm_with_the_probe_defaults_and_the_discovered_mode
         defaults.turns,
         defaults.answer_tokens,
     )
-    assert workload.between_turns.mode == "reset_prefix_cache"
+    assert workload.between_turns.mode == "auto" and workload.between_turns.gpu_kv_tokens is None
 
 
 def test_arms_compare_endpoints_first_is_baseline_unless_named_and_profiles_are_declared() -> None:
@@ -79,6 +79,13 @@ def test_sweep_and_replay_flags(tmp_path: Path) -> None:
     assert isinstance(replay.workload, TraceReplay) and replay.workload.path == str(trace.resolve())
 
 
+def test_gpu_kv_tokens_sizes_the_auto_filler() -> None:
+    flags = EndpointFlags(base_url="http://127.0.0.1:8000/v1", gpu_kv_tokens=1_408_240)
+    workload = scenario_from_flags("probe", flags, discover=lambda url, key: "m").workload
+    assert isinstance(workload, MultiRoundQAProbe)
+    assert (workload.between_turns.mode, workload.between_turns.gpu_kv_tokens) == ("auto", 1_408_240)
+
+
 def test_several_endpoints_serving_different_models_need_model() -> None:
     models = iter(["a", "b"])
     with pytest.raises(ScenarioError, match=r"different models .* choose one with --model NAME"):
@@ -108,6 +115,8 @@ def test_several_endpoints_serving_different_models_need_model() -> None:
         ("replay", EndpointFlags(base_url="http://h", trace=Path("/nonexistent/t.jsonl")), r"no such file"),
         ("probe", EndpointFlags(base_url="http://h", api_key_env="sk-123"), r"give the NAME of an environment"),
         ("probe", EndpointFlags(base_url="http://h", tokenizer="/nonexistent/dir"), r"^--tokenizer .*no such file"),
+        ("probe", EndpointFlags(base_url="http://h", gpu_kv_tokens=0), r"^--gpu-kv-tokens: .*greater than or equal to"),
+        ("sweep", EndpointFlags(base_url="http://h", concurrency="1", gpu_kv_tokens=99), r"^--gpu-kv-tokens: kvbench"),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(kind: FlagKind, flags: EndpointFlags, message: str) -> None:
