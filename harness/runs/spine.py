@@ -47,7 +47,7 @@ import aiohttp
 from common.errors import EngineStartError, KvbenchError, RunDirError, RunInterrupted
 from common.schema import VersionedFile
 from harness.client.fleet import FleetClient
-from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.client.openai import ATTACHED_STALL_TIMEOUT_S, OpenAIClient, RequestOutcome
 from harness.client.router import routing_key
 from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.engines.base import LaunchContext, Mortal, PrefixCacheResetUnsupported, RunningEngine
@@ -97,6 +97,14 @@ class EngineGone(KvbenchError):
 
 """How long a TCP connect to an attached endpoint may take before it counts as up but slow (not down)."""
 """aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
+
+
+def stall_limit(configured: float | None, engine: RunningEngine) -> float | None:
+    """The scenario's stall limit; unset, an endpoint kvbench did not start (it cannot see it die) gets
+    :data:`~harness.client.openai.ATTACHED_STALL_TIMEOUT_S`."""
+    if configured is not None or isinstance(engine, Mortal):
+        return configured
+    return ATTACHED_STALL_TIMEOUT_S
 
 
 def record_from(
@@ -237,9 +245,10 @@ class ArmSession:
                     "arm %s: warm-up request %d failed (try %d of %d): %s: %s",
                     self.arm.name, index, attempt, WARMUP_ATTEMPTS, outcome.error_kind, outcome.error,
                 )  # fmt: skip
-                if attempt == WARMUP_ATTEMPTS:
+                if attempt == WARMUP_ATTEMPTS or outcome.permanent:  # a refused key or certificate stays refused
+                    tries = "another try cannot help" if outcome.permanent else f"{attempt} tries"
                     raise KvbenchError(
-                        f"arm {self.arm.name}: warm-up request failed {WARMUP_ATTEMPTS} times (last: "
+                        f"arm {self.arm.name}: warm-up request failed ({tries}; last: "
                         f"{outcome.error_kind}: {outcome.error}); engine log tail:\n"
                         + "\n".join(self.engine.log_tail(20))
                     )
@@ -445,8 +454,9 @@ class Runner(ABC, Generic[ResultT]):
                 async with OpenAIClient(
                     engine.endpoint,
                     timeout_s=self.request_timeout_s(),
-                    read_timeout_s=self.stall_timeout_s(),
+                    read_timeout_s=stall_limit(self.stall_timeout_s(), engine),
                     max_connections=self.connections(),
+                    on_note=self.progress.note,
                 ) as client:
                     yield ArmSession(self, arm, engine, client, writer, block=block, manifest=manifest)  # type: ignore[arg-type]
         finally:  # the engines have stopped: the KV they wrote is kvbench's own

@@ -31,7 +31,7 @@ from workloads.multi_user import MultiUserWorkload
 from .energy import energy_meter
 from .load import LoadPlan, RecordContext, run_load
 from .points import SESSIONS_PER_POINT, PointGridRunner, point_done, scrape_after
-from .spine import ArmSession
+from .spine import ArmSession, stall_limit
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class SweepRunner(PointGridRunner[SweepResult]):
                         session.engine.endpoint,
                         workers=spec.client_workers,
                         timeout_s=config.request_timeout_s,
-                        stall_timeout_s=config.stall_timeout_s,
+                        stall_timeout_s=stall_limit(config.stall_timeout_s, session.engine),
                         max_connections=self.connections(),
                     )
                 )
