@@ -415,7 +415,7 @@ class OpenAIClient:
             quiet = now - self._last_wait_note >= WAITING_NOTE_S  # other requests may have said it already
             if state.last_byte_ns is None and self._on_note is not None and quiet:
                 self._last_wait_note = now
-                self._on_note(f"waiting for first token from {redact_text(url)} for {waited:.0f} s")
+                self._on_note(f"waiting for first token from {redact_text(url)} for {waited:g} s")
 
     async def _send(
         self,

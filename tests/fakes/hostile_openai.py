@@ -2,7 +2,8 @@
 
 Each :class:`Hostile` field turns on one misbehaviour a tester met on attached endpoints:
 
-* ``redirect_to``: streamed requests answer 307 to this base URL (another server's, or a path here);
+* ``redirect_to``: streamed requests answer 307 to this root + their path (another server's root, or this
+  server's ``/moved``, under which the same routes answer without redirecting);
 * ``tokenize_tokens``: ``POST /tokenize`` answers this many tokens whatever the text (too few: a liar);
 * ``detokenize_text``: ``POST /detokenize`` answers this text whatever the ids;
 * ``usage_prompt_tokens``: ``usage.prompt_tokens`` reported for every request;
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 MODEL = "hostile-model"
+MOVED = "/moved"
+"""Where a same-origin redirect (``redirect_to`` = this server's root + MOVED) lands."""
 
 
 @dataclass
@@ -43,6 +46,11 @@ class Hostile:
     """'METHOD path' of every request, in order."""
 
     base_url: str = ""
+    """``http://127.0.0.1:PORT/v1``, set when it serves."""
+
+    @property
+    def root(self) -> str:
+        return self.base_url.removesuffix("/v1")
 
 
 def _words(text: str) -> list[str]:
@@ -91,7 +99,7 @@ def _app(how: Hostile) -> web.Application:
         return web.json_response({"prompt": " ".join(words[i] for i in body["tokens"])})
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        if how.redirect_to is not None:
+        if how.redirect_to is not None and not request.path.startswith(MOVED):
             raise web.HTTPTemporaryRedirect(how.redirect_to.rstrip("/") + request.path)
         body = await request.json()
         chat = request.path.endswith("/chat/completions")
@@ -104,7 +112,10 @@ def _app(how: Hostile) -> web.Application:
         index = 0
         while how.endless or index < answer:
             choice = {"delta": {"content": f" w{index}"}} if chat else {"text": f" w{index}"}
-            await response.write(f"data: {json.dumps({'choices': [{'index': 0, **choice}]})}\n\n".encode())
+            try:
+                await response.write(f"data: {json.dumps({'choices': [{'index': 0, **choice}]})}\n\n".encode())
+            except ConnectionResetError:  # the client stopped reading (an endless stream cut off)
+                return response
             index += 1
             await asyncio.sleep(0.001 if how.endless else 0)
         prompt_tokens = how.usage_prompt_tokens if how.usage_prompt_tokens is not None else len(_words(prompt))
@@ -114,6 +125,7 @@ def _app(how: Hostile) -> web.Application:
 
     app = web.Application(middlewares=[record])
     app.router.add_post("/v1/chat/completions", stream)
+    app.router.add_post(MOVED + "/v1/chat/completions", stream)
     if not how.chat_only:
         app.router.add_get("/health", health)
         app.router.add_get("/v1/models", models)
