@@ -87,9 +87,10 @@ SNIPPET_CHARS = 300
 _SNIPPET_READ_BYTES = 4096
 DRAIN_TIMEOUT_S = 1.0
 """How long to wait for the end of the body after ``data: [DONE]``."""
-ATTACHED_STALL_TIMEOUT_S = 120.0
+ATTACHED_STALL_TIMEOUT_S = 300.0
 """Default silence limit (s) between two reads from an endpoint kvbench attached to (``workload.stall_timeout_s``
-unset): long enough for a 128k-token prefill on a loaded server, short enough that a dead one is seen."""
+unset): servers send nothing until the prefill ends, so it leaves minutes for a long context on a loaded
+server, and still sees a dead one well before the 600 s request limit (three warm-up tries: 30 minutes)."""
 WAITING_NOTE_S = 30.0
 """Seconds between "waiting for first token" notes."""
 RUNAWAY_SLACK_FRAMES = 64

@@ -6,7 +6,8 @@ endpoint's (and send it the API key), so every session :func:`harness.client.con
 opens refuses such a redirect before it is followed: the request fails with
 :class:`CrossOriginRedirect`, whose one-line message names both URLs. A redirect within the origin
 (``/v1/models`` -> ``/v1/models/``) is followed, as aiohttp does by default, and kept in
-:data:`SEEN` (from URL -> to URL, each pair once) so a run can name the URLs it really measured.
+:data:`SEEN` (from URL -> to URL, each pair once) so a run can name the URLs it really measured: the
+manifest's ``engines.ARM.details.redirected`` (:func:`followed_under`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ async def _on_redirect(
     if source not in SEEN:
         SEEN[source] = str(target)
         log.warning("%s redirected (HTTP %d) to %s (same origin): followed", source, response.status, target)
+
+
+def followed_under(root: str) -> str | None:
+    """The same-origin redirects followed from URLs under ``root``, as "FROM -> TO; ..." (None: none)."""
+    pairs = [f"{source} -> {target}" for source, target in SEEN.items() if source.startswith(root.rstrip("/"))]
+    return "; ".join(pairs) or None
 
 
 def redirect_trace() -> aiohttp.TraceConfig:

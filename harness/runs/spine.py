@@ -48,6 +48,7 @@ from common.errors import EngineStartError, KvbenchError, RunDirError, RunInterr
 from common.schema import VersionedFile
 from harness.client.fleet import FleetClient
 from harness.client.openai import ATTACHED_STALL_TIMEOUT_S, OpenAIClient, RequestOutcome
+from harness.client.redirects import followed_under
 from harness.client.router import routing_key
 from harness.client.scrape import counter_totals, parse_metrics, restarted
 from harness.engines.base import LaunchContext, Mortal, PrefixCacheResetUnsupported, RunningEngine
@@ -97,6 +98,10 @@ class EngineGone(KvbenchError):
 
 """How long a TCP connect to an attached endpoint may take before it counts as up but slow (not down)."""
 """aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
+
+
+REDIRECTED_DETAIL = "redirected"
+"""The manifest's ``engines.ARM.details`` key naming the same-origin redirects the arm's requests followed."""
 
 
 def stall_limit(configured: float | None, engine: RunningEngine) -> float | None:
@@ -458,7 +463,12 @@ class Runner(ABC, Generic[ResultT]):
                     max_connections=self.connections(),
                     on_note=self.progress.note,
                 ) as client:
-                    yield ArmSession(self, arm, engine, client, writer, block=block, manifest=manifest)  # type: ignore[arg-type]
+                    try:
+                        yield ArmSession(self, arm, engine, client, writer, block=block, manifest=manifest)  # type: ignore[arg-type]
+                    finally:  # the URLs measured, where the endpoint redirected within its origin
+                        followed = followed_under(engine.endpoint.base_url)
+                        if followed is not None:
+                            manifest.note_engine(arm.name, REDIRECTED_DETAIL, followed)
         finally:  # the engines have stopped: the KV they wrote is kvbench's own
             remove_session_dirs(arm.profile, session)
 

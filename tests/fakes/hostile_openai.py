@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -136,18 +137,19 @@ def _app(how: Hostile) -> web.Application:
 
 
 @contextmanager
-def hostile_openai(how: Hostile) -> Iterator[Hostile]:
-    """Serve ``how`` on 127.0.0.1 (a free port) in a daemon thread for the block; sets ``how.base_url``."""
+def hostile_openai(how: Hostile, tls: ssl.SSLContext | None = None) -> Iterator[Hostile]:
+    """Serve ``how`` on 127.0.0.1 (a free port; https with ``tls``) in a daemon thread for the block; sets
+    ``how.base_url``."""
     loop = asyncio.new_event_loop()
     started = threading.Event()
     runner = web.AppRunner(_app(how), handle_signals=False)
 
     async def start() -> None:
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
         await site.start()
         port = runner.addresses[0][1]
-        how.base_url = f"http://127.0.0.1:{port}/v1"
+        how.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/v1"
         started.set()
 
     thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.hostile_openai import MODEL, Hostile, hostile_openai
+from tests.fakes.hostile_openai import MODEL, MOVED, Hostile, hostile_openai
 from tests.support import kvbench
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,9 @@ def test_a_redirect_to_another_host_stops_the_run_naming_both(tmp_path: Path) ->
 
 
 def test_a_chat_only_endpoint_is_measured_when_the_model_is_given(tmp_path: Path) -> None:
+    """Behind a redirect within its origin, which the manifest names."""
     with hostile_openai(Hostile(chat_only=True)) as endpoint:
+        endpoint.redirect_to = endpoint.root + MOVED
         flags = ("--base-url", endpoint.base_url, "--model", MODEL, "-o", str(tmp_path / "runs"), *SMALL)
         done = kvbench("run", *flags, cwd=tmp_path)
     output = done.stdout + done.stderr
@@ -79,3 +81,6 @@ def test_a_chat_only_endpoint_is_measured_when_the_model_is_given(tmp_path: Path
     summary = json.loads((run_dir / "summary.json").read_text())
     assert {cell["context_tokens"] for cell in summary["cells"]} == {100}
     assert all(cell["ttft"]["median_ms"] is not None for cell in summary["cells"])
+    details = json.loads((run_dir / "manifest.json").read_text())["engines"]["endpoint"]["details"]
+    assert details["redirected"] == f"{endpoint.root}/v1/chat/completions -> {endpoint.root}{MOVED}/v1/chat/completions"
+    assert endpoint.seen.count(f"POST {MOVED}/v1/chat/completions") == endpoint.seen.count("POST /v1/chat/completions")

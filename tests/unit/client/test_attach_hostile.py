@@ -16,6 +16,9 @@ servers on 127.0.0.1 started here):
 from __future__ import annotations
 
 import random
+import shutil
+import ssl
+import subprocess
 import time
 from pathlib import Path
 
@@ -145,6 +148,29 @@ async def test_attaching_with_refused_credentials_fails_at_once(tmp_path: Path) 
         assert time.monotonic() - started < 5  # not the 30 s startup wait
         assert endpoint.seen == ["GET /health"]
     assert "\n" not in str(error.value)
+
+
+def self_signed(tmp_path: Path) -> ssl.SSLContext:
+    """A server context with a certificate no client trusts (made by ``openssl``)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+    subprocess.run([*argv, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+async def test_a_rejected_certificate_is_not_retried(tmp_path: Path) -> None:
+    with hostile_openai(Hostile(), tls=self_signed(tmp_path)) as endpoint:
+        outcome = await chat(endpoint)
+        started = time.monotonic()
+        with pytest.raises(EngineStartError, match=r"TLS failed .*not retried: fix the certificate") as error:
+            async with attach(endpoint, tmp_path):
+                pass
+        assert time.monotonic() - started < 5  # not the 30 s startup wait
+    assert outcome.error_kind == "connection" and outcome.permanent
+    assert "Certificate" in (outcome.error or "") and "\n" not in str(error.value)
 
 
 async def test_a_chat_only_server_attaches_and_is_measured(tmp_path: Path) -> None:
