@@ -37,7 +37,8 @@ Timing rules (all from :func:`time.monotonic_ns`):
 * An attached endpoint (one kvbench did not start, so it cannot see it die) gets a stall limit of
   :data:`ATTACHED_STALL_TIMEOUT_S` unless the scenario sets one; while a request waits for its first
   byte, ``on_note`` hears "waiting for first token from URL for N s" every :data:`WAITING_NOTE_S`
-  (at most one such note per interval per client, however many requests wait).
+  (at most one such note per interval per client, however many requests wait). Bytes that trickle in
+  without completing an event (keep-alive comments, a byte at a time) count as silence for the stall limit.
 * A stream is read for at most ``2 * max_tokens +`` :data:`RUNAWAY_SLACK_FRAMES` chunk events: a
   server that streams on past what was asked for is cut off as ``malformed_frame`` (an endless
   stream would otherwise be read until the total limit).
@@ -447,7 +448,8 @@ class OpenAIClient:
                     snippet = await _read_snippet(response)
                     state.last_byte_ns = time.monotonic_ns()
                     return state.outcome("malformed_frame", f"expected an event stream, got JSON: {snippet}")
-                outcome = self._check_usage(await _consume(response, state, frame_limit), base)
+                stall = self._timeout.sock_read
+                outcome = self._check_usage(await _consume(response, state, frame_limit, stall), base)
                 if self._capture_header is None:
                     return outcome
                 return dataclasses.replace(outcome, served_by=response.headers.get(self._capture_header))
@@ -565,15 +567,29 @@ def _invalid_utf8_message(parser: SSEParser) -> str:
     return f"invalid UTF-8 in the event stream ({parser.invalid_utf8[0]})"
 
 
-async def _consume(response: aiohttp.ClientResponse, state: _Stream, frame_limit: int | None) -> RequestOutcome:
-    """Read the event stream to its end, timestamping each read on arrival; at most ``frame_limit`` chunk events."""
+async def _consume(
+    response: aiohttp.ClientResponse, state: _Stream, frame_limit: int | None, stall_s: float | None
+) -> RequestOutcome:
+    """Read the event stream to its end, timestamping each read on arrival; at most ``frame_limit`` chunk events.
+
+    With ``stall_s``, bytes that keep trickling in (comments, a byte at a time) without completing a chunk event
+    for longer than it are a stall too: aiohttp's read timeout only sees silence.
+    """
     parser = SSEParser()
     api = state.api
     frames = 0
+    last_event_ns = state.started_ns
     async for chunk in response.content.iter_any():
         arrived_ns = time.monotonic_ns()
         state.last_byte_ns = arrived_ns
         events = parser.feed(chunk)
+        if any(is_chunk_event(event) for event in events):
+            last_event_ns = arrived_ns
+        elif stall_s is not None and arrived_ns - last_event_ns > stall_s * 1e9:
+            return state.outcome(
+                "timeout",
+                f"bytes trickled in but no event for longer than stall_timeout_s={stall_s:g}: the endpoint stalled",
+            )
         if parser.invalid_utf8:
             return state.outcome("malformed_frame", _invalid_utf8_message(parser))
         for event in events:

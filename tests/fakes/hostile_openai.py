@@ -8,6 +8,7 @@ Each :class:`Hostile` field turns on one misbehaviour a tester met on attached e
 * ``detokenize_text``: ``POST /detokenize`` answers this text whatever the ids;
 * ``usage_prompt_tokens``: ``usage.prompt_tokens`` reported for every request;
 * ``stall_s``: seconds of silence after the response head, before the first chunk;
+* ``trickle_s``: after the response head, one byte of an SSE comment every this many seconds, forever;
 * ``endless``: the stream never ends (a chunk every few milliseconds, no ``[DONE]``);
 * ``status``: every request (``/health`` and ``/v1/models`` too) answers this HTTP status;
 * ``chat_only``: no ``/health``, ``/v1/models``, ``/tokenize`` or ``/v1/completions``: only chat.
@@ -40,6 +41,7 @@ class Hostile:
     detokenize_text: str | None = None
     usage_prompt_tokens: int | None = None
     stall_s: float = 0.0
+    trickle_s: float | None = None
     endless: bool = False
     status: int | None = None
     chat_only: bool = False
@@ -109,6 +111,12 @@ def _app(how: Hostile) -> web.Application:
         await response.prepare(request)
         if how.stall_s:
             await asyncio.sleep(how.stall_s)
+        while how.trickle_s is not None:
+            try:
+                await response.write(b":")
+            except ConnectionResetError:
+                return response
+            await asyncio.sleep(how.trickle_s)
         answer = int(body.get("max_tokens", 4))
         index = 0
         while how.endless or index < answer:

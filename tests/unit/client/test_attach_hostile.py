@@ -97,6 +97,15 @@ async def test_a_stall_fails_naming_it_and_a_wait_is_noted(monkeypatch: pytest.M
     assert notes and notes[0] == f"waiting for first token from {endpoint.base_url}/chat/completions for 0.3 s"
 
 
+async def test_bytes_that_trickle_in_without_an_event_are_a_stall() -> None:
+    with hostile_openai(Hostile(trickle_s=0.1)) as endpoint:
+        started = time.monotonic()
+        outcome = await chat(endpoint, read_timeout_s=1.0)
+    assert time.monotonic() - started < 4  # the stall limit, not the 10 s total
+    assert outcome.error_kind == "timeout"
+    assert outcome.error == "bytes trickled in but no event for longer than stall_timeout_s=1: the endpoint stalled"
+
+
 def test_an_attached_endpoint_gets_a_default_stall_limit_and_a_started_one_does_not() -> None:
     class Attached:
         pass
