@@ -47,11 +47,11 @@ import aiohttp
 from common.errors import EngineStartError, KvbenchError, RunDirError, RunInterrupted
 from common.schema import VersionedFile
 from harness.client.fleet import FleetClient
-from harness.client.openai import ATTACHED_STALL_TIMEOUT_S, OpenAIClient, RequestOutcome
+from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.client.redirects import followed_under
 from harness.client.router import routing_key
 from harness.client.scrape import counter_totals, parse_metrics, restarted
-from harness.engines.base import LaunchContext, Mortal, PrefixCacheResetUnsupported, RunningEngine
+from harness.engines.base import LaunchContext, Mortal, PrefixCacheResetUnsupported, RunningEngine, stall_limit
 from harness.engines.common import remove_session_dirs
 from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.host_link import probe_host_link
@@ -102,14 +102,6 @@ class EngineGone(KvbenchError):
 
 REDIRECTED_DETAIL = "redirected"
 """The manifest's ``engines.ARM.details`` key naming the same-origin redirects the arm's requests followed."""
-
-
-def stall_limit(configured: float | None, engine: RunningEngine) -> float | None:
-    """The scenario's stall limit; unset, an endpoint kvbench did not start (it cannot see it die) gets
-    :data:`~harness.client.openai.ATTACHED_STALL_TIMEOUT_S`."""
-    if configured is not None or isinstance(engine, Mortal):
-        return configured
-    return ATTACHED_STALL_TIMEOUT_S
 
 
 def record_from(

@@ -21,6 +21,7 @@ import time
 
 from common.errors import KvbenchError
 from harness.client.pool import ProcessClientPool, StreamingClient
+from harness.engines.base import stall_limit
 from harness.results.sweep import summarize_sweep
 from harness.results.sweep_result import SweepResult
 from harness.scenario.spec import SweepSpec
@@ -31,7 +32,7 @@ from workloads.multi_user import MultiUserWorkload
 from .energy import energy_meter
 from .load import LoadPlan, RecordContext, run_load
 from .points import SESSIONS_PER_POINT, PointGridRunner, point_done, scrape_after
-from .spine import ArmSession, stall_limit
+from .spine import ArmSession
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,10 @@ from harness.client.connections import new_session
 from harness.client.endpoint import Endpoint
 from harness.client.openai import ATTACHED_STALL_TIMEOUT_S, OpenAIClient, RequestOutcome
 from harness.client.redirects import SEEN
-from harness.engines.base import LaunchContext
+from harness.engines.base import LaunchContext, stall_limit
 from harness.engines.common import ServerTokenizer
 from harness.engines.configs import OpenAIEngineConfig
 from harness.engines.openai import OpenAIEngine, refuse_query_or_fragment, shared_url_note
-from harness.runs.spine import stall_limit
 from offload.profiles import BUILTIN_PROFILES
 from tests.fakes.hostile_openai import MODEL, MOVED, Hostile, hostile_openai
 from workloads.text import GROW_STEPS, TRIM_STEPS, TokenFitError, fit_to_tokens
