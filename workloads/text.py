@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from common.errors import KvbenchError
 
@@ -109,8 +110,18 @@ TRIM_STEPS = 8
 """Decode-and-recount tries to land on the exact count."""
 
 
+@runtime_checkable
+class Located(Protocol):
+    """A tokenizer served from somewhere (an endpoint's ``/tokenize``): errors name where."""
+
+    @property
+    def location(self) -> str: ...
+
+
 def tokenizer_name(tokenizer: Tokenizer) -> str:
-    return tokenizer.description if isinstance(tokenizer, DescribedTokenizer) else type(tokenizer).__name__
+    """What it is (its description, else its type) and, when served from somewhere, where."""
+    name = tokenizer.description if isinstance(tokenizer, DescribedTokenizer) else type(tokenizer).__name__
+    return f"{name} at {tokenizer.location}" if isinstance(tokenizer, Located) and tokenizer.location else name
 
 
 async def _yield() -> None:

@@ -61,10 +61,12 @@ class LabeledTokenizer:
     """A tokenizer with what it is and whether its counts are the engine's (a
     :class:`~workloads.tokenizer.DescribedTokenizer`)."""
 
-    def __init__(self, inner: Tokenizer, description: str, *, exact: bool) -> None:
+    def __init__(self, inner: Tokenizer, description: str, *, exact: bool, location: str = "") -> None:
         self._inner = inner
         self.description = description
         self.exact = exact
+        self.location = location
+        """The URL it is served from (empty for a local one): prompt-building errors name it."""
 
     async def encode(self, text: str) -> list[int]:
         return await self._inner.encode(text)
@@ -121,7 +123,10 @@ async def endpoint_tokenizer(
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if isinstance(tokens, list) and tokens and all(isinstance(token, int) for token in tokens):
             return LabeledTokenizer(
-                ServerTokenizer(session, base_url, model), "the server's POST /tokenize", exact=True
+                ServerTokenizer(session, base_url, model),
+                "the server's POST /tokenize",
+                exact=True,
+                location=redact_text(base_url + "/tokenize"),
             )
     elif status:
         why = f"HTTP {status}"

@@ -34,7 +34,7 @@ from harness.client.redirects import SEEN
 from harness.engines.base import LaunchContext, stall_limit
 from harness.engines.common import ServerTokenizer
 from harness.engines.configs import OpenAIEngineConfig
-from harness.engines.openai import OpenAIEngine, refuse_query_or_fragment, shared_url_note
+from harness.engines.openai import OpenAIEngine, endpoint_tokenizer, refuse_query_or_fragment, shared_url_note
 from offload.profiles import BUILTIN_PROFILES
 from tests.fakes.hostile_openai import MODEL, MOVED, Hostile, hostile_openai
 from workloads.text import GROW_STEPS, TRIM_STEPS, TokenFitError, fit_to_tokens
@@ -194,13 +194,14 @@ async def test_a_chat_only_server_attaches_and_is_measured(tmp_path: Path) -> No
 async def test_a_tokenize_that_answers_too_few_tokens_ends_in_bounded_calls() -> None:
     with hostile_openai(Hostile(tokenize_tokens=3)) as endpoint:
         async with new_session(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            tokenizer = ServerTokenizer(session, endpoint.root, MODEL)
+            tokenizer = await endpoint_tokenizer(session, endpoint.root, MODEL, None)
             with pytest.raises(TokenFitError) as error:
                 await fit_to_tokens(tokenizer, "Header. ", random.Random(1), 200)
         calls = endpoint.seen.count("POST /tokenize")
-    assert calls == GROW_STEPS + 1
+    assert calls == GROW_STEPS + 2  # the attach-time probe, the first count, each growth
     message = str(error.value)
-    assert "answered 3 tokens for" in message and "a prompt of 200 tokens cannot be built" in message
+    assert message.startswith(f"the server's POST /tokenize at {endpoint.root}/tokenize answered 3 tokens for")
+    assert "a prompt of 200 tokens cannot be built" in message
     assert isinstance(error.value, KvbenchError) and "\n" not in message
 
 
