@@ -11,7 +11,13 @@ A server without ``POST /tokenize`` (any other OpenAI-compatible server) is aske
 then prompts are built with a local tokenizer: ``engine.vocab`` (the served model's
 ``tokenizer.json``) or kvbench's own :class:`~workloads.tokenizer.WordTokenizer`. The manifest names
 the tokenizer (``engines.ARM.details.prompts_built_with``), and the server's ``usage.prompt_tokens`` gives each
-prompt's true length. :func:`discover_model` reads ``GET /v1/models`` for a run that names no model.
+prompt's true length. :func:`discover_model` reads ``GET /v1/models`` for a run that names no model;
+:func:`confirm_endpoint` asks it once for a run that names one, so an unreachable endpoint or refused
+credentials are the same one-line configuration error (exit 2, no run directory) with or without ``--model``.
+
+What another try cannot change is never retried: 401/403 and a rejected certificate or a redirect to another
+origin (:func:`permanent_failure`) end the attach at once. A server that answers 404/405 on both ``/health``
+and ``/v1/models`` is up (a chat-only server); its measured requests say the rest.
 """
 
 from __future__ import annotations
