@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
-from .tokenizer import Tokenizer
+from common.errors import KvbenchError
+
+from .tokenizer import DescribedTokenizer, Tokenizer
 
 WORDS: tuple[str, ...] = tuple(
     """
@@ -96,8 +99,29 @@ def paragraph_text(rng: random.Random, approx_words: int) -> str:
     return " ".join(parts)
 
 
-class TokenFitError(RuntimeError):
-    """The tokenizer never produced the requested count (a tokenizer that is not prefix-stable)."""
+class TokenFitError(KvbenchError, RuntimeError):
+    """The tokenizer never produced the requested count (one that is not prefix-stable, or that lies); the
+    message names the tokenizer and what it answered, in one line."""
+
+
+GROW_STEPS = 8
+"""Times the text is grown (at least doubled) to reach the count: 256x the first guess, far past any real tokenizer."""
+TRIM_STEPS = 8
+"""Decode-and-recount tries to land on the exact count."""
+
+
+@runtime_checkable
+class Located(Protocol):
+    """A tokenizer served from somewhere (an endpoint's ``/tokenize``): errors name where."""
+
+    @property
+    def location(self) -> str: ...
+
+
+def tokenizer_name(tokenizer: Tokenizer) -> str:
+    """What it is (its description, else its type) and, when served from somewhere, where."""
+    name = tokenizer.description if isinstance(tokenizer, DescribedTokenizer) else type(tokenizer).__name__
+    return f"{name} at {tokenizer.location}" if isinstance(tokenizer, Located) and tokenizer.location else name
 
 
 async def _yield() -> None:
@@ -112,18 +136,31 @@ async def fit_to_tokens(tokenizer: Tokenizer, header: str, rng: random.Random, t
 
     Generates a little more prose than needed, encodes it, cuts the ids to length, decodes and
     re-encodes to confirm; a cut in the middle of a merge can shift the count by one or two, so a
-    few tokens are trimmed or added until the count is exact.
+    few tokens are trimmed or added until the count is exact. Both steps are bounded
+    (:data:`GROW_STEPS`, :data:`TRIM_STEPS`): a tokenizer that answers too few tokens, or whose decode
+    does not round-trip, is a :class:`TokenFitError` naming it and its answers, never an endless loop.
     """
-    text = header + paragraph_text(rng, max(8, int(tokens * 1.2) + 16))
+    words = max(8, int(tokens * 1.2) + 16)
+    text = header + paragraph_text(rng, words)
     await _yield()
     ids = await tokenizer.encode(text)
     await _yield()
-    while len(ids) < tokens:
-        text += " " + paragraph_text(rng, tokens - len(ids) + 16)
+    for _ in range(GROW_STEPS):
+        if len(ids) >= tokens:
+            break
+        more = max(tokens - len(ids) + 16, words)  # at least doubles: a short answer cannot keep it looping
+        text += " " + paragraph_text(rng, more)
+        words += more
         ids = await tokenizer.encode(text)
         await _yield()
+    if len(ids) < tokens:
+        raise TokenFitError(
+            f"{tokenizer_name(tokenizer)} answered {len(ids)} tokens for {len(text)} characters of text "
+            f"({words} words) after {GROW_STEPS} tries; a prompt of {tokens} tokens cannot be built from its counts"
+        )
     target = tokens
-    for _ in range(8):
+    count = len(ids)
+    for _ in range(TRIM_STEPS):
         candidate = await tokenizer.decode(ids[:target])
         count = len(await tokenizer.encode(candidate))
         await _yield()
@@ -132,7 +169,10 @@ async def fit_to_tokens(tokenizer: Tokenizer, header: str, rng: random.Random, t
         target += tokens - count
         if target <= 0 or target > len(ids):
             break
-    raise TokenFitError(f"could not build a prompt of exactly {tokens} tokens (last try gave {count})")
+    raise TokenFitError(
+        f"{tokenizer_name(tokenizer)}: could not build a prompt of exactly {tokens} tokens: decoding ids and "
+        f"encoding the text again gave {count} tokens (its decode and encode do not agree)"
+    )
 
 
 def join_nonempty(parts: Sequence[str], separator: str = "\n\n") -> str:

@@ -41,6 +41,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
+from .redirects import redirect_trace
+
 log = logging.getLogger(__name__)
 
 KEEPALIVE_TIMEOUT_S = 3.0
@@ -61,9 +63,16 @@ def new_session(
     headers: Mapping[str, str] | None = None,
     limit: int = 100,
 ) -> aiohttp.ClientSession:
-    """A pooled session (at most ``limit`` connections) that never reuses a connection idle > 3 s."""
+    """A pooled session (at most ``limit`` connections) that never reuses a connection idle > 3 s, and
+    never follows a redirect to another origin (:mod:`harness.client.redirects`)."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=KEEPALIVE_TIMEOUT_S)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers, raise_for_status=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        headers=headers,
+        raise_for_status=False,
+        trace_configs=[redirect_trace()],
+    )
 
 
 def is_stale_connection(error: BaseException) -> bool:
@@ -112,6 +121,7 @@ async def idempotent_request(
         timeout=session.timeout,
         auth=session.auth,
         raise_for_status=False,
+        trace_configs=[redirect_trace()],
     )
     async with fresh, fresh.request(method, url, json=json) as response:
         yield response

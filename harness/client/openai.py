@@ -34,6 +34,23 @@ Timing rules (all from :func:`time.monotonic_ns`):
 * Two time limits, both named in a ``timeout`` error: ``timeout_s`` bounds the whole request and
   ``read_timeout_s`` (the scenario's ``workload.stall_timeout_s``) bounds the silence between two
   reads, so a connection that goes quiet fails after the stall limit, not after the total one.
+* An attached endpoint (one kvbench did not start, so it cannot see it die) gets a stall limit of
+  :data:`ATTACHED_STALL_TIMEOUT_S` unless the scenario sets one; while a request waits for its first
+  byte, ``on_note`` hears "waiting for first token from URL for N s" every :data:`WAITING_NOTE_S`
+  (at most one such note per interval per client, however many requests wait). Bytes that trickle in
+  without completing an event (keep-alive comments, a byte at a time) count as silence for the stall limit.
+* A stream is read for at most ``2 * max_tokens +`` :data:`RUNAWAY_SLACK_FRAMES` chunk events: a
+  server that streams on past what was asked for is cut off as ``malformed_frame`` (an endless
+  stream would otherwise be read until the total limit).
+* ``usage.prompt_tokens`` is set beside the prompt's size in UTF-8 bytes, ``B`` (token ids: their
+  number), plus :data:`TEMPLATE_SLACK_TOKENS` per message for a chat template: no tokenizer gives more
+  tokens than bytes. Above ``B + slack`` it is noted once per client (with the figures); above
+  :data:`USAGE_REFUSE_FACTOR` times that plus :data:`USAGE_REFUSE_SLACK_TOKENS` it is refused: the
+  request becomes a ``malformed_frame`` error, since a count no tokenizer can give is not this prompt's
+  and would corrupt every prompt-length figure of the run (the timings of such a request are not
+  trusted either). A refused count stays refused: the warm-up does not retry it.
+* Redirects to another origin are refused (:mod:`harness.client.redirects`); 401, 403 and
+  certificate failures come back with :attr:`RequestOutcome.permanent` set: sending again cannot help.
 * E2E is the arrival of the last byte of the event stream: the read that completed
   ``data: [DONE]`` (what follows it, the end of the chunked body, is read so the connection can be
   reused, but not timed). On failures it is the last byte received, or the moment the failure was
@@ -43,10 +60,11 @@ Timing rules (all from :func:`time.monotonic_ns`):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
@@ -58,6 +76,7 @@ from common.redact import redact_text
 from .connections import idempotent_request, new_session
 from .endpoint import Endpoint
 from .errors import ErrorKind
+from .redirects import CrossOriginRedirect
 from .router import current_routing_key
 from .sse import Api, Frame, FrameKind, SSEParser, Usage, interpret_chunk, is_chunk_event
 
@@ -69,6 +88,22 @@ SNIPPET_CHARS = 300
 _SNIPPET_READ_BYTES = 4096
 DRAIN_TIMEOUT_S = 1.0
 """How long to wait for the end of the body after ``data: [DONE]``."""
+ATTACHED_STALL_TIMEOUT_S = 300.0
+"""Default silence limit (s) between two reads from an endpoint kvbench attached to (``workload.stall_timeout_s``
+unset): servers send nothing until the prefill ends, so it leaves minutes for a long context on a loaded
+server, and still sees a dead one well before the 600 s request limit (three warm-up tries: 30 minutes)."""
+WAITING_NOTE_S = 30.0
+"""Seconds between "waiting for first token" notes."""
+RUNAWAY_SLACK_FRAMES = 64
+"""Chunk events allowed beyond ``2 * max_tokens`` (role, finish, usage and keep-alive chunks)."""
+TEMPLATE_SLACK_TOKENS = 64
+"""Tokens a chat template may add per message (and a completion's BOS) on top of the prompt's bytes."""
+USAGE_REFUSE_FACTOR = 4
+USAGE_REFUSE_SLACK_TOKENS = 8192
+"""``usage.prompt_tokens`` above ``USAGE_REFUSE_FACTOR * (bytes + slack) + USAGE_REFUSE_SLACK_TOKENS`` fails the
+request; the constant term leaves room for a system prompt a gateway adds unseen to every request."""
+PERMANENT_STATUSES = frozenset({401, 403, 407})
+"""Refused credentials: another try sends the same ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +139,9 @@ class RequestOutcome:
     """Fleets: served by another replica than the conversation's previous request (None: its first)."""
     served_by: str | None = None
     """The response header the client was asked to capture (an external router's serving replica)."""
+    permanent: bool = False
+    """A failure another try would meet again (credentials refused, certificate rejected, redirected to
+    another origin): not retried. Not stored in records."""
 
     @property
     def ok(self) -> bool:
@@ -173,7 +211,12 @@ class _Stream:
         return None
 
     def outcome(
-        self, error_kind: ErrorKind | None = None, error: str | None = None, *, failed_ns: int | None = None
+        self,
+        error_kind: ErrorKind | None = None,
+        error: str | None = None,
+        *,
+        failed_ns: int | None = None,
+        permanent: bool = False,
     ) -> RequestOutcome:
         end_ns = self.last_byte_ns if self.last_byte_ns is not None else failed_ns
         usage = self.usage or Usage()
@@ -194,7 +237,22 @@ class _Stream:
             error_kind=error_kind,
             error=None if error is None else _snippet(error, self.secrets),
             finish_reason=self.finish_reason,
+            permanent=permanent,
         )
+
+
+def prompt_size(base: Mapping[str, object]) -> tuple[int, int]:
+    """(UTF-8 bytes of the prompt, or its number of token ids; messages or prompts in it)."""
+    prompt = base.get("prompt")
+    if isinstance(prompt, list):
+        return len(prompt), 1
+    if isinstance(prompt, str):
+        return len(prompt.encode()), 1
+    messages = base.get("messages")
+    if not isinstance(messages, list):
+        return 0, 1
+    size = sum(len(json.dumps(message.get("content"), ensure_ascii=False).encode()) for message in messages)
+    return size, max(1, len(messages))
 
 
 class OpenAIClient:
@@ -216,6 +274,7 @@ class OpenAIClient:
         read_timeout_s: float | None = None,
         capture_header: str | None = None,
         session_header: str | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
@@ -232,6 +291,10 @@ class OpenAIClient:
         root = endpoint.base_url.rstrip("/")
         self._root = root.removesuffix("/v1")
         self._session: aiohttp.ClientSession | None = None
+        self._on_note = on_note
+        """Where notes for the user go (the run's progress): waiting for a first byte, a usage count off."""
+        self._last_wait_note = 0.0
+        self._usage_noted = False
 
     @property
     def endpoint(self) -> Endpoint:
@@ -334,24 +397,66 @@ class OpenAIClient:
         if self._session_header is not None and key is not None:
             headers[self._session_header] = key
         state = _Stream(api, time.monotonic_ns(), self.secrets)
-        phase: Literal["connect", "stream"] = "connect"
+        url = self.url(path)
+        waiting = asyncio.create_task(self._note_waiting(url, state)) if self._on_note is not None else None
         try:
-            async with session.post(self.url(path), json=body, headers=headers) as response:
+            return await self._send(session, url, body, headers, state, base)
+        finally:
+            if waiting is not None:
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+
+    async def _note_waiting(self, url: str, state: _Stream) -> None:
+        """Every WAITING_NOTE_S while no byte has arrived: say so (one note per interval per client)."""
+        waited = 0.0
+        while state.last_byte_ns is None:
+            await asyncio.sleep(WAITING_NOTE_S)
+            waited += WAITING_NOTE_S
+            now = time.monotonic()
+            quiet = now - self._last_wait_note >= WAITING_NOTE_S  # other requests may have said it already
+            if state.last_byte_ns is None and self._on_note is not None and quiet:
+                self._last_wait_note = now
+                self._on_note(f"waiting for first token from {redact_text(url)} for {waited:g} s")
+
+    async def _send(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        body: Mapping[str, object],
+        headers: Mapping[str, str],
+        state: _Stream,
+        base: Mapping[str, object],
+    ) -> RequestOutcome:
+        phase: Literal["connect", "stream"] = "connect"
+        max_tokens = body.get("max_tokens")
+        frame_limit = 2 * max_tokens + RUNAWAY_SLACK_FRAMES if isinstance(max_tokens, int) else None
+        try:
+            async with session.post(url, json=body, headers=headers) as response:
                 phase = "stream"
                 state.http_status = response.status
-                if response.status >= 400:
+                if response.status >= 300:  # 3xx: a redirect aiohttp did not follow (too many, or no Location)
                     snippet = await _read_snippet(response)
                     state.last_byte_ns = time.monotonic_ns()
                     reason = response.reason or ""
-                    return state.outcome("http_status", f"HTTP {response.status} {reason}: {snippet}")
+                    return state.outcome(
+                        "http_status",
+                        f"HTTP {response.status} {reason}: {snippet}",
+                        permanent=response.status in PERMANENT_STATUSES,
+                    )
                 if response.content_type == "application/json":
                     snippet = await _read_snippet(response)
                     state.last_byte_ns = time.monotonic_ns()
                     return state.outcome("malformed_frame", f"expected an event stream, got JSON: {snippet}")
-                outcome = await _consume(response, state)
+                stall = self._timeout.sock_read
+                outcome = self._check_usage(await _consume(response, state, frame_limit, stall), base)
                 if self._capture_header is None:
                     return outcome
                 return dataclasses.replace(outcome, served_by=response.headers.get(self._capture_header))
+        except CrossOriginRedirect as exc:
+            return state.outcome("http_status", str(exc), failed_ns=time.monotonic_ns(), permanent=True)
+        except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as exc:
+            return state.outcome("connection", _describe(exc), failed_ns=time.monotonic_ns(), permanent=True)
         except aiohttp.ConnectionTimeoutError as exc:
             return state.outcome("connection", _describe(exc), failed_ns=time.monotonic_ns())
         except TimeoutError as exc:  # total timeout, or silence longer than read_timeout_s
@@ -365,13 +470,42 @@ class OpenAIClient:
             kind = "connection" if phase == "connect" else "stream_dropped"
             return state.outcome(kind, _describe(exc), failed_ns=time.monotonic_ns())
 
+    def _check_usage(self, outcome: RequestOutcome, base: Mapping[str, object]) -> RequestOutcome:
+        """Note once, or refuse, a ``usage.prompt_tokens`` more than the prompt's bytes could give."""
+        counted = outcome.prompt_tokens
+        if counted is None or not outcome.ok:
+            return outcome
+        size, parts = prompt_size(base)
+        most = size + TEMPLATE_SLACK_TOKENS * parts
+        if counted <= most:
+            return outcome
+        figures = (
+            f"usage.prompt_tokens={counted} for a prompt of {size} "
+            f"{'token ids' if isinstance(base.get('prompt'), list) else 'bytes'} (at most {most} tokens, "
+            "a chat template's included)"
+        )
+        if counted > USAGE_REFUSE_FACTOR * most + USAGE_REFUSE_SLACK_TOKENS:
+            return dataclasses.replace(
+                outcome,
+                error_kind="malformed_frame",
+                error=_snippet(f"{figures}: refused, the count is not this prompt's", self.secrets),
+                permanent=True,  # the server counts the same way on every try
+            )
+        if not self._usage_noted and self._on_note is not None:
+            self._usage_noted = True
+            self._on_note(f"{redact_text(self._root)}: {figures}; prompt lengths from usage are suspect")
+        return outcome
+
     def _timeout_message(self, exc: TimeoutError) -> str:
         """Which limit fired, with both limits, so a stall is never mistaken for a slow answer."""
         total = f"timeout_s={self._timeout.total:g}"
         stall = self._timeout.sock_read
         limits = f"{total}, stall_timeout_s={stall:g}" if stall is not None else f"{total}, no stall limit"
         if stall is not None and isinstance(exc, aiohttp.ServerTimeoutError):  # sock_read: nothing arrived
-            return f"connection silent for longer than stall_timeout_s={stall:g} ({limits})"
+            return (
+                f"connection silent for longer than stall_timeout_s={stall:g} ({limits}; "
+                "workload.stall_timeout_s sets it): the endpoint stalled"
+            )
         return f"no complete response within {total} ({limits})"
 
     # ------------------------------------------------------------------ plain helpers
@@ -433,19 +567,41 @@ def _invalid_utf8_message(parser: SSEParser) -> str:
     return f"invalid UTF-8 in the event stream ({parser.invalid_utf8[0]})"
 
 
-async def _consume(response: aiohttp.ClientResponse, state: _Stream) -> RequestOutcome:
-    """Read the event stream to its end, timestamping each read on arrival."""
+async def _consume(
+    response: aiohttp.ClientResponse, state: _Stream, frame_limit: int | None, stall_s: float | None
+) -> RequestOutcome:
+    """Read the event stream to its end, timestamping each read on arrival; at most ``frame_limit`` chunk events.
+
+    With ``stall_s``, bytes that keep trickling in (comments, a byte at a time) without completing a chunk event
+    for longer than it are a stall too: aiohttp's read timeout only sees silence.
+    """
     parser = SSEParser()
     api = state.api
+    frames = 0
+    last_event_ns = state.started_ns
     async for chunk in response.content.iter_any():
         arrived_ns = time.monotonic_ns()
         state.last_byte_ns = arrived_ns
         events = parser.feed(chunk)
+        if any(is_chunk_event(event) for event in events):
+            last_event_ns = arrived_ns
+        elif stall_s is not None and arrived_ns - last_event_ns > stall_s * 1e9:
+            return state.outcome(
+                "timeout",
+                f"bytes trickled in but no event for longer than stall_timeout_s={stall_s:g}: the endpoint stalled",
+            )
         if parser.invalid_utf8:
             return state.outcome("malformed_frame", _invalid_utf8_message(parser))
         for event in events:
             if not is_chunk_event(event):
                 continue  # event: ping and friends carry no chunk
+            frames += 1
+            if frame_limit is not None and frames > frame_limit:
+                return state.outcome(
+                    "malformed_frame",
+                    f"the stream went on past {frame_limit} chunks (2 x max_tokens + {RUNAWAY_SLACK_FRAMES}) "
+                    "without data: [DONE]; stopped reading",
+                )
             failure = state.on_frame(interpret_chunk(event.data, api), arrived_ns)
             if failure is not None:
                 return state.outcome(*failure)

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from harness.client.endpoint import Endpoint
+from harness.client.openai import ATTACHED_STALL_TIMEOUT_S
 from offload.profiles import OffloadProfile, TierScope
 from workloads.tokenizer import Tokenizer
 
@@ -100,6 +101,14 @@ class Mortal(Protocol):
     def exit_code(self) -> int | None:
         """The engine process's exit code once it has exited (None while it runs)."""
         ...
+
+
+def stall_limit(configured: float | None, engine: RunningEngine) -> float | None:
+    """The scenario's stall limit (``workload.stall_timeout_s``); unset, an engine kvbench did not start (not
+    :class:`Mortal`: it cannot see it die) gets :data:`~harness.client.openai.ATTACHED_STALL_TIMEOUT_S`."""
+    if configured is not None or isinstance(engine, Mortal):
+        return configured
+    return ATTACHED_STALL_TIMEOUT_S
 
 
 class FaultUnsupported(Exception):

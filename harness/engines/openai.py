@@ -12,7 +12,13 @@ A server without ``POST /tokenize`` (any other OpenAI-compatible server) is aske
 then prompts are built with a local tokenizer: ``engine.vocab`` (the served model's
 ``tokenizer.json``) or kvbench's own :class:`~workloads.tokenizer.WordTokenizer`. The manifest names
 the tokenizer (``engines.ARM.details.prompts_built_with``), and the server's ``usage.prompt_tokens`` gives each
-prompt's true length. :func:`discover_model` reads ``GET /v1/models`` for a run that names no model.
+prompt's true length. :func:`discover_model` reads ``GET /v1/models`` for a run that names no model;
+:func:`confirm_endpoint` asks it once for a run that names one, so an unreachable endpoint or refused
+credentials are the same one-line configuration error (exit 2, no run directory) with or without ``--model``.
+
+What another try cannot change is never retried: 401/403 and a rejected certificate or a redirect to another
+origin (:func:`permanent_failure`) end the attach at once. A server that answers 404/405 on both ``/health``
+and ``/v1/models`` is up (a chat-only server); its measured requests say the rest.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ from types import TracebackType
 
 import aiohttp
 
-from common.errors import EngineStartError, KvbenchError
+from common.errors import EngineStartError, KvbenchError, ScenarioError
 from common.redact import redact_text
 from harness.client.connections import new_session
 from harness.client.endpoint import Endpoint
 from harness.client.models import served_models
+from harness.client.openai import PERMANENT_STATUSES
+from harness.client.redirects import CrossOriginRedirect
+from offload.profiles import OffloadProfile
 from workloads.tokenizer import Tokenizer, WordTokenizer
 
 from .base import EngineConfigModel, EngineFacts, LaunchContext
@@ -62,10 +71,12 @@ class LabeledTokenizer:
     """A tokenizer with what it is and whether its counts are the engine's (a
     :class:`~workloads.tokenizer.DescribedTokenizer`)."""
 
-    def __init__(self, inner: Tokenizer, description: str, *, exact: bool) -> None:
+    def __init__(self, inner: Tokenizer, description: str, *, exact: bool, location: str = "") -> None:
         self._inner = inner
         self.description = description
         self.exact = exact
+        self.location = location
+        """The URL it is served from (empty for a local one): prompt-building errors name it."""
 
     async def encode(self, text: str) -> list[int]:
         return await self._inner.encode(text)
@@ -75,6 +86,20 @@ class LabeledTokenizer:
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         return await self._inner.decode(token_ids)
+
+
+def refuse_query_or_fragment(url: str, where: str) -> str:
+    """``url`` unchanged; a one-line :class:`ScenarioError` naming ``where`` when it has a ?query or #fragment.
+
+    A base URL is a root that paths (``/v1/chat/completions``, ``/tokenize``) are appended to: with a query
+    or fragment they would compose into other URLs (``http://h/?a=1/v1/chat/completions``).
+    """
+    if "?" in url or "#" in url:
+        raise ScenarioError(
+            f"{where} {redact_text(url)!r}: give the server's root URL without ?query or #fragment "
+            "(paths such as /v1/chat/completions are appended to it), e.g. http://127.0.0.1:8000/v1"
+        )
+    return url
 
 
 def local_tokenizer(path: str | None) -> Tokenizer:
@@ -108,7 +133,10 @@ async def endpoint_tokenizer(
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if isinstance(tokens, list) and tokens and all(isinstance(token, int) for token in tokens):
             return LabeledTokenizer(
-                ServerTokenizer(session, base_url, model), "the server's POST /tokenize", exact=True
+                ServerTokenizer(session, base_url, model),
+                "the server's POST /tokenize",
+                exact=True,
+                location=redact_text(base_url + "/tokenize"),
             )
     elif status:
         why = f"HTTP {status}"
@@ -160,6 +188,11 @@ class OpenAIEngine:
             raise EngineStartError(
                 f"engine kind openai, arm {self.context.arm}: set engine.base_url or engine.arm_urls.{self.context.arm}"
             )
+        where = f"engine.arm_urls.{self.context.arm}" if self.context.arm in self.config.arm_urls else "engine.base_url"
+        try:
+            refuse_query_or_fragment(url, where)
+        except ScenarioError as error:
+            raise EngineStartError(str(error)) from None
         return url.rstrip("/").removesuffix("/v1")
 
     def api_key(self) -> str | None:
@@ -208,17 +241,35 @@ class OpenAIEngine:
             self._session = None
 
     async def _wait_ready(self, session: aiohttp.ClientSession, base_url: str) -> None:
+        """Until ``/health`` or ``/v1/models`` answers 200, or both answer 404/405 (a server with neither,
+        chat only, is up: its measured requests tell the rest). A refusal another try cannot change (401,
+        403, a certificate, a redirect to another origin) is an error at once (:func:`permanent_failure`)."""
         deadline = time.monotonic() + self.config.startup_timeout_s
         last = "no answer"
         while True:
+            missing = 0
             for path in ("/health", "/v1/models"):
                 try:
                     async with session.get(base_url + path) as response:
                         if response.status == 200:
                             return
+                        if response.status in (404, 405):
+                            missing += 1
                         last = f"GET {path}: HTTP {response.status}"
+                        if response.status in PERMANENT_STATUSES:
+                            raise EngineStartError(
+                                f"engine kind openai: {redact_text(base_url + path)} answered HTTP {response.status} "
+                                f"{response.reason or ''}: the endpoint refused kvbench's credentials "
+                                "(give the key's variable with --api-key-env / engine.api_key_env); not retried"
+                            )
                 except (aiohttp.ClientError, TimeoutError) as error:
+                    refused = permanent_failure(error)
+                    if refused is not None:
+                        where = redact_text(base_url + path)
+                        raise EngineStartError(f"engine kind openai: {where}: {refused}") from None
                     last = f"GET {path}: {type(error).__name__}: {error}"
+            if missing == 2:
+                return
             if time.monotonic() >= deadline:
                 raise EngineStartError(
                     f"engine kind openai: {redact_text(base_url)} did not answer within "
@@ -232,6 +283,81 @@ class OpenAIEngine:
 
 
 DISCOVERY_TIMEOUT_S = 30.0
+
+
+def permanent_failure(error: BaseException) -> str | None:
+    """Why ``error`` would happen again on every try (a rejected certificate, a redirect to another origin),
+    in words; None for failures worth another try."""
+    if isinstance(error, CrossOriginRedirect):
+        return str(error)
+    if isinstance(error, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return f"TLS failed ({type(error).__name__}: {error}); not retried: fix the certificate or use its http:// URL"
+    return None
+
+
+def confirm_endpoint(base_url: str, api_key: str | None) -> None:
+    """Before a run directory is made for a model given by name: the endpoint at ``base_url`` is reachable and
+    takes kvbench's credentials (``GET /v1/models`` answers 200, or 404/405 from a chat-only server).
+
+    One-line :class:`KvbenchError` otherwise: the same refusal :func:`discover_model` gives without ``--model``.
+    """
+
+    async def status() -> tuple[int, str]:
+        headers = Endpoint(base_url=base_url, model="", api_key=api_key).headers
+        url = base_url.rstrip("/").removesuffix("/v1") + "/v1/models"
+        async with new_session(headers=headers, timeout=aiohttp.ClientTimeout(total=DISCOVERY_TIMEOUT_S)) as session:
+            try:
+                async with session.get(url) as response:
+                    return response.status, response.reason or ""
+            except (aiohttp.ClientError, TimeoutError) as error:
+                refused = permanent_failure(error)
+                raise KvbenchError(f"{redact_text(url)}: {refused or f'{type(error).__name__}: {error}'}") from None
+
+    code, reason = asyncio.run(status())
+    if code == 200 or code in (404, 405):
+        return
+    hint = "; the endpoint refused kvbench's credentials (--api-key-env NAME)" if code in PERMANENT_STATUSES else ""
+    raise KvbenchError(f"{redact_text(base_url)}: GET /v1/models answered HTTP {code} {reason}{hint}")
+
+
+def confirm_endpoints(config: EngineConfigModel) -> None:
+    """:func:`confirm_endpoint` for each distinct URL an ``openai`` engine config names (none for other kinds)."""
+    if not isinstance(config, OpenAIEngineConfig):
+        return
+    api_key = os.environ.get(config.api_key_env) if config.api_key_env else None
+    urls = [config.base_url, *config.arm_urls.values()]
+    for url in dict.fromkeys(url for url in urls if url):
+        confirm_endpoint(url, api_key)
+
+
+def shared_url_note(config: EngineConfigModel, arms: Sequence[tuple[str, str | OffloadProfile]]) -> str | None:
+    """A note when two arms (name, offload profile) of an ``openai`` engine measure one URL; a one-line
+    :class:`KvbenchError` when they also declare the same profile: that is one deployment measured twice, and a
+    table setting the two side by side would present run-to-run noise as a difference between deployments."""
+    if not isinstance(config, OpenAIEngineConfig):
+        return None
+    by_url: dict[str, list[tuple[str, str]]] = {}
+    for name, offload in arms:
+        url = config.arm_urls.get(name) or config.base_url
+        profile = offload if isinstance(offload, str) else offload.model_dump_json()
+        if url:
+            by_url.setdefault(url.rstrip("/").removesuffix("/v1"), []).append((name, profile))
+    notes: list[str] = []
+    for url, named in by_url.items():
+        if len(named) < 2:
+            continue
+        profiles = [profile for _, profile in named]
+        arm_names = ", ".join(name for name, _ in named)
+        if len(set(profiles)) < len(profiles):
+            raise KvbenchError(
+                f"--arm: arms {arm_names} measure the same URL {redact_text(url)} with the same offload profile: "
+                "one deployment twice; give each arm its own endpoint (or NAME:PROFILE=URL for what differs)"
+            )
+        notes.append(
+            f"note: arms {arm_names} measure the same URL {redact_text(url)}: one server, so their difference "
+            "is what changed on it between the arms, if anything"
+        )
+    return "; ".join(notes) or None
 
 
 def discover_model(base_url: str, api_key: str | None) -> str:

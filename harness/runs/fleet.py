@@ -29,7 +29,7 @@ from harness.client.fleet import FleetClient, page_counters
 from harness.client.openai import OpenAIClient
 from harness.client.prometheus import PrometheusReader
 from harness.client.router import Attribution, Router
-from harness.engines.base import EngineFacts, LaunchContext
+from harness.engines.base import EngineFacts, LaunchContext, stall_limit
 from harness.engines.configs import OpenAIEngineConfig
 from harness.engines.fleet import Fleet, RunningFleet
 from harness.engines.kinds import engine_kind
@@ -181,7 +181,8 @@ async def open_fleet(
             clients = [
                 await stack.enter_async_context(
                     OpenAIClient(
-                        endpoint, timeout_s=runner.request_timeout_s(), read_timeout_s=runner.stall_timeout_s(),
+                        endpoint, timeout_s=runner.request_timeout_s(),
+                        read_timeout_s=stall_limit(runner.stall_timeout_s(), fleet.first),
                         max_connections=runner.connections(),
                         capture_header=attribution.header,
                         session_header=routing.router.header if routing.router is not None else None,

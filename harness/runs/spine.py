@@ -48,9 +48,10 @@ from common.errors import EngineStartError, KvbenchError, RunDirError, RunInterr
 from common.schema import VersionedFile
 from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient, RequestOutcome
+from harness.client.redirects import followed_under
 from harness.client.router import routing_key
 from harness.client.scrape import counter_totals, parse_metrics, restarted
-from harness.engines.base import LaunchContext, Mortal, PrefixCacheResetUnsupported, RunningEngine
+from harness.engines.base import LaunchContext, Mortal, PrefixCacheResetUnsupported, RunningEngine, stall_limit
 from harness.engines.common import remove_session_dirs
 from harness.engines.fleet import RunningFleet, fleet_size
 from harness.engines.host_link import probe_host_link
@@ -97,6 +98,10 @@ class EngineGone(KvbenchError):
 
 """How long a TCP connect to an attached endpoint may take before it counts as up but slow (not down)."""
 """aiohttp's default pool size; load runners ask for their peak concurrency plus headroom."""
+
+
+REDIRECTED_DETAIL = "redirected"
+"""The manifest's ``engines.ARM.details`` key naming the same-origin redirects the arm's requests followed."""
 
 
 def record_from(
@@ -237,9 +242,10 @@ class ArmSession:
                     "arm %s: warm-up request %d failed (try %d of %d): %s: %s",
                     self.arm.name, index, attempt, WARMUP_ATTEMPTS, outcome.error_kind, outcome.error,
                 )  # fmt: skip
-                if attempt == WARMUP_ATTEMPTS:
+                if attempt == WARMUP_ATTEMPTS or outcome.permanent:  # a refused key or certificate stays refused
+                    tries = "another try cannot help" if outcome.permanent else f"{attempt} tries"
                     raise KvbenchError(
-                        f"arm {self.arm.name}: warm-up request failed {WARMUP_ATTEMPTS} times (last: "
+                        f"arm {self.arm.name}: warm-up request failed ({tries}; last: "
                         f"{outcome.error_kind}: {outcome.error}); engine log tail:\n"
                         + "\n".join(self.engine.log_tail(20))
                     )
@@ -445,10 +451,16 @@ class Runner(ABC, Generic[ResultT]):
                 async with OpenAIClient(
                     engine.endpoint,
                     timeout_s=self.request_timeout_s(),
-                    read_timeout_s=self.stall_timeout_s(),
+                    read_timeout_s=stall_limit(self.stall_timeout_s(), engine),
                     max_connections=self.connections(),
+                    on_note=self.progress.note,
                 ) as client:
-                    yield ArmSession(self, arm, engine, client, writer, block=block, manifest=manifest)  # type: ignore[arg-type]
+                    try:
+                        yield ArmSession(self, arm, engine, client, writer, block=block, manifest=manifest)  # type: ignore[arg-type]
+                    finally:  # the URLs measured, where the endpoint redirected within its origin
+                        followed = followed_under(engine.endpoint.base_url)
+                        if followed is not None:
+                            manifest.note_engine(arm.name, REDIRECTED_DETAIL, followed)
         finally:  # the engines have stopped: the KV they wrote is kvbench's own
             remove_session_dirs(arm.profile, session)
 

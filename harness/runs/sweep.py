@@ -21,6 +21,7 @@ import time
 
 from common.errors import KvbenchError
 from harness.client.pool import ProcessClientPool, StreamingClient
+from harness.engines.base import stall_limit
 from harness.results.sweep import summarize_sweep
 from harness.results.sweep_result import SweepResult
 from harness.scenario.spec import SweepSpec
@@ -88,7 +89,7 @@ class SweepRunner(PointGridRunner[SweepResult]):
                         session.engine.endpoint,
                         workers=spec.client_workers,
                         timeout_s=config.request_timeout_s,
-                        stall_timeout_s=config.stall_timeout_s,
+                        stall_timeout_s=stall_limit(config.stall_timeout_s, session.engine),
                         max_connections=self.connections(),
                     )
                 )

@@ -102,7 +102,9 @@ def check_url(url: str, flag: str) -> str:
         raise ScenarioError(
             f"{flag} {url!r}: give an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000/v1"
         )
-    return url.rstrip("/").removesuffix("/v1")
+    from harness.engines.openai import refuse_query_or_fragment
+
+    return refuse_query_or_fragment(url, flag).rstrip("/").removesuffix("/v1")
 
 
 def parse_arm(text: str) -> tuple[str, str, str]:

@@ -131,21 +131,28 @@ def endpoint_options(kind: FlagKind) -> Callable[[Callable[..., None]], Callable
 def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, resume: Path | None) -> Scenario | None:
     """The scenario the flags describe (None when they name no endpoint); one-line errors for flags that clash."""
     from common.errors import KvbenchError
+    from harness.engines.openai import confirm_endpoints, shared_url_note
     from harness.scenario.flags import scenario_from_flags
 
     if not flags.given:
-        given = list(flags.typed((*ENDPOINT_FIELDS, *ALL_WORKLOAD_FIELDS)))
-        if given:
-            raise fail(f"{given[0]} goes with --base-url URL or --arm NAME=URL (a scenario file sets it in its YAML)")
-        if scenario is None and resume is None and flags.arms:
+        if scenario is None and resume is None and flags.arms:  # before the flags that go with it are blamed
             raise fail(
                 f"--arm {flags.arms[0]!r}: give NAME=URL to measure an endpoint, or a scenario whose arm it names"
             )
+        given = list(flags.typed((*ENDPOINT_FIELDS, *ALL_WORKLOAD_FIELDS)))
+        if given:
+            raise fail(f"{given[0]} goes with --base-url URL or --arm NAME=URL (a scenario file sets it in its YAML)")
         return None
     if scenario is not None or resume is not None:
         raise fail("give a scenario, --resume RUN_DIR, or an endpoint (--base-url URL / --arm NAME=URL): one of them")
     try:
-        return scenario_from_flags(kind, flags)
+        built = scenario_from_flags(kind, flags)
+        if flags.model is not None:  # discovery did not reach the endpoints: reach them before a run directory
+            confirm_endpoints(built.engine)
+        note = shared_url_note(built.engine, [(arm.name, arm.offload) for arm in built.arms])
+        if note is not None:
+            console.print(note, highlight=False, markup=False)
+        return built
     except KvbenchError as error:
         raise fail(str(error)) from None
 

@@ -87,9 +87,16 @@ async def test_silent_connection_fails_at_the_stall_limit_and_names_both_limits(
     assert outcome.e2e_ns is not None and outcome.e2e_ns < 250_000_000  # the last byte, not the timeout
 
 
-async def test_trickling_connection_hits_the_total_limit_and_names_both(server: FakeServer) -> None:
-    keep_alives = [(0.05, b": keep-alive\n\n")] * 40  # never silent for 0.25 s, never done within 0.5 s
-    outcome = await run_chat(server, Script(pieces=keep_alives, end="hang"), timeout_s=0.5, read_timeout_s=0.25)
+async def test_keep_alives_without_an_event_are_a_stall(server: FakeServer) -> None:
+    keep_alives = [(0.05, b": keep-alive\n\n")] * 40  # never silent for 0.25 s, but no chunk either
+    outcome = await run_chat(server, Script(pieces=keep_alives, end="hang"), timeout_s=5.0, read_timeout_s=0.25)
+    assert outcome.error_kind == "timeout"
+    assert outcome.error == "bytes trickled in but no event for longer than stall_timeout_s=0.25: the endpoint stalled"
+
+
+async def test_slow_tokens_hit_the_total_limit_and_name_both(server: FakeServer) -> None:
+    tokens = [(0.05, chunk(" word"))] * 40  # never silent for 0.25 s, never done within 0.5 s
+    outcome = await run_chat(server, Script(pieces=tokens, end="hang"), timeout_s=0.5, read_timeout_s=0.25)
     assert outcome.error_kind == "timeout"
     assert outcome.error is not None
     assert "no complete response within timeout_s=0.5" in outcome.error and "stall_timeout_s=0.25" in outcome.error
