@@ -46,17 +46,26 @@ def os_error(error: OSError) -> str:
     return f"{where}: {error.strerror or error}"
 
 
+VALID_REASON = "every validity gate passed"
+"""What the verdict line of a valid run says when its result file gives no reason of its own."""
+
+
 def verdict_exit(outcomes: list[Outcome], where: str = "") -> None:
-    """Exit 1 (FAILED) or 3 (INCONCLUSIVE) when a run measured nothing trustworthy; the reports say why."""
+    """Print the verdict line (on stderr, so ``--json`` keeps stdout for the result): ``VALID: ...``, then exit 1
+    (``FAILED: ...``) or 3 (``INCONCLUSIVE: ...``) when a run measured nothing trustworthy; the reports say why."""
     from harness.results.verdict import worst
 
     outcome = worst(outcomes)
-    if outcome.exit_code:
+    if not outcome.exit_code:
         err_console.print(
-            f"[bold red]{outcome.status.upper()}:[/] {escape(outcome.reason)}{escape(where)}",
-            highlight=False,
+            f"[bold green]VALID:[/] {escape(outcome.reason or VALID_REASON)}{escape(where)}", highlight=False
         )
-        raise typer.Exit(outcome.exit_code)
+        return
+    err_console.print(
+        f"[bold red]{outcome.status.upper()}:[/] {escape(outcome.reason)}{escape(where)}",
+        highlight=False,
+    )
+    raise typer.Exit(outcome.exit_code)
 
 
 STDOUT_FD = 1
