@@ -26,12 +26,21 @@ from common.redact import redact_text
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
 
-console = Console()
-err_console = Console(stderr=True)
-for _stream in (console, err_console):
-    if not _stream.is_terminal:
-        # piped or captured output (CI logs, tests) keeps whole lines instead of wrapping at 80 columns
-        _stream.width = 200
+PIPE_WIDTH = 1_000_000
+"""Columns of a console that is not a terminal (a pipe, a file, CI logs, tests): wider than any line kvbench
+prints, so such output is never wrapped or cut; a terminal keeps its own width."""
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout (or stderr): a terminal's width on a terminal, :data:`PIPE_WIDTH` anywhere else."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal:
+        made.width = PIPE_WIDTH
+    return made
+
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
