@@ -131,6 +131,8 @@ def json_stdout(enabled: bool) -> Iterator[None]:
     results = JsonResults()
     _results.append(results)
     sys.stdout = sys.stderr
+    stdout_width = console.width
+    console.width = err_console.width  # the tables now go to stderr: its width (a terminal's, or no limit)
     verdict = False
     try:
         yield
@@ -141,6 +143,7 @@ def json_stdout(enabled: bool) -> Iterator[None]:
     finally:
         sys.stderr.flush()
         sys.stdout = real
+        console.width = stdout_width
         if saved is not None:
             os.dup2(saved, STDOUT_FD)
             os.close(saved)

@@ -27,12 +27,14 @@ TRACE = REPO / "workloads" / "data" / "sample-text.jsonl"
 NUMBER = re.compile(r"(?<![\w.,/-])[-+]?\d[\d.,]*\d(?![\w.,/-])|(?<![\w.,/-])\d(?![\w.,/-])")
 
 
-def on_terminal(args: list[str], cwd: Path, columns: int = 80) -> str:
-    """``kvbench ARGS`` on a pseudo-terminal ``columns`` wide; what the terminal received, colours removed."""
+def on_terminal(args: list[str], cwd: Path, columns: int = 80, stdout_piped: bool = False) -> str:
+    """``kvbench ARGS`` on a pseudo-terminal ``columns`` wide (with ``stdout_piped``, its stdout to a pipe that is
+    read and dropped, as ``> file`` would); what the terminal received, colours removed."""
     leader, follower = os.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     env = {key: value for key, value in kvbench_env().items() if key not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen(kvbench_argv(*args), stdin=follower, stdout=follower, stderr=follower, env=env, cwd=cwd)
+    stdout = subprocess.DEVNULL if stdout_piped else follower
+    process = subprocess.Popen(kvbench_argv(*args), stdin=follower, stdout=stdout, stderr=follower, env=env, cwd=cwd)
     os.close(follower)
     received = b""
     while True:
@@ -75,3 +77,6 @@ def test_tables_fit_80_columns_on_a_terminal_and_are_whole_through_a_pipe(tmp_pa
     quickstart = kvbench("report", str(tmp_path / "quickstart-sim"), cwd=tmp_path).stdout
     (row,) = [line for line in quickstart.splitlines() if line.startswith("│  32000 ")]
     assert "1133.286" in row and "491.74" in row and "99.6" in row
+    # --json > file: the result goes to the file, the tables to stderr, which is the terminal: they fit it
+    beside_json = on_terminal(["report", str(tmp_path / "quickstart-sim"), "--json"], tmp_path, stdout_piped=True)
+    assert "1133.286" in beside_json and max(cell_len(line) for line in beside_json.splitlines()) <= 80
