@@ -15,6 +15,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from common.schema import StrictModel
 
+from .modeldir import SHAPES, SYNTH_PREFIX
 from .replicas import ReplicaFields
 
 
@@ -187,14 +188,16 @@ class VllmEngineConfig(ReplicaFields):
         if self.cpu_worker_in_engine_core and self.parallelism.tp * self.parallelism.pp != 1:
             raise ValueError("cpu_worker_in_engine_core needs one worker (parallelism tp = pp = 1)")
         kv_tokens = self.kv_cache_tokens
-        if kv_tokens is not None and self.max_model_len is not None and self.max_model_len > kv_tokens:
+        longest = self.longest_prompt
+        if kv_tokens is not None and longest is not None and longest > kv_tokens:
             # vLLM refuses this only after loading the model (78 s on an H200), and the arm is lost
             block_size = self.block_size or VLLM_DEFAULT_BLOCK_SIZE[self.device]
+            unset = "" if self.max_model_len is not None else f"unset, and the model's {longest} positions are "
             problem = PydanticCustomError(
                 "max_model_len_over_kv_cache",
-                "longer than the KV cache (num_gpu_blocks_override {blocks} x block_size {block_size} = {tokens} "
-                "tokens); allowed: at most {tokens}, or more blocks",
-                {"blocks": self.num_gpu_blocks_override, "block_size": block_size, "tokens": kv_tokens},
+                "{unset}longer than the KV cache (num_gpu_blocks_override {blocks} x block_size {block_size} = "
+                "{tokens} tokens); allowed: at most {tokens}, or more blocks",
+                {"unset": unset, "blocks": self.num_gpu_blocks_override, "block_size": block_size, "tokens": kv_tokens},
             )
             # raised at the field, so the error names engine.max_model_len rather than the whole engine section
             raise ValidationError.from_exception_data(
@@ -202,6 +205,17 @@ class VllmEngineConfig(ReplicaFields):
                 [InitErrorDetails(type=problem, loc=("max_model_len",), input=self.max_model_len)],
             )
         return self
+
+    @property
+    def longest_prompt(self) -> int | None:
+        """The longest sequence vLLM will accept: ``max_model_len``, else a ``synth:`` shape's positions (a model
+        directory's own config.json is read only when the engine starts); None when unknown here."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        shape = self.model.removeprefix(SYNTH_PREFIX)
+        if not self.model.startswith(SYNTH_PREFIX) or shape not in SHAPES:
+            return None
+        return int(SHAPES[shape]["max_position_embeddings"])
 
     @property
     def kv_cache_tokens(self) -> int | None:

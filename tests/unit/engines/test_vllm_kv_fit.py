@@ -45,6 +45,18 @@ def test_a_max_model_len_over_the_kv_cache_names_file_field_and_maximum(
     assert f"= {tokens} tokens); allowed: at most {tokens}" in problem and f"(got {engine['max_model_len']})" in problem
 
 
+def test_an_unset_max_model_len_is_the_synth_shapes_positions(tmp_path: Path) -> None:
+    data = yaml.safe_load(vllm_scenario(tmp_path).read_text(encoding="utf-8"))
+    del data["engine"]["max_model_len"]  # synth:llama-3.1-8b: 131,072 positions > 6,000 x 16 = 96,000 tokens
+    path = tmp_path / "unset.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(str(path))
+    (problem,) = [line for line in str(error.value).splitlines() if "engine.max_model_len" in line]
+    assert "unset, and the model's 131072 positions are longer than the KV cache" in problem
+    assert "allowed: at most 96000" in problem
+
+
 def test_a_max_model_len_that_fits_exactly_is_accepted(tmp_path: Path) -> None:
     scenario, _ = load_scenario(str(vllm_scenario(tmp_path, num_gpu_blocks_override=4096, max_model_len=65536)))
     assert scenario.engine.kind == "vllm" and scenario.engine.max_model_len == 65536
