@@ -12,7 +12,8 @@ A console table wider than the terminal (widths in terminal columns, padding inc
 ``spare`` = terminal width - borders - sum(floor). The floor is the first of these that fits: every number cell
 (``1144.5``, ``8.03 B``, ``12.3 %``, ``2,048 / 4,096``) whole and every other word whole; then header words
 folded; then other text folded to each of :data:`TEXT_FOLDS` columns; then a number's unit on its own line.
-Where none fits, the table is drawn wider than the terminal (numbers whole) rather than cut.
+Where none fits, the table is printed as column groups, each led by its first column (packed with every
+word whole); a group that still cannot fit is drawn wider than the terminal, numbers whole, rather than cut.
 """
 
 from __future__ import annotations
