@@ -11,8 +11,10 @@ A console table wider than the terminal (widths in terminal columns, padding inc
 
 ``spare`` = terminal width - borders - sum(floor). The floor is the first of these that fits: every number cell
 (``1144.5``, ``8.03 B``, ``12.3 %``, ``2,048 / 4,096``) whole and every other word whole; then header words
-folded; then other text folded to each of :data:`TEXT_FOLDS` columns; then a number's unit on its own line.
-Where none fits, the table is printed as column groups, each led by its first column (packed with every
+folded (to :data:`HEADER_FOLD` columns at least); then other text folded to each of :data:`TEXT_FOLDS`
+columns; then a number's unit on its own line. Before the formula shares the room, columns are lifted to the
+looser floor before theirs where the room allows (a header word whole), the smallest lifts first. Where none
+fits, the table is printed as column groups, each led by its first column (packed with every
 word whole); a group that still cannot fit is drawn wider than the terminal, numbers whole, rather than cut.
 """
 
@@ -59,6 +61,8 @@ MEASURE_WIDTH = 1_000_000
 """Columns to measure a cell in: wider than any cell, so a measurement is the cell's own width."""
 TEXT_FOLDS = (10, 6)
 """The widths (columns) a column of names may fold to, in turn, before a number's unit leaves its line."""
+HEADER_FOLD = 4
+"""The narrowest (columns) a header word may fold to: ``Requ`` / ``ests`` rather than one letter a line."""
 _NUMBER = r"[-+−~≈<>≤≥]?\d[\d.,:/]*\s?(?:%|×|[A-Za-zµ/]{1,5})?"
 NUMBER_CELL = re.compile(rf"^{_NUMBER}(?: / {_NUMBER})*$")
 """A cell that is a number, with its unit, or several joined by `` / ``: kept on one line while anything else can
@@ -138,7 +142,8 @@ class Floors:
     def floors(self, *, headers: bool, text_fold: int | None, units: bool) -> list[int]:
         widths = []
         for column, pad in zip(self.table.columns, self.pads, strict=True):
-            cells = [self.measure(column.header).minimum] if headers else []
+            header = self.measure(column.header).minimum
+            cells = [header if headers else min(header, HEADER_FOLD)]
             for cell in column.cells:
                 size = self.measure(cell)
                 if NUMBER_CELL.match(_plain(self.console, cell).strip()):
@@ -149,11 +154,20 @@ class Floors:
         return widths
 
     def widths(self) -> list[int]:
-        """The first floor that fits (else the tightest), with the room left shared by the module's formula."""
-        least = next((level for level in self.levels if self.fits(level)), self.levels[-1])
+        """The first floor that fits (else the tightest), its columns lifted to the looser floor where the room
+        allows (the smallest lifts first), then the room left shared by the module's formula."""
+        level = next((index for index, floors in enumerate(self.levels) if self.fits(floors)), len(self.levels) - 1)
+        least = list(self.levels[level])
         spare = self.options.max_width - self.table._extra_width - sum(least)
         if spare <= 0:
             return least
+        if level > 0:  # first lift the columns that need least to reach the looser floor (a header word whole)
+            looser = self.levels[level - 1]
+            for index in sorted(range(len(least)), key=lambda i: looser[i] - least[i]):
+                lift = looser[index] - least[index]
+                if 0 < lift <= spare:
+                    least[index] += lift
+                    spare -= lift
         wanted = [width - floor for width, floor in zip(self.natural, least, strict=True)]
         given = [spare * want // sum(wanted) for want in wanted]
         for index in sorted(range(len(wanted)), key=lambda i: wanted[i] - given[i], reverse=True)[: spare - sum(given)]:
