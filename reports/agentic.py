@@ -23,6 +23,7 @@ from harness.results.agentic_result import AgenticResult, AgentPoint, TierCheck
 from harness.results.energy import EnergySample
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
+from .tables import print_table
 
 TIER_DASHES = ("--", "-.", ":")
 
@@ -213,7 +214,7 @@ def _table(title: str, header: list[str], rows: list[list[str]], caption_text: s
 
 
 def print_agentic(result: AgenticResult, console: Console, provenance: str = "") -> None:
-    console.print(_table(f"{result.scenario_name} — agents at SLO", *capacity_rows(result), provenance))
-    console.print(_table("per point", *point_rows(result)))
+    print_table(console, _table(f"{result.scenario_name} — agents at SLO", *capacity_rows(result), provenance))
+    print_table(console, _table("per point", *point_rows(result)))
     for line in notes(result):
         console.print(line, highlight=False, markup=False)

@@ -38,7 +38,7 @@ from harness.results.sweep_result import PointResult, Quantiles, SloLimits, Swee
 
 from .decision import gpus
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
-from .tables import csv_cell
+from .tables import csv_cell, print_table
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -487,7 +487,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
         table.add_column(console_text(column), justify="left" if index == 0 else "right")
     for row in body:
         table.add_row(*(console_text(cell) for cell in row))
-    console.print(table)
+    print_table(console, table)
     for line in [*energy_lines(result), *capacity_lines(result)]:
         console.print(line, highlight=False, markup=False)
     a_header, a_body = analytical_rows(result)
@@ -497,7 +497,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
             a_table.add_column(column, justify="left" if index in (0, 7) else "right")
         for row in a_body:
             a_table.add_row(*row)
-        console.print(a_table)
+        print_table(console, a_table)
     for line in analytical_lines(result):
         console.print(line, highlight=False, markup=False)
     if not result.complete:

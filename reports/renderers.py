@@ -22,6 +22,7 @@ from harness.results.provenance import provenance
 from harness.results.run_result import SETTLE_WARN, RunResult
 from harness.results.verdict import Validity
 
+from .tables import print_table
 from .ttft_table import (
     LMCACHE_HEADER,
     RANK_HEADER,
@@ -109,7 +110,7 @@ def print_validity(validity: Validity | None, out: Console) -> None:
 
 def print_console(result: RunResult, manifest: dict[str, Any], console: Console | None = None) -> None:
     out = console or Console()
-    out.print(console_table(result, manifest))
+    print_table(out, console_table(result, manifest))
     counts = result.requests
     if counts.errors:
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(counts.errors_by_kind.items()))
@@ -144,7 +145,7 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
                 table.add_column(column, justify="left" if column in ("Arm", "Rank") else "right")
             for row in body:
                 table.add_row(*(escape(text) for text in row))
-            out.print(table)
+            print_table(out, table)
     print_validity(result.validity, out)
     if not result.complete:
         out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")

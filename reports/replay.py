@@ -24,7 +24,7 @@ from harness.results.sweep_result import Quantiles
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, styled
 from .renderers import validity_lines
-from .tables import csv_cell, md_rows
+from .tables import csv_cell, md_rows, print_table
 
 
 def _ms(q: Quantiles | None, field: str) -> str:
@@ -263,7 +263,7 @@ def print_replay(result: ReplayResult, console: Console, provenance: str = "") -
     for row in arm_rows(result):
         table.add_row(*row)
     console.print(escape(trace_line(result)), highlight=False)
-    console.print(table)
+    print_table(console, table)
     for row in comparison_rows(result):
         console.print(
             escape(f"{row[0]}: TTFT p50 {row[1]} %, p90 {row[2]} %, p99 {row[3]} %, E2E p50 {row[4]} %"),

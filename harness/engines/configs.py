@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from common.schema import StrictModel
 
+from .modeldir import SHAPES, SYNTH_PREFIX
 from .replicas import ReplicaFields
 
 
@@ -110,6 +112,10 @@ class OpenAIEngineConfig(ReplicaFields):
         return self.endpoints[index].metrics_url if self.endpoints else None
 
 
+VLLM_DEFAULT_BLOCK_SIZE: dict[Literal["cuda", "cpu"], int] = {"cuda": 16, "cpu": 128}
+"""Tokens per KV block vLLM picks without ``--block-size``: 16 on CUDA; its CPU backend picks 128."""
+
+
 class VllmEngineConfig(ReplicaFields):
     """A vLLM OpenAI-compatible server started and stopped by kvbench (``harness.engines.vllm``).
 
@@ -181,7 +187,43 @@ class VllmEngineConfig(ReplicaFields):
             raise ValueError("cpu_worker_in_engine_core applies to device 'cpu' only")
         if self.cpu_worker_in_engine_core and self.parallelism.tp * self.parallelism.pp != 1:
             raise ValueError("cpu_worker_in_engine_core needs one worker (parallelism tp = pp = 1)")
+        kv_tokens = self.kv_cache_tokens
+        longest = self.longest_prompt
+        if kv_tokens is not None and longest is not None and longest > kv_tokens:
+            # vLLM refuses this only after loading the model (78 s on an H200), and the arm is lost
+            block_size = self.block_size or VLLM_DEFAULT_BLOCK_SIZE[self.device]
+            unset = "" if self.max_model_len is not None else f"unset, and the model's {longest} positions are "
+            problem = PydanticCustomError(
+                "max_model_len_over_kv_cache",
+                "{unset}longer than the KV cache (num_gpu_blocks_override {blocks} x block_size {block_size} = "
+                "{tokens} tokens); allowed: at most {tokens}, or more blocks",
+                {"unset": unset, "blocks": self.num_gpu_blocks_override, "block_size": block_size, "tokens": kv_tokens},
+            )
+            # raised at the field, so the error names engine.max_model_len rather than the whole engine section
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [InitErrorDetails(type=problem, loc=("max_model_len",), input=self.max_model_len)],
+            )
         return self
+
+    @property
+    def longest_prompt(self) -> int | None:
+        """The longest sequence vLLM will accept: ``max_model_len``, else a ``synth:`` shape's positions (a model
+        directory's own config.json is read only when the engine starts); None when unknown here."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        shape = self.model.removeprefix(SYNTH_PREFIX)
+        if not self.model.startswith(SYNTH_PREFIX) or shape not in SHAPES:
+            return None
+        return int(SHAPES[shape]["max_position_embeddings"])
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the HBM KV cache holds when ``num_gpu_blocks_override`` fixes it: blocks x block size (vLLM's
+        default block size where ``block_size`` is unset); None when memory decides."""
+        if self.num_gpu_blocks_override is None:
+            return None
+        return self.num_gpu_blocks_override * (self.block_size or VLLM_DEFAULT_BLOCK_SIZE[self.device])
 
 
 class SglangEngineConfig(ReplicaFields):

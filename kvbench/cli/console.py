@@ -26,12 +26,21 @@ from common.redact import redact_text
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
 
-console = Console()
-err_console = Console(stderr=True)
-for _stream in (console, err_console):
-    if not _stream.is_terminal:
-        # piped or captured output (CI logs, tests) keeps whole lines instead of wrapping at 80 columns
-        _stream.width = 200
+PIPE_WIDTH = 1_000_000
+"""Columns of a console that is not a terminal (a pipe, a file, CI logs, tests): wider than any line kvbench
+prints, so such output is never wrapped or cut; a terminal keeps its own width."""
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout (or stderr): a terminal's width on a terminal, :data:`PIPE_WIDTH` anywhere else."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal:
+        made.width = PIPE_WIDTH
+    return made
+
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -46,17 +55,26 @@ def os_error(error: OSError) -> str:
     return f"{where}: {error.strerror or error}"
 
 
+VALID_REASON = "every validity gate passed"
+"""What the verdict line of a valid run says when its result file gives no reason of its own."""
+
+
 def verdict_exit(outcomes: list[Outcome], where: str = "") -> None:
-    """Exit 1 (FAILED) or 3 (INCONCLUSIVE) when a run measured nothing trustworthy; the reports say why."""
+    """Print the verdict line (on stderr, so ``--json`` keeps stdout for the result): ``VALID: ...``, then exit 1
+    (``FAILED: ...``) or 3 (``INCONCLUSIVE: ...``) when a run measured nothing trustworthy; the reports say why."""
     from harness.results.verdict import worst
 
     outcome = worst(outcomes)
-    if outcome.exit_code:
+    if not outcome.exit_code:
         err_console.print(
-            f"[bold red]{outcome.status.upper()}:[/] {escape(outcome.reason)}{escape(where)}",
-            highlight=False,
+            f"[bold green]VALID:[/] {escape(outcome.reason or VALID_REASON)}{escape(where)}", highlight=False
         )
-        raise typer.Exit(outcome.exit_code)
+        return
+    err_console.print(
+        f"[bold red]{outcome.status.upper()}:[/] {escape(outcome.reason)}{escape(where)}",
+        highlight=False,
+    )
+    raise typer.Exit(outcome.exit_code)
 
 
 STDOUT_FD = 1
@@ -113,6 +131,8 @@ def json_stdout(enabled: bool) -> Iterator[None]:
     results = JsonResults()
     _results.append(results)
     sys.stdout = sys.stderr
+    stdout_width = console.width
+    console.width = err_console.width  # the tables now go to stderr: its width (a terminal's, or no limit)
     verdict = False
     try:
         yield
@@ -123,6 +143,7 @@ def json_stdout(enabled: bool) -> Iterator[None]:
     finally:
         sys.stderr.flush()
         sys.stdout = real
+        console.width = stdout_width
         if saved is not None:
             os.dup2(saved, STDOUT_FD)
             os.close(saved)

@@ -108,6 +108,7 @@ def playbook_status_cmd(
 
     from common.errors import KvbenchError
     from harness.gate.playbook import playbook_status
+    from reports.tables import print_table
 
     try:
         status = playbook_status(file)
@@ -122,5 +123,5 @@ def playbook_status_cmd(
         if stage.provenance in ("measured", "simulated"):  # a simulated gate is never rollout evidence
             state += f"\n[dim]{stage.provenance.upper()}[/]"
         table.add_row(console_text(stage.title), state, console_text(stage.gate), console_text(stage.evidence))
-    console.print(table, markup=True, highlight=False)
+    print_table(console, table)
     console.print(f"Next: {status.next_step}", highlight=False, markup=False)

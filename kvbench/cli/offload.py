@@ -18,11 +18,13 @@ from typing import Annotated
 
 import typer
 import yaml
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from offload.probe import ProbeError, ProbeResult, format_size, free_bytes, parse_size, probe_path
+from reports.tables import print_table
+
+from .console import make_console
 
 offload_app = typer.Typer(
     help="KV-cache offload tools: measure a storage tier for an offload profile.",
@@ -75,7 +77,7 @@ def probe(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--block") from exc
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     try:
         with err.status(f"Probing {escape(str(path))} ...") as status, _sigterm_as_interrupt():
             result = probe_path(
@@ -92,13 +94,13 @@ def probe(
         err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from exc
 
-    out = Console()
+    out = make_console()
     tier_data = tier.model_dump(mode="json", exclude_none=True)
     if json_output:
         payload = json.dumps(result.model_dump(mode="json") | {"tier": tier_data}, indent=2)
         out.print(payload, markup=False, highlight=False, soft_wrap=True)
         return
-    out.print(_result_table(result))
+    print_table(out, _result_table(result))
     out.print(
         f"mode [bold]{result.mode}[/bold], {format_size(result.size)} per pass in "
         f"{format_size(result.block)} blocks, {result.passes} passes, median reported; GB = 1e9 bytes"

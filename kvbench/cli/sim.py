@@ -23,11 +23,11 @@ sim_app = typer.Typer(
 
 
 def _fail(message: str) -> typer.Exit:
-    from rich.console import Console
-
     from common.markup import console_text
 
-    Console(stderr=True).print(f"[bold red]error:[/] {console_text(message)}", highlight=False)
+    from .console import err_console
+
+    err_console.print(f"[bold red]error:[/] {console_text(message)}", highlight=False)
     return typer.Exit(2)
 
 
@@ -111,13 +111,14 @@ def serve(
 @sim_app.command()
 def profiles() -> None:
     """Print the model and hardware profiles, and the shipped deployments with their speeds."""
-    from rich.console import Console
     from rich.table import Table
 
     from harness.sim.timemodel import TimeModel
     from offload.shapes import HARDWARE, MODELS, SHIPPED_DEPLOYMENTS, Deployment, dtype_label
+    from reports.tables import print_table
 
-    console = Console()
+    from .console import console
+
     models = Table(title="Model profiles")
     for column in ("name", "checkpoint", "params", "layers", "hidden", "heads/kv", "head_dim", "ffn", "max len"):
         models.add_column(column, justify="left" if column in ("name", "checkpoint") else "right")
@@ -133,7 +134,7 @@ def profiles() -> None:
             str(m.intermediate_size),
             str(m.max_position_embeddings),
         )
-    console.print(models)
+    print_table(console, models)
 
     hardware = Table(title="Hardware profiles (per GPU)")
     for column in ("name", "BF16 TFLOP/s", "FP8 TFLOP/s", "MFU", "HBM GB", "HBM TB/s", "host link GB/s"):
@@ -148,7 +149,7 @@ def profiles() -> None:
             f"{hw.hbm_bytes_per_s / 1e12:.2f}",
             f"{hw.host_link_bytes_per_s / 1e9:.0f}",
         )
-    console.print(hardware)
+    print_table(console, hardware)
 
     shipped = Table(title="Shipped deployments (gpu_memory_utilization 0.9, 8192-token steps)")
     for column in ("model", "hardware", "tp", "dtype", "KV tokens", "TTFT 8k", "TTFT 32k", "TTFT 128k", "TPOT"):
@@ -172,7 +173,7 @@ def profiles() -> None:
             ttft(131072),
             f"{timing.decode_step_seconds(1, 8192) * 1e3:.1f} ms",
         )
-    console.print(shipped)
+    print_table(console, shipped)
 
 
 @sim_app.command()

@@ -65,9 +65,9 @@ def stats(
     ] = None,
 ) -> None:
     """Requests, duration, arrival rate, length percentiles, and the hit rate an infinite (or LRU) cache would get."""
-    from rich.console import Console
     from rich.table import Table
 
+    from reports.tables import print_table
     from workloads.trace import FORMAT_CHOICES, TraceError, load_trace, resolve_trace_path, trace_stats
 
     chosen = next((choice for choice in FORMAT_CHOICES if choice == format), None)
@@ -91,7 +91,7 @@ def stats(
         data["infinite_cache_block_hit_rate"] = None if own is None else own.block_hit_rate
         typer.echo(json.dumps(data, indent=2))
         return
-    console = Console()
+    from .console import console
 
     def share(value: float | None) -> str:
         return "—" if value is None else f"{value * 100:.1f} %"
@@ -119,7 +119,7 @@ def stats(
     ]  # fmt: skip
     for name, value in rows:
         table.add_row(name, value)
-    console.print(table)
+    print_table(console, table)
     per_bucket = ", ".join(f"{value:.2f}" for value in result.rate_over_time)
     console.print(f"arrival rate per {result.rate_bucket_s:.0f} s bucket (req/s): {per_bucket}", highlight=False)
 

@@ -64,6 +64,7 @@ def test_agentic_sweep_on_the_simulator(tmp_path: Path) -> None:
     done = kvbench("sweep", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "agents at SLO" in done.stdout and "simulated" in done.stdout
+    assert "VALID: every validity gate passed (run directory: " in done.stderr  # a sweep's verdict line
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     result = AgenticResult.read_file(run_dir / "agentic.json")
     assert result.complete and result.requests.errors == 0 and result.gpus == 1

@@ -21,12 +21,14 @@ def test_run_set_json_then_report_and_compare(tmp_path: Path) -> None:
     assert printed == json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     assert printed["arms"] == ["AMG-OFF", "ON"] and printed["context_tokens"] == [1000]
     assert "Run directory:" in done.stderr and "AMG-OFF" in done.stderr  # the table and notes: stderr
+    assert f"VALID: every validity gate passed (run directory: {run_dir})" in done.stderr  # a verdict line, valid too
     stored = yaml.safe_load((run_dir / "scenario.yaml").read_text(encoding="utf-8"))
     assert stored["workload"]["conversations"] == 1 and stored["arms"][1]["name"] == "ON"
 
     report = kvbench("report", str(run_dir), "--json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout) == printed
+    assert "VALID: every validity gate passed" in report.stderr
     both = kvbench("report", str(run_dir), str(run_dir), "--json", cwd=tmp_path)
     assert json.loads(both.stdout) == [printed, printed]
 

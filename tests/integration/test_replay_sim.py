@@ -182,6 +182,7 @@ def test_a_synthetic_kvbench_trace_replays_closed_loop(tmp_path: Path) -> None:
     (tmp_path / "closed.yaml").write_text(yaml.safe_dump(scenario))
     done = kvbench("replay", str(tmp_path / "closed.yaml"), "-o", str(tmp_path / "runs"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "VALID: every validity gate passed (run directory: " in done.stderr
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     result = ReplayResult.read_file(run_dir / "replay.json")
     (arm,) = result.results

@@ -70,6 +70,7 @@ def test_a_resumed_window_does_not_count_its_own_engine_as_a_restart(tmp_path: P
     assert restarts["status"] == "pass", restarts
     expected = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 3}[result["verdict"]["verdict"]]
     assert resumed.returncode == expected, resumed.stdout + resumed.stderr
+    assert ("VALID: " in resumed.stderr) == (expected == 0), resumed.stderr  # a verdict line for PASS too
 
 
 def test_a_failed_window_exits_1_when_it_ends_and_when_its_files_are_reported_again(tmp_path: Path) -> None:
