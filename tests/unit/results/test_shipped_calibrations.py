@@ -17,6 +17,7 @@ from harness.sim.settings import SimSettings
 from harness.store.rundir import RunDir
 from offload.profiles import resolve_profile
 from offload.shapes import Deployment
+from tests.support import repo_files
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = sorted(SHIPPED_DIR.glob("*.yaml"))
@@ -33,11 +34,9 @@ def test_at_most_six_calibrations_ship_one_per_deployment() -> None:
 
 
 def test_no_calibration_file_lies_outside_lab_but_the_shipped_ones() -> None:
-    found = set()
-    for path in ROOT.rglob("*.yaml"):
-        top = path.relative_to(ROOT).parts[0]
-        if top not in ("lab", ".git") and _is_calibration(path):
-            found.add(path)
+    found = {
+        path for path in repo_files("*.yaml") if path.relative_to(ROOT).parts[0] != "lab" and _is_calibration(path)
+    }
     assert found == set(SHIPPED)
 
 
