@@ -159,6 +159,7 @@ class ProbeRunner(Runner[RunResult]):
                 seed=self.scenario.seed,
                 tag=f"{session.arm.name}-{repetition}-{context_tokens}-{turn}-{index}",
                 tokens=tokens,
+                salt=self.prompt_salt,
             )
             outcome = await session.send(prompt, w.answer_tokens, api=w.api, ignore_eos=w.ignore_eos)
             session.append(
@@ -182,7 +183,12 @@ class ProbeRunner(Runner[RunResult]):
         w = self.workload
         arm = session.arm.name
         group = ConversationGroup(
-            w, session.tokenizer, seed=self.scenario.seed, repetition=repetition, context_tokens=context_tokens
+            w,
+            session.tokenizer,
+            seed=self.scenario.seed,
+            repetition=repetition,
+            context_tokens=context_tokens,
+            salt=self.prompt_salt,
         )
         # index -> answers so far: all a conversation keeps between turns (its document is rebuilt when large)
         alive: dict[int, list[str]] = {index: [] for index in range(w.conversations)}
