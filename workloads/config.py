@@ -427,8 +427,8 @@ class AgenticSessions(StrictModel):
     drain_timeout_s: float = Field(default=120.0, ge=0, le=MAX_TIMEOUT_S, description="After the window, in flight.")
     reset_between_points: bool = Field(
         default=False,
-        description="Reset the GPU prefix cache before each point (a point's sessions are new ones either way: only "
-        "the shared root could be reused across points, and the point's warm-up sends it first).",
+        description="Reset the GPU prefix cache before each point (a point's sessions are new ones either way, and "
+        "with workload.prompt_salt per_run each point's blocks, the shared root included, are salted with the point).",
     )
     api: Literal["completions"] = Field(default="completions", description="The blocks are sent as they are.")
     ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have max_tokens.")

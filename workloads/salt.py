@@ -7,7 +7,8 @@ starts with a header naming the salt (:func:`salted`), so its first tokens diffe
 engine's prefix cache (GPU or offload tier) cannot serve one run's turn 1 from another's. What a workload
 shares inside a run (the system prompt, a trace's repeated blocks) carries the same salt and stays shared.
 Load points add their index (:func:`point_salt`), so a sweep's next point never reuses the
-previous point's contexts.
+previous point's contexts; a probe group that ``--resume`` re-runs after an earlier attempt sent part of it adds
+the attempt (:func:`retry_salt`), so it does not find what that attempt left in an attached endpoint's tier.
 
 ``workload.prompt_salt: fixed`` keeps the salt None: the same prompts on every run (a warm start, measured
 on purpose), which is also what a run directory written before salts existed holds.
@@ -36,3 +37,9 @@ def salted(header: str, salt: str | None) -> str:
 def point_salt(salt: str | None, point: int) -> str | None:
     """The salt of one load point of a salted run (None stays None: fixed prompts are fixed on every point)."""
     return None if salt is None else f"{salt}-p{point}"
+
+
+def retry_salt(salt: str | None, attempt: int) -> str | None:
+    """The salt of a probe group re-run by attempt ``attempt`` after an earlier attempt sent some of it: an attached
+    endpoint's tier may still hold that attempt's turn 1, which the re-run must not find (None stays None)."""
+    return None if salt is None else f"{salt}-a{attempt}"
