@@ -410,7 +410,7 @@ class TracePrompts:
         """The text of ``block``: ``size`` tokens (a whole block, or the first ``size`` tokens of it)."""
         full = self._blocks.get(block)
         if full is None:
-            header = salted(f" [{block}] ", self.salt)
+            header = " " + salted(f"[{block}] ", self.salt)  # the leading blank keeps blocks apart when joined
             full = await fit_to_tokens(self.tokenizer, header, _block_stream(self.seed, block), self.block_tokens)
             self._blocks[block] = full
         if size >= self.block_tokens:

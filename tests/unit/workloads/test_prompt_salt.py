@@ -75,5 +75,11 @@ def test_trace_blocks_are_salted_per_run() -> None:
         return asyncio.run(TracePrompts(SimTokenizer(), seed=1, block_tokens=32, salt=salt).block(7, 32))
 
     assert block("a1") == block("a1") != block("b2")
-    assert block(None).startswith(" [7] ")
+    assert block(None).startswith(" [7] ") and block("a1").startswith(" Run a1. [7] ")
     assert tokens(block("a1")) == tokens(block(None)) == 32
+
+    async def joined(salt: str) -> str:
+        prompts = TracePrompts(SimTokenizer(), seed=1, block_tokens=32, salt=salt)
+        return await prompts.block(7, 32) + await prompts.block(8, 32)
+
+    assert tokens(asyncio.run(joined("a1"))) == 64  # a block's salt never fuses with the block before it
