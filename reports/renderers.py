@@ -21,6 +21,7 @@ from harness.results.lmcache_log import RANK_MIN_TOKENS
 from harness.results.provenance import provenance
 from harness.results.run_result import SETTLE_WARN, RunResult
 from harness.results.verdict import Validity
+from harness.store.manifest import prompt_salt_of
 
 from .tables import print_table
 from .ttft_table import (
@@ -53,6 +54,17 @@ def _setup_line(result: RunResult, manifest: dict[str, Any]) -> str:
         bits.append(f"gpu={gpus[0].get('name')}")
     bits.append(f"repetitions={result.repetitions}")
     return ", ".join(bits)
+
+
+def fixed_prompts_line(manifest: dict[str, Any]) -> str | None:
+    """The line a run with fixed prompts gets (a warm start measured on purpose); None for a salted or older run."""
+    salting, _ = prompt_salt_of(manifest)
+    if salting != "fixed":
+        return None
+    return (
+        "Prompts fixed (workload.prompt_salt: fixed): the same on every run, so turn 1 may be served from KV an "
+        "earlier run left (a warm start); the turn-1 hit check does not apply."
+    )
 
 
 def stream_lines(result: RunResult) -> tuple[str | None, list[str]]:
@@ -125,6 +137,9 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
         out.print(escape(settle), style="yellow" if unsettled else None, highlight=False)
     for note in endpoint_lines(result):
         out.print(escape(note), style="yellow", highlight=False)
+    fixed = fixed_prompts_line(manifest)
+    if fixed is not None:
+        out.print(escape(fixed), style="yellow", highlight=False)
     sections = (
         (
             "Where TTFT goes (ms, mean per request; engine /metrics)",
@@ -180,6 +195,9 @@ def write_markdown(result: RunResult, manifest: dict[str, Any], out_dir: Path) -
         text.extend(f"\n**Warning:** {warning}." for warning in warnings)
         text.append("")
     text.extend(f"{md_text(note)}\n" for note in endpoint_lines(result))
+    fixed = fixed_prompts_line(manifest)
+    if fixed is not None:
+        text.append(f"{md_text(fixed)}\n")
     sections = (
         answer_markdown(result),
         timing_markdown(result),

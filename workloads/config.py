@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from common.schema import StrictModel
 
+from .salt import PromptSaltMode
 from .trace_model import FormatChoice
 
 MAX_COUNT = 1_000_000
@@ -34,6 +35,17 @@ StallTimeout = Annotated[
         le=MAX_TIMEOUT_S,
         description="Seconds the connection may stay silent between two reads before the request fails as a "
         "timeout (default: only request_timeout_s applies).",
+    ),
+]
+
+
+PromptSalt = Annotated[
+    PromptSaltMode,
+    Field(
+        default="per_run",
+        description="per_run: every run's prompts start with a salt of its own (manifest prompt_salt; --resume keeps "
+        "it), so no run finds an earlier run's KV and turn 1 starts cold; fixed: the same prompts on every run (a "
+        "warm start, measured on purpose: the report says so and the turn-1 hit check does not apply).",
     ),
 ]
 
@@ -119,6 +131,7 @@ class MultiRoundQAProbe(StrictModel):
     )
     request_timeout_s: RequestTimeout = 600.0
     stall_timeout_s: StallTimeout
+    prompt_salt: PromptSalt
 
     @field_validator("context_tokens")
     @classmethod
@@ -270,6 +283,7 @@ class MultiUserQA(StrictModel):
     )
     request_timeout_s: RequestTimeout = 600.0
     stall_timeout_s: StallTimeout
+    prompt_salt: PromptSalt
 
 
 class TraceReplay(StrictModel):
@@ -319,6 +333,7 @@ class TraceReplay(StrictModel):
     warmup_requests: int = Field(default=2, ge=0, description="Unmeasured short requests after each engine start.")
     request_timeout_s: float = Field(default=600.0, gt=0)
     stall_timeout_s: StallTimeout
+    prompt_salt: PromptSalt
 
     @model_validator(mode="after")
     def _closed_needs_concurrency(self) -> TraceReplay:
@@ -435,14 +450,15 @@ class AgenticSessions(StrictModel):
     drain_timeout_s: float = Field(default=120.0, ge=0, le=MAX_TIMEOUT_S, description="After the window, in flight.")
     reset_between_points: bool = Field(
         default=False,
-        description="Reset the GPU prefix cache before each point (a point's sessions are new ones either way: only "
-        "the shared root could be reused across points, and the point's warm-up sends it first).",
+        description="Reset the GPU prefix cache before each point (a point's sessions are new ones either way, and "
+        "with workload.prompt_salt per_run each point's blocks, the shared root included, are salted with the point).",
     )
     api: Literal["completions"] = Field(default="completions", description="The blocks are sent as they are.")
     ignore_eos: bool = Field(default=True, description="Ask the engine to ignore EOS so answers have max_tokens.")
     warmup_requests: int = Field(default=2, ge=0, le=MAX_COUNT, description="Unmeasured requests after start-up.")
     request_timeout_s: RequestTimeout = 600.0
     stall_timeout_s: StallTimeout
+    prompt_salt: PromptSalt
 
     @field_validator("agents")
     @classmethod

@@ -5,8 +5,9 @@ Turn 1 sends the document and the first question. Every later turn resends the w
 chat or agent front end does. The engine can therefore reuse the KV of everything but the new
 question, if it still has it.
 
-Content is deterministic from (seed, repetition, context length, conversation index), so every arm
-sees byte-identical documents and questions; token counts are exact for the engine's tokenizer.
+Content is deterministic from (seed, run salt, repetition, context length, conversation index), so every arm
+sees byte-identical documents and questions; token counts are exact for the engine's tokenizer. The run's
+salt (:mod:`.salt`) heads every document, so a repeated run's turn 1 finds no KV of an earlier run.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import random
 from dataclasses import dataclass, field
 
 from .config import MultiRoundQAProbe
+from .salt import salted
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
 
@@ -92,10 +94,11 @@ async def build_conversation(
     repetition: int,
     context_tokens: int,
     index: int,
+    salt: str | None = None,
 ) -> Conversation:
     """Conversation ``index`` of one (repetition, context length) group: the same text every time it is built."""
     doc_rng = conversation_rng(seed, repetition, context_tokens, index, "document")
-    header = f"Document {repetition}-{context_tokens}-{index}. "
+    header = salted(f"Document {repetition}-{context_tokens}-{index}. ", salt)
     document = await fit_to_tokens(tokenizer, header, doc_rng, context_tokens)
     questions = []
     for turn in range(1, workload.turns + 1):
@@ -130,11 +133,19 @@ class ConversationGroup:
     """
 
     def __init__(
-        self, workload: MultiRoundQAProbe, tokenizer: Tokenizer, *, seed: int, repetition: int, context_tokens: int
+        self,
+        workload: MultiRoundQAProbe,
+        tokenizer: Tokenizer,
+        *,
+        seed: int,
+        repetition: int,
+        context_tokens: int,
+        salt: str | None = None,
     ) -> None:
         self.workload = workload
         self.tokenizer = tokenizer
         self.seed = seed
+        self.salt = salt
         self.repetition = repetition
         self.context_tokens = context_tokens
         self.keep_documents = workload.conversations * context_tokens <= DOCUMENT_CACHE_TOKENS
@@ -151,13 +162,15 @@ class ConversationGroup:
                 repetition=self.repetition,
                 context_tokens=self.context_tokens,
                 index=index,
+                salt=self.salt,
             )
             if self.keep_documents:
                 self._kept[index] = conversation
         return ConversationState(conversation, answers)
 
 
-async def build_filler(tokenizer: Tokenizer, *, seed: int, tag: str, tokens: int) -> str:
-    """An unrelated prompt used to push other users' KV out of GPU memory."""
+async def build_filler(tokenizer: Tokenizer, *, seed: int, tag: str, tokens: int, salt: str | None = None) -> str:
+    """An unrelated prompt used to push other users' KV out of GPU memory (salted: an earlier run's filler KV
+    would be a hit, and a hit evicts nothing)."""
     rng = random.Random(f"kvbench:{seed}:filler:{tag}")
-    return await fit_to_tokens(tokenizer, f"Filler {tag}. ", rng, tokens)
+    return await fit_to_tokens(tokenizer, salted(f"Filler {tag}. ", salt), rng, tokens)

@@ -16,10 +16,12 @@ Everything is a pure function of ``(seed, session)`` or ``(seed, user)``:
 * the texts (system prompt, contexts, questions, synthetic answers) are seeded prose cut to an
   exact token count with the engine's tokenizer (:func:`workloads.text.fit_to_tokens`).
 
-So every arm and every load point sees byte-identical users. Contexts are built once, before any
-load is applied (:meth:`MultiUserWorkload.prepare`), because building a long context is CPU work
-that would stall the event loop that timestamps responses; questions are short and built per
-session, yielding to the event loop between them.
+So every arm sees byte-identical users. The texts carry the run's salt (:mod:`.salt`): the system prompt
+the run's own (shared by every user of the run), each context also the load point's
+(:meth:`MultiUserWorkload.at_point`), so a sweep's next point, or a repeated run, never finds a context KV of
+an earlier one. Contexts are built before the load is applied (:meth:`MultiUserWorkload.prepare`), because
+building a long context is CPU work that would stall the event loop that timestamps responses; questions are
+short and built per session, yielding to the event loop between them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from .config import (
     NormalDist,
     UniformDist,
 )
+from .salt import point_salt, salted
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
 
@@ -190,13 +193,23 @@ class MultiUserWorkload:
     (short) questions.
     """
 
-    def __init__(self, config: MultiUserQA, tokenizer: Tokenizer, *, seed: int) -> None:
+    def __init__(self, config: MultiUserQA, tokenizer: Tokenizer, *, seed: int, salt: str | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.seed = seed
+        self.salt = salt
+        self.point: int | None = None
+        """The load point whose contexts the texts are (None: one load, as a soak's)."""
         self._system_prompt: str | None = None
         self._contexts: dict[int, str] = {}
         self._cumulative: list[float] | None = None
+
+    def at_point(self, point: int) -> None:
+        """Build contexts for load point ``point`` from now on: fresh ones, salted with the point, so its users
+        find no KV of an earlier point's (a salted run only; fixed prompts stay the same on every point)."""
+        if self.salt is not None and point != self.point:
+            self._contexts.clear()
+        self.point = point
 
     # -- plans (pure) ----------------------------------------------------------------------
     def user_of(self, session: int) -> int:
@@ -271,7 +284,9 @@ class MultiUserWorkload:
         if self._system_prompt is None:
             tokens = self.config.system_prompt_tokens
             self._system_prompt = (
-                await fit_to_tokens(self.tokenizer, "System instructions. ", stream(self.seed, "system"), tokens)
+                await fit_to_tokens(
+                    self.tokenizer, salted("System instructions. ", self.salt), stream(self.seed, "system"), tokens
+                )
                 if tokens > 0
                 else ""
             )
@@ -282,7 +297,9 @@ class MultiUserWorkload:
         text = self._contexts.get(user)
         if text is None:
             rng = stream(self.seed, "user", user, "context-text")
-            text = await fit_to_tokens(self.tokenizer, f"Context of user {user}. ", rng, self.context_tokens(user))
+            salt = self.salt if self.point is None else point_salt(self.salt, self.point)
+            header = salted(f"Context of user {user}. ", salt)
+            text = await fit_to_tokens(self.tokenizer, header, rng, self.context_tokens(user))
             self._contexts[user] = text
         return text
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .salt import salted
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
 from .trace_model import (
@@ -396,9 +397,11 @@ def _block_stream(seed: int, block: HashId) -> random.Random:
 class TracePrompts:
     """Prompt texts of a trace's requests, built with the engine's ``tokenizer`` (see the module docstring)."""
 
-    def __init__(self, tokenizer: Tokenizer, *, seed: int, block_tokens: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, seed: int, block_tokens: int, salt: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.seed = seed
+        self.salt = salt
+        """Heads every block (:mod:`.salt`): a repeated replay finds no block of an earlier run's."""
         self.block_tokens = block_tokens
         self._blocks: dict[HashId, str] = {}
         self._partial: dict[tuple[HashId, int], str] = {}
@@ -407,7 +410,7 @@ class TracePrompts:
         """The text of ``block``: ``size`` tokens (a whole block, or the first ``size`` tokens of it)."""
         full = self._blocks.get(block)
         if full is None:
-            header = f" [{block}] "
+            header = " " + salted(f"[{block}] ", self.salt)  # the leading blank keeps blocks apart when joined
             full = await fit_to_tokens(self.tokenizer, header, _block_stream(self.seed, block), self.block_tokens)
             self._blocks[block] = full
         if size >= self.block_tokens:

@@ -66,6 +66,7 @@ from harness.results.sweep_result import PointResult, SweepResult
 from harness.runs.kinds import launch
 from harness.scenario.spec import Scenario, parse_scenario
 from harness.sim.calibration import Calibration
+from harness.store.manifest import prompt_salt_of, read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir, RunKind
 from offload.profiles import resolve_profile
@@ -346,6 +347,9 @@ def _simulate(
     if client_time_s > 0:
         engine["client_time_s"] = client_time_s
     backends = {name: arm.backend for name, arm in prepared.facts.arms.items()}
+    salting, _ = prompt_salt_of(read_manifest(prepared.run_dir.manifest_file))
+    if salting != "per_run":  # the run sent the same prompts as every run before it: its replica must too
+        workload = {**(workload or {}), "prompt_salt": "fixed"}
     sim_dir, _ = launch(kind, sim_scenario(prepared.scenario, engine, backends, workload), source=None, output_dir=out)
     return sim_dir
 

@@ -19,7 +19,7 @@ import pandas as pd
 from harness.engines.openai import COUNTS_EXACT, PROMPTS_BUILT_WITH
 from harness.scenario.spec import Scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, GroupKey, MetricsDelta
-from harness.store.manifest import read_manifest
+from harness.store.manifest import prompt_salt_of, read_manifest
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 
@@ -40,7 +40,7 @@ from .run_result import (
     TtftCell,
     pct_diff,
 )
-from .validity import judge_probe, with_engines_down, with_reset_unavailable
+from .validity import judge_probe, with_engines_down, with_reset_unavailable, with_warm_turn1
 
 NS_PER_MS = 1_000_000
 CellKey = tuple[str, int, int]
@@ -493,6 +493,9 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
         judged = with_reset_unavailable(
             judged, unavailable, result.cells, result.cache, scenario.validity.max_reset_hit_rate
         )
+        salting, _ = prompt_salt_of(read_manifest(run_dir.manifest_file))
+        if salting == "per_run":
+            judged = with_warm_turn1(judged, result.cache, scenario.validity.max_turn1_hit_rate)
         result = result.model_copy(update={"validity": judged})
     result.write_file(run_dir.summary_file)
     return result

@@ -28,6 +28,11 @@ offload tier, must say so instead of printing a table (issue 11). Gates, over th
   counters are there, the gates above judge the turns as usual (their findings then end with why the arm had
   no reset and what would make it valid); where only ``cached_tokens`` is, a share
   ``cached / prompt tokens`` (medians) above ``validity.max_reset_hit_rate`` is ``reset_missed``;
+* ``warm_turn1`` (INCONCLUSIVE): in a run whose prompts carry a per-run salt (:mod:`workloads.salt`), turn 1 of
+  a cell has ``(gpu + external hits) / prompt_tokens > validity.max_turn1_hit_rate``: turn 1 was served from
+  KV it should not find (an earlier run's, or another arm's on the same engine), so it did not start cold
+  (:func:`with_warm_turn1`). Runs with fixed prompts (``workload.prompt_salt: fixed``, or written before
+  salts) are not judged: their warm start is what they measure;
 * ``engine_died`` (FAILED): in the run's last attempt an arm's engine process exited, or its endpoint refused
   connections, and the arm ended there (``engine_events.jsonl``); a later attempt that finishes the arm clears it.
 
@@ -277,4 +282,38 @@ def with_reset_unavailable(
     if not findings and judged == validity.findings:
         return validity
     every = [*judged, *findings]
+    return validity.model_copy(update={"findings": every, "verdict": verdict_of(every)})
+
+
+def turn1_hit_share(stats: CacheStats) -> float | None:
+    """``(gpu + external hits) / prompt tokens`` of a turn-1 cell; None without the counters."""
+    prompt = stats.prompt_tokens or stats.gpu_queries
+    if stats.turn != 1 or not prompt or (stats.gpu_hits is None and stats.external_hits is None):
+        return None
+    return ((stats.gpu_hits or 0.0) + (stats.external_hits or 0.0)) / prompt
+
+
+def with_warm_turn1(validity: Validity, cache: Sequence[CacheStats], max_turn1_hit_rate: float) -> Validity:
+    """``validity`` with a ``warm_turn1`` finding for each turn-1 cell whose hit share passes the limit (for runs
+    whose prompts are salted per run: such a turn 1 should find no KV but the shared system prompt's)."""
+    findings: list[Finding] = []
+    for stats in cache:
+        share = turn1_hit_share(stats)
+        if share is None or share <= max_turn1_hit_rate:
+            continue
+        findings.append(
+            Finding(
+                gate="warm_turn1",
+                arm=stats.arm,
+                context_tokens=stats.context_tokens,
+                turn=1,
+                message=f"{stats.arm} {stats.context_tokens} tokens turn 1: {share:.0%} of prompt tokens were cache "
+                f"hits (GPU {stats.gpu_hits or 0:.0f}, offload tier {stats.external_hits or 0:.0f} of "
+                f"{stats.prompt_tokens or stats.gpu_queries or 0:.0f}) although the run's prompts are its own, so "
+                f"turn 1 did not start cold (limit validity.max_turn1_hit_rate {max_turn1_hit_rate:.0%})",
+            )
+        )
+    if not findings:
+        return validity
+    every = [*validity.findings, *findings]
     return validity.model_copy(update={"findings": every, "verdict": verdict_of(every)})

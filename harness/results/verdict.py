@@ -35,6 +35,7 @@ GateName = Literal[
     "engine_restarted",
     "engine_died",
     "reset_unavailable",
+    "warm_turn1",
 ]
 FAILING_GATES: frozenset[str] = frozenset({"no_success", "error_rate", "engine_died"})
 """Gates that make the run ``failed``; the others make it ``inconclusive``."""

@@ -31,6 +31,7 @@ from harness.results.agentic_result import AgenticResult
 from harness.store.records import Phase, RequestRecord
 from workloads.agentic import AgentCall, AgentSessionPlan, AgentSessions
 from workloads.config import AgenticSessions
+from workloads.salt import point_salt
 from workloads.trace import TracePrompts
 
 from .energy import energy_meter
@@ -75,11 +76,18 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
         self.progress.describe(f"{arm.name}: warming up")
         await session.warm_up(config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag="agentic")
         sessions = self.sessions
-        prompts = TracePrompts(session.tokenizer, seed=self.scenario.seed, block_tokens=sessions.block_tokens)
         await session.reset_prefix_cache(required=False)
         for index in self.pending()[arm.name]:
             if config.reset_between_points:
                 await session.reset_prefix_cache(required=False)
+            # a point's own salt: an agent trace's sessions come round again at the next point, and must not find
+            # the blocks this point sent
+            prompts = TracePrompts(
+                session.tokenizer,
+                seed=self.scenario.seed,
+                block_tokens=sessions.block_tokens,
+                salt=point_salt(self.prompt_salt, index),
+            )
             await session.while_alive(self._run_point(session, index, sessions, prompts))
 
     async def _run_point(self, session: ArmSession, index: int, sessions: AgentSessions, prompts: TracePrompts) -> None:

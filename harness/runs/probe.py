@@ -5,7 +5,10 @@ list of (repetition, context length) groups per arm; each group builds its conve
 turn 1 cold (GPU prefix cache reset when the scenario says so), makes turn 2 a *returning* user
 (reset, filler traffic, or a disabled GPU prefix cache), scrapes ``/metrics`` around every turn
 (``engine_metrics.jsonl``) and, once finished, appends a :class:`GroupDone` to ``progress.jsonl``.
-Resume skips every finished group, so a killed run loses at most the group in flight.
+Resume skips every finished group, so a killed run loses at most the group in flight. Prompts carry the run's
+salt (:mod:`workloads.salt`: a repeated run starts turn 1 cold); a group an earlier attempt left unfinished is
+re-run under the salt and the attempt (:meth:`ProbeRunner.group_salt`), so it does not find its own turn 1 in
+an attached endpoint's tier.
 
 ``between_turns: auto`` (the default) chooses per arm, once, after the warm-up: the GPU prefix-cache reset where
 the engine kind drops the GPU cache alone (:func:`harness.engines.kinds.check_supported` of mode
@@ -34,6 +37,7 @@ the engine restarts the spine saw (``engine_restarts``), which make the run INCO
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,6 +60,7 @@ from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from harness.store.rundir import RunDir
 from workloads.config import FILLER_MARGIN, MultiRoundQAProbe
 from workloads.multi_round_qa import ConversationGroup, ConversationState, build_filler
+from workloads.salt import retry_salt
 from workloads.tokenizer import TokenIds, tokenizer_facts
 
 from .progress import RunProgress
@@ -110,6 +115,21 @@ class ProbeRunner(Runner[RunResult]):
             for context in self.workload.context_tokens
             if (arm.name, repetition, context) not in done
         ]
+
+    @functools.cached_property
+    def _started_before(self) -> frozenset[tuple[str, int, int]]:
+        """(arm, repetition, context) groups an earlier attempt sent requests of: their re-run is salted apart."""
+        return frozenset(
+            (record.arm, record.repetition, record.context_tokens or 0)
+            for record in self.run_dir.records()
+            if record.attempt < self.attempt and record.phase in ("measure", "filler")
+        )
+
+    def group_salt(self, arm: str, repetition: int, context_tokens: int) -> str | None:
+        """The run's salt, or for a group an earlier attempt left unfinished the run's salt and this attempt."""
+        if (arm, repetition, context_tokens) in self._started_before:
+            return retry_salt(self.prompt_salt, self.attempt)
+        return self.prompt_salt
 
     def arms_with_work(self) -> list[Arm]:
         return [arm for arm in self.selected_arms() if self._groups(arm)]
@@ -279,6 +299,7 @@ class ProbeRunner(Runner[RunResult]):
                     seed=self.scenario.seed,
                     tag=f"{session.arm.name}-{repetition}-{context_tokens}-{turn}-{index}",
                     tokens=tokens,
+                    salt=self.group_salt(session.arm.name, repetition, context_tokens),
                 )
                 outcome = await session.send(prompt, FILLER_ANSWER_TOKENS, api=w.api, ignore_eos=w.ignore_eos)
             session.append(
@@ -302,7 +323,12 @@ class ProbeRunner(Runner[RunResult]):
         w = self.workload
         arm = session.arm.name
         group = ConversationGroup(
-            w, session.tokenizer, seed=self.scenario.seed, repetition=repetition, context_tokens=context_tokens
+            w,
+            session.tokenizer,
+            seed=self.scenario.seed,
+            repetition=repetition,
+            context_tokens=context_tokens,
+            salt=self.group_salt(arm, repetition, context_tokens),
         )
         # index -> answers so far: all a conversation keeps between turns (its document is rebuilt when large)
         alive: dict[int, list[str]] = {index: [] for index in range(w.conversations)}

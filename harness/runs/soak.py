@@ -184,7 +184,7 @@ class SoakRunner(Runner[SoakResult]):
             config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag=f"soak-warmup-{self.attempt}"
         )
         await session.reset_prefix_cache(required=False)
-        workload = MultiUserWorkload(config, session.tokenizer, seed=self.scenario.seed)
+        workload = MultiUserWorkload(config, session.tokenizer, seed=self.scenario.seed, salt=self.prompt_salt)
         self.progress.describe(f"{arm.name}: building {config.users} user contexts")
         await workload.prepare()
         self.progress.describe(f"{arm.name}: {describe_load(self.sweep, self.spec.load or 0.0)}")

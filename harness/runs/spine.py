@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -61,7 +62,7 @@ from harness.results.fleet import summarize_fleet
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
 from harness.store.events import EngineDown
-from harness.store.manifest import Manifest
+from harness.store.manifest import Manifest, prompt_salt_of, read_manifest
 from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from offload.profiles import session_dir_name
@@ -371,6 +372,12 @@ class Runner(ABC, Generic[ResultT]):
         """Engine sessions started so far (the ``s<n>`` of their tier directories)."""
         self._tier_token = uuid.uuid4().hex[:8]
         """Keeps tier directories of two runs apart whose run directories share a name (on one shared path)."""
+
+    @functools.cached_property
+    def prompt_salt(self) -> str | None:
+        """The run's prompt salt, from the manifest (so ``--resume`` builds the same prompts); None where the run's
+        prompts are fixed (``workload.prompt_salt: fixed``, or a run directory written before salts)."""
+        return prompt_salt_of(read_manifest(self.run_dir.manifest_file))[1]
 
     def selected_arms(self) -> list[Arm]:
         """The scenario's arms this invocation may run (``--arm``; default all). The others keep their

@@ -1,9 +1,11 @@
 """``kvbench sweep``: the multi-user workload over a grid of loads, per arm, into capacity curves.
 
 What differs from the other run kinds (the spine, :mod:`.spine`, does the rest): per arm, after
-the warm-up, the users' contexts are built once and the engine's prefix cache is reset; then each
-pending load point runs one :func:`~harness.runs.load.run_load` window (warm-up seconds, then the
-measured window) with ``/metrics`` scraped at the window's edges and the GPUs' energy metered
+the warm-up, the engine's prefix cache is reset; then, for each pending load point, the users' contexts
+of that point are built (fresh per point in a salted run, so a point's users never find a previous
+point's context KV: :meth:`~workloads.multi_user.MultiUserWorkload.at_point`) and the point runs one
+:func:`~harness.runs.load.run_load` window (warm-up seconds, then the measured window) with
+``/metrics`` scraped at the window's edges and the GPUs' energy metered
 (:mod:`.energy`), and appends a
 :class:`~harness.store.events.PointDone` to ``points.jsonl``. The result (``sweep.json``) is
 :func:`harness.results.sweep.summarize_sweep` of the stored files; the curves are drawn by reports.
@@ -68,7 +70,9 @@ class SweepRunner(PointGridRunner[SweepResult]):
     def _workload_for(self, session: ArmSession) -> MultiUserWorkload:
         """One workload (and text cache) for the whole sweep; each arm's engine tokenizes for it."""
         if self._workload is None:
-            self._workload = MultiUserWorkload(self.config, session.tokenizer, seed=self.scenario.seed)
+            self._workload = MultiUserWorkload(
+                self.config, session.tokenizer, seed=self.scenario.seed, salt=self.prompt_salt
+            )
         else:
             self._workload.tokenizer = session.tokenizer
         return self._workload
@@ -78,8 +82,6 @@ class SweepRunner(PointGridRunner[SweepResult]):
         self.progress.describe(f"{arm.name}: warming up")
         await session.warm_up(config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag="sweep-warmup")
         workload = self._workload_for(session)
-        self.progress.describe(f"{arm.name}: building {config.users} user contexts")
-        await workload.prepare()
         await session.reset_prefix_cache(required=False)
         async with contextlib.AsyncExitStack() as stack:
             sender: StreamingClient = session.client
@@ -94,6 +96,9 @@ class SweepRunner(PointGridRunner[SweepResult]):
                     )
                 )
             for index in self.pending()[arm.name]:
+                workload.at_point(index)
+                self.progress.describe(f"{arm.name}: building {config.users} user contexts")
+                await workload.prepare()
                 if spec.reset_between_points:
                     await session.reset_prefix_cache(required=False)
                 await session.while_alive(self._run_point(session, index, sender, workload))

@@ -266,7 +266,9 @@ class TraceRunner(Runner[ReplayResult]):
 
     async def _prompts(self, session: ArmSession) -> list[Prompt]:
         """Each call's prompt as the engine is sent it: token ids, chat messages, or text (hash blocks built)."""
-        builder = TracePrompts(session.tokenizer, seed=self.scenario.seed, block_tokens=self.trace.block_tokens)
+        builder = TracePrompts(
+            session.tokenizer, seed=self.scenario.seed, block_tokens=self.trace.block_tokens, salt=self.prompt_salt
+        )
         prompts: list[Prompt] = []
         total = len(self.trace.requests)
         for index, request in enumerate(self.trace.requests):

@@ -317,6 +317,14 @@ class ValiditySpec(StrictModel):
         "between_turns drops it (or from any cache in an arm without offload tiers) before the run is "
         "INCONCLUSIVE (exit 3).",
     )  # fmt: skip
+    max_turn1_hit_rate: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="Most share of a turn-1 cell's prompt tokens served from any cache (GPU or offload tier) in a "
+        "run whose prompts are its own (workload.prompt_salt: per_run) before the run is INCONCLUSIVE (exit 3): "
+        "only the shared system prompt and chat template may hit (the simulator's 50-token turn 1: about 14 %).",
+    )
 
 
 class OutputSpec(StrictModel):

@@ -10,6 +10,11 @@ they were not measured) when its engine kind runs on this machine's GPUs; per at
 resumed run may run on another host. Attempts without it (simulator, attached endpoints, no GPU,
 files written before it) have no such key.
 
+Version 2 adds ``prompt_salt``: the run's prompt salt (:mod:`workloads.salt`), drawn when the run directory is
+created and reused by every ``--resume``, or null where the scenario keeps prompts fixed
+(``workload.prompt_salt: fixed``). A version-1 manifest was written before salts existed: its prompts were the
+same on every run (:func:`prompt_salt_of` says ``unrecorded``); kvbench still reads and resumes it unsalted.
+
 An attempt ends ``completed``, ``interrupted`` or ``failed`` with a one-line ``reason``. That last
 write must succeed on a full disk too: the file carries :data:`SLACK_BYTES` of trailing blanks
 (JSON allows them), and when the atomic replace cannot get space the manifest is rewritten in
@@ -29,7 +34,7 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -41,8 +46,11 @@ from common.schema import first_problem
 from harness.engines.base import EngineFacts
 from harness.engines.host_link import HostLink
 from harness.scenario.spec import Scenario
+from workloads.salt import new_salt
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+READ_VERSIONS = (1, 2)
+"""Manifest versions this kvbench reads: 1 (before per-run prompt salts) and 2."""
 SLACK_BYTES = 1024
 """Trailing blanks kept in the file so the final status and reason fit in place on a full disk."""
 REASON_CHARS = 300
@@ -138,6 +146,7 @@ class Manifest:
                 "scenario_name": scenario.name,
                 "scenario_source": str(source) if source else None,
                 "scenario": redact_data(scenario.model_dump(mode="json")),
+                "prompt_salt": new_salt() if scenario.workload.prompt_salt == "per_run" else None,
                 "kvbench_version": __version__,
                 "kvbench_git_sha": git_sha(Path(__file__).resolve().parent),
                 "command": redact_argv(sys.argv),
@@ -231,15 +240,21 @@ def check_manifest(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     (written by hand, or by tests) is checked for the types of the fields it has.
     """
     version = data.get("manifest_version")
-    if "manifest_version" in data and (type(version) is not int or version != MANIFEST_VERSION):
-        raise RunDirError(f"{path}: manifest_version {version!r}; this kvbench reads {MANIFEST_VERSION}")
+    if "manifest_version" in data and (type(version) is not int or version not in READ_VERSIONS):
+        readable = " or ".join(map(str, READ_VERSIONS))
+        raise RunDirError(f"{path}: manifest_version {version!r}; this kvbench reads {readable}")
     for field, kind, what in MANIFEST_FIELDS:
         if field not in data:
             if "manifest_version" in data:
-                raise RunDirError(f"{path}: {field}: missing (a manifest of version {MANIFEST_VERSION} has it)")
+                raise RunDirError(f"{path}: {field}: missing (a manifest of version {version} has it)")
             continue
         if not isinstance(data[field], kind):
             raise RunDirError(f"{path}: {field}: must be {what}, got {type(data[field]).__name__}")
+    if version == 2 and "prompt_salt" not in data:
+        raise RunDirError(f"{path}: prompt_salt: missing (a manifest of version 2 has it: a string, or null)")
+    salt = data.get("prompt_salt")
+    if salt is not None and not (isinstance(salt, str) and salt.isalnum()):
+        raise RunDirError(f"{path}: prompt_salt: must be letters and digits, or null; got {salt!r}")
     for index, attempt in enumerate(data.get("attempts", [])):
         if not isinstance(attempt, dict) or type(attempt.get("attempt", 0)) is not int:
             raise RunDirError(f"{path}: attempts[{index}]: must be an object with an integer attempt")
@@ -279,3 +294,15 @@ def attempt_host_links(manifest: Mapping[str, Any], where: str) -> list[HostLink
         except ValidationError as error:
             raise RunDirError(f"{where}: {first_problem(error, prefix=(f'attempts[{index}].host_link',))}") from None
     return links
+
+
+PromptSaltState = Literal["per_run", "fixed", "unrecorded"]
+
+
+def prompt_salt_of(manifest: Mapping[str, Any]) -> tuple[PromptSaltState, str | None]:
+    """How the run salted its prompts, and the salt: ``per_run`` (a salt), ``fixed`` (null: the scenario kept
+    prompts fixed), ``unrecorded`` (a version-1 manifest, or none: written before salts; prompts were fixed)."""
+    if "prompt_salt" not in manifest:
+        return "unrecorded", None
+    salt = manifest["prompt_salt"]
+    return ("per_run", salt) if isinstance(salt, str) else ("fixed", None)

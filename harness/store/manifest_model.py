@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from harness.engines.host_link import HostLink
 
@@ -59,14 +59,28 @@ class ManifestHost(_Manifest):
 class ManifestFile(_Manifest):
     """``manifest.json``: what ran, where, with which versions (secrets redacted)."""
 
-    manifest_version: Literal[1]
+    manifest_version: Literal[1, 2] = Field(description="2 since per-run prompt salts; 1 before (no prompt_salt).")
     run_id: str
     scenario_name: str
     scenario_source: str | None = Field(description="The scenario file the run started from.")
     scenario: dict[str, JsonValue] = Field(description="The effective scenario, as scenario.yaml holds it.")
+    prompt_salt: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9]+$",
+        description="Version 2 (required there): the salt ahead of every prompt of the run, kept by --resume; null "
+        "when workload.prompt_salt is fixed. A version-1 manifest has none: its prompts were the same on every run.",
+    )
     kvbench_version: str
     kvbench_git_sha: str | None
     command: list[str] = Field(description="kvbench's own argv (secrets redacted).")
     engines: dict[str, ManifestEngine] = Field(description="Per arm.")
     attempts: list[ManifestAttempt]
     host: ManifestHost
+
+    @model_validator(mode="after")
+    def _version_2_has_salt(self) -> ManifestFile:
+        if self.manifest_version == 2 and "prompt_salt" not in self.model_fields_set:
+            raise ValueError("prompt_salt: missing (a manifest of version 2 has it: a string, or null)")
+        if self.manifest_version == 1 and self.prompt_salt is not None:
+            raise ValueError("prompt_salt: a version-1 manifest predates prompt salts")
+        return self
