@@ -35,6 +35,8 @@ def read_yaml_mapping(
         data = yaml.load(text, Loader=loader)  # a SafeLoader: plain data, never arbitrary objects
     except yaml.YAMLError as problem:
         raise error(f"{path}: not valid YAML: {problem}") from None
+    except RecursionError:  # the composer recurses once per level: [[[[... past Python's stack
+        raise error(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         got = "nothing" if data is None else type(data).__name__
         raise error(f"{path}: expected a mapping at the top level, got {got}{f' ({hint})' if hint else ''}")

@@ -42,13 +42,14 @@ word boundaries) never merge a token across two blocks.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from common.jsonfile import JsonProblem, parse_json
 
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
@@ -145,13 +146,14 @@ def _decode_lines(path: Path) -> list[tuple[int, str, bool]]:
 
 def _parse_json(path: Path, number: int, text: str, last_unterminated: bool) -> dict[str, object]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
+        data = parse_json(text)
+    except JsonProblem as error:
         if last_unterminated:
             raise TraceError(
-                f"{path}:{number}: truncated last line (no newline and not a complete JSON object: {error.msg})"
+                f"{path}:{number}: truncated last line (no newline and not a complete JSON object: {error.reason})"
             ) from None
-        raise TraceError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        where = "" if error.column is None else f" at column {error.column}"
+        raise TraceError(f"{path}:{number}: not valid JSON ({error.reason}{where})") from None
     if not isinstance(data, dict):
         raise TraceError(f"{path}:{number}: expected a JSON object, got {_type_name(data)}")
     return data
