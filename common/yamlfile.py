@@ -60,6 +60,24 @@ Yaml12BooleansLoader.add_implicit_resolver(
 )
 
 
+class AliasRefused(yaml.YAMLError):
+    """A YAML alias (``*name``) where :class:`NoAliasesLoader` reads; the message names the alias."""
+
+
+class NoAliasesLoader(Yaml12BooleansLoader):
+    """:class:`Yaml12BooleansLoader` that refuses aliases: a one-line value (``--set``) has no use for them, and
+    nested aliases (``a: &a [x, x]; b: &b [*a, *a]; ...``) grow a few bytes into a value whose every echo is
+    exponentially long (a "billion laughs")."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            alias = self.peek_event()  # type: ignore[no-untyped-call]
+            assert isinstance(alias, yaml.AliasEvent)  # check_event said so
+            column = "" if alias.start_mark is None else f" (column {alias.start_mark.column + 1})"
+            raise AliasRefused(f"the alias *{alias.anchor}{column} is not allowed here")
+        return super().compose_node(parent, index)
+
+
 # -- ${VAR} and ${VAR:-default} in scenario files ------------------------------------------------------------
 ENV_REFERENCE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 """``${VAR}``, ``${VAR:-default}`` (the default when VAR is unset or empty, as in a POSIX shell) and ``$$`` (a
