@@ -42,13 +42,15 @@ def copied_run(tmp_path: Path) -> Path:
     return run
 
 
-@pytest.mark.parametrize("fmt", ["auto", "mooncake", "bailian", "claude-code"])
-def test_a_deeply_nested_trace_line_is_one_line_naming_file_and_line(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "deep_line"), [("auto", 2), ("bailian", 2), ("auto", 1), ("claude-code", 1)])
+def test_a_deeply_nested_trace_line_is_one_line_naming_file_and_line(tmp_path: Path, fmt: str, deep_line: int) -> None:
     trace = tmp_path / "deep.jsonl"
     first = {"chat_id": "a", "parent_chat_id": -1, "timestamp": 0, "input_length": 16, "output_length": 1}
-    trace.write_text(json.dumps(first | {"type": "text", "turn": 1, "hash_ids": [1]}) + "\n" + DEEP + "\n")
+    lines = [json.dumps(first | {"type": "text", "turn": 1, "hash_ids": [1]})]
+    lines.insert(deep_line - 1, DEEP)  # a trace is read in file order: the first bad line is the one named
+    trace.write_text("\n".join(lines) + "\n")
     done = kvbench("trace", "stats", str(trace), "--format", fmt, cwd=tmp_path)
-    one_line_error(done, f"{trace}:2", "nested deeper than")
+    one_line_error(done, f"{trace}:{deep_line}", "nested deeper than")
 
 
 def test_a_deeply_nested_manifest_is_one_line(tmp_path: Path) -> None:
