@@ -4,7 +4,6 @@ Scenario files are validated once and then never mutated: every model is frozen 
 unknown keys, so a typo in a YAML file is an error rather than a silently ignored setting.
 """
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar, Self
@@ -12,6 +11,7 @@ from typing import ClassVar, Self
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import RunDirError
+from .jsonfile import JsonProblem, parse_json
 
 
 def first_problem(error: ValidationError, *, prefix: Sequence[str | int] = (), whole: str = "") -> str:
@@ -84,13 +84,16 @@ class VersionedFile(BaseModel):
         except UnicodeDecodeError as error:
             raise RunDirError(f"{target}: not UTF-8 text: {error}") from None
         try:
-            version = json.loads(raw).get("schema_version")
-        except (ValueError, AttributeError) as error:
+            document = parse_json(raw)
+        except JsonProblem as error:
             raise RunDirError(f"{target}: not a JSON object: {error}") from None
+        if not isinstance(document, dict):
+            raise RunDirError(f"{target}: not a JSON object: got {type(document).__name__}")
+        version = document.get("schema_version")
         expected = cls.schema_version_read()
         if version != expected:
             raise RunDirError(f"{target}: schema_version {version!r}; this kvbench reads {expected}")
         try:
             return cls.model_validate_json(raw)
-        except ValueError as error:
-            raise RunDirError(f"{target}: not a valid {cls.__name__}: {error}") from None
+        except ValidationError as error:
+            raise RunDirError(f"{target}: not a valid {cls.__name__}: {first_problem(error)}") from None

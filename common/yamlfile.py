@@ -35,6 +35,8 @@ def read_yaml_mapping(
         data = yaml.load(text, Loader=loader)  # a SafeLoader: plain data, never arbitrary objects
     except yaml.YAMLError as problem:
         raise error(f"{path}: not valid YAML: {problem}") from None
+    except RecursionError:  # the composer recurses once per level: [[[[... past Python's stack
+        raise error(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         got = "nothing" if data is None else type(data).__name__
         raise error(f"{path}: expected a mapping at the top level, got {got}{f' ({hint})' if hint else ''}")
@@ -56,6 +58,24 @@ Yaml12BooleansLoader.yaml_implicit_resolvers = {
 Yaml12BooleansLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+
+
+class AliasRefused(yaml.YAMLError):
+    """A YAML alias (``*name``) where :class:`NoAliasesLoader` reads; the message names the alias."""
+
+
+class NoAliasesLoader(Yaml12BooleansLoader):
+    """:class:`Yaml12BooleansLoader` that refuses aliases: a one-line value (``--set``) has no use for them, and
+    nested aliases (``a: &a [x, x]; b: &b [*a, *a]; ...``) grow a few bytes into a value whose every echo is
+    exponentially long (a "billion laughs")."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            alias = self.peek_event()  # type: ignore[no-untyped-call]
+            assert isinstance(alias, yaml.AliasEvent)  # check_event said so
+            column = "" if alias.start_mark is None else f" (column {alias.start_mark.column + 1})"
+            raise AliasRefused(f"the alias *{alias.anchor}{column} is not allowed here")
+        return super().compose_node(parent, index)
 
 
 # -- ${VAR} and ${VAR:-default} in scenario files ------------------------------------------------------------

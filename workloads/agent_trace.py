@@ -40,9 +40,11 @@ Format detection (:func:`detect_format`) looks at the first line's fields only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from common.jsonfile import clipped, short_repr
 
 from .trace_model import HEADER_KEY, CallType, HashId, TraceError, TraceFormat, TraceRequest, _Line
 
@@ -72,14 +74,15 @@ def detect_format(path: str, first: _Line) -> TraceFormat:
         return "text"
     if "hash_ids" in keys and "timestamp" in keys:
         return "mooncake"
-    shown = ", ".join(sorted(keys)[:8]) or "none"
+    shown = clipped(", ".join(sorted(keys)[:8])) or "none"
     raise TraceError(
-        f"{path}:{first.number}: cannot tell the trace format from the first line's fields ({shown}); "
-        "give --format (mooncake, kvbench, bailian, claude-code, tokens, text)"
+        f"{path}:{first.number}: cannot tell the trace format from the first line's fields ({shown}); name it "
+        "(trace stats --format, a scenario's workload.format): one of mooncake, kvbench, bailian, claude-code, "
+        "tokens, text"
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Call:
     """A parsed call before its position in the trace is known (parents by key)."""
 
@@ -112,9 +115,11 @@ def _seconds(line: _Line, field: str, value: object) -> float:
 def _hash_list(line: _Line, field: str, value: object, input_length: int, block: int) -> list[HashId]:
     if not isinstance(value, list) or not value:
         raise line.error(field, f"must be a non-empty list of block ids, got {type(value).__name__}")
+    ids: list[HashId] = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int | str):
-            raise line.error(field, f"ids must be integers or strings, got {item!r}")
+            raise line.error(field, f"ids must be integers or strings, got {short_repr(item)}")
+        ids.append(item)
     needed = -(-input_length // block)
     if len(value) != needed:
         raise line.error(
@@ -122,13 +127,14 @@ def _hash_list(line: _Line, field: str, value: object, input_length: int, block:
             f"{len(value)} ids of {block} tokens do not cover {input_length} input tokens "
             f"(needs ceil({input_length}/{block}) = {needed} ids)",
         )
-    return list(value)
+    return ids
 
 
 def parse_agent_trace(
-    format: AgentFormat, lines: Sequence[_Line], block_tokens: int | None
+    format: AgentFormat, lines: Iterable[_Line], block_tokens: int | None, path: str
 ) -> tuple[int, list[TraceRequest]]:
-    """(block size, requests in arrival order with parents as positions) of an agent trace's lines."""
+    """(block size, requests in arrival order with parents as positions) of an agent trace's lines, read once
+    (a stream: each line's data is dropped once its calls are made)."""
     block = block_tokens or DEFAULT_BLOCK_TOKENS[format]
     calls: list[_Call]
     if format == "bailian":
@@ -136,23 +142,25 @@ def parse_agent_trace(
     elif format == "claude-code":
         block, calls = _claude_code(lines, block_tokens)
     elif format == "tokens":
-        calls = _per_session([_tokens(line) for line in lines], lines)
+        calls = _per_session(_tokens(line) for line in lines)
     else:
-        calls = _per_session([_text(line) for line in lines], lines)
-    # stable: calls with equal times keep the file's order (a conversation's own order for claude-code)
-    ordered = sorted(calls, key=lambda call: (call.timestamp_ms, call.line, call.order))
+        calls = _per_session(_text(line) for line in lines)
+    known = {call.key for call in calls}
+    # stable: calls with equal times keep the file's order (a conversation's own order for claude-code); taken
+    # from the end of the reversed list, so each parsed call is freed once its request with a parent is made
+    calls.sort(key=lambda call: (call.timestamp_ms, call.line, call.order))
+    calls.reverse()
     position: dict[object, int] = {}
     requests: list[TraceRequest] = []
-    by_line = {line.number: line for line in lines}
-    known = {call.key for call in calls}
-    for index, call in enumerate(ordered):
+    while calls:
+        call, index = calls.pop(), len(requests)
         if call.key in position:
-            raise by_line[call.line].error(_key_field(format), f"{call.request.call_id!r} appears twice")
+            raise _Line(path, call.line, {}).error(_key_field(format), f"{call.request.call_id!r} appears twice")
         parent: int | None = None
         # a parent no line has (it arrived before the trace's first line) makes the call a root, as in a window
         if call.parent_key is not None and call.parent_key in known:
             if call.parent_key not in position:
-                raise by_line[call.line].error(
+                raise _Line(path, call.line, {}).error(
                     _parent_field(format),
                     f"{call.request.call_id!r} waits for {_shown(call.parent_key)}, which is not an earlier call "
                     "of the trace (a parent must arrive no later than its child)",
@@ -210,7 +218,7 @@ def _bailian(line: _Line, block: int) -> _Call:
         timestamp_ms=_seconds(line, "timestamp", line.require("timestamp")),
         input_length=input_length,
         output_length=line.integer("output_length", 0),
-        hash_ids=tuple(_hash_list(line, "hash_ids", line.require("hash_ids"), input_length, block)),
+        hash_ids=line.ids(_hash_list(line, "hash_ids", line.require("hash_ids"), input_length, block)),
         session=str(chat_id),
         turn=line.integer("turn", 0),
         call_id=str(chat_id),
@@ -222,7 +230,7 @@ def _bailian(line: _Line, block: int) -> _Call:
 # -- claude-code ------------------------------------------------------------------------------------
 
 
-def _claude_code(lines: Sequence[_Line], asked: int | None) -> tuple[int, list[_Call]]:
+def _claude_code(lines: Iterable[_Line], asked: int | None) -> tuple[int, list[_Call]]:
     block: int | None = asked
     block_line = 0
     calls: list[_Call] = []
@@ -276,7 +284,7 @@ def _conversation(line: _Line, block: int) -> list[_Call]:
             chain: object = ("after", last_normal) if agent is None else ("agent", _id(line, f"{where}.agent", agent))
             parent = chains.get(chain, last_normal)
             chains[chain] = k
-        scoped = tuple(ids) if scope == "global" else tuple(f"{conversation}/{h}" for h in ids)
+        scoped = line.ids(ids if scope == "global" else (f"{conversation}/{h}" for h in ids))
         request = TraceRequest(
             line=line.number,
             timestamp_ms=stamp,
@@ -296,11 +304,11 @@ def _conversation(line: _Line, block: int) -> list[_Call]:
 # -- tokens and text ----------------------------------------------------------------------------------
 
 
-def _per_session(parsed: list[tuple[_Call, int]], lines: Sequence[_Line]) -> list[_Call]:
+def _per_session(parsed: Iterable[tuple[_Line, _Call, int]]) -> list[_Call]:
     """Chains each session's calls in file order: a call's parent is its session's previous call."""
     last: dict[str | None, tuple[object, int]] = {}
     out: list[_Call] = []
-    for (call, turn), line in zip(parsed, lines, strict=True):
+    for line, call, turn in parsed:
         session = call.request.session
         before = last.get(session)
         if before is not None and turn <= before[1]:
@@ -311,7 +319,7 @@ def _per_session(parsed: list[tuple[_Call, int]], lines: Sequence[_Line]) -> lis
     return out
 
 
-def _tokens(line: _Line) -> tuple[_Call, int]:
+def _tokens(line: _Line) -> tuple[_Line, _Call, int]:
     session = str(_id(line, "session_id", line.require("session_id")))
     turn = line.integer("turn_idx", 0)
     input_length = line.integer("input_toks", 1)
@@ -332,10 +340,10 @@ def _tokens(line: _Line) -> tuple[_Call, int]:
         call_type="normal",
         token_ids=tuple(ids),
     )
-    return _Call(line.number, 0, request.timestamp_ms, request, line.number, None), turn
+    return line, _Call(line.number, 0, request.timestamp_ms, request, line.number, None), turn
 
 
-def _text(line: _Line) -> tuple[_Call, int]:
+def _text(line: _Line) -> tuple[_Line, _Call, int]:
     session = str(_id(line, "session_id", line.require("session_id")))
     stamp = _seconds(line, "timestamp", line.require("timestamp"))
     raw = line.require("input")
@@ -374,7 +382,7 @@ def _text(line: _Line) -> tuple[_Call, int]:
         call_type="normal",
         messages=messages,
     )
-    return _Call(line.number, 0, stamp, request, line.number, None), line.number
+    return line, _Call(line.number, 0, stamp, request, line.number, None), line.number
 
 
 def prompt_string_of(messages: Sequence[tuple[str, str]]) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,9 +89,12 @@ Block = tuple[Hashable, int]
 
 
 def _hash_blocks(request: TraceRequest, fine: int, factor: int) -> list[Block]:
-    """The request's blocks of ``factor`` fine blocks: identity the tuple of fine ids, size their tokens."""
+    """The request's blocks of ``factor`` fine blocks: identity the tuple of fine ids (the id itself for one: the
+    same equality, without a tuple per block in the cache), size their tokens."""
     assert request.hash_ids is not None
     sizes = request.block_sizes(fine)
+    if factor == 1:
+        return list(zip(request.hash_ids, sizes, strict=True))
     return [
         (tuple(request.hash_ids[start : start + factor]), sum(sizes[start : start + factor]))
         for start in range(0, len(request.hash_ids), factor)
@@ -128,10 +131,11 @@ def _blocks(request: TraceRequest, trace: Trace, block: int, unit: Unit) -> list
 
 
 def _replay_cache(
-    calls: Sequence[tuple[list[Block], int]], block: int, capacity: int | None
+    calls: Iterable[tuple[list[Block], int]], block: int, capacity: int | None
 ) -> tuple[int, int, int, int]:
     """(hit tokens, hit blocks, tokens, blocks) of calls ``(blocks, prompt length)`` through a prefix cache of
-    ``capacity`` tokens (None: infinite), LRU; a prompt has ceil(length / block) blocks, whole or not."""
+    ``capacity`` tokens (None: infinite), LRU; a prompt has ceil(length / block) blocks, whole or not. ``calls``
+    is read once, as it comes: one call's blocks in memory at a time besides the cache."""
     cache: OrderedDict[Hashable, int] = OrderedDict()
     used = hit_tokens = hit_blocks = tokens = blocks = 0
     for call_blocks, length in calls:
@@ -172,14 +176,14 @@ def ceilings(trace: Trace, *, max_context: int | None = None, tier_tokens: int |
     structured = [r for r in kept if r.hash_ids is not None or r.token_ids is not None or unit == "characters"]
     by_block: list[BlockCeiling] = []
     for size in block_sizes(trace):
-        calls = [(_blocks(r, trace, size, unit), _length(r, unit)) for r in structured]
+        calls = ((_blocks(r, trace, size, unit), _length(r, unit)) for r in structured)
         hit_tokens, hit_blocks, tokens, blocks = _replay_cache(calls, size, None)
         by_block.append(
             BlockCeiling(size, hit_tokens / tokens if tokens else None, hit_blocks / blocks if blocks else None)
         )
     tier: float | None = None
     if tier_tokens is not None:
-        calls = [(_blocks(r, trace, trace.block_tokens, unit), _length(r, unit)) for r in structured]
+        calls = ((_blocks(r, trace, trace.block_tokens, unit), _length(r, unit)) for r in structured)
         hit_tokens, _, tokens, _ = _replay_cache(calls, trace.block_tokens, tier_tokens)
         tier = hit_tokens / tokens if tokens else None
     basis = (

@@ -42,13 +42,15 @@ word boundaries) never merge a token across two blocks.
 from __future__ import annotations
 
 import asyncio
-import json
+import itertools
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from common.jsonfile import JsonProblem, parse_json, short_repr
 
 from .salt import salted
 from .text import fit_to_tokens
@@ -122,37 +124,38 @@ def resolve_trace_path(path: str) -> Path:
     return given
 
 
-def _decode_lines(path: Path) -> list[tuple[int, str, bool]]:
-    """(line number, text, ends with a newline) of every line; invalid UTF-8 names its line and column."""
-    raw = path.read_bytes()
-    chunks = raw.split(b"\n")
-    terminated = [True] * len(chunks)
-    if chunks and chunks[-1] == b"":
-        chunks.pop()  # the file ended with a newline
-        terminated.pop()
-    elif chunks:
-        terminated[-1] = False
-    out: list[tuple[int, str, bool]] = []
-    for number, (chunk, ends) in enumerate(zip(chunks, terminated, strict=True), start=1):
-        try:
-            text = chunk.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise TraceError(
-                f"{path}:{number}: not UTF-8 (byte 0x{chunk[error.start]:02x} at column {error.start + 1})"
-            ) from None
-        out.append((number, text, ends))
-    return out
+def _read_lines(path: Path) -> Iterator[_Line]:
+    """Each non-blank line, parsed, as the file is read: one line's text and JSON in memory at a time (a trace of
+    a million lines is hundreds of MB of text, and several times that once parsed whole). Invalid UTF-8 names its
+    line and column; a last line without its newline that is not JSON is a truncated line."""
+    interned: dict[HashId, HashId] = {}  # one object per distinct block id, however many prompts name it
+    try:
+        with path.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                terminated = raw.endswith(b"\n")
+                chunk = raw[:-1] if terminated else raw
+                try:
+                    text = chunk.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise TraceError(
+                        f"{path}:{number}: not UTF-8 (byte 0x{chunk[error.start]:02x} at column {error.start + 1})"
+                    ) from None
+                if text.strip():
+                    yield _Line(str(path), number, _parse_json(path, number, text, not terminated), interned)
+    except OSError as error:
+        raise TraceError(f"{path}: cannot read trace ({error.strerror or error})") from None
 
 
 def _parse_json(path: Path, number: int, text: str, last_unterminated: bool) -> dict[str, object]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
+        data = parse_json(text)
+    except JsonProblem as error:
         if last_unterminated:
             raise TraceError(
-                f"{path}:{number}: truncated last line (no newline and not a complete JSON object: {error.msg})"
+                f"{path}:{number}: truncated last line (no newline and not a complete JSON object: {error.reason})"
             ) from None
-        raise TraceError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+        where = "" if error.column is None else f" at column {error.column}"
+        raise TraceError(f"{path}:{number}: not valid JSON ({error.reason}{where})") from None
     if not isinstance(data, dict):
         raise TraceError(f"{path}:{number}: expected a JSON object, got {_type_name(data)}")
     return data
@@ -167,27 +170,20 @@ def load_trace(path: Path, format: FormatChoice, *, block_tokens: int | None = N
     from .agent_trace import AGENT_FORMATS, detect_format, parse_agent_trace
 
     if format not in FORMAT_CHOICES:
-        raise TraceError(f"{path}: unknown trace format {format!r}; allowed: {', '.join(FORMAT_CHOICES)}")
-    try:
-        lines = _decode_lines(path)
-    except OSError as error:
-        raise TraceError(f"{path}: cannot read trace ({error.strerror or error})") from None
-    parsed: list[_Line] = []
-    for number, text, terminated in lines:
-        if not text.strip():
-            continue
-        is_last = number == lines[-1][0]
-        parsed.append(_Line(str(path), number, _parse_json(path, number, text, is_last and not terminated)))
-    if not parsed:
+        raise TraceError(f"{path}: unknown trace format {short_repr(format)}; allowed: {', '.join(FORMAT_CHOICES)}")
+    lines = _read_lines(path)
+    first = next(lines, None)
+    if first is None:
         raise TraceError(f"{path}: no requests in the trace")
-    resolved: TraceFormat = detect_format(str(path), parsed[0]) if format == "auto" else format
+    resolved: TraceFormat = detect_format(str(path), first) if format == "auto" else format
     block = block_tokens
     if resolved in AGENT_FORMATS:
         agent = next(f for f in AGENT_FORMATS if f == resolved)
-        block, agent_requests = parse_agent_trace(agent, parsed, block_tokens)
+        block, agent_requests = parse_agent_trace(agent, itertools.chain([first], lines), block_tokens, str(path))
         return _checked(path, resolved, block, agent_requests, allow_gaps)
-    if parsed and HEADER_KEY in parsed[0].data:
-        header = parsed.pop(0)
+    body: Iterable[_Line] = itertools.chain([first], lines)
+    if HEADER_KEY in first.data:
+        header, body = first, lines
         if resolved != "kvbench":
             raise TraceError(
                 f"{path}:{header.number}: a kvbench trace header in a {resolved} trace (use format kvbench)"
@@ -201,7 +197,7 @@ def load_trace(path: Path, format: FormatChoice, *, block_tokens: int | None = N
             block = stated
     block = block or MOONCAKE_BLOCK_TOKENS
     requests = [
-        _mooncake_request(line, block) if resolved == "mooncake" else _kvbench_request(line, block) for line in parsed
+        _mooncake_request(line, block) if resolved == "mooncake" else _kvbench_request(line, block) for line in body
     ]
     return _checked(path, resolved, block, requests, allow_gaps)
 

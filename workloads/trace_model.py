@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from common.errors import KvbenchError
+from common.jsonfile import short_repr
 
 TraceFormat = Literal["mooncake", "kvbench", "bailian", "claude-code", "tokens", "text"]
 FORMATS: tuple[TraceFormat, ...] = ("mooncake", "kvbench", "bailian", "claude-code", "tokens", "text")
@@ -33,7 +34,7 @@ class TraceError(KvbenchError):
     """A trace file that cannot be read; the message names file, line and field."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a trace holds a million of them
 class TraceRequest:
     """One request of a trace (token counts in the engine's tokens; time in ms from the trace's clock)."""
 
@@ -102,12 +103,20 @@ def _type_name(value: object) -> str:
 
 
 class _Line:
-    """One parsed line and where it came from, for error messages."""
+    """One parsed line and where it came from, for error messages; ``interned``: the load's one object per distinct
+    block id (a JSON parser makes a new int or string for every mention, and a trace mentions its ids many times)."""
 
-    def __init__(self, path: str, number: int, data: dict[str, object]) -> None:
+    def __init__(
+        self, path: str, number: int, data: dict[str, object], interned: dict[HashId, HashId] | None = None
+    ) -> None:
         self.path = path
         self.number = number
         self.data = data
+        self.interned: dict[HashId, HashId] = {} if interned is None else interned
+
+    def ids(self, values: Iterable[HashId]) -> tuple[HashId, ...]:
+        """``values`` as a tuple of the load's shared id objects."""
+        return tuple(self.interned.setdefault(value, value) for value in values)
 
     def error(self, field: str, message: str) -> TraceError:
         return TraceError(f"{self.path}:{self.number}: field {field!r}: {message}")
@@ -120,22 +129,24 @@ class _Line:
     def integer(self, field: str, minimum: int) -> int:
         value = self.require(field)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(field, f"must be an integer >= {minimum}, got {value!r}")
+            raise self.error(field, f"must be an integer >= {minimum}, got {short_repr(value)}")
         return value
 
     def number_field(self, field: str) -> float:
         value = self.require(field)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise self.error(field, f"must be a finite number >= 0 (milliseconds), got {value!r}")
+            raise self.error(field, f"must be a finite number >= 0 (milliseconds), got {short_repr(value)}")
         return float(value)
 
     def hash_ids(self, input_length: int, block_tokens: int) -> tuple[HashId, ...]:
         value = self.require("hash_ids")
         if not isinstance(value, list) or not value:
             raise self.error("hash_ids", f"must be a non-empty list of block ids, got {_type_name(value)}")
+        ids: list[HashId] = []
         for item in value:
             if isinstance(item, bool) or not isinstance(item, int | str):
-                raise self.error("hash_ids", f"ids must be integers or strings, got {item!r}")
+                raise self.error("hash_ids", f"ids must be integers or strings, got {short_repr(item)}")
+            ids.append(item)
         needed = -(-input_length // block_tokens)
         if len(value) != needed:
             raise self.error(
@@ -143,7 +154,7 @@ class _Line:
                 f"{len(value)} ids of {block_tokens} tokens do not cover input_length {input_length} "
                 f"(needs ceil({input_length}/{block_tokens}) = {needed} ids)",
             )
-        return tuple(value)
+        return self.ids(ids)
 
 
 @dataclass(frozen=True)

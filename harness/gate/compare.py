@@ -51,10 +51,12 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 from scipy import stats
 
 from common import __version__
 from common.errors import KvbenchError
+from common.jsonfile import clipped, short_repr
 from common.schema import VersionedFile
 from harness.results.run_result import Frozen
 from harness.results.verdict import EXIT_INCONCLUSIVE
@@ -575,15 +577,32 @@ def apply_threshold_flags(rules: GateSpec, flags: Iterable[str]) -> GateSpec:
         field = THRESHOLD_FLAGS.get(name.strip())
         if not sep or field is None:
             allowed = ", ".join(f"{key}=VALUE" for key in THRESHOLD_FLAGS)
-            raise CompareError(f"--threshold {flag!r}: expected NAME=VALUE with NAME one of: {allowed}")
+            raise CompareError(f"--threshold {short_repr(flag)}: expected NAME=VALUE with NAME one of: {allowed}")
         try:
-            updates[field] = float(text)
+            value = float(text)
         except ValueError:
-            raise CompareError(f"--threshold {flag!r}: {text!r} is not a number") from None
-    try:
-        return GateSpec.model_validate(rules.model_dump() | updates)
-    except ValueError as error:
-        raise CompareError(f"--threshold: {error}") from None
+            raise CompareError(f"--threshold {short_repr(flag)}: {short_repr(text)} is not a number") from None
+        try:  # each flag alone, so the error names the one that is out of range
+            GateSpec.model_validate(rules.model_dump() | {field: value})
+        except ValidationError:
+            raise CompareError(
+                f"--threshold {name.strip()}={clipped(text.strip())}: must be a finite number "
+                f"{_allowed_range(field)} (a scenario's gate.{field})"
+            ) from None
+        updates[field] = value
+    return GateSpec.model_validate(rules.model_dump() | updates)
+
+
+def _allowed_range(field: str) -> str:
+    """The bounds a :class:`GateSpec` field declares, as text: ``> 0 and < 0.5``."""
+    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    bounds = [
+        f"{symbol} {getattr(constraint, name):g}"
+        for constraint in GateSpec.model_fields[field].metadata
+        for name, symbol in symbols.items()
+        if hasattr(constraint, name)
+    ]
+    return " and ".join(bounds)
 
 
 def compare_sets(baseline: ResultSet, current: ResultSet, rules: GateSpec | None = None) -> CompareResult:

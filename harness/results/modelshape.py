@@ -9,9 +9,9 @@ token follow as ``2 x layers x kv_heads x head_dim x dtype bytes`` (see
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from common.jsonfile import JsonProblem, parse_json
 from harness.engines.modeldir import SHAPES, SYNTH_PREFIX, shape_config
 
 
@@ -24,10 +24,10 @@ def hf_config(ref: str) -> tuple[dict[str, object] | None, str]:
         return dict(shape_config(shape)), f"config.json of {ref} (kvbench's synthetic shape)"
     path = Path(ref) / "config.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_bytes())
     except OSError as error:
         return None, f"{path}: cannot read the model shape ({error.strerror})"
-    except ValueError as error:
+    except JsonProblem as error:
         return None, f"{path}: not JSON ({error})"
     if not isinstance(data, dict):
         return None, f"{path}: not a JSON object"

@@ -212,7 +212,8 @@ def _workload(kind: FlagKind, flags: EndpointFlags) -> dict[str, object]:
         raise ScenarioError("kvbench replay --base-url URL needs --trace FILE (the trace to replay)")
     if not flags.trace.is_file():
         raise ScenarioError(f"--trace {flags.trace}: no such file")
-    return {"kind": "trace", "path": str(flags.trace.resolve())}
+    # the format told from the first line, as kvbench trace stats does (--set workload.format=NAME names it)
+    return {"kind": "trace", "path": str(flags.trace.resolve()), "format": "auto"}
 
 
 def _concurrency(flags: EndpointFlags) -> list[int]:

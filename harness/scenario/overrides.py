@@ -20,8 +20,9 @@ import yaml
 from pydantic import BaseModel
 
 from common.errors import ScenarioError
+from common.jsonfile import clipped, short_repr
 from common.redact import is_secret_name, remember_secret
-from common.yamlfile import Yaml12BooleansLoader
+from common.yamlfile import AliasRefused, NoAliasesLoader
 
 Raw = dict[str, object]
 
@@ -31,12 +32,18 @@ def parse_override(text: str) -> tuple[list[str], object]:
     path, sep, value = text.partition("=")
     parts = path.strip().split(".")
     if not sep or not all(parts):
-        raise ScenarioError(f"--set {text!r}: give dotted.path=value, e.g. --set workload.conversations=4")
+        raise ScenarioError(f"--set {short_repr(text)}: give dotted.path=value, e.g. --set workload.conversations=4")
     try:
-        parsed = yaml.load(value, Loader=Yaml12BooleansLoader) if value.strip() else ""
+        parsed = yaml.load(value, Loader=NoAliasesLoader) if value.strip() else ""
+    except AliasRefused as error:
+        raise ScenarioError(f"--set {clipped(path)}: {error} (a --set value spells out its data)") from None
     except yaml.YAMLError as error:
         problem = str(error).splitlines()[0]
-        raise ScenarioError(f"--set {path}: the value {value!r} is not YAML ({problem}); quote it") from None
+        raise ScenarioError(
+            f"--set {clipped(path)}: the value {short_repr(value)} is not YAML ({problem}); quote it"
+        ) from None
+    except RecursionError:
+        raise ScenarioError(f"--set {clipped(path)}: the value {short_repr(value)} is nested too deeply") from None
     return parts, parsed
 
 
@@ -94,8 +101,8 @@ def _step(members: list[object], raw: object, key: str, where: str, option: str)
         return [arg for m in mappings for arg in _members(typing.get_args(m)[1])]
     parent = where.rpartition(".")[0] or "(top level)"
     if not fields:
-        raise ScenarioError(f"--set {option}: {parent} is a value, not a section; it has no field {key!r}")
-    raise ScenarioError(f"--set {option}: no field {key!r} in {parent}; allowed: {', '.join(sorted(fields))}")
+        raise ScenarioError(f"--set {option}: {parent} is a value, not a section; it has no field {short_repr(key)}")
+    raise ScenarioError(f"--set {option}: no field {short_repr(key)} in {parent}; allowed: {', '.join(sorted(fields))}")
 
 
 def apply_overrides(data: Raw, overrides: Sequence[str], root: type[BaseModel]) -> Raw:
@@ -110,7 +117,7 @@ def apply_overrides(data: Raw, overrides: Sequence[str], root: type[BaseModel]) 
         node: object = out
         for depth, key in enumerate(parts):
             where = ".".join(parts[: depth + 1])
-            members = _step(members, node, key, where, ".".join(parts))
+            members = _step(members, node, key, clipped(where), clipped(".".join(parts)))
             last = depth == len(parts) - 1
             if isinstance(node, list):
                 if last:

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from common.errors import ScenarioError
+from common.jsonfile import clipped, short_repr
 from common.redact import is_secret_name, remember_secret
 from common.schema import StrictModel
 from common.yamlfile import EnvUnset, ScenarioLoader, expand_env, read_yaml_mapping
@@ -544,7 +545,11 @@ def format_validation_error(source: str, error: ValidationError) -> str:
         elif item["type"] == "missing":
             message = "required field is missing"
         got = item.get("input")
-        suffix = "" if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict) else f" (got {got!r})"
+        suffix = (
+            ""
+            if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict)
+            else f" (got {short_repr(got)})"
+        )
         problems.setdefault(path, []).append(f"{message}{suffix}")
     lines = [f"  - {path}: {' or '.join(dict.fromkeys(messages))}" for path, messages in problems.items()]
     return "\n".join([f"{source}: invalid scenario ({len(lines)} problem(s))", *lines])
@@ -581,7 +586,7 @@ def override_scenario(scenario: Scenario, overrides: Sequence[str]) -> Scenario:
     if not overrides:
         return scenario
     data = scenario.model_dump(mode="json", exclude_unset=True)
-    source = f"the flags with --set {' --set '.join(overrides)}"
+    source = f"the flags with --set {' --set '.join(map(clipped, overrides))}"
     return parse_scenario(apply_overrides(data, overrides, Scenario), source)
 
 
@@ -609,7 +614,7 @@ def read_scenario_data(
     data = {str(key): value for key, value in expanded.items()}
     if not overrides:
         return data, str(path)
-    return apply_overrides(data, overrides, Scenario), f"{path} with --set {' --set '.join(overrides)}"
+    return apply_overrides(data, overrides, Scenario), f"{path} with --set {' --set '.join(map(clipped, overrides))}"
 
 
 def load_scenario(

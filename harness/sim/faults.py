@@ -22,7 +22,6 @@ A fault file is YAML or JSON: a list of faults, or ``{faults: [...]}``; ``kvbenc
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from typing import Annotated, Literal, Protocol
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
+from common.jsonfile import parse_json
 from common.schema import StrictModel
 from offload.profiles import TierKind
 
@@ -119,7 +119,9 @@ def load_faults(path: Path) -> list[Fault]:
     except OSError as error:
         raise ValueError(f"{path}: cannot read: {error.strerror}") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = parse_json(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except RecursionError:
+        raise ValueError(f"{path}: not valid YAML: nested too deeply") from None
     except (ValueError, yaml.YAMLError) as error:
         raise ValueError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
     return parse_faults(data, str(path))

@@ -107,7 +107,9 @@ def iter_jsonl(path: Path, model: type[ModelT]) -> Iterator[ModelT]:
         except ValidationError as error:  # bad JSON too: one line naming the field, never pydantic's report
             if number == len(lines) and not line.endswith(b"\n"):
                 return  # the writer died mid-line; everything before it is intact
-            raise RunDirError(f"{path}:{number}: not a valid {model.__name__}: {first_problem(error)}") from None
+            raise RunDirError(
+                f"{path}:{number}: not a valid {model.__name__}: {first_problem(error, whole='(the line)')}"
+            ) from None
 
 
 def read_jsonl(path: Path, model: type[ModelT]) -> list[ModelT]:

@@ -19,13 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from common.errors import RunDirError
+from common.jsonfile import parse_json
 
 LOCK_FILE = ".attempt.lock"
 
 
 def _holder(path: Path) -> str:
     try:
-        holder = json.loads(path.read_text(encoding="utf-8"))
+        holder = parse_json(path.read_bytes())
+        if not isinstance(holder, dict):
+            return "holder unknown"
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(holder["started_unix_s"])))
         return f"pid {int(holder['pid'])} on {holder['host']}, since {started}"
     except (OSError, ValueError, KeyError, TypeError):

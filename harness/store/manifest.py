@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from common import __version__
 from common.errors import RunDirError
+from common.jsonfile import JsonProblem, parse_json
 from common.private import FILE_MODE, open_private
 from common.redact import redact_argv, redact_data, redact_text
 from common.schema import first_problem
@@ -267,12 +268,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
     An unreadable or invalid one is a RunDirError naming the file and the field.
     """
     try:
-        data = json.loads(path.read_bytes())
+        data = parse_json(path.read_bytes())
     except FileNotFoundError:
         return {}
     except OSError as error:
         raise RunDirError(f"{path}: cannot read: {error.strerror}") from None
-    except ValueError as error:  # JSON or UTF-8
+    except JsonProblem as error:  # JSON, UTF-8 or nesting
         raise RunDirError(f"{path}: not a JSON manifest: {error}") from None
     if not isinstance(data, dict):
         raise RunDirError(f"{path}: not a JSON manifest: expected an object, got {type(data).__name__}")

@@ -9,6 +9,11 @@ Records are validated on load as strictly as they are written: integers are JSON
 string ``"12"`` is refused, not converted), counts and clock readings are non-negative, durations
 (TTFT, end-to-end, inter-token gaps) lie in ``[0, MAX_DURATION_NS]`` (one day: no request of a
 benchmark takes longer, so a larger value is a corrupt file), and a successful request has a TTFT.
+The clock readings of one request come in the order they happen, all on one monotonic clock:
+
+    first_chunk_ns <= ttft_ns <= first_content_ns <= e2e_ns,   sum(itl_ns) <= e2e_ns - ttft_ns
+
+(the inter-token gaps lie between the first token and the last byte), and ``cached_tokens <= prompt_tokens``.
 A bad line is a one-line error naming the file, the line and the field; reports refuse it rather
 than average an impossible number.
 """
@@ -104,6 +109,53 @@ class RequestRecord(BaseModel):
     parent_call: str | None = Field(
         default=None, description="The call_id of the call it waited for (sent only after that one completed)."
     )
+
+    @field_validator("first_content_ns")
+    @classmethod
+    def _content_after_first_token(cls, value: int | None, info: ValidationInfo) -> int | None:
+        ttft = info.data.get("ttft_ns")
+        if value is not None and ttft is not None and value < ttft:
+            raise ValueError(f"{value} is earlier than ttft_ns {ttft} (answer text cannot precede the first token)")
+        return value
+
+    @field_validator("e2e_ns")
+    @classmethod
+    def _end_after_first_token(cls, value: int | None, info: ValidationInfo) -> int | None:
+        for field in ("ttft_ns", "first_content_ns"):
+            earlier = info.data.get(field)
+            if value is not None and earlier is not None and value < earlier:
+                raise ValueError(
+                    f"{value} is earlier than {field} {earlier} (a request cannot end before its first token)"
+                )
+        return value
+
+    @field_validator("itl_ns")
+    @classmethod
+    def _gaps_within_the_stream(cls, value: list[int], info: ValidationInfo) -> list[int]:
+        ttft, e2e = info.data.get("ttft_ns"), info.data.get("e2e_ns")
+        if value and ttft is not None and e2e is not None and sum(value) > e2e - ttft:
+            raise ValueError(
+                f"the gaps add up to {sum(value)}, more than e2e_ns - ttft_ns = {e2e - ttft} "
+                "(they lie between the first token and the end)"
+            )
+        return value
+
+    @field_validator("first_chunk_ns")
+    @classmethod
+    def _first_chunk_first(cls, value: int | None, info: ValidationInfo) -> int | None:
+        for field in ("ttft_ns", "e2e_ns"):
+            later = info.data.get(field)
+            if value is not None and later is not None and value > later:
+                raise ValueError(f"{value} is later than {field} {later} (the first chunk comes first)")
+        return value
+
+    @field_validator("cached_tokens")
+    @classmethod
+    def _cached_within_prompt(cls, value: int | None, info: ValidationInfo) -> int | None:
+        prompt = info.data.get("prompt_tokens")
+        if value is not None and prompt is not None and value > prompt:
+            raise ValueError(f"{value} is more than prompt_tokens {prompt} (a cache hit is part of the prompt)")
+        return value
 
     @field_validator("ok")
     @classmethod

@@ -23,12 +23,9 @@ sim_app = typer.Typer(
 
 
 def _fail(message: str) -> typer.Exit:
-    from common.markup import console_text
+    from .console import fail
 
-    from .console import err_console
-
-    err_console.print(f"[bold red]error:[/] {console_text(message)}", highlight=False)
-    return typer.Exit(2)
+    return fail(message)  # one line however long (soft wrap), markup-escaped, redacted
 
 
 @sim_app.command()

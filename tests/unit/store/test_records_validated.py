@@ -1,4 +1,5 @@
-"""Records are validated on load: strict integers, non-negative counts, durations within a day, ok needs a TTFT."""
+"""Records are validated on load: strict integers, non-negative counts, durations within a day, ok needs a TTFT,
+clock readings in the order they happen (TTFT <= end-to-end, ...) and cache hits within the prompt."""
 
 from __future__ import annotations
 
@@ -56,6 +57,14 @@ def test_a_good_file_loads_and_the_client_tuple_of_gaps_is_accepted(tmp_path: Pa
         ({"prompt_tokens": -1}, "prompt_tokens", "greater than or equal to 0"),
         ({"turn": 0}, "turn", "greater than or equal to 1"),
         ({"load": "nan"}, "load", "valid number"),
+        # impossible orderings of one request's clock readings (all on one monotonic clock)
+        ({"ttft_ns": 120_000_000}, "e2e_ns", "earlier than ttft_ns 120000000"),
+        ({"first_content_ns": 10_000_000}, "first_content_ns", "earlier than ttft_ns"),
+        ({"first_content_ns": 50_000_000}, "e2e_ns", "earlier than first_content_ns"),
+        ({"first_chunk_ns": 30_000_000}, "first_chunk_ns", "later than ttft_ns"),
+        ({"ttft_ns": None, "ok": False, "first_chunk_ns": 50_000_000}, "first_chunk_ns", "later than e2e_ns"),
+        ({"itl_ns": [10_000_000, 10_000_000]}, "itl_ns", "more than e2e_ns - ttft_ns = 15000000"),
+        ({"cached_tokens": 1001}, "cached_tokens", "more than prompt_tokens 1000"),
     ],
 )
 def test_an_impossible_record_is_one_line_naming_file_line_and_field(
