@@ -402,7 +402,9 @@ class _Judge:
         try:
             soak = SoakResult.read_file(run / "soak.json")
         except RunDirError as error:
-            return self._failed("staging", text, str(error), f"rebuild it with {_cmd(f'kvbench report {run}')}")
+            return self._failed(
+                "staging", text, str(error), f"rebuild it with {_cmd(f'kvbench report --rewrite {run}')}"
+            )
         evidence = (
             f"verdict {soak.verdict.verdict} over {soak.completed_intervals}/{soak.planned_intervals} intervals "
             f"of {soak.interval_s:g} s"

@@ -246,8 +246,8 @@ def aggregate_agentic(
     )
 
 
-def summarize_agentic(run_dir: RunDir) -> AgenticResult:
-    """Aggregate an agentic run directory's stored files into agentic.json."""
+def agentic_result_of(run_dir: RunDir) -> AgenticResult:
+    """Aggregate an agentic run directory's stored files into its agentic.json content; writes nothing."""
     scenario = run_dir.scenario()
     if scenario.workload.kind != "agentic":
         raise KvbenchError(f"{run_dir.path}: workload kind {scenario.workload.kind!r} is not agentic")
@@ -255,5 +255,11 @@ def summarize_agentic(run_dir: RunDir) -> AgenticResult:
     if result.validity is not None:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         result = result.model_copy(update={"validity": judged})
+    return result
+
+
+def summarize_agentic(run_dir: RunDir) -> AgenticResult:
+    """agentic_result_of, written to agentic.json (a run's end, --resume, ``kvbench report --rewrite``)."""
+    result = agentic_result_of(run_dir)
     result.write_file(run_dir.agentic_file)
     return result
