@@ -256,10 +256,3 @@ def agentic_result_of(run_dir: RunDir) -> AgenticResult:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         result = result.model_copy(update={"validity": judged})
     return result
-
-
-def summarize_agentic(run_dir: RunDir) -> AgenticResult:
-    """agentic_result_of, written to agentic.json (a run's end, --resume, ``kvbench report --rewrite``)."""
-    result = agentic_result_of(run_dir)
-    result.write_file(run_dir.agentic_file)
-    return result

@@ -253,10 +253,3 @@ def replay_result_of(run_dir: RunDir) -> ReplayResult:
     judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
     result = result.model_copy(update={"validity": judged})
     return result
-
-
-def summarize_replay(run_dir: RunDir) -> ReplayResult:
-    """replay_result_of, written to replay.json (a run's end, --resume, ``kvbench report --rewrite``)."""
-    result = replay_result_of(run_dir)
-    result.write_file(run_dir.replay_file)
-    return result

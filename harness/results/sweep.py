@@ -97,10 +97,3 @@ def sweep_result_of(run_dir: RunDir) -> SweepResult:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         result = result.model_copy(update={"validity": judged})
     return result
-
-
-def summarize_sweep(run_dir: RunDir) -> SweepResult:
-    """sweep_result_of, written to sweep.json (a run's end, --resume, ``kvbench report --rewrite``)."""
-    result = sweep_result_of(run_dir)
-    result.write_file(run_dir.sweep_file)
-    return result

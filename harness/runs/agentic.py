@@ -13,7 +13,7 @@ cannot know in advance which sessions it will reach.
 Each point: ``warmup_s`` of load unmeasured, ``window_s`` measured (calls *sent* inside it are ``measure``), then
 ``drain_timeout_s`` for what is in flight; ``/metrics`` is scraped at the window's edges and a
 :class:`~harness.store.events.PointDone` appended to ``points.jsonl``, so ``--resume`` re-runs only unfinished
-points. The result (``agentic.json``) is :func:`harness.results.agentic.summarize_agentic` of the stored files.
+points. The result (``agentic.json``) is :func:`harness.results.agentic.agentic_result_of` of the stored files.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import Any
 
 from harness.client.openai import RequestOutcome
-from harness.results.agentic import summarize_agentic
+from harness.results.agentic import agentic_result_of
 from harness.results.agentic_result import AgenticResult
 from harness.store.records import Phase, RequestRecord
 from workloads.agentic import AgentCall, AgentSessionPlan, AgentSessions
@@ -67,8 +67,8 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
         # a session has its main branch and its subagents in flight at once
         return max(self.config.agents) * 4 + 8
 
-    def summarize(self) -> AgenticResult:
-        return summarize_agentic(self.run_dir)
+    def result_of(self) -> AgenticResult:
+        return agentic_result_of(self.run_dir)
 
     async def run_arm(self, session: ArmSession) -> None:
         arm, config = session.arm, self.config

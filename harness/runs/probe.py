@@ -28,7 +28,7 @@ from pathlib import Path
 
 from harness.client.scrape import cache_counter_deltas
 from harness.engines.base import PrefixCacheResetUnsupported
-from harness.results.aggregate import RESET_DETAIL, summarize_run_dir
+from harness.results.aggregate import RESET_DETAIL, probe_result_of
 from harness.results.run_result import RunResult
 from harness.scenario.spec import Arm, Scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
@@ -103,8 +103,8 @@ class ProbeRunner(Runner[RunResult]):
     def prefix_caching(self, arm: Arm) -> bool:
         return arm.profile.prefix_caching and self.workload.between_turns.mode != "disable_prefix_cache"
 
-    def summarize(self) -> RunResult:
-        return summarize_run_dir(self.run_dir)
+    def result_of(self) -> RunResult:
+        return probe_result_of(self.run_dir)
 
     async def run_arm(self, session: ArmSession) -> None:
         w = self.workload
