@@ -22,7 +22,7 @@ RUN_DIR/
   report/              tables and plots rendered from the result file
 
 Every event file is append-only JSON Lines (:mod:`.jsonl`); result files are rewritten atomically. A run kept
-in a repository has its event files and engine logs of 16 KiB or more packed (``records.jsonl.xz``,
+in a repository has its event files and logs of 16 KiB or more packed (``records.jsonl.xz``,
 ``logs/<arm>/engine.log.xz``: :meth:`RunDir.pack_for_keeping`); every reader takes either form.
 
 The directory is created 0700 and scenario.yaml 0600 (:mod:`common.private`). scenario.yaml and
@@ -173,16 +173,16 @@ class RunDir:
         return None
 
     def pack_for_keeping(self) -> list[Path]:
-        """Pack the run's event files and engine logs of :data:`PACK_MIN_BYTES` or more (an engine log committed
-        as ``engine.log.gz`` too); the packed files. For a finished run about to be committed: its readers read
-        it as before, and a ``--resume`` unpacks what it appends to."""
+        """Pack the run's event files and logs (``logs/**/*.log``) of :data:`PACK_MIN_BYTES` or more (an engine log
+        committed as ``engine.log.gz`` too); the packed files. For a finished run about to be committed: its readers
+        read it as before, and a ``--resume`` unpacks what it appends to."""
         packed: list[Path] = []
         for old in sorted(self.path.glob("logs/**/engine.log.gz")):
             plain = old.with_suffix("")
             with gzip.open(old, "rb") as handle:
                 plain.write_bytes(handle.read())
             old.unlink()
-        candidates = [*self.path.glob("*.jsonl"), *self.path.glob("logs/**/engine.log")]
+        candidates = [*self.path.glob("*.jsonl"), *self.path.glob("logs/**/*.log")]
         for path in sorted(candidates):
             if path.stat().st_size >= PACK_MIN_BYTES:
                 packed.append(pack(path))
