@@ -8,13 +8,12 @@ appends to a packed file first turns it back into plain JSON Lines holding every
 from __future__ import annotations
 
 import gzip
-import shutil
 from pathlib import Path
 
 from harness.store.events import GroupDone
 from harness.store.jsonl import append_jsonl, pack, packed_file, read_jsonl
 from harness.store.rundir import PACK_MIN_BYTES, RunDir
-from tests.kept_runs import PRODUCT_RUNS
+from tests.kept_runs import PRODUCT_RUNS, plain_copy
 
 
 def groups(count: int, attempt: int = 0) -> list[GroupDone]:
@@ -51,8 +50,7 @@ def test_appending_to_a_packed_file_unpacks_it_first(tmp_path: Path) -> None:
 
 
 def test_a_kept_run_packed_for_keeping_reads_the_same(tmp_path: Path) -> None:
-    copy = tmp_path / "run"
-    shutil.copytree(PRODUCT_RUNS / "quickstart-sim", copy)
+    copy = plain_copy(PRODUCT_RUNS / "quickstart-sim", tmp_path / "run")
     log = copy / "logs" / "AMG-ON" / "engine.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"INFO line {number}" for number in range(PACK_MIN_BYTES // 10)]
