@@ -49,7 +49,7 @@ class VersionedFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     FILE_NAME: ClassVar[str]
-    REBUILD_HINT: ClassVar[str] = "rebuild it with `kvbench report RUN_DIR`"
+    REBUILD_HINT: ClassVar[str] = "rebuild it with `kvbench report --rewrite RUN_DIR`"
 
     @classmethod
     def schema_version_read(cls) -> int:
@@ -58,12 +58,16 @@ class VersionedFile(BaseModel):
             raise TypeError(f"{cls.__name__}.schema_version needs an integer default")
         return default
 
+    def file_text(self) -> str:
+        """The file's text exactly as :meth:`write_file` writes it."""
+        return self.model_dump_json(indent=2) + "\n"
+
     def write_file(self, path: Path) -> Path:
         """Write to ``path`` (a file, or a directory to write ``FILE_NAME`` into); return the file."""
         target = path / self.FILE_NAME if path.is_dir() else path
         tmp = target.with_name(target.name + ".tmp")
         try:
-            tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            tmp.write_text(self.file_text(), encoding="utf-8")
             tmp.replace(target)
         except OSError as error:  # a full or read-only disk: one line, and the previous file stays
             raise RunDirError(f"{target}: cannot write: {error.strerror or error}") from None

@@ -38,6 +38,7 @@ from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
 from harness.scenario.spec import Scenario
 from harness.store.events import IntervalStats
+from harness.store.jsonl import stored_file
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir
 from offload import analytical
@@ -1005,8 +1006,8 @@ def raw_files(sources: ReportSources, out_dir: Path) -> list[RawFile]:
     files = []
     for label, directory in sources.all_dirs:
         for name in RAW_FILES:
-            path = directory / name
-            if not path.is_file():
+            path = stored_file(directory / name)  # a kept run's packed records.jsonl.xz links as it is
+            if path is None or not path.is_file():
                 continue
             rel = os.path.relpath(path.resolve(), out_dir.resolve())
             href = "/".join(quote(part) for part in Path(rel).parts)

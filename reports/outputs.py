@@ -1,14 +1,15 @@
 """The output registry: every report kvbench writes, keyed by (result kind, format).
 
 Each :class:`Output` row names the result kinds it renders, its format, whether a plain ``kvbench
-report`` writes it (``default``), when it applies to a run directory (``applies``: the fleet report
-needs a ``fleet.json``), which result it reads (``loads``: the kind's own result file unless it says
-otherwise), the file it writes (``file``, for a one-file output) and the function that writes it.
+report`` writes it (``default``), which result it renders (``loads``: the kind's own result file unless it
+says otherwise; a row whose result the run lacks, such as the fleet report without a ``fleet.json``, does
+not apply), the file it writes (``file``, for a one-file output) and the function that writes it.
 Reports read result files (and the manifest) only, never records or engines. Two ways in:
 
 * :func:`write_outputs` -- a run directory (``kvbench run``/``sweep``/``soak``/``replay``/``report``):
-  every row of its kind that applies (the default rows, or the formats asked for), into
-  ``RUN_DIR/report/`` and onto the console;
+  every row of its kind that applies (the default rows, or the formats asked for), from its stored result
+  files or the results the caller aggregated, into ``RUN_DIR/report/`` (or the folder the caller names: a
+  plain ``kvbench report`` leaves the run directory as it is) and onto the console;
 * :func:`write_output` -- one format of a result the caller holds, into the file the caller names:
   the HTML case study of several run directories (kind ``case-study``, :func:`report_html`) and the
   gate's comparison (kind ``compare``: ``markdown``, ``junit``, ``json``).
@@ -46,6 +47,7 @@ from harness.results.fleet import FleetResult
 from harness.results.provenance import provenance
 from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
+from harness.results.run_results import RunResults
 from harness.results.soak_result import SoakResult
 from harness.results.sweep_result import SweepResult
 from harness.store.manifest import read_manifest
@@ -116,16 +118,12 @@ def _console(kind: type[Result], show: Callable[[Result, Job, Console], None]) -
     return _reads(kind, write)
 
 
-def _always(run_dir: RunDir) -> bool:
-    return True
+def _kind_result(results: RunResults) -> object:
+    return results.result
 
 
-def _has_fleet(run_dir: RunDir) -> bool:
-    return run_dir.fleet_file.exists()
-
-
-def _read_fleet(run_dir: RunDir) -> FleetResult:
-    return FleetResult.read_file(run_dir.fleet_file)
+def _fleet(results: RunResults) -> object | None:
+    return results.fleet
 
 
 @dataclass(frozen=True)
@@ -137,9 +135,8 @@ class Output:
     """The file a one-file output writes in the report directory; None: it writes several (or none)."""
     default: bool = True
     """Written by every report of its kinds; False: only when asked for by format."""
-    applies: Callable[[RunDir], bool] = _always
-    loads: Callable[[RunDir], object] | None = None
-    """The result it renders, read from the run directory; None: the kind's result file."""
+    loads: Callable[[RunResults], object | None] = _kind_result
+    """The result it renders; None: the run has none (the row does not apply)."""
 
 
 def _probe_files(result: RunResult, job: Job) -> list[Path]:
@@ -228,8 +225,8 @@ OUTPUTS: tuple[Output, ...] = (
     Output(("agentic",), "files", _reads(AgenticResult, _agentic_files)),
     Output(("agentic",), "console", _console(AgenticResult, _agentic_console)),
     # any kind run on a fleet (it has a fleet.json): same vs moved, per-replica load and hits
-    Output(RUN_KINDS, "fleet", _text(FleetResult, _fleet_markdown), "fleet.md", applies=_has_fleet, loads=_read_fleet),
-    Output(RUN_KINDS, "console", _console(FleetResult, _fleet_console), applies=_has_fleet, loads=_read_fleet),
+    Output(RUN_KINDS, "fleet", _text(FleetResult, _fleet_markdown), "fleet.md", loads=_fleet),
+    Output(RUN_KINDS, "console", _console(FleetResult, _fleet_console), loads=_fleet),
     Output(("case-study",), "html", _reads(html.ReportSources, _case_study), html.HTML_FILE, default=False),
     Output(("compare",), "markdown", _text(CompareResult, _compare_markdown), "compare.md"),
     Output(("compare",), "junit", _text(CompareResult, _compare_junit), "compare.xml"),
@@ -247,22 +244,33 @@ def _wanted(output: Output, wanted: Collection[str] | None) -> bool:
     return output.default if wanted is None else output.format in wanted
 
 
+def read_results(run_dir: RunDir) -> RunResults:
+    """The run directory's stored result files: its kind's and, run on a fleet, ``fleet.json``."""
+    fleet = FleetResult.read_file(run_dir.fleet_file) if run_dir.fleet_file.exists() else None
+    return RunResults(RESULT_FILES[run_dir.kind].read_file(run_dir.path), fleet)
+
+
 def write_outputs(
-    run_dir: RunDir, console: Console | None = None, formats: Collection[str] | None = None
+    run_dir: RunDir,
+    console: Console | None = None,
+    formats: Collection[str] | None = None,
+    *,
+    results: RunResults | None = None,
+    into: Path | None = None,
 ) -> list[Path]:
-    """Every output of the run directory's kind that applies to it (of ``formats``; None: the default ones), from its
-    result files and manifest alone."""
+    """Every output of the run directory's kind that applies to it (of ``formats``; None: the default ones) into
+    ``into`` (None: the run's ``report/``), from ``results`` (None: its stored result files) and its manifest."""
     kind = run_dir.kind
     manifest = read_manifest(run_dir.manifest_file) if run_dir.manifest_file.exists() else {}
-    loaded: dict[Callable[[RunDir], object] | None, object] = {}
+    results = results or read_results(run_dir)
+    into = into or run_dir.report_dir
     paths: list[Path] = []
     for output in OUTPUTS:
-        if kind not in output.kinds or not _wanted(output, formats) or not output.applies(run_dir):
+        result = output.loads(results)
+        if kind not in output.kinds or not _wanted(output, formats) or result is None:
             continue
-        if output.loads not in loaded:
-            loaded[output.loads] = output.loads(run_dir) if output.loads else RESULT_FILES[kind].read_file(run_dir.path)
-        out = run_dir.report_dir / output.file if output.file else run_dir.report_dir
-        paths += output.write(Job(loaded[output.loads], out, manifest, run_dir, console))
+        out = into / output.file if output.file else into
+        paths += output.write(Job(result, out, manifest, run_dir, console))
     return paths
 
 

@@ -23,7 +23,7 @@ run_dirs=("$results"/*/manifest.json)
 [[ ${#run_dirs[@]} -eq 1 ]] || fail "${#run_dirs[@]} kvbench run directories in $results: expected one"
 run_dir=$(dirname "${run_dirs[0]}")
 
-"${kvbench_cmd[@]}" report "$run_dir" >/dev/null 2> >(tee -a "$results/stderr.log" >&2)
+"${kvbench_cmd[@]}" report --rewrite "$run_dir" >/dev/null 2> >(tee -a "$results/stderr.log" >&2)
 rc=$?
 [[ $rc -eq 2 ]] && fail "kvbench report could not read $run_dir (see stderr.log)"
 mkdir -p "$results/analysis" || fail "cannot create $results/analysis"

@@ -7,12 +7,14 @@ unit tier never waits on the lab's experiments.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from _pytest.mark import ParameterSet
 
+from harness.store.jsonl import PACKED_SUFFIX, read_stored_bytes
 from tests.support import REPO
 
 PRODUCT_RUNS = REPO / "docs" / "results"
@@ -28,3 +30,13 @@ def kept_runs(keep: Callable[[Path], bool]) -> list[ParameterSet]:
         if keep(path)
     ]
     return product + lab
+
+
+def plain_copy(run: Path, dest: Path) -> Path:
+    """A copy of the kept run ``run`` at ``dest`` with its packed files unpacked: the directory as its run wrote it."""
+    shutil.copytree(run, dest)
+    for packed in sorted(dest.rglob(f"*{PACKED_SUFFIX}")):
+        plain = packed.with_name(packed.name.removesuffix(PACKED_SUFFIX))
+        plain.write_bytes(read_stored_bytes(plain) or b"")
+        packed.unlink()
+    return dest

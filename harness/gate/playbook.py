@@ -324,17 +324,11 @@ class _Judge:
         gate = self.playbook.stages.baseline.gate
         text = f"complete run, error rate ≤ {gate.max_error_rate:.1%}, baseline arm measured at the target"
         run = self.latest("baseline")
-        scenario = self.scenario_ref("baseline", "SCENARIO")
         if run is None:
-            return self._pending(
-                "baseline", text,
-                f"measure TTFT before caching: {_cmd(f'kvbench run {scenario}')}, then "
-                f"{self.attach_hint('baseline', 'RUN_DIR')}",
-            )  # fmt: skip
-        try:
-            result = _read_probe(run)
-        except RunDirError as error:
-            return self._failed("baseline", text, str(error), "re-run the baseline or attach another run")
+            return self._unmeasured("baseline", text, "measure TTFT before caching: ", "kvbench run {scenario}")
+        result = self._probe("baseline", text, run, "re-run the baseline or attach another run")
+        if isinstance(result, StageStatus):
+            return result
         context = _target_context(self.playbook, result)
         turn = self.playbook.target.turn
         median = _median(result, result.baseline_arm, context, turn)
@@ -356,17 +350,12 @@ class _Judge:
         gate = self.playbook.stages.poc.gate
         text = f"speedup ≥ {gate.min_speedup:g}× (baseline arm / offload arm TTFT) at the target"
         run = self.latest("poc")
-        scenario = self.scenario_ref("poc", "SCENARIO")
         if run is None:
-            return self._pending(
-                "poc", text,
-                f"add caching and measure after: {_cmd(f'kvbench run {scenario}')} (offload OFF and ON arms), then "
-                f"{self.attach_hint('poc', 'RUN_DIR')}",
-            )  # fmt: skip
-        try:
-            result = _read_probe(run)
-        except RunDirError as error:
-            return self._failed("poc", text, str(error), "re-run the POC or attach another run")
+            how = "add caching and measure after: "
+            return self._unmeasured("poc", text, how, "kvbench run {scenario}", " (offload OFF and ON arms)")
+        result = self._probe("poc", text, run, "re-run the POC or attach another run")
+        if isinstance(result, StageStatus):
+            return result
         context = _target_context(self.playbook, result)
         turn = self.playbook.target.turn
         arm = _treatment_arm(result, gate.arm)
@@ -392,17 +381,15 @@ class _Judge:
         gate = self.playbook.stages.staging.gate
         text = "soak verdict PASS" + (f" over ≥ {gate.min_window:g} s" if gate.min_window else "")
         run = self.latest("staging")
-        scenario = self.scenario_ref("staging", "SCENARIO")
         if run is None:
-            return self._pending(
-                "staging", text,
-                f"run the stability window against staging: {_cmd(f'kvbench soak {scenario} --window 4h')}, then "
-                f"{self.attach_hint('staging', 'SOAK_DIR')}",
-            )  # fmt: skip
+            how = "run the stability window against staging: "
+            return self._unmeasured("staging", text, how, "kvbench soak {scenario} --window 4h", attach="SOAK_DIR")
         try:
             soak = SoakResult.read_file(run / "soak.json")
         except RunDirError as error:
-            return self._failed("staging", text, str(error), f"rebuild it with {_cmd(f'kvbench report {run}')}")
+            return self._failed(
+                "staging", text, str(error), f"rebuild it with {_cmd(f'kvbench report --rewrite {run}')}"
+            )
         evidence = (
             f"verdict {soak.verdict.verdict} over {soak.completed_intervals}/{soak.planned_intervals} intervals "
             f"of {soak.interval_s:g} s"
@@ -435,13 +422,11 @@ class _Judge:
         gate = self.playbook.stages.production.gate
         text = f"gain ≥ {gate.min_gain_pct:g}% vs the baseline stage at the target"
         run = self.latest("production")
-        scenario = self.scenario_ref("production", "SCENARIO")
         if run is None:
-            return self._pending(
-                "production", text,
-                f"roll out, then measure production: {_cmd(f'kvbench run {scenario}')} against the production "
-                f"endpoint, then {self.attach_hint('production', 'RUN_DIR')}",
-            )  # fmt: skip
+            how = "roll out, then measure production: "
+            return self._unmeasured(
+                "production", text, how, "kvbench run {scenario}", " against the production endpoint"
+            )
         base_run = self.latest("baseline")
         if base_run is None or baseline.state != "done":
             return self._pending("production", text, "finish the baseline stage first: the gain is measured against it")
@@ -532,6 +517,21 @@ class _Judge:
 
     def _pending(self, stage: StageName, gate: str, next_step: str, evidence: str = "no run attached") -> StageStatus:
         return self._status(stage, "pending", gate, evidence, next_step)
+
+    def _unmeasured(
+        self, stage: StageName, gate: str, how: str, command: str, after: str = "", attach: str = "RUN_DIR"
+    ) -> StageStatus:
+        """A stage with no run attached: ``how`` + the ``command`` that measures it (``{scenario}``: the stage's
+        scenario) + ``after``, then how to attach it."""
+        measure = _cmd(command.format(scenario=self.scenario_ref(stage, "SCENARIO")))
+        return self._pending(stage, gate, f"{how}{measure}{after}, then {self.attach_hint(stage, attach)}")
+
+    def _probe(self, stage: StageName, gate: str, run: Path, retry: str) -> RunResult | StageStatus:
+        """The probe result attached to ``stage``, or the stage failed with why it cannot be read and ``retry``."""
+        try:
+            return _read_probe(run)
+        except RunDirError as error:
+            return self._failed(stage, gate, str(error), retry)
 
     def _failed(self, stage: StageName, gate: str, evidence: str, next_step: str) -> StageStatus:
         return self._status(stage, "failed", gate, evidence, next_step)

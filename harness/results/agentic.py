@@ -246,8 +246,8 @@ def aggregate_agentic(
     )
 
 
-def summarize_agentic(run_dir: RunDir) -> AgenticResult:
-    """Aggregate an agentic run directory's stored files into agentic.json."""
+def agentic_result_of(run_dir: RunDir) -> AgenticResult:
+    """Aggregate an agentic run directory's stored files into its agentic.json content; writes nothing."""
     scenario = run_dir.scenario()
     if scenario.workload.kind != "agentic":
         raise KvbenchError(f"{run_dir.path}: workload kind {scenario.workload.kind!r} is not agentic")
@@ -256,5 +256,4 @@ def summarize_agentic(run_dir: RunDir) -> AgenticResult:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         result = result.model_copy(update={"validity": judged})
     result = with_provenance(result, run_dir)
-    result.write_file(run_dir.agentic_file)
     return result

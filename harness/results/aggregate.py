@@ -467,8 +467,8 @@ def _answer_stats(good: pd.DataFrame) -> LatencyStats | None:
     return latency_stats(answer.dropna().astype("int64"))
 
 
-def summarize_run_dir(run_dir: RunDir) -> RunResult:
-    """Aggregate a probe run directory's stored files into summary.json (used by run and report)."""
+def probe_result_of(run_dir: RunDir) -> RunResult:
+    """Aggregate a probe run directory's stored files into its summary.json content; writes nothing."""
     scenario = run_dir.scenario()
     logs = {arm.name: lines for arm in scenario.arms if (lines := run_dir.engine_log(arm.name)) is not None}
     command = read_manifest(run_dir.manifest_file).get("command")
@@ -497,6 +497,12 @@ def summarize_run_dir(run_dir: RunDir) -> RunResult:
         if salting == "per_run":
             judged = with_warm_turn1(judged, result.cache, scenario.validity.max_turn1_hit_rate)
         result = result.model_copy(update={"validity": judged})
+    return result
+
+
+def summarize_run_dir(run_dir: RunDir) -> RunResult:
+    """probe_result_of, written to summary.json (a run's end, --resume, ``kvbench report --rewrite``)."""
+    result = probe_result_of(run_dir)
     result.write_file(run_dir.summary_file)
     return result
 

@@ -1,6 +1,6 @@
 """Fleet results (``fleet.json``): same-replica vs moved turns, per-replica hits and load, fleet capacity.
 
-A pure function of the run directory's files (:func:`summarize_fleet`): ``records.jsonl``
+A pure function of the run directory's files (:func:`fleet_result_of`): ``records.jsonl``
 (``replica``, ``moved``), ``replica_metrics.jsonl`` (per-replica counter totals at each scrape),
 ``points.jsonl`` (sweeps) and the scenario. Definitions, per arm (measured records only; of a probe,
 those of the attempt that completed each context length, as in the TTFT table -- a length re-run by
@@ -156,8 +156,8 @@ def _hits_by_source(
     return totals
 
 
-def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
-    """The fleet result of a run directory (None when its engine is a single replica); written to fleet.json."""
+def fleet_result_of(run_dir: RunDir) -> FleetResult | None:
+    """The fleet result of a run directory (None when its engine is a single replica); writes nothing."""
     scenario = run_dir.scenario()
     engine = scenario.engine
     if not isinstance(engine, ReplicaFields) or engine.fleet_size <= 1:
@@ -243,8 +243,14 @@ def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
                 unattributed=len(mine) - len(served),
             )
         )
-    result = FleetResult(scenario=scenario.name, arms=arms)
-    result.write_file(run_dir.fleet_file)
+    return FleetResult(scenario=scenario.name, arms=arms)
+
+
+def summarize_fleet(run_dir: RunDir) -> FleetResult | None:
+    """fleet_result_of, written to fleet.json when the engine is a fleet."""
+    result = fleet_result_of(run_dir)
+    if result is not None:
+        result.write_file(run_dir.fleet_file)
     return result
 
 

@@ -242,8 +242,8 @@ def aggregate_replay(
     )
 
 
-def summarize_replay(run_dir: RunDir) -> ReplayResult:
-    """Aggregate a replay run directory's stored files into replay.json."""
+def replay_result_of(run_dir: RunDir) -> ReplayResult:
+    """Aggregate a replay run directory's stored files into its replay.json content; writes nothing."""
     trace = run_dir.trace_info()
     if trace is None:
         raise RunDirError(f"{run_dir.path}: no trace.json, so the replay never started")
@@ -253,5 +253,4 @@ def summarize_replay(run_dir: RunDir) -> ReplayResult:
     judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
     result = result.model_copy(update={"validity": judged})
     result = with_provenance(result, run_dir)
-    result.write_file(run_dir.replay_file)
     return result

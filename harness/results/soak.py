@@ -64,8 +64,8 @@ def build_result(
     return with_provenance(result, run_dir)
 
 
-def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
-    """Re-judge a soak directory from its stored intervals and rewrite soak.json (``kvbench report``)."""
+def soak_result_of(run_dir: RunDir, arm: str | None = None) -> SoakResult:
+    """Re-judge a soak directory from its stored intervals into its soak.json content; writes nothing."""
     scenario = soak_scenario(run_dir.scenario(), source=str(run_dir.scenario_file))
     intervals = run_dir.intervals()
     manifest = read_manifest(run_dir.manifest_file)
@@ -84,6 +84,12 @@ def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
         faults=faults,
         deaths=run_dir.engines_down(),
     )
+    return result
+
+
+def summarize_soak(run_dir: RunDir, arm: str | None = None) -> SoakResult:
+    """soak_result_of, written to soak.json (a run's end, --resume, ``kvbench report --rewrite``)."""
+    result = soak_result_of(run_dir, arm)
     result.write_file(run_dir.soak_file)
     return result
 

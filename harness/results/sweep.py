@@ -90,12 +90,11 @@ def aggregate_sweep(
     )
 
 
-def summarize_sweep(run_dir: RunDir) -> SweepResult:
-    """Aggregate a sweep run directory's stored files into sweep.json."""
+def sweep_result_of(run_dir: RunDir) -> SweepResult:
+    """Aggregate a sweep run directory's stored files into its sweep.json content; writes nothing."""
     result = aggregate_sweep(run_dir.scenario(), run_dir.run_id, run_dir.records(), run_dir.points())
     if result.validity is not None:
         judged = with_engines_down(result.validity, run_dir.engines_down(), run_dir.attempts_started() - 1)
         result = result.model_copy(update={"validity": judged})
     result = with_provenance(result, run_dir)
-    result.write_file(run_dir.sweep_file)
     return result

@@ -13,7 +13,7 @@ cannot know in advance which sessions it will reach.
 Each point: ``warmup_s`` of load unmeasured, ``window_s`` measured (calls *sent* inside it are ``measure``), then
 ``drain_timeout_s`` for what is in flight; ``/metrics`` is scraped at the window's edges and a
 :class:`~harness.store.events.PointDone` appended to ``points.jsonl``, so ``--resume`` re-runs only unfinished
-points. The result (``agentic.json``) is :func:`harness.results.agentic.summarize_agentic` of the stored files.
+points. The result (``agentic.json``) is :func:`harness.results.agentic.agentic_result_of` of the stored files.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import Any
 
 from harness.client.openai import RequestOutcome
-from harness.results.agentic import summarize_agentic
+from harness.results.agentic import agentic_result_of
 from harness.results.agentic_result import AgenticResult
 from harness.store.records import Phase, RequestRecord
 from workloads.agentic import AgentCall, AgentSessionPlan, AgentSessions
@@ -68,8 +68,8 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
         # a session has its main branch and its subagents in flight at once
         return max(self.config.agents) * 4 + 8
 
-    def summarize(self) -> AgenticResult:
-        return summarize_agentic(self.run_dir)
+    def result_of(self) -> AgenticResult:
+        return agentic_result_of(self.run_dir)
 
     async def run_arm(self, session: ArmSession) -> None:
         arm, config = session.arm, self.config
@@ -204,24 +204,13 @@ class _AgentDriver(_Driver):
         prompt = await self.prompts.prompt(call.trace_request())
         now = time.monotonic_ns()
         phase: Phase = "warmup" if now < self.window_start_ns else "measure"
-        counters = self.counters
-        counters.sent += 1
-        counters.in_flight += 1
-        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
-        try:
-            outcome = await self.arm_session.send(
-                prompt,
-                call.output_tokens,
-                api=self.config.api,
-                ignore_eos=self.config.ignore_eos,
-                key=str(call.session),
-            )
-        except asyncio.CancelledError:
-            counters.in_flight -= 1
-            counters.cancelled += 1
-            self._emit(call, phase, _cancelled(now))
-            raise
-        counters.in_flight -= 1
+        config = self.config
+        outcome = await self.counted(
+            self.arm_session.send(
+                prompt, call.output_tokens, api=config.api, ignore_eos=config.ignore_eos, key=str(call.session)
+            ),
+            lambda: self._emit(call, phase, _cancelled(now)),
+        )
         self._emit(call, phase, outcome)
         if self.backoff is None:
             self.backoff = RefusedBackoff(seed=self.first_session)
@@ -231,10 +220,7 @@ class _AgentDriver(_Driver):
         return outcome.started_ns if outcome.ok else None
 
     def _emit(self, call: AgentCall, phase: Phase, outcome: RequestOutcome) -> None:
-        if phase == "measure":
-            self.counters.measured += 1
-        if not outcome.ok:
-            self.counters.errors += 1
+        self.tally(phase, outcome)
         assert self.on_record is not None
         self.on_record(
             RequestRecord(
@@ -259,18 +245,4 @@ class _AgentDriver(_Driver):
         self.window_start_ns = self.start_ns + int(config.warmup_s * NS)
         self.planned_end_ns = self.window_start_ns + int(config.window_s * NS)
         await self.drive(None, on_tick, TICK_S)
-        c = self.counters
-        assert self.stopped_ns is not None
-        return LoadWindow(
-            start_ns=self.start_ns,
-            window_start_ns=self.window_start_ns,
-            window_end_ns=max(self.stopped_ns, self.window_start_ns),
-            end_ns=time.monotonic_ns(),
-            sent=c.sent,
-            measured=c.measured,
-            errors=c.errors,
-            sessions=c.sessions,
-            max_in_flight=c.max_in_flight,
-            late_arrivals=0,
-            cancelled=c.cancelled,
-        )
+        return self.window(self.window_start_ns)

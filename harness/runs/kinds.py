@@ -12,12 +12,13 @@ from pathlib import Path
 
 from common.errors import KvbenchError
 from common.schema import VersionedFile
-from harness.results.agentic import summarize_agentic
-from harness.results.aggregate import summarize_run_dir
-from harness.results.fleet import summarize_fleet
-from harness.results.replay import summarize_replay
-from harness.results.soak import summarize_soak
-from harness.results.sweep import summarize_sweep
+from harness.results.agentic import agentic_result_of
+from harness.results.aggregate import probe_result_of
+from harness.results.fleet import fleet_result_of
+from harness.results.replay import replay_result_of
+from harness.results.run_results import RunResults
+from harness.results.soak import soak_result_of
+from harness.results.sweep import sweep_result_of
 from harness.results.sweep_result import SweepResult
 from harness.scenario.soak import SoakError, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario
@@ -71,7 +72,7 @@ def load_from_sweep(scenario: Scenario, arm: str, sweep_dir: Path, fraction: flo
     run_dir = RunDir.open(sweep_dir)
     if run_dir.kind != "sweep":
         raise SoakError(f"--load-from {sweep_dir}: a {run_dir.kind} run, not a sweep (kvbench sweep makes one)")
-    result = SweepResult.read_file(run_dir.sweep_file) if run_dir.sweep_file.exists() else summarize_sweep(run_dir)
+    result = SweepResult.read_file(run_dir.sweep_file) if run_dir.sweep_file.exists() else sweep_result_of(run_dir)
     capacity = result.capacity_of(arm)
     if capacity is None:
         raise SoakError(f"--load-from {sweep_dir}: the sweep has no arm {arm!r} (arms: {', '.join(result.arms)})")
@@ -180,15 +181,16 @@ class RunKindSpec:
     kind: RunKind
     check: Callable[[Scenario, str, LaunchOverrides], Scenario]
     runner: Callable[[Scenario, RunDir, Path | None, RunProgress | None, LaunchOverrides], Runner[VersionedFile]]
-    summarize: Callable[[RunDir], VersionedFile]
+    result_of: Callable[[RunDir], VersionedFile]
+    """The kind's result file content, aggregated from the stored files (writes nothing)."""
 
 
 RUN_KINDS: dict[RunKind, RunKindSpec] = {
-    "probe": RunKindSpec("probe", _probe_scenario, _probe_runner, summarize_run_dir),
-    "sweep": RunKindSpec("sweep", _sweep_scenario, _sweep_runner, summarize_sweep),
-    "soak": RunKindSpec("soak", _soak_scenario, _soak_runner, summarize_soak),
-    "replay": RunKindSpec("replay", _replay_scenario, _replay_runner, summarize_replay),
-    "agentic": RunKindSpec("agentic", _agentic_scenario, _agentic_runner, summarize_agentic),
+    "probe": RunKindSpec("probe", _probe_scenario, _probe_runner, probe_result_of),
+    "sweep": RunKindSpec("sweep", _sweep_scenario, _sweep_runner, sweep_result_of),
+    "soak": RunKindSpec("soak", _soak_scenario, _soak_runner, soak_result_of),
+    "replay": RunKindSpec("replay", _replay_scenario, _replay_runner, replay_result_of),
+    "agentic": RunKindSpec("agentic", _agentic_scenario, _agentic_runner, agentic_result_of),
 }
 
 SWEPT_BY_WORKLOAD: dict[str, RunKind] = {"agentic": "agentic"}
@@ -238,8 +240,15 @@ def launch(
         return run_dir, run_sync(runner)
 
 
-def summarize(run_dir: RunDir) -> VersionedFile:
-    """Rebuild the run directory's result file from its stored files (any kind; fleets: fleet.json too)."""
-    result = RUN_KINDS[run_dir.kind].summarize(run_dir)
-    summarize_fleet(run_dir)
-    return result
+def results_of(run_dir: RunDir) -> RunResults:
+    """Aggregate the run directory's result files from its stored files alone; writes nothing (``kvbench report``)."""
+    return RunResults(RUN_KINDS[run_dir.kind].result_of(run_dir), fleet_result_of(run_dir))
+
+
+def summarize(run_dir: RunDir) -> RunResults:
+    """:func:`results_of`, written into the run directory (its result file; fleets: fleet.json too)."""
+    results = results_of(run_dir)
+    results.result.write_file(run_dir.path / results.result.FILE_NAME)
+    if results.fleet is not None:
+        results.fleet.write_file(run_dir.fleet_file)
+    return results

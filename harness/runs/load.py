@@ -42,7 +42,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -243,6 +243,48 @@ class _Driver:
             raise _Stopped
 
     # -- the run ----------------------------------------------------------------------------
+    async def counted(self, request: Awaitable[RequestOutcome], on_cancel: Callable[[], None]) -> RequestOutcome:
+        """Await one request counted as sent and in flight; cancelled, it is counted and recorded (``on_cancel``)
+        and the cancellation goes on."""
+        counters = self.counters
+        counters.sent += 1
+        counters.in_flight += 1
+        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
+        try:
+            outcome = await request
+        except asyncio.CancelledError:
+            counters.in_flight -= 1
+            counters.cancelled += 1
+            on_cancel()
+            raise
+        counters.in_flight -= 1
+        return outcome
+
+    def tally(self, phase: Phase, outcome: RequestOutcome) -> None:
+        """Count a finished request before it is recorded: measured (in the window) and failed."""
+        if phase == "measure":
+            self.counters.measured += 1
+        if not outcome.ok:
+            self.counters.errors += 1
+
+    def window(self, window_start_ns: int) -> LoadWindow:
+        """The window this driver ran, once sending has stopped: its edges and counters."""
+        c = self.counters
+        assert self.stopped_ns is not None
+        return LoadWindow(
+            start_ns=self.start_ns,
+            window_start_ns=window_start_ns,
+            window_end_ns=max(self.stopped_ns, window_start_ns),
+            end_ns=time.monotonic_ns(),
+            sent=c.sent,
+            measured=c.measured,
+            errors=c.errors,
+            sessions=c.sessions,
+            max_in_flight=c.max_in_flight,
+            late_arrivals=c.late,
+            cancelled=c.cancelled,
+        )
+
     async def drive(self, stop: asyncio.Event | None, on_tick: Callable[[int], None] | None, tick_s: float) -> None:
         """Launch, wait until sending stops, drain what is in flight; re-raise a sender's failure."""
         helpers = [asyncio.ensure_future(self._timer(stop))]
@@ -324,37 +366,28 @@ class _Runner(_Driver):
         # an open-loop arrival belongs to the window it was offered in, even when a loaded client sends it late
         arrived_ns = now if scheduled_ns is None else scheduled_ns
         phase: Phase = "warmup" if arrived_ns < self.window_start_ns or session.is_prefilled else "measure"
-        counters = self.counters
-        counters.sent += 1
-        counters.in_flight += 1
-        counters.max_in_flight = max(counters.max_in_flight, counters.in_flight)
-        try:
-            with routing_key(str(session.plan.session)):  # a fleet routes (and tracks moves) per conversation
-                outcome = await self._request(prompt)
-        except asyncio.CancelledError:
-            counters.in_flight -= 1
-            counters.cancelled += 1
-            self._emit(session, prompt, phase, _cancelled(now), scheduled_ns)
-            raise
-        counters.in_flight -= 1
+        outcome = await self.counted(
+            self._request(prompt, key=str(session.plan.session)),
+            lambda: self._emit(session, prompt, phase, _cancelled(now), scheduled_ns),
+        )
         self._emit(session, prompt, phase, outcome, scheduled_ns)
         if outcome.ok:
             session.record_answer(outcome.text)
         return outcome
 
-    async def _request(self, prompt: Prompt) -> RequestOutcome:
+    async def _request(self, prompt: Prompt, *, key: str) -> RequestOutcome:
         config = self.workload.config
-        if config.api == "chat":
-            return await self.client.chat(prompt.messages, prompt.max_tokens, ignore_eos=config.ignore_eos)
-        return await self.client.completion(prompt.completion_prompt, prompt.max_tokens, ignore_eos=config.ignore_eos)
+        with routing_key(key):  # a fleet routes (and tracks moves) per conversation
+            if config.api == "chat":
+                return await self.client.chat(prompt.messages, prompt.max_tokens, ignore_eos=config.ignore_eos)
+            return await self.client.completion(
+                prompt.completion_prompt, prompt.max_tokens, ignore_eos=config.ignore_eos
+            )
 
     def _emit(
         self, session: Session, prompt: Prompt, phase: Phase, outcome: RequestOutcome, scheduled_ns: int | None
     ) -> None:
-        if phase == "measure":
-            self.counters.measured += 1
-        if not outcome.ok:
-            self.counters.errors += 1
+        self.tally(phase, outcome)
         plan = session.plan
         config = self.workload.config
         assert self.on_record is not None
@@ -456,21 +489,7 @@ class _Runner(_Driver):
         if plan.duration_s is not None:
             self.planned_end_ns = self.window_start_ns + int(plan.duration_s * NS)
         await self.drive(stop, on_tick, tick_s)
-        c = self.counters
-        assert self.stopped_ns is not None
-        return LoadWindow(
-            start_ns=self.start_ns,
-            window_start_ns=self.window_start_ns,
-            window_end_ns=max(self.stopped_ns, self.window_start_ns),
-            end_ns=time.monotonic_ns(),
-            sent=c.sent,
-            measured=c.measured,
-            errors=c.errors,
-            sessions=c.sessions,
-            max_in_flight=c.max_in_flight,
-            late_arrivals=c.late,
-            cancelled=c.cancelled,
-        )
+        return self.window(self.window_start_ns)
 
 
 async def _ticker(on_tick: Callable[[int], None], tick_s: float) -> None:

@@ -52,7 +52,7 @@ from harness.results.aggregate import (
     GPU_KV_TOKENS_DETAIL,
     METHOD_DETAIL,
     RESET_DETAIL,
-    summarize_run_dir,
+    probe_result_of,
 )
 from harness.results.run_result import BetweenTurnsMethod, ReturningMethod, RunResult
 from harness.scenario.spec import Arm, Scenario
@@ -157,8 +157,8 @@ class ProbeRunner(Runner[RunResult]):
     def prefix_caching(self, arm: Arm) -> bool:
         return arm.profile.prefix_caching and self.workload.between_turns.mode != "disable_prefix_cache"
 
-    def summarize(self) -> RunResult:
-        return summarize_run_dir(self.run_dir)
+    def result_of(self) -> RunResult:
+        return probe_result_of(self.run_dir)
 
     async def run_arm(self, session: ArmSession) -> None:
         w = self.workload

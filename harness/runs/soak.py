@@ -31,7 +31,7 @@ from harness.client.openai import OpenAIClient
 from harness.client.scrape import MetricsSnapshot, counter_totals, delta, metric_value, parse_metrics, restarted
 from harness.engines.base import FaultTarget, FaultUnsupported
 from harness.engines.kinds import engine_kind
-from harness.results.soak import build_result, summarize_soak
+from harness.results.soak import build_result, soak_result_of
 from harness.results.soak_result import IntervalAccumulator, MetricsReading, SoakResult, planned_intervals
 from harness.scenario.soak import SoakError, describe_load, soak_arm, soak_scenario
 from harness.scenario.spec import Arm, Scenario, SoakFault, SoakSpec, SweepSpec
@@ -156,8 +156,8 @@ class SoakRunner(Runner[SoakResult]):
             f"continue the window with `kvbench soak --resume {self.run_dir.path}`"
         )
 
-    def summarize(self) -> SoakResult:
-        return summarize_soak(self.run_dir)
+    def result_of(self) -> SoakResult:
+        return soak_result_of(self.run_dir)
 
     def _fault_target(self, session: ArmSession) -> FaultTarget | None:
         """The engine the soak's faults act on; SoakError when it cannot take them (before any load)."""

@@ -406,8 +406,14 @@ class Runner(ABC, Generic[ResultT]):
         """Everything this kind does with one arm's started engine."""
 
     @abstractmethod
+    def result_of(self) -> ResultT:
+        """The kind's result file, aggregated from the stored files alone (writes nothing)."""
+
     def summarize(self) -> ResultT:
-        """Build (and write) the kind's result file from the stored files alone."""
+        """:meth:`result_of`, written into the run directory."""
+        result = self.result_of()
+        result.write_file(self.run_dir.path)
+        return result
 
     def prefix_caching(self, arm: Arm) -> bool:
         """Whether the engine starts with its GPU prefix cache on."""

@@ -8,7 +8,7 @@ point's context KV: :meth:`~workloads.multi_user.MultiUserWorkload.at_point`) an
 ``/metrics`` scraped at the window's edges and the GPUs' energy metered
 (:mod:`.energy`), and appends a
 :class:`~harness.store.events.PointDone` to ``points.jsonl``. The result (``sweep.json``) is
-:func:`harness.results.sweep.summarize_sweep` of the stored files; the curves are drawn by reports.
+:func:`harness.results.sweep.sweep_result_of` of the stored files; the curves are drawn by reports.
 
 A killed sweep keeps its records and finished points; ``kvbench sweep --resume RUN_DIR`` re-runs only
 the points without a PointDone (the engine of an arm with work left starts again).
@@ -24,7 +24,7 @@ import time
 from common.errors import KvbenchError
 from harness.client.pool import ProcessClientPool, StreamingClient
 from harness.engines.base import stall_limit
-from harness.results.sweep import summarize_sweep
+from harness.results.sweep import sweep_result_of
 from harness.results.sweep_result import SweepResult
 from harness.scenario.spec import SweepSpec
 from harness.store.records import RequestRecord
@@ -64,8 +64,8 @@ class SweepRunner(PointGridRunner[SweepResult]):
             return int(max(self.spec.values)) + 8
         return self.spec.max_active_users + 8
 
-    def summarize(self) -> SweepResult:
-        return summarize_sweep(self.run_dir)
+    def result_of(self) -> SweepResult:
+        return sweep_result_of(self.run_dir)
 
     def _workload_for(self, session: ArmSession) -> MultiUserWorkload:
         """One workload (and text cache) for the whole sweep; each arm's engine tokenizes for it."""

@@ -39,7 +39,7 @@ from pathlib import Path
 from common.errors import KvbenchError
 from harness.client.openai import RequestOutcome
 from harness.client.scrape import cache_counter_deltas
-from harness.results.replay import summarize_replay
+from harness.results.replay import replay_result_of
 from harness.results.replay_result import ReplayResult
 from harness.scenario.spec import Arm, Scenario
 from harness.store.events import ReplayDone, ReplaySample, TraceInfo
@@ -255,8 +255,8 @@ class TraceRunner(Runner[ReplayResult]):
             return self.config.concurrency + 8
         return max(DEFAULT_CONNECTIONS, min(len(self.trace.requests), MAX_CONNECTIONS) + 8)
 
-    def summarize(self) -> ReplayResult:
-        return summarize_replay(self.run_dir)
+    def result_of(self) -> ReplayResult:
+        return replay_result_of(self.run_dir)
 
     def conversation(self, request: TraceRequest, position: int) -> int:
         """The record's conversation number: the session's order of first appearance, else the position."""

@@ -8,12 +8,19 @@ Before anything is appended to such a file, :func:`repair_torn_tail` cuts the to
 a new record never glues onto them and turns two lines into one bad line) and keeps them in a side
 file ``<name>.torn`` beside it, saying so in the log. :func:`append_jsonl` and
 :class:`harness.store.records.RecordWriter` both go through it.
+
+A run kept in a repository stores its large files compressed (:func:`pack`: ``records.jsonl`` becomes
+``records.jsonl.xz``, xz at preset 9e, which holds no timestamp, so packing the same bytes gives the same file).
+Every reader takes the packed file where the plain one is absent (:func:`stored_file`), so a kept run reads as
+it was written; appending to a packed file unpacks it first (:func:`repair_torn_tail`), so a live run always
+appends to plain JSON Lines.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import lzma
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +36,67 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 _TAIL_BLOCK = 64 * 1024
+PACKED_SUFFIX = ".xz"
+_PACK_PRESET = 9 | lzma.PRESET_EXTREME
+
+
+def packed_file(path: Path) -> Path:
+    """Where :func:`pack` keeps ``path`` compressed."""
+    return path.with_name(path.name + PACKED_SUFFIX)
+
+
+def stored_file(path: Path) -> Path | None:
+    """The file holding ``path``'s content: ``path`` itself, else its packed form; None when neither exists."""
+    if path.exists():
+        return path
+    packed = packed_file(path)
+    return packed if packed.exists() else None
+
+
+def read_stored_bytes(path: Path) -> bytes | None:
+    """``path``'s content, from the plain file or its packed form (None when neither exists)."""
+    found = stored_file(path)
+    if found is None:
+        return None
+    data = found.read_bytes()
+    if found == path:
+        return data
+    try:
+        return lzma.decompress(data)
+    except lzma.LZMAError as error:
+        raise RunDirError(f"{found}: not a readable xz file: {error}") from None
+
+
+def pack(path: Path) -> Path:
+    """Replace ``path`` by its compressed form (for keeping a finished run); the packed file's path.
+
+    The packed file is written and fsynced beside the plain one before the plain one goes, so a crash in
+    between leaves both (readers take the plain one)."""
+    target = packed_file(path)
+    tmp = target.with_name(target.name + ".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(lzma.compress(path.read_bytes(), preset=_PACK_PRESET))
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(target)
+    path.unlink()
+    return target
+
+
+def _unpack(path: Path) -> None:
+    """Turn a packed ``path`` back into plain JSON Lines before anything is appended to it."""
+    packed = packed_file(path)
+    if path.exists() or not packed.exists():
+        return
+    data = read_stored_bytes(path) or b""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    packed.unlink()
+    log.warning("%s: unpacked from %s to append to it", path, packed.name)
 
 
 def torn_file(path: Path) -> Path:
@@ -40,8 +108,9 @@ def repair_torn_tail(path: Path) -> int:
     """Cut an unterminated last line off ``path``; return how many bytes were cut (0: nothing to do).
 
     The cut bytes are appended (with a newline) to :func:`torn_file` and fsynced *before* the
-    truncation, so a crash in between loses nothing.
+    truncation, so a crash in between loses nothing. A packed file (a kept run) is unpacked first.
     """
+    _unpack(path)
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -94,11 +163,12 @@ def iter_jsonl(path: Path, model: type[ModelT]) -> Iterator[ModelT]:
     is still just a torn line.
     """
     try:
-        lines = path.read_bytes().splitlines(keepends=True)
-    except FileNotFoundError:
-        return
+        data = read_stored_bytes(path)
     except OSError as error:
         raise RunDirError(f"{path}: cannot read: {error.strerror}") from None
+    if data is None:
+        return
+    lines = data.splitlines(keepends=True)
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -21,7 +21,9 @@ RUN_DIR/
   logs/<arm>/          engine logs
   report/              tables and plots rendered from the result file
 
-Every event file is append-only JSON Lines (:mod:`.jsonl`); result files are rewritten atomically.
+Every event file is append-only JSON Lines (:mod:`.jsonl`); result files are rewritten atomically. A run kept
+in a repository has its event files and logs of 16 KiB or more packed (``records.jsonl.xz``,
+``logs/<arm>/engine.log.xz``: :meth:`RunDir.pack_for_keeping`); every reader takes either form.
 
 The directory is created 0700 and scenario.yaml 0600 (:mod:`common.private`). scenario.yaml and
 manifest.json hold the scenario with its secrets removed (:func:`common.redact.redact_data`);
@@ -58,11 +60,14 @@ from .events import (
     ReplicaCounters,
     TraceInfo,
 )
-from .jsonl import append_jsonl, read_jsonl
+from .jsonl import append_jsonl, pack, read_jsonl, read_stored_bytes, stored_file
 from .manifest import read_manifest
 from .records import RequestRecord, read_records
 
 RunKind = Literal["probe", "sweep", "soak", "replay", "agentic"]
+
+PACK_MIN_BYTES = 16 * 1024
+"""Files below this stay plain when a run is packed for keeping: small ones read as they are in a browser."""
 
 
 @dataclass(frozen=True)
@@ -155,15 +160,33 @@ class RunDir:
         return self.path / "logs" / arm
 
     def engine_log(self, arm: str) -> list[str] | None:
-        """The lines of an arm's engine log (``engine.log``, or ``engine.log.gz`` as committed); None without one."""
+        """The lines of an arm's engine log (``engine.log``, or packed: ``engine.log.xz``, ``engine.log.gz`` as
+        committed before); None without one."""
         plain = self.log_dir(arm) / "engine.log"
-        if plain.is_file():
-            return plain.read_text(encoding="utf-8", errors="replace").splitlines()
+        stored = read_stored_bytes(plain)
+        if stored is not None:
+            return stored.decode("utf-8", errors="replace").splitlines()
         packed = plain.with_name("engine.log.gz")
         if packed.is_file():
             with gzip.open(packed, "rt", encoding="utf-8", errors="replace") as handle:
                 return handle.read().splitlines()
         return None
+
+    def pack_for_keeping(self) -> list[Path]:
+        """Pack the run's event files and logs (``logs/**/*.log``) of :data:`PACK_MIN_BYTES` or more (an engine log
+        committed as ``engine.log.gz`` too); the packed files. For a finished run about to be committed: its readers
+        read it as before, and a ``--resume`` unpacks what it appends to."""
+        packed: list[Path] = []
+        for old in sorted(self.path.glob("logs/**/engine.log.gz")):
+            plain = old.with_suffix("")
+            with gzip.open(old, "rb") as handle:
+                plain.write_bytes(handle.read())
+            old.unlink()
+        candidates = [*self.path.glob("*.jsonl"), *self.path.glob("logs/**/*.log")]
+        for path in sorted(candidates):
+            if path.stat().st_size >= PACK_MIN_BYTES:
+                packed.append(pack(path))
+        return packed
 
     @property
     def run_id(self) -> str:
@@ -207,9 +230,9 @@ class RunDir:
             return "replay"
         if self.agentic_file.exists() or self._workload_kind() == "agentic":
             return "agentic"
-        if self.intervals_file.exists() or self.soak_file.exists():
+        if stored_file(self.intervals_file) or self.soak_file.exists():
             return "soak"
-        if self.points_file.exists() or self.sweep_file.exists():
+        if stored_file(self.points_file) or self.sweep_file.exists():
             return "sweep"
         return "probe"
 

@@ -220,20 +220,23 @@ def launch_kind(
     return run_dir
 
 
-def rebuild(path: Path, out: Console = console, formats: set[str] | None = None) -> Outcome:
+def rebuild(
+    path: Path, out: Console = console, formats: set[str] | None = None, *, into: Path | None = None
+) -> Outcome:
     """Rebuild a run directory's result file and its reports (``formats``; None: the default ones) from its stored
-    files, telling ``out``; its outcome."""
+    files, telling ``out``; its outcome. ``into`` None: rewrite the run directory's result files and ``report/``;
+    a folder: leave the run directory as it is and write the reports there."""
     from harness.results.verdict import outcome_of_result
-    from harness.runs.kinds import summarize
+    from harness.runs.kinds import results_of, summarize
     from harness.store.rundir import RunDir
     from reports.outputs import write_outputs
 
     run_dir = RunDir.open(path)
-    result = summarize(run_dir)
-    outcome = outcome_of_result(result)
-    emit_json(run_dir.path / result.FILE_NAME)
+    results = summarize(run_dir) if into is None else results_of(run_dir)
+    outcome = outcome_of_result(results.result)
+    emit_json(results.result.file_text())
     out.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
-    for written in write_outputs(run_dir, out, formats):
+    for written in write_outputs(run_dir, out, formats, results=results, into=into):
         out.print(f"wrote {written}", highlight=False, markup=False)
     return outcome
 
@@ -377,13 +380,34 @@ def report(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", "-o", help="With --html: the output file (default: beside the playbook, or in RUN_DIR/report)."
+            "--out",
+            "-o",
+            help="With --html: the HTML file (default: beside the playbook, else in the reports' folder); without: "
+            "the folder for the reports (default: a new temporary folder). Not with --rewrite.",
         ),
     ] = None,
+    rewrite: Annotated[
+        bool,
+        typer.Option(
+            "--rewrite", help="Rewrite each run directory's result file and report/ (without it nothing there changes)."
+        ),
+    ] = False,
+    compress: Annotated[
+        bool,
+        typer.Option(
+            "--compress",
+            help="With --rewrite: store the run's JSON Lines and logs compressed, for keeping it in a repository.",
+        ),
+    ] = False,
     json: JsonFlag = False,
 ) -> None:
-    """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone."""
+    """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone; the
+    run directory stays as it is unless --rewrite."""
+    import tempfile
+
     from common.errors import KvbenchError
+    from harness.store.rundir import RunDir
+    from reports.html import HTML_FILE
     from reports.outputs import RUN_KINDS, report_html
     from reports.outputs import formats as registered
 
@@ -396,13 +420,29 @@ def report(
     html = html or (wanted is not None and "html" in wanted)
     if not dirs and playbook is None:
         raise fail("give a run directory (or --html --playbook FILE)")
-    if (playbook is not None or out is not None) and not html:
-        raise fail("--playbook and --out go with --html")
+    if playbook is not None and not html:
+        raise fail("--playbook goes with --html")
+    if rewrite and out is not None and not html:
+        raise fail("--out: --rewrite writes the reports into each run directory; give one or the other")
+    if compress and not rewrite:
+        raise fail("--compress goes with --rewrite (it changes the run directory)")
     outcomes: list[Outcome] = []
     with json_stdout(json):  # one directory: its result file; several: a JSON array of them
         try:
-            outcomes += [rebuild(path, formats=None if wanted is None else wanted - {"html"}) for path in dirs]
+            # read-only: the reports go to a folder outside the run directories (--out without --html, else a new
+            # temporary one), one subfolder per directory when several are given
+            folder: Path | None = None
+            if not rewrite and dirs:
+                folder = out if out is not None and not html else Path(tempfile.mkdtemp(prefix="kvbench-report-"))
+            for index, path in enumerate(dirs):
+                into = None if folder is None else folder if len(dirs) == 1 else folder / f"{index + 1}-{path.name}"
+                outcomes.append(rebuild(path, formats=None if wanted is None else wanted - {"html"}, into=into))
+                if compress:
+                    for packed in RunDir.open(path).pack_for_keeping():
+                        console.print(f"compressed {packed}", highlight=False, markup=False)
             if html:
+                if out is None and folder is not None and playbook is None:
+                    out = folder / HTML_FILE
                 console.print(f"wrote {report_html(dirs, playbook=playbook, out=out)}", highlight=False, markup=False)
         except KvbenchError as error:
             raise fail(str(error)) from None

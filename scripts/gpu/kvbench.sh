@@ -4,6 +4,8 @@
 # Expects the vLLM + LMCache wheelhouse parts in /tmp/wb (../shared/gpu/pack.sh; install.sh joins and
 # checks them) and, optionally, kvbench's own dependency wheels in /tmp/kvdeps
 # (scripts/gpu/pack-kvbench-deps.sh; the machines' image had all of them).
+# The checkout's tracked files stay under 20 MB (kept runs' JSON Lines and logs are packed as .xz), so a device
+# call carries any branch's checkout with the wheelhouse parts within its 64 MiB: no lean branch to switch to.
 # KVBENCH_RUN_TIMEOUT (seconds) stops kvbench cleanly (SIGTERM: engines stopped, records kept), so a
 # time-limited call can be continued with `kvbench run --resume RUN_DIR` in the next one. When $OUT is
 # set, every run directory under $KVBENCH_RUNS (default /tmp/kvruns; /tmp survives between calls to a

@@ -95,11 +95,12 @@ def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
     assert manifest["engines"]["AMG-ON"]["kind"] == "sim"
     assert manifest["attempts"][-1]["status"] == "completed"
 
-    # reports come back from the stored files alone
+    # reports come back from the stored files alone (--rewrite: into the run directory)
     before = (run_dir / "report" / "ttft_table.md").read_text()
     (run_dir / "summary.json").unlink()
-    rebuilt = kvbench("report", str(run_dir), cwd=tmp_path)
+    rebuilt = kvbench("report", "--rewrite", str(run_dir), cwd=tmp_path)
     assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (run_dir / "summary.json").is_file()
     assert (run_dir / "report" / "ttft_table.md").read_text() == before
     assert "## Where TTFT goes" in before and (run_dir / "report" / "engine_timing.csv").is_file()
     csv_lines = (run_dir / "report" / "ttft.csv").read_text().splitlines()

@@ -129,8 +129,9 @@ def test_replay_on_the_simulator_reaches_the_ceiling_with_a_tier_and_resumes(tmp
         assert (report / name).stat().st_size > 0
     before = (report / "replay.csv").read_text()
     (run_dir / "replay.json").unlink()
-    rebuilt = kvbench("report", str(run_dir), cwd=tmp_path)
+    rebuilt = kvbench("report", "--rewrite", str(run_dir), cwd=tmp_path)
     assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (run_dir / "replay.json").is_file()
     assert (report / "replay.csv").read_text() == before
     with (report / "replay.csv").open() as handle:
         assert [row["arm"] for row in csv.DictReader(handle)] == ["AMG-OFF", "AMG-ON"]

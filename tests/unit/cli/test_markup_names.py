@@ -39,10 +39,10 @@ def test_report_and_compare_with_a_markup_name(tmp_path: Path) -> None:
     base = make_run(tmp_path / "a", seed=1, scenario=nasty_scenario())
     current = make_run(tmp_path / "b", seed=2, scenario=nasty_scenario())
     runner = CliRunner()
-    result = runner.invoke(app, ["report", str(current)])
+    result = runner.invoke(app, ["report", str(current), "-o", str(tmp_path / "tables")])
     assert result.exit_code == 0, result.output
     assert NASTY in result.output  # the console table's title, literally
-    markdown = (current / "report" / "ttft_table.md").read_text(encoding="utf-8")
+    markdown = (tmp_path / "tables" / "ttft_table.md").read_text(encoding="utf-8")
     assert markdown.splitlines()[0] == "# " + md_text(NASTY)
     result = runner.invoke(app, ["compare", str(base), str(current)])
     assert result.exit_code == 0, result.output

@@ -64,12 +64,14 @@ def test_the_gate_comparison_goes_through_the_registry(tmp_path: Path) -> None:
 
 def test_report_writes_the_formats_asked_for(tmp_path: Path) -> None:
     run = make_probe_run(tmp_path / "runs", speedup=4.0)
-    result = CliRunner().invoke(app, ["report", "--format", "html", str(run)])
+    result = CliRunner().invoke(app, ["report", "--rewrite", "--format", "html", str(run)])
     assert result.exit_code == 0, result.output
     assert sorted(path.name for path in (run / "report").iterdir()) == ["case-study.html"]
-    result = CliRunner().invoke(app, ["report", "--format", "files", str(run)])
+    tables = tmp_path / "tables"
+    result = CliRunner().invoke(app, ["report", "--format", "files", str(run), "-o", str(tables)])
     assert result.exit_code == 0, result.output
-    assert "ttft_table.md" in {path.name for path in (run / "report").iterdir()}
+    assert "ttft_table.md" in {path.name for path in tables.iterdir()}
+    assert "ttft_table.md" not in {path.name for path in (run / "report").iterdir()}  # read-only without --rewrite
     result = CliRunner().invoke(app, ["report", "--format", "pdf", str(run)])
     assert result.exit_code == 2
     assert "--format: unknown format 'pdf'; allowed: files, console, fleet, html" in result.output

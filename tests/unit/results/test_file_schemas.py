@@ -3,7 +3,7 @@ and calibration validates against them with ``jsonschema`` (a validator that kno
 
 ``jsonschema`` is pure Python (~3-6 ms per record here), so the unit tier validates every file but ``records.jsonl``
 in full and, of each records file, its first and last lines, every failed request and every 50th line; the
-``lab`` tier validates every line.
+``lab`` tier validates every line. A packed file (``records.jsonl.xz``, a kept run's) is read as the plain one.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 
 from harness.results.file_schemas import SCHEMA_DIR, STORED_FILES, StoredFile, render, shipped, write_all
 from harness.sim.calibration import SHIPPED_DIR
+from harness.store.jsonl import PACKED_SUFFIX, read_stored_bytes, stored_file
 from tests.kept_runs import PRODUCT_RUNS, kept_runs
 
 BY_FILE: dict[str, StoredFile] = {row.file: row for row in STORED_FILES.values()}
@@ -40,7 +41,9 @@ def problems(name: str, document: object, where: str) -> list[str]:
 
 def documents(path: Path, row: StoredFile, every: int) -> list[tuple[str, object]]:
     """(where, document) of a stored file: its lines (a sample of records unless ``every`` is 1) or its mapping."""
-    text = path.read_text(encoding="utf-8")
+    data = read_stored_bytes(path)
+    assert data is not None, f"{path}: missing"
+    text = data.decode("utf-8")
     if not row.lines:
         return [(str(path), yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text))]
     lines = text.splitlines()
@@ -70,7 +73,8 @@ def test_the_schemas_cover_the_files_the_issue_names() -> None:
 
 @pytest.mark.parametrize("run", RUNS)
 def test_every_stored_file_of_a_kept_run_validates(run: Path) -> None:
-    found = [(path, BY_FILE[path.name]) for path in sorted(run.iterdir()) if path.name in BY_FILE]
+    names = sorted({path.name.removesuffix(PACKED_SUFFIX) for path in run.iterdir()})
+    found = [(run / name, BY_FILE[name]) for name in names if name in BY_FILE]
     assert {"scenario", "manifest", "records"} <= {row.name for _, row in found}
     bad = [
         p for path, row in found for where, doc in documents(path, row, EVERY) for p in problems(row.name, doc, where)
@@ -79,7 +83,7 @@ def test_every_stored_file_of_a_kept_run_validates(run: Path) -> None:
 
 
 @pytest.mark.lab
-@pytest.mark.parametrize("run", [p for p in sorted(PRODUCT_RUNS.iterdir()) if (p / "records.jsonl").is_file()])
+@pytest.mark.parametrize("run", [p for p in sorted(PRODUCT_RUNS.iterdir()) if stored_file(p / "records.jsonl")])
 def test_every_record_line_of_a_product_run_validates(run: Path) -> None:
     path = run / "records.jsonl"
     bad = [p for where, doc in documents(path, STORED_FILES["records"], 1) for p in problems("records", doc, where)]
@@ -108,7 +112,9 @@ def test_a_broken_file_does_not_validate() -> None:
         else:
             del broken["arms"]
         assert problems("summary", broken, change), change
-    record = json.loads((PRODUCT_RUNS / "quickstart-sim" / "records.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    records = read_stored_bytes(PRODUCT_RUNS / "quickstart-sim" / "records.jsonl")
+    assert records is not None
+    record = json.loads(records.splitlines()[0])
     assert not problems("records", record, "kept")
     assert problems("records", {**record, "ttft_ns": -1}, "negative")
     assert problems("records", {**record, "turn": "1"}, "a string")

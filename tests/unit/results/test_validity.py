@@ -19,7 +19,7 @@ from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
 from harness.results.sweep_result import SweepResult
 from harness.results.verdict import EXIT_FAILED, EXIT_INCONCLUSIVE, outcome_of_result
-from harness.runs.kinds import summarize
+from harness.runs.kinds import results_of
 from harness.scenario.spec import Scenario, parse_scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from harness.store.records import RequestRecord
@@ -205,10 +205,10 @@ def test_kept_run_directories_load_render_and_keep_their_verdict(kept: Path, tmp
         # verdict renders and comes back unchanged from the stored records
         judged = result_file.read_file(copy)
         assert write_outputs(run_dir), "the stored file renders as it is"
-        assert outcome_of_result(summarize(run_dir)) == outcome_of_result(judged)
+        assert outcome_of_result(results_of(run_dir).result) == outcome_of_result(judged)
         return
     old = result_file.read_file(copy)
     assert old.validity is None and outcome_of_result(old).status == "completed"
     assert write_outputs(run_dir), "the old file renders as it is"
-    rebuilt = summarize(run_dir)
+    rebuilt = results_of(run_dir).result
     assert outcome_of_result(rebuilt).status == "completed", outcome_of_result(rebuilt).reasons

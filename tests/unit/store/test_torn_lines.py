@@ -91,7 +91,7 @@ def test_report_and_compare_work_on_a_torn_run_directory(tmp_path: Path) -> None
     runner = CliRunner()
     result = runner.invoke(app, ["compare", str(base), str(current)])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["report", str(current)])
+    result = runner.invoke(app, ["report", "--rewrite", str(current)])
     assert result.exit_code == 0, result.output
     assert json.loads((current / "summary.json").read_text(encoding="utf-8"))["schema_version"]
 

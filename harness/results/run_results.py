@@ -1,0 +1,21 @@
+"""A run directory's result files held together: its kind's result file and, run on a fleet, ``fleet.json``.
+
+``harness.runs.kinds.results_of`` aggregates them from the stored files without writing anything (``kvbench
+report``); ``reports.outputs.write_outputs`` renders them, or reads the committed files when given none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.schema import VersionedFile
+
+from .fleet import FleetResult
+
+
+@dataclass(frozen=True)
+class RunResults:
+    result: VersionedFile
+    """summary.json, sweep.json, soak.json, replay.json or agentic.json, by the run's kind."""
+    fleet: FleetResult | None
+    """fleet.json; None when the engine is a single replica."""
