@@ -6,6 +6,7 @@
 # `scripts/gpu/wait.sh 540` calls until it reports the run finished.
 #   usage: scripts/gpu/detach.sh soak scenarios/gpu-sweep-llama8b.yaml --arm AMG-ON-LMCache --window 20m --load 12
 #          scripts/gpu/detach.sh --each scenarios/A.yaml scenarios/B.yaml   (run-each.sh: one run after the other)
+#          scripts/gpu/detach.sh --script attach-proof.sh 8000,32000   (another script of scripts/gpu with its arguments)
 # Output goes to /tmp/kvbench-detached.log, the pid to /tmp/kvbench-detached.pid, the exit status (when it ends)
 # to /tmp/kvbench-detached.rc; relative paths (a scenario, a run directory) are read in the copy of the checkout
 # it runs from. KVBENCH_RUN_TIMEOUT is not applied here: the run is meant to outlive a call.
@@ -20,6 +21,9 @@ entry=kvbench.sh
 if [ "${1:-}" = "--each" ]; then
   entry=run-each.sh
   shift
+elif [ "${1:-}" = "--script" ]; then
+  entry="$2"
+  shift 2
 fi
 # The run reads its code from a private copy of the checkout: every device call re-sends the checkout into the
 # same folder, and a run importing a module while the next call replaces it can die (seen: a run started
