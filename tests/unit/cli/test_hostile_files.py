@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kept_runs import plain_copy
 from tests.support import REPO, kvbench
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -37,7 +38,7 @@ def one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> str
 
 def copied_run(tmp_path: Path) -> Path:
     run = tmp_path / "run"
-    shutil.copytree(RUN, run)
+    plain_copy(RUN, run)  # records.jsonl as the run wrote it (the kept run holds it packed)
     shutil.rmtree(run / "report")
     return run
 

@@ -269,8 +269,11 @@ def trtllm_scenario(workload: dict[str, Any], *arms: str) -> dict[str, Any]:
 
 def test_scenario_with_trtllm() -> None:
     probe = {"kind": "multi_round_qa", "context_tokens": [4000]}
+    reset = {**probe, "between_turns": {"mode": "reset_prefix_cache"}}
     with pytest.raises(ScenarioError, match=r"arm 'hbm'.*'reset_prefix_cache' is not possible.*'filler'"):
-        parse_scenario(trtllm_scenario(probe, "hbm", "cpu"), "t.yaml")  # the default mode is reset_prefix_cache
+        parse_scenario(trtllm_scenario(reset, "hbm", "cpu"), "t.yaml")
+    # the default mode, auto, never tries TensorRT-LLM's missing reset: it sends filler (sized at run time)
+    assert isinstance(parse_scenario(trtllm_scenario(probe, "hbm", "cpu"), "t.yaml").engine, TrtllmEngineConfig)
     filler = {**probe, "between_turns": {"mode": "filler", "filler_tokens": 100000}}
     scenario = parse_scenario(trtllm_scenario(filler, "hbm", "cpu"), "t.yaml")
     assert isinstance(scenario.engine, TrtllmEngineConfig)

@@ -552,7 +552,10 @@ def test_an_outlier_record_is_left_out_and_named_not_followed(tmp_path: Path) ->
     good = json.loads(records[4])
     # two more requests like it, and one of 50 s: a cell of four whose median is the good requests'
     twins = [good | {"request_id": f"twin{n}", "conversation": good["conversation"] + 100 + n} for n in range(2)]
-    bad = good | {"request_id": "wild", "conversation": good["conversation"] + 200, "ttft_ns": 50_000_000_000}
+    wild = 50_000_000_000  # its first token 50 s late; the rest of it as the good request's
+    late = {"ttft_ns": wild, "first_chunk_ns": wild, "first_content_ns": wild}
+    bad = good | late | {"request_id": "wild", "conversation": good["conversation"] + 200}
+    bad["e2e_ns"] = wild + good["e2e_ns"] - good["ttft_ns"]
     records += [json.dumps(record) for record in (*twins, bad)]
     (run / "records.jsonl").write_text("\n".join(records) + "\n", encoding="utf-8")
     fitted = calibrate([run])

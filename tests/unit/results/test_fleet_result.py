@@ -178,12 +178,13 @@ def test_a_length_re_run_by_resume_counts_once_as_in_the_ttft_table(tmp_path: Pa
 def test_peak_in_flight_and_ttft_p90_show_a_hotspot(tmp_path: Path) -> None:
     """Replica 0 has three requests open at once (a queue); replica 1 two back to back, which never overlap."""
     run_dir = RunDir.create(tmp_path, parse_scenario(SCENARIO, "unit"))
+    # (start s, length s, TTFT ms)
     spans = {0: [(0, 10, 100.0), (5, 10, 300.0), (8, 12, 500.0)], 1: [(0, 10, 50.0), (10, 10, 60.0)]}
     with RecordWriter(run_dir.records_file) as writer:
         for replica, requests in spans.items():
             for index, (start, length, ttft_ms) in enumerate(requests):
                 record = _record(index, 1, replica, None, ttft_ms)
-                writer.append(record.model_copy(update={"started_ns": start, "e2e_ns": length}))
+                writer.append(record.model_copy(update={"started_ns": start * 10**9, "e2e_ns": length * 10**9}))
     result = summarize_fleet(run_dir)
     assert result is not None
     first, second = result.arms[0].load

@@ -129,7 +129,7 @@ def test_accumulator_aggregates_and_clears() -> None:
         acc.add(record(float(ms), cached=500 if ms % 2 else 0))
     acc.add(record(None, ok=False, kind="http_status", status=503))
     acc.add(record(None, ok=False, kind="stream_dropped"))
-    acc.add(record(900.0))  # misses the TTFT target
+    acc.add(record(900.0, e2e_ms=1300.0))  # misses the TTFT target
     stats = acc.close(index=3, attempt=1, start_unix_ns=5, duration_ns=2 * 10**9, metrics=None)
     assert stats.requests == 103 and stats.ok == 101 and stats.errors == 2
     assert stats.errors_by_kind == {"http_status": 1, "stream_dropped": 1}
