@@ -74,9 +74,9 @@ def test_two_runs_in_a_row_read_the_same_cold_turn_1(simulator: SimulatorLaunche
     assert one["validity"]["verdict"] == two["validity"]["verdict"] == "valid", two["validity"]
     assert salt_of(first) and salt_of(second) and salt_of(first) != salt_of(second)
     t1_first, t1_second = median_ttft(one, "ON", 32000, 1), median_ttft(two, "ON", 32000, 1)
-    t2_second = median_ttft(two, "ON", 32000, 2)
-    # turn 2 of the second run is what the tier makes of a returning user; its turn 1 is nowhere near that
-    assert t1_second > 3 * t2_second, (t1_second, t2_second)
+    # the tier holds what each run's turn 1 stored: its turn 2 loads from it, its turn 1 finds none of the first run's
+    (turn2,) = [s for s in two["cache"] if s["arm"] == "ON" and s["turn"] == 2]
+    assert turn2["external_hits"] > 0, turn2
     assert 0.7 * t1_first < t1_second < 1.4 * t1_first, (t1_first, t1_second)
     assert turn1_hit_share(two, "ON") < 0.01  # only the chat template's block is shared
 

@@ -50,11 +50,11 @@ def test_a_bailian_trace_replays_from_flags(simulator: SimulatorLauncher, tmp_pa
     assert stored["format"] == "bailian" and stored["block_tokens"] == 16 and stored["requests"] == 6
 
 
-def test_a_trace_of_no_known_format_is_one_line(tmp_path: Path) -> None:
+def test_a_trace_of_no_known_format_is_one_line(simulator: SimulatorLauncher, tmp_path: Path) -> None:
     trace = tmp_path / "unknown.jsonl"
     trace.write_text(json.dumps({"when": 0, "prompt": "hi"}) + "\n")
-    # --model: nothing to ask the (absent) endpoint before the trace is read
-    done = kvbench("replay", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--trace", str(trace), cwd=tmp_path)
+    with simulator() as base_url:  # an endpoint that answers, so the trace is what the error is about
+        done = kvbench("replay", "--base-url", f"{base_url}/v1", "--trace", str(trace), cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = [text for text in done.stderr.splitlines() if text.strip()]
     assert f"{trace}:1: cannot tell the trace format" in line
