@@ -128,6 +128,9 @@ def test_resume_continues_an_interrupted_window(simulator: SimulatorLauncher, tm
         scenario = tmp_path / "soak.yaml"
         data = soak_scenario(base_url)
         data["soak"]["window"] = "4s"
+        # judged from the few requests a 4 s window holds on a loaded 2-core machine (about 80; 99 % needs 100):
+        # what this test proves is the resume, not the SLO
+        data["soak"]["criteria"]["slo_compliance_min"] = 0.95
         scenario.write_text(yaml.safe_dump(data))
         first = subprocess.Popen(
             kvbench_argv("soak", str(scenario), "-o", str(tmp_path / "runs")),
