@@ -90,6 +90,9 @@ DEFAULT_CONNECTIONS = 100
 ALIVE_CHECK_S = 2.0
 WATCH_S = 1.0
 """How often :meth:`ArmSession.while_alive` asks whether the engine is still up (s)."""
+DYING_GRACE_S = 10.0
+"""How long an error is held while the engine may be on its way down (s): a vLLM whose engine core died
+refuses connections while its API server is still shutting down, a few seconds before its process exits."""
 T = TypeVar("T")
 
 
@@ -339,6 +342,15 @@ class ArmSession:
             writer.close()
         return None
 
+    async def engine_down_within(self, grace_s: float) -> str | None:
+        """:meth:`engine_down`, asked again every :data:`WATCH_S` for up to ``grace_s`` while the engine is up."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            down = await self.engine_down()
+            if down is not None or time.monotonic() >= deadline:
+                return down
+            await asyncio.sleep(min(WATCH_S, max(deadline - time.monotonic(), 0.0)))
+
     def take_restarts(self) -> int:
         """Engine restarts seen by :meth:`scrape` since the last call."""
         seen, self._restarts = self._restarts, 0
@@ -539,13 +551,13 @@ async def run_arm_or_record_death(runner: Runner[ResultT], session: ArmSession) 
     """Run the arm; an engine that died under it ends the arm as a stored finding, not a traceback.
 
     What the arm measured before stays in the records; the next arm runs; the result's verdict says FAILED
-    (``engine_died``, :mod:`harness.results.validity`). An error while the engine is up is kvbench's or the
-    engine's own and propagates as before.
+    (``engine_died``, :mod:`harness.results.validity`). An error while the engine is up (still up
+    :data:`DYING_GRACE_S` later) is kvbench's or the engine's own and propagates as before.
     """
     try:
         await runner.run_arm(session)
     except (KvbenchError, RuntimeError, aiohttp.ClientError, TimeoutError, ConnectionError) as error:
-        down = await session.engine_down()
+        down = await session.engine_down_within(DYING_GRACE_S)
         if down is None:
             raise
         during = (str(error).splitlines() or [type(error).__name__])[0]
