@@ -8,8 +8,9 @@ and set of sizes, the legend outside the data (:func:`legend_outside`, right of 
 SLO drawn one way (:func:`slo_band`: a dashed limit line, the allowed side lightly shaded) and the
 provenance line (measured on what, or simulated) under the axes (:func:`caption`).
 
-Files (``report/*.png``, ``report/*.svg``) come from :func:`save`. The HTML page embeds each
-figure as inline SVG (:func:`inline_svg`) rather than a PNG data URI:
+Files (``report/*.svg``) come from :func:`save`: SVG only, the format every Markdown report links and the HTML
+page embeds (a PNG beside it drew the same figure again, a second copy in every kept run). The HTML page embeds
+each figure as inline SVG (:func:`inline_svg`) rather than a PNG data URI:
 
 * crisp at any zoom and in print (vectors), where a PNG blurs or must be rendered at 2-3x;
 * smaller for these charts (a few hundred paths and labels: tens of kB, against ~100 kB of
@@ -168,13 +169,11 @@ def caption(fig: Figure, provenance: str) -> None:
 
 
 def save(fig: Figure, stem: Path) -> list[Path]:
-    """``stem``.png and ``stem``.svg; identical input gives identical SVG (fixed ids, no date)."""
-    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    with styled():
-        fig.savefig(png, metadata={"Software": None})
-        with rc_context({"svg.hashsalt": "kvbench"}):
-            fig.savefig(svg, metadata={"Date": None})
-    return [png, svg]
+    """``stem``.svg; identical input gives identical SVG (fixed ids, no date)."""
+    svg = stem.with_suffix(".svg")
+    with styled(), rc_context({"svg.hashsalt": "kvbench"}):
+        fig.savefig(svg, metadata={"Date": None})
+    return [svg]
 
 
 _OPEN = re.compile(r"<svg\b[^>]*>")
