@@ -168,11 +168,30 @@ def caption(fig: Figure, provenance: str) -> None:
             engine.set(rect=(0.0, 0.05, 1.0, 0.95))
 
 
+_DECIMALS = re.compile(r"-?\d+\.\d{3,}")
+_ATTRIBUTE = re.compile(r'="([^"]*)"')
+_INDENT = re.compile(r"\n[ \t]+")
+
+
+def _hundredths(number: re.Match[str]) -> str:
+    text = f"{float(number.group()):.2f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+def compact(svg: str) -> str:
+    """matplotlib's SVG drawing the same in about a fifth fewer bytes: its coordinates (points, written to six
+    decimals) to hundredths of a point in attribute values, and no indentation. Text content is left alone."""
+    rounded = _ATTRIBUTE.sub(lambda value: '="' + _DECIMALS.sub(_hundredths, value.group(1)) + '"', svg)
+    return _INDENT.sub("\n", rounded)
+
+
 def save(fig: Figure, stem: Path) -> list[Path]:
-    """``stem``.svg; identical input gives identical SVG (fixed ids, no date)."""
+    """``stem``.svg, :func:`compact`; identical input gives identical SVG (fixed ids, no date)."""
     svg = stem.with_suffix(".svg")
+    buffer = io.StringIO()
     with styled(), rc_context({"svg.hashsalt": "kvbench"}):
-        fig.savefig(svg, metadata={"Date": None})
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    svg.write_text(compact(buffer.getvalue()), encoding="utf-8")
     return [svg]
 
 
@@ -188,7 +207,7 @@ def inline_svg(fig: Figure, chart_id: str, title: str, description: str) -> Mark
     buffer = io.StringIO()
     with styled(), rc_context({"svg.hashsalt": chart_id}):
         fig.savefig(buffer, format="svg", metadata={"Date": None})
-    text = buffer.getvalue()
+    text = compact(buffer.getvalue())
     opening = _OPEN.search(text)
     if opening is None:
         raise ValueError("matplotlib wrote no <svg> element")
