@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import RunDirError
 from .jsonfile import JsonProblem, parse_json
+from .packed import packed_file, read_stored_bytes
 
 
 def first_problem(error: ValidationError, *, prefix: Sequence[str | int] = (), whole: str = "") -> str:
@@ -69,6 +70,9 @@ class VersionedFile(BaseModel):
         try:
             tmp.write_text(self.file_text(), encoding="utf-8")
             tmp.replace(target)
+            # a kept run's packed copy holds the previous content: readers take the plain file first, but two
+            # versions side by side would leave a reader of the folder to guess which one holds
+            packed_file(target).unlink(missing_ok=True)
         except OSError as error:  # a full or read-only disk: one line, and the previous file stays
             raise RunDirError(f"{target}: cannot write: {error.strerror or error}") from None
         finally:
@@ -77,12 +81,14 @@ class VersionedFile(BaseModel):
 
     @classmethod
     def read_file(cls, path: Path) -> Self:
-        """Read ``path`` (a file, or the directory holding ``FILE_NAME``)."""
+        """Read ``path`` (a file, or the directory holding ``FILE_NAME``; a kept run's ``NAME.xz`` when the plain
+        file is absent)."""
         target = path / cls.FILE_NAME if path.is_dir() else path
-        if not target.exists():
-            raise RunDirError(f"{target}: missing ({cls.REBUILD_HINT.replace('RUN_DIR', str(target.parent))})")
         try:
-            raw = target.read_bytes().decode("utf-8")
+            data = read_stored_bytes(target)
+            if data is None:
+                raise RunDirError(f"{target}: missing ({cls.REBUILD_HINT.replace('RUN_DIR', str(target.parent))})")
+            raw = data.decode("utf-8")
         except OSError as error:
             raise RunDirError(f"{target}: cannot read: {error.strerror or error}") from None
         except UnicodeDecodeError as error:

@@ -3,7 +3,7 @@
 * ``report/agents.md``: per arm and tier agents at SLO (per GPU, ratio to the baseline, $/Mtok, and where sampled
   J/token, GPU watts and agents per kW, labelled measured or simulated), then every point (TTFT p50/pXX, calls/s,
   tokens/s, measured hit rate beside the infinite-cache ceiling, tier attainment, energy);
-* ``report/agents_ttft.png|svg``: TTFT at the first tier's percentile vs agents per arm, one dashed line per
+* ``report/agents_ttft.svg``: TTFT at the first tier's percentile vs agents per arm, one dashed line per
   tier's TTFT limit;
 * the console: the same two tables.
 

@@ -1,10 +1,10 @@
 """Capacity curves and tables of a sweep, drawn from ``sweep.json`` alone.
 
-* ``capacity.png`` / ``capacity.svg``: RPS/GPU (y) against TPS/user (x), one line per arm through its
+* ``capacity.svg``: RPS/GPU (y) against TPS/user (x), one line per arm through its
   load points; each arm's Pareto frontier (no other point of the arm has both more RPS/GPU and
   more TPS/user) is drawn as a dashed step line with large markers; points meeting the SLO are
   filled, the others hollow; the region the TPOT limit allows (TPS/user ≥ 1000 / tpot_ms) is shaded.
-* ``ttft_p99.png`` / ``ttft_p99.svg``: TTFT at the SLO's percentile against load per arm, the TTFT limit
+* ``ttft_p99.svg``: TTFT at the SLO's percentile against load per arm, the TTFT limit
   (labelled with its percentile) shaded below.
 * ``sweep.csv``: one row per (arm, point) with every metric and the frontier flag.
 * ``capacity.md``: the points table, capacity at the SLO, GPUs saved and $/year, and the

@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.errors import KvbenchError, RunDirError
+from common.packed import stored_file
 from common.schema import VersionedFile
 from harness.gate.compare import CompareResult
 from harness.gate.playbook import load_playbook
@@ -246,7 +247,7 @@ def _wanted(output: Output, wanted: Collection[str] | None) -> bool:
 
 def read_results(run_dir: RunDir) -> RunResults:
     """The run directory's stored result files: its kind's and, run on a fleet, ``fleet.json``."""
-    fleet = FleetResult.read_file(run_dir.fleet_file) if run_dir.fleet_file.exists() else None
+    fleet = FleetResult.read_file(run_dir.fleet_file) if stored_file(run_dir.fleet_file) else None
     return RunResults(RESULT_FILES[run_dir.kind].read_file(run_dir.path), fleet)
 
 

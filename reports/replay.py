@@ -4,7 +4,7 @@
   percentiles, SLO attainment, achieved hit rate by source beside the ceiling, send lag), and each
   arm against the baseline (% diff = (baseline / arm − 1) × 100 per percentile);
 * ``replay.csv``: the per-arm row with every number;
-* ``replay.png`` / ``replay.svg``: per arm, prompt tokens/s and hit tokens/s by source (GPU prefix
+* ``replay.svg``: per arm, prompt tokens/s and hit tokens/s by source (GPU prefix
   cache, offload tier) over the replay, and TTFT p50 / p90 / p99 per arm side by side.
 """
 

@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from common.errors import KvbenchError, RunDirError
+from common.packed import stored_file
 from common.schema import StrictModel
 from common.yamlfile import read_yaml_mapping
 from harness.results.provenance import measured_on_attached_endpoint, provenance
@@ -491,8 +492,8 @@ class _Judge:
             for ref in self.playbook.stages.stage(stage).runs:
                 run = _resolve(self.base, ref)
                 for name in ("summary.json", "soak.json", "sweep.json"):
-                    if (run / name).exists():
-                        newest = max(newest, (run / name).stat().st_mtime)
+                    if (found := stored_file(run / name)) is not None:
+                        newest = max(newest, found.stat().st_mtime)
         if report.stat().st_mtime < newest:
             return self._pending(
                 "case_study", text, f"the report is older than a run: re-render it with {command}", f"{report} is stale"

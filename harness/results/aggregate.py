@@ -471,8 +471,9 @@ def probe_result_of(run_dir: RunDir) -> RunResult:
     """Aggregate a probe run directory's stored files into its summary.json content; writes nothing."""
     scenario = run_dir.scenario()
     logs = {arm.name: lines for arm in scenario.arms if (lines := run_dir.engine_log(arm.name)) is not None}
-    command = read_manifest(run_dir.manifest_file).get("command")
-    details = engine_details(run_dir)
+    manifest = read_manifest(run_dir.manifest_file)
+    command = manifest.get("command")
+    details = engine_details(manifest)
     result = aggregate(
         scenario,
         run_dir.run_id,
@@ -493,7 +494,7 @@ def probe_result_of(run_dir: RunDir) -> RunResult:
         judged = with_reset_unavailable(
             judged, unavailable, result.cells, result.cache, scenario.validity.max_reset_hit_rate
         )
-        salting, _ = prompt_salt_of(read_manifest(run_dir.manifest_file))
+        salting, _ = prompt_salt_of(manifest)
         if salting == "per_run":
             judged = with_warm_turn1(judged, result.cache, scenario.validity.max_turn1_hit_rate)
         result = result.model_copy(update={"validity": judged})
@@ -545,9 +546,9 @@ def between_turns_methods(scenario: Scenario, details: Mapping[str, Mapping[str,
     return out
 
 
-def engine_details(run_dir: RunDir) -> dict[str, dict[str, str]]:
-    """Every arm's ``engines.ARM.details`` from the manifest (strings only)."""
-    engines = read_manifest(run_dir.manifest_file).get("engines")
+def engine_details(manifest: Mapping[str, object]) -> dict[str, dict[str, str]]:
+    """Every arm's ``engines.ARM.details`` from the run's manifest (strings only)."""
+    engines = manifest.get("engines")
     out: dict[str, dict[str, str]] = {}
     for arm, entry in (engines or {}).items() if isinstance(engines, dict) else ():
         details = entry.get("details") if isinstance(entry, dict) else None

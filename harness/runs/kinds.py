@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import KvbenchError
+from common.packed import stored_file
 from common.schema import VersionedFile
 from harness.results.agentic import agentic_result_of
 from harness.results.aggregate import probe_result_of
@@ -72,7 +73,7 @@ def load_from_sweep(scenario: Scenario, arm: str, sweep_dir: Path, fraction: flo
     run_dir = RunDir.open(sweep_dir)
     if run_dir.kind != "sweep":
         raise SoakError(f"--load-from {sweep_dir}: a {run_dir.kind} run, not a sweep (kvbench sweep makes one)")
-    result = SweepResult.read_file(run_dir.sweep_file) if run_dir.sweep_file.exists() else sweep_result_of(run_dir)
+    result = SweepResult.read_file(run_dir.sweep_file) if stored_file(run_dir.sweep_file) else sweep_result_of(run_dir)
     capacity = result.capacity_of(arm)
     if capacity is None:
         raise SoakError(f"--load-from {sweep_dir}: the sweep has no arm {arm!r} (arms: {', '.join(result.arms)})")

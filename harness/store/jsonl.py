@@ -11,9 +11,9 @@ file ``<name>.torn`` beside it, saying so in the log. :func:`append_jsonl` and
 
 A run kept in a repository stores its large files compressed (:func:`pack`: ``records.jsonl`` becomes
 ``records.jsonl.xz``, xz at preset 9e, which holds no timestamp, so packing the same bytes gives the same file).
-Every reader takes the packed file where the plain one is absent (:func:`stored_file`), so a kept run reads as
-it was written; appending to a packed file unpacks it first (:func:`repair_torn_tail`), so a live run always
-appends to plain JSON Lines.
+Every reader takes the packed file where the plain one is absent (:func:`common.packed.stored_file`, re-exported
+here), so a kept run reads as it was written; appending to a packed file unpacks it first
+(:func:`repair_torn_tail`), so a live run always appends to plain JSON Lines.
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from common.errors import RunDirError
+from common.packed import PACKED_SUFFIX as PACKED_SUFFIX
+from common.packed import packed_file as packed_file
+from common.packed import read_stored_bytes as read_stored_bytes
+from common.packed import stored_file as stored_file
 from common.schema import first_problem
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -36,35 +40,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 _TAIL_BLOCK = 64 * 1024
-PACKED_SUFFIX = ".xz"
 _PACK_PRESET = 9 | lzma.PRESET_EXTREME
-
-
-def packed_file(path: Path) -> Path:
-    """Where :func:`pack` keeps ``path`` compressed."""
-    return path.with_name(path.name + PACKED_SUFFIX)
-
-
-def stored_file(path: Path) -> Path | None:
-    """The file holding ``path``'s content: ``path`` itself, else its packed form; None when neither exists."""
-    if path.exists():
-        return path
-    packed = packed_file(path)
-    return packed if packed.exists() else None
-
-
-def read_stored_bytes(path: Path) -> bytes | None:
-    """``path``'s content, from the plain file or its packed form (None when neither exists)."""
-    found = stored_file(path)
-    if found is None:
-        return None
-    data = found.read_bytes()
-    if found == path:
-        return data
-    try:
-        return lzma.decompress(data)
-    except lzma.LZMAError as error:
-        raise RunDirError(f"{found}: not a readable xz file: {error}") from None
 
 
 def pack(path: Path) -> Path:

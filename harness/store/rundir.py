@@ -23,7 +23,8 @@ RUN_DIR/
 
 Every event file is append-only JSON Lines (:mod:`.jsonl`); result files are rewritten atomically. A run kept
 in a repository has its event files and logs of 16 KiB or more packed (``records.jsonl.xz``,
-``logs/<arm>/engine.log.xz``: :meth:`RunDir.pack_for_keeping`); every reader takes either form.
+``logs/<arm>/engine.log.xz``: :meth:`RunDir.pack_for_keeping`); a lab run its result files and the logs' JSON too
+(``summary.json.xz``); every reader takes either form.
 
 The directory is created 0700 and scenario.yaml 0600 (:mod:`common.private`). scenario.yaml and
 manifest.json hold the scenario with its secrets removed (:func:`common.redact.redact_data`);
@@ -172,10 +173,26 @@ class RunDir:
                 return handle.read().splitlines()
         return None
 
-    def pack_for_keeping(self) -> list[Path]:
+    @property
+    def result_files(self) -> tuple[Path, ...]:
+        """Every versioned result file a run of some kind writes (``kvbench report`` rebuilds them)."""
+        return (
+            self.summary_file,
+            self.sweep_file,
+            self.soak_file,
+            self.replay_file,
+            self.agentic_file,
+            self.fleet_file,
+        )
+
+    def pack_for_keeping(self, *, results: bool = False) -> list[Path]:
         """Pack the run's event files and logs (``logs/**/*.log``) of :data:`PACK_MIN_BYTES` or more (an engine log
         committed as ``engine.log.gz`` too); the packed files. For a finished run about to be committed: its readers
-        read it as before, and a ``--resume`` unpacks what it appends to."""
+        read it as before, and a ``--resume`` unpacks what it appends to.
+
+        ``results``: its result files and the logs' JSON (a simulator's ``sim-settings.json``) of that size too, for
+        a run nobody opens in a browser (the lab's); the manifest stays plain (a calibration names its source runs
+        by the manifest's SHA-256), and so does ``report/``."""
         packed: list[Path] = []
         for old in sorted(self.path.glob("logs/**/engine.log.gz")):
             plain = old.with_suffix("")
@@ -183,6 +200,8 @@ class RunDir:
                 plain.write_bytes(handle.read())
             old.unlink()
         candidates = [*self.path.glob("*.jsonl"), *self.path.glob("logs/**/*.log")]
+        if results:
+            candidates += [*(path for path in self.result_files if path.exists()), *self.path.glob("logs/**/*.json")]
         for path in sorted(candidates):
             if path.stat().st_size >= PACK_MIN_BYTES:
                 packed.append(pack(path))
@@ -226,13 +245,13 @@ class RunDir:
     def kind(self) -> RunKind:
         """What this directory holds, from the files its runner writes (a soak's scenario is also a sweep's);
         a replay is known by its workload kind too, so one interrupted before any file is written resumes."""
-        if self.trace_info_file.exists() or self.replay_file.exists() or self._workload_kind() == "trace":
+        if self.trace_info_file.exists() or stored_file(self.replay_file) or self._workload_kind() == "trace":
             return "replay"
-        if self.agentic_file.exists() or self._workload_kind() == "agentic":
+        if stored_file(self.agentic_file) or self._workload_kind() == "agentic":
             return "agentic"
-        if stored_file(self.intervals_file) or self.soak_file.exists():
+        if stored_file(self.intervals_file) or stored_file(self.soak_file):
             return "soak"
-        if stored_file(self.points_file) or self.sweep_file.exists():
+        if stored_file(self.points_file) or stored_file(self.sweep_file):
             return "sweep"
         return "probe"
 

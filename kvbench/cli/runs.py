@@ -399,6 +399,14 @@ def report(
             help="With --rewrite: store the run's JSON Lines and logs compressed, for keeping it in a repository.",
         ),
     ] = False,
+    compress_results: Annotated[
+        bool,
+        typer.Option(
+            "--compress-results",
+            help="With --compress: its result file and the logs' JSON too, for a run nobody opens in a browser "
+            "(the lab's); the manifest and report/ stay plain.",
+        ),
+    ] = False,
     json: JsonFlag = False,
 ) -> None:
     """Rebuild the result file (summary.json, sweep.json or soak.json) and every report from stored files alone; the
@@ -426,6 +434,8 @@ def report(
         raise fail("--out: --rewrite writes the reports into each run directory; give one or the other")
     if compress and not rewrite:
         raise fail("--compress goes with --rewrite (it changes the run directory)")
+    if compress_results and not compress:
+        raise fail("--compress-results goes with --compress")
     outcomes: list[Outcome] = []
     with json_stdout(json):  # one directory: its result file; several: a JSON array of them
         try:
@@ -438,7 +448,7 @@ def report(
                 into = None if folder is None else folder if len(dirs) == 1 else folder / f"{index + 1}-{path.name}"
                 outcomes.append(rebuild(path, formats=None if wanted is None else wanted - {"html"}, into=into))
                 if compress:
-                    for packed in RunDir.open(path).pack_for_keeping():
+                    for packed in RunDir.open(path).pack_for_keeping(results=compress_results):
                         console.print(f"compressed {packed}", highlight=False, markup=False)
             if html:
                 if out is None and folder is not None and playbook is None:

@@ -81,3 +81,5 @@ def test_rewrite_writes_the_run_dir_and_compress_packs_it(kept_copy: Path, tmp_p
 
     refused = kvbench("report", "--compress", str(kept_copy), cwd=tmp_path)
     assert refused.returncode == 2 and "--compress goes with --rewrite" in refused.stderr
+    refused = kvbench("report", "--rewrite", "--compress-results", str(kept_copy), cwd=tmp_path)
+    assert refused.returncode == 2 and "--compress-results goes with --compress" in refused.stderr

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import re
+import xml.etree.ElementTree as ET
+
+from matplotlib.figure import Figure
 
 from reports.charts import PALETTE, BarSeries, Limit, LineSeries, bar_chart, line_chart
-from reports.figures import format_number
+from reports.figures import compact, format_number
 from tests.unit.reports.test_html import parse
 
 XSS = "<script>alert(1)</script> & $x$"
@@ -40,3 +44,30 @@ def test_tick_labels_are_compact_plain_numbers() -> None:
         "20k",
         "3M",
     ]
+
+
+def test_a_compact_svg_draws_the_same_elements_and_text_within_a_hundredth_of_a_point() -> None:
+    fig = Figure(figsize=(4, 3))
+    ax = fig.add_subplot()
+    ax.plot([0.0, 1 / 3, 2 / 3], [1 / 7, 2 / 7, 0.9583333], marker="o", label="0.9583333 ms")
+    ax.legend()
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", metadata={"Date": None})
+    raw = buffer.getvalue()
+
+    compacted = compact(raw)
+
+    assert len(compacted) < len(raw)
+    before, after = list(ET.fromstring(raw).iter()), list(ET.fromstring(compacted).iter())
+    assert [(e.tag, sorted(e.attrib), (e.text or "").strip()) for e in before] == [
+        (e.tag, sorted(e.attrib), (e.text or "").strip()) for e in after
+    ]
+    assert "0.9583333 ms" in compacted  # text content keeps every digit
+    number = re.compile(r"-?\d+(?:\.\d+)?")
+    moved = [
+        abs(float(old) - float(new))
+        for old_element, new_element in zip(before, after, strict=True)
+        for name, value in old_element.attrib.items()
+        for old, new in zip(number.findall(value), number.findall(new_element.attrib[name]), strict=True)
+    ]
+    assert moved and max(moved) <= 0.005 + 1e-9  # half a hundredth, give or take the float that printed it

@@ -22,6 +22,7 @@ from harness.results.verdict import EXIT_FAILED, EXIT_INCONCLUSIVE, outcome_of_r
 from harness.runs.kinds import results_of
 from harness.scenario.spec import Scenario, parse_scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
+from harness.store.jsonl import read_stored_bytes
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from reports.outputs import write_outputs
@@ -199,7 +200,7 @@ def test_kept_run_directories_load_render_and_keep_their_verdict(kept: Path, tmp
     result_file = files.get(run_dir.kind)
     if result_file is None:
         pytest.skip(f"{kept.name} is a {run_dir.kind} run")
-    stored = json.loads((copy / result_file.FILE_NAME).read_text(encoding="utf-8"))
+    stored = json.loads(read_stored_bytes(copy / result_file.FILE_NAME) or b"")
     if "validity" in stored:
         # written with the gates (e.g. the 70B runs, one of them INCONCLUSIVE on purpose): the stored
         # verdict renders and comes back unchanged from the stored records

@@ -8,8 +8,14 @@ appends to a packed file first turns it back into plain JSON Lines holding every
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
+import pytest
+
+from common.errors import RunDirError
+from harness.results.run_result import RunResult
+from harness.runs.kinds import results_of
 from harness.store.events import GroupDone
 from harness.store.jsonl import append_jsonl, pack, packed_file, read_jsonl
 from harness.store.rundir import PACK_MIN_BYTES, RunDir
@@ -66,3 +72,31 @@ def test_a_kept_run_packed_for_keeping_reads_the_same(tmp_path: Path) -> None:
     assert (copy / "progress.jsonl").exists()  # below PACK_MIN_BYTES: stays plain, readable as it is
     assert (run_dir.records(), run_dir.metrics(), run_dir.kind) == (records, metrics, kind)
     assert run_dir.engine_log("AMG-ON") == lines
+
+
+def test_a_lab_run_packs_its_result_file_too_and_a_rewrite_writes_it_plain_again(tmp_path: Path) -> None:
+    kept = PRODUCT_RUNS / "gpu-seed-llama70b-tp4-fp8-h200"  # its summary.json is over PACK_MIN_BYTES
+    copy = plain_copy(kept, tmp_path / kept.name)  # the run id is the folder's name
+    settings = copy / "logs" / "AMG-OFF" / "sim-settings.json"
+    settings.write_text(json.dumps({"padding": "x" * PACK_MIN_BYTES}), encoding="utf-8")
+    summary = (copy / "summary.json").read_bytes()
+    manifest = (copy / "manifest.json").read_bytes()
+    run_dir = RunDir.open(copy)
+
+    assert copy / "summary.json.xz" not in run_dir.pack_for_keeping()  # an event-file packing leaves it plain
+    packed = run_dir.pack_for_keeping(results=True)
+
+    assert packed == [copy / "logs" / "AMG-OFF" / "sim-settings.json.xz", copy / "summary.json.xz"]
+    assert not (copy / "summary.json").exists() and (copy / "manifest.json").read_bytes() == manifest
+    assert RunResult.read_file(copy) == RunResult.read_file(kept)
+    assert results_of(run_dir).result.file_text().encode() == summary  # rebuilt from the packed run as committed
+
+    written = RunResult.read_file(copy).write_file(copy)
+    assert written.read_bytes() == summary and not (copy / "summary.json.xz").exists()  # no stale twin left
+
+
+def test_a_packed_result_file_that_is_not_xz_is_one_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "summary.json.xz").write_bytes(b"not xz at all")
+
+    with pytest.raises(RunDirError, match=r"summary\.json\.xz: not a readable xz file"):
+        RunResult.read_file(tmp_path)
