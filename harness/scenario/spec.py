@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_v
 from common.errors import ScenarioError
 from common.jsonfile import clipped, short_repr
 from common.redact import is_secret_name, remember_secret
-from common.schema import StrictModel
+from common.schema import StrictModel, sorted_unique
 from common.yamlfile import EnvUnset, ScenarioLoader, expand_env, read_yaml_mapping
 from harness.engines import kinds
 from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
@@ -282,9 +282,7 @@ class SweepSpec(StrictModel):
     @field_validator("values")
     @classmethod
     def _sorted_unique(cls, values: list[float]) -> list[float]:
-        if len(set(values)) != len(values):
-            raise ValueError(f"load values must be unique, got {values}")
-        return sorted(values)
+        return sorted_unique(values, "load values")
 
     @model_validator(mode="after")
     def _integer_concurrency(self) -> SweepSpec:
