@@ -206,9 +206,7 @@ class _AgentDriver(_Driver):
         return outcome.started_ns if outcome.ok else None
 
     def _emit(self, call: AgentCall, phase: Phase, outcome: RequestOutcome) -> None:
-        self.tally(phase, outcome)
-        assert self.on_record is not None
-        self.on_record(
+        self.emit(
             RequestRecord(
                 arm=self.context.arm,
                 attempt=self.context.attempt,
@@ -222,7 +220,7 @@ class _AgentDriver(_Driver):
                 point=self.context.point,
                 load=float(self.agents),
                 **outcome_fields(outcome),
-            )
+            ),
         )
 
     async def run(self, on_tick: Callable[[int], None]) -> LoadWindow:
