@@ -361,7 +361,8 @@ ConfigT = TypeVar("ConfigT")
 def engine_config(config: object, expected: type[ConfigT], engine: str) -> ConfigT:
     """``config`` as the config class an engine kind takes (TypeError naming both when a caller passes another)."""
     if not isinstance(config, expected):
-        raise TypeError(f"{engine} needs a {expected.__name__}, got {type(config).__name__}")
+        article = "an" if expected.__name__[:1] in "AEIOU" else "a"
+        raise TypeError(f"{engine} needs {article} {expected.__name__}, got {type(config).__name__}")
     return config
 
 
