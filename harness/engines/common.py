@@ -478,6 +478,16 @@ def served_model_name(config: _NamedModel) -> str:
     return Path(config.model).name or config.model
 
 
+class _ServedModel(_NamedModel, Protocol):
+    @property
+    def host(self) -> str: ...
+
+
+def serving_args(config: _ServedModel, port: int) -> list[str]:
+    """The server flags vLLM and SGLang share: the model name it answers to, the address it listens on."""
+    return ["--served-model-name", served_model_name(config), "--host", config.host, "--port", str(port)]
+
+
 NamedConfigT = TypeVar("NamedConfigT", VllmEngineConfig, SglangEngineConfig)
 
 
