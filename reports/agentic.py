@@ -23,7 +23,7 @@ from harness.results.agentic_result import AgenticResult, AgentPoint, TierCheck
 from harness.results.energy import EnergySample
 
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
-from .tables import print_table
+from .tables import print_table, text_table
 
 TIER_DASHES = ("--", "-.", ":")
 
@@ -206,11 +206,7 @@ def write_agentic_reports(result: AgenticResult, out_dir: Path, provenance: str 
 
 def _table(title: str, header: list[str], rows: list[list[str]], caption_text: str = "") -> Table:
     table = Table(title=console_text(title), caption=console_text(caption_text) if caption_text else None)
-    for index, column in enumerate(header):
-        table.add_column(console_text(column), justify="left" if index < 2 else "right")
-    for row in rows:
-        table.add_row(*(console_text(cell) for cell in row))
-    return table
+    return text_table(table, header, rows, text_columns=2)
 
 
 def print_agentic(result: AgenticResult, console: Console, provenance: str = "") -> None:

@@ -38,7 +38,7 @@ from harness.results.sweep_result import PointResult, Quantiles, SloLimits, Swee
 
 from .decision import gpus
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
-from .tables import csv_cell, print_table
+from .tables import csv_cell, print_table, text_table
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -483,11 +483,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
     header, body = points_rows(result)
     caption = console_text(f"{_slo_text(result)}; {provenance}" if provenance else _slo_text(result))
     table = Table(title=f"{console_text(result.scenario_name)} — per load point", caption=caption)
-    for index, column in enumerate(header):
-        table.add_column(console_text(column), justify="left" if index == 0 else "right")
-    for row in body:
-        table.add_row(*(console_text(cell) for cell in row))
-    print_table(console, table)
+    print_table(console, text_table(table, header, body))
     for line in [*energy_lines(result), *capacity_lines(result)]:
         console.print(line, highlight=False, markup=False)
     a_header, a_body = analytical_rows(result)

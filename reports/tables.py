@@ -30,6 +30,18 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from common.markup import console_text
+
+
+def text_table(table: Table, header: Sequence[str], body: Iterable[Sequence[str]], *, text_columns: int = 1) -> Table:
+    """``table`` with the columns of ``header`` (its first ``text_columns`` left-aligned, the rest right-aligned) and
+    the rows of ``body``; every header and cell shown as plain text (:func:`~common.markup.console_text`)."""
+    for index, column in enumerate(header):
+        table.add_column(console_text(column), justify="left" if index < text_columns else "right")
+    for row in body:
+        table.add_row(*(console_text(cell) for cell in row))
+    return table
+
 
 def md_rows(header: Sequence[str], body: Iterable[Sequence[str]], *, text_columns: int = 1) -> list[str]:
     """The table's lines (no trailing newline); an empty ``body`` gives the header and alignment rows alone."""

@@ -12,10 +12,8 @@ set -euo pipefail
 
 VENV_DIR="${1:-.venv-router}"
 VLLM_ROUTER_VERSION="${VLLM_ROUTER_VERSION:-0.1.17}"
-BASE_PYTHON="${PYTHON:-python3}"
-
-PY="$VENV_DIR/bin/python"
-start=$(date +%s)
+TOOL=install-router
+source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 
 version() {
   "$PY" -c "import importlib.metadata as m, vllm_router; print(m.version('vllm-router'))"
@@ -23,14 +21,11 @@ version() {
 
 if [ -x "$PY" ] && current="$(version 2>/dev/null | tail -n 1)" && [ "$current" = "$VLLM_ROUTER_VERSION" ]; then
   echo "$VENV_DIR already has vllm-router $current"
-  echo "export KVBENCH_ROUTER_PYTHON=$(cd "$VENV_DIR" && pwd)/bin/python"
+  print_export KVBENCH_ROUTER_PYTHON
   exit 0
 fi
 
-if [ ! -x "$PY" ] && ! "$BASE_PYTHON" -m venv "$VENV_DIR"; then
-  echo "install-router: '$BASE_PYTHON -m venv' failed (Debian/Ubuntu: apt-get install python3-venv)" >&2
-  exit 1
-fi
+make_venv
 if ! "$PY" -m pip install --quiet --disable-pip-version-check "vllm-router==$VLLM_ROUTER_VERSION"; then
   echo "install-router: pip could not install vllm-router==$VLLM_ROUTER_VERSION (see above)" >&2
   exit 1
@@ -41,4 +36,4 @@ if ! current="$(version | tail -n 1)"; then
   exit 1
 fi
 echo "$VENV_DIR: vllm-router $current (installed in $(( $(date +%s) - start )) s)"
-echo "export KVBENCH_ROUTER_PYTHON=$(cd "$VENV_DIR" && pwd)/bin/python"
+print_export KVBENCH_ROUTER_PYTHON

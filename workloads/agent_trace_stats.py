@@ -31,12 +31,12 @@ an LRU cache must hold besides the parent's blocks for the child to hit).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from .agent_trace import prompt_string_of
+from .prefix_lru import PrefixLru
 from .trace_model import Percentiles, Trace, TraceRequest, percentiles
 
 COARSE_BLOCKS = (16, 64, 256, 512)
@@ -136,25 +136,14 @@ def _replay_cache(
     """(hit tokens, hit blocks, tokens, blocks) of calls ``(blocks, prompt length)`` through a prefix cache of
     ``capacity`` tokens (None: infinite), LRU; a prompt has ceil(length / block) blocks, whole or not. ``calls``
     is read once, as it comes: one call's blocks in memory at a time besides the cache."""
-    cache: OrderedDict[Hashable, int] = OrderedDict()
-    used = hit_tokens = hit_blocks = tokens = blocks = 0
+    cache = PrefixLru(capacity)
+    hit_tokens = hit_blocks = tokens = blocks = 0
     for call_blocks, length in calls:
         tokens += length
         blocks += -(-length // block)
-        for key, size in call_blocks:
-            cached = cache.get(key, 0)
-            hit_tokens += min(cached, size)
-            if cached < size:
-                break
-            hit_blocks += 1
-        for key, size in call_blocks:
-            cached = cache.pop(key, 0)
-            cache[key] = max(cached, size)
-            used += max(cached, size) - cached
-        if capacity is not None:
-            while used > capacity and cache:
-                _, size = cache.popitem(last=False)
-                used -= size
+        hit = cache.visit(call_blocks)
+        hit_tokens += hit[0]
+        hit_blocks += hit[1]
     return hit_tokens, hit_blocks, tokens, blocks
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from common.schema import StrictModel
+from common.schema import StrictModel, sorted_unique
 
 from .salt import PromptSaltMode
 from .trace_model import FormatChoice
@@ -136,9 +136,7 @@ class MultiRoundQAProbe(StrictModel):
     @field_validator("context_tokens")
     @classmethod
     def _sorted_unique(cls, values: list[int]) -> list[int]:
-        if len(set(values)) != len(values):
-            raise ValueError(f"context lengths must be unique, got {values}")
-        return sorted(values)
+        return sorted_unique(values, "context lengths")
 
     @model_validator(mode="after")
     def _token_ids_need_completions(self) -> MultiRoundQAProbe:
@@ -463,9 +461,7 @@ class AgenticSessions(StrictModel):
     @field_validator("agents")
     @classmethod
     def _agents_sorted_unique(cls, values: list[int]) -> list[int]:
-        if len(set(values)) != len(values):
-            raise ValueError(f"agents counts must be unique, got {values}")
-        return sorted(values)
+        return sorted_unique(values, "agents counts")
 
     @field_validator("tiers")
     @classmethod

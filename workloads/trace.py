@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from common.jsonfile import JsonProblem, parse_json, short_repr
 
+from .prefix_lru import PrefixLru
 from .salt import salted
 from .text import fit_to_tokens
 from .tokenizer import Tokenizer
@@ -276,28 +276,14 @@ def lru_hit_rate(trace: Trace, capacity: int | None) -> float | None:
 
     None when no request carries hash ids (a text trace has no block structure before tokenizing).
     """
-    cache: OrderedDict[HashId, int] = OrderedDict()
-    used = 0
+    cache = PrefixLru(capacity)
     hits = 0
     total = 0
     for request in trace.requests:
         if request.hash_ids is None:
             continue
-        sizes = request.block_sizes(trace.block_tokens)
         total += request.input_length
-        for block, size in zip(request.hash_ids, sizes, strict=True):
-            cached = cache.get(block, 0)
-            hits += min(cached, size)
-            if cached < size:
-                break
-        for block, size in zip(request.hash_ids, sizes, strict=True):
-            cached = cache.pop(block, 0)
-            cache[block] = max(cached, size)
-            used += max(cached, size) - cached
-        if capacity is not None:
-            while used > capacity and cache:
-                _, size = cache.popitem(last=False)
-                used -= size
+        hits += cache.visit(list(zip(request.hash_ids, request.block_sizes(trace.block_tokens), strict=True)))[0]
     return hits / total if total else None
 
 

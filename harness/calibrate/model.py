@@ -65,15 +65,20 @@ def timing_of(deployment: Deployment, params: Params, backend: str | None) -> Ti
     return TimeModel(deployment, eff)
 
 
+def _timings(
+    deployment: Deployment, params: Params, samples: Sequence[TtftSample] | Sequence[DecodeSample]
+) -> dict[str | None, TimeModel]:
+    """One time model per backend the samples use, built once (not once a sample)."""
+    return {backend: timing_of(deployment, params, backend) for backend in {s.backend for s in samples}}
+
+
 def predict_ttft(deployment: Deployment, params: Params, chunk: int, samples: Sequence[TtftSample]) -> np.ndarray:
     """Seconds, per sample, of the simulator's unloaded TTFT with these parameters."""
     kv_gb = deployment.kv_bytes_per_token / 1e9
-    timings: dict[str | None, TimeModel] = {}
+    timings = _timings(deployment, params, samples)
     out = np.empty(len(samples))
     for i, s in enumerate(samples):
-        timing = timings.get(s.backend)
-        if timing is None:
-            timing = timings[s.backend] = timing_of(deployment, params, s.backend)
+        timing = timings[s.backend]
         load = 0.0
         if s.backend is not None and s.loaded_tokens > 0:
             rate = params.load_s_per_gb.get(s.backend, 1 / 25.0)
@@ -88,12 +93,10 @@ def predict_decode(deployment: Deployment, params: Params, samples: Sequence[Dec
 
     A fractional batch b is the time-weighted mix of steps of floor(b) and ceil(b) sequences.
     """
-    timings: dict[str | None, TimeModel] = {}
+    timings = _timings(deployment, params, samples)
     out = np.empty(len(samples))
     for i, s in enumerate(samples):
-        timing = timings.get(s.backend)
-        if timing is None:
-            timing = timings[s.backend] = timing_of(deployment, params, s.backend)
+        timing = timings[s.backend]
         low = max(1, int(s.batch))
         share = max(0.0, s.batch - low)
         step = timing.decode_step_seconds(low, s.context_tokens)

@@ -275,20 +275,20 @@ class MetricSpec:
 
     def resolve(self, snapshot: Mapping[SampleKey, float], family: EngineFamily) -> Candidate | None:
         """The first candidate with a matching sample in ``snapshot`` (None if none, or unknown family)."""
-        family = _resolve_family(snapshot, family)
-        for text in self.candidates(family):
-            candidate = parse_candidate(text)
-            if any(name == candidate.name and candidate.matches(labels) for name, labels in snapshot):
-                return candidate
-        return None
+        found = self._first_present(snapshot, family)
+        return None if found is None else found[1]
 
     def sample_name(self, snapshot: Mapping[SampleKey, float], family: EngineFamily) -> str | None:
         """The first candidate present in ``snapshot``, as written in :attr:`names` (None if none)."""
+        found = self._first_present(snapshot, family)
+        return None if found is None else found[0]
+
+    def _first_present(self, snapshot: Mapping[SampleKey, float], family: EngineFamily) -> tuple[str, Candidate] | None:
         family = _resolve_family(snapshot, family)
         for text in self.candidates(family):
             candidate = parse_candidate(text)
             if any(name == candidate.name and candidate.matches(labels) for name, labels in snapshot):
-                return text
+                return text, candidate
         return None
 
 

@@ -361,7 +361,8 @@ ConfigT = TypeVar("ConfigT")
 def engine_config(config: object, expected: type[ConfigT], engine: str) -> ConfigT:
     """``config`` as the config class an engine kind takes (TypeError naming both when a caller passes another)."""
     if not isinstance(config, expected):
-        raise TypeError(f"{engine} needs a {expected.__name__}, got {type(config).__name__}")
+        article = "an" if expected.__name__[:1] in "AEIOU" else "a"
+        raise TypeError(f"{engine} needs {article} {expected.__name__}, got {type(config).__name__}")
     return config
 
 
@@ -475,6 +476,16 @@ def served_model_name(config: _NamedModel) -> str:
     if config.model.startswith(SYNTH_PREFIX):
         return config.model.removeprefix(SYNTH_PREFIX)
     return Path(config.model).name or config.model
+
+
+class _ServedModel(_NamedModel, Protocol):
+    @property
+    def host(self) -> str: ...
+
+
+def serving_args(config: _ServedModel, port: int) -> list[str]:
+    """The server flags vLLM and SGLang share: the model name it answers to, the address it listens on."""
+    return ["--served-model-name", served_model_name(config), "--host", config.host, "--port", str(port)]
 
 
 NamedConfigT = TypeVar("NamedConfigT", VllmEngineConfig, SglangEngineConfig)

@@ -52,6 +52,7 @@ from .common import (
     ModelDirTokenizer,
     RunningServer,
     ServerTokenizer,
+    engine_config,
     post_text,
     reset_with_retry,
     served_by_simulator,
@@ -176,9 +177,7 @@ class OpenAIEngine:
     """Engine kind ``openai``: ``async with OpenAIEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        if not isinstance(config, OpenAIEngineConfig):
-            raise TypeError(f"OpenAIEngine needs an OpenAIEngineConfig, got {type(config).__name__}")
-        self.config = config
+        self.config = engine_config(config, OpenAIEngineConfig, "OpenAIEngine")
         self.context = context
         self._session: aiohttp.ClientSession | None = None
 

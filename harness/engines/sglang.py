@@ -54,6 +54,7 @@ from .common import (
     reset_with_retry,
     resolve_served_model,
     served_model_name,
+    serving_args,
     start_server,
 )
 from .configs import SglangEngineConfig
@@ -106,12 +107,7 @@ def build_sglang_argv(config: SglangEngineConfig, python: str, port: int, plan: 
         LAUNCH_MODULE,
         "--model-path",
         config.model,
-        "--served-model-name",
-        served_model_name(config),
-        "--host",
-        config.host,
-        "--port",
-        str(port),
+        *serving_args(config, port),
         "--enable-cache-report",
     ]
     if config.enable_metrics:

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from offload.profiles import OffloadProfile, OffloadTier, TierScope, tier_dirs
+from offload.profiles import OffloadProfile, OffloadTier, TierScope, file_tier_dirs
 
 from .configs import SglangEngineConfig
 
@@ -184,11 +184,7 @@ def render_sglang_launch(
     env: dict[str, str] = {}
     dirs: list[Path] = []
     must_exist: list[Path] = []
-    for kind in ("disk", "shared"):
-        tier = tiers.get(kind)
-        placed = tier_dirs(tier, scope) if tier is not None else None
-        if tier is None or placed is None:
-            continue
+    for kind, tier, placed in file_tier_dirs(tiers, scope):
         args += ["--hicache-storage-backend", STORAGE_BACKEND]
         if config.hicache_storage_prefetch_policy is not None:
             args += ["--hicache-storage-prefetch-policy", config.hicache_storage_prefetch_policy]

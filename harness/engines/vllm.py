@@ -49,6 +49,7 @@ from .common import (
     resolve_served_model,
     served_model_name,
     server_process,
+    serving_args,
 )
 from .configs import VllmEngineConfig
 from .host_link import HostLinkTarget, engine_target
@@ -124,14 +125,7 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
         head: list[str] = [python, "-m", API_SERVER_MODULE, "--model", config.model]
     else:
         head = [str(Path(python).parent / "vllm"), "serve", config.model]
-    args = [
-        "--served-model-name",
-        served_model_name(config),
-        "--host",
-        config.host,
-        "--port",
-        str(port),
-    ]
+    args = serving_args(config, port)
     if config.dtype is not None:
         args += ["--dtype", config.dtype]
     if config.quantization is not None:

@@ -44,7 +44,7 @@ from typing import Literal
 
 import yaml
 
-from offload.profiles import OffloadProfile, OffloadTier, TierScope, tier_dirs
+from offload.profiles import OffloadProfile, OffloadTier, TierScope, file_tier_dirs, tier_dirs
 
 from . import kvbench_replica_header
 from .base import SharedTierHandle
@@ -330,11 +330,7 @@ def _render_lmcache_mp(
     dirs: list[Path] = []
     must_exist: list[Path] = []
     notes: list[str] = []
-    for kind in ("disk", "shared"):
-        tier = tiers.get(kind)
-        placed = tier_dirs(tier, scope) if tier is not None else None
-        if tier is None or placed is None:
-            continue
+    for kind, tier, placed in file_tier_dirs(tiers, scope):
         adapters.append(json.dumps({"type": "fs", "base_path": placed.used}, separators=(",", ":")))
         dirs += [Path(path) for path in placed.create]
         must_exist += [Path(path) for path in placed.must_exist]

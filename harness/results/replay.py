@@ -168,12 +168,7 @@ def aggregate_replay(
 ) -> ReplayResult:
     """A pure function of the stored files (so a replay can be re-aggregated offline)."""
     config = scenario.trace_workload
-    slo = SloLimits(
-        ttft_ms=scenario.slo.ttft_ms,
-        tpot_ms=scenario.slo.tpot_ms,
-        e2e_ms=scenario.slo.e2e_ms,
-        percentile=scenario.slo.percentile,
-    )
+    slo = SloLimits.of(scenario.slo)
     rows = [r.model_dump(exclude={"itl_ns"}) for r in records if r.trace_line is not None and r.phase == "measure"]
     df = pd.DataFrame(rows)
     chosen = _chosen_attempts(df, done)

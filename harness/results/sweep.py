@@ -46,12 +46,7 @@ def aggregate_sweep(
     engine = scenario.engine
     gpus = engine.fleet_gpus  # every replica's GPUs (engine.replicas × gpus_per_replica): RPS per GPU is per fleet GPU
     per_deployment = engine.replica_gpus
-    slo = SloLimits(
-        ttft_ms=scenario.slo.ttft_ms,
-        tpot_ms=scenario.slo.tpot_ms,
-        e2e_ms=scenario.slo.e2e_ms,
-        percentile=scenario.slo.percentile,
-    )
+    slo = SloLimits.of(scenario.slo)
     arm_names = [arm.name for arm in scenario.arms]
     grid = stored_grid(arm_names, len(spec.values), records, points, gpus, slo)
     results = [point_result(point.data, mode=spec.mode) for point in grid.points]

@@ -120,6 +120,11 @@ def _ok(data: PointData) -> pd.DataFrame:
     return df[df["ok"]] if not df.empty else df
 
 
+def _decode_tps(data: PointData) -> pd.Series:
+    """Each successful measured request's decode speed, (tokens − 1) / (e2e − ttft), where it has one."""
+    return _ok(data)["decode_tps"].dropna() if not data.measured.empty else pd.Series(dtype="float64")
+
+
 @_scalar("rps", "requests/s")
 def _rps(data: PointData) -> float | None:
     """Successful requests completed inside the window / window length (s)."""
@@ -151,14 +156,14 @@ def _output_tps_per_gpu(data: PointData) -> float | None:
 @_scalar("tps_user_mean", "tokens/s")
 def _tps_user_mean(data: PointData) -> float | None:
     """Mean over successful measured requests of (tokens − 1) / (e2e − ttft): a user's decode speed."""
-    values = _ok(data)["decode_tps"].dropna() if not data.measured.empty else pd.Series(dtype="float64")
+    values = _decode_tps(data)
     return None if values.empty else float(values.mean())
 
 
 @_scalar("tps_user_p50", "tokens/s")
 def _tps_user_p50(data: PointData) -> float | None:
     """Median over successful measured requests of (tokens − 1) / (e2e − ttft)."""
-    values = _ok(data)["decode_tps"].dropna() if not data.measured.empty else pd.Series(dtype="float64")
+    values = _decode_tps(data)
     return None if values.empty else float(values.median())
 
 

@@ -8,7 +8,7 @@ per second here (display units); the records underneath keep integer nanoseconds
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
@@ -18,6 +18,9 @@ from .energy import EnergySample
 from .header import ResultHeader
 from .run_result import Frozen
 from .verdict import Outcome, Validity, outcome_of
+
+if TYPE_CHECKING:
+    from harness.scenario.spec import SLO
 
 
 class Quantiles(Frozen):
@@ -93,6 +96,11 @@ class SloLimits(Frozen):
     tpot_ms: float | None
     e2e_ms: float | None
     percentile: float
+
+    @classmethod
+    def of(cls, slo: SLO) -> SloLimits:
+        """The limits a scenario's ``slo`` section sets."""
+        return cls(ttft_ms=slo.ttft_ms, tpot_ms=slo.tpot_ms, e2e_ms=slo.e2e_ms, percentile=slo.percentile)
 
     @property
     def has_limits(self) -> bool:

@@ -34,9 +34,8 @@ from workloads.config import AgenticSessions
 from workloads.salt import point_salt
 from workloads.trace import TracePrompts
 
-from .energy import energy_meter
 from .load import NS, LoadWindow, RecordContext, RefusedBackoff, _cancelled, _Driver, _Stopped
-from .points import SESSIONS_PER_POINT, PointGridRunner, point_done, scrape_after
+from .points import SESSIONS_PER_POINT, PointGridRunner
 from .recording import outcome_fields
 from .spine import ArmSession
 
@@ -93,43 +92,30 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
     async def _run_point(self, session: ArmSession, index: int, sessions: AgentSessions, prompts: TracePrompts) -> None:
         config, arm = self.config, session.arm
         agents = config.agents[index]
-        total_s = config.warmup_s + config.window_s
-        self.progress.describe(f"{arm.name}: point {index + 1}/{len(config.agents)}")
-        self.progress.begin_step(f"{arm.name} @ {agents} agents", total_s)
-        count = 0
-        started = time.monotonic_ns()
 
-        def on_record(record: RequestRecord) -> None:
-            nonlocal count
-            session.append(record)
-            count += 1
+        async def drive(on_record: Callable[[RequestRecord], None], on_tick: Callable[[int], None]) -> LoadWindow:
+            driver = _AgentDriver(
+                arm_session=session,
+                sessions=sessions,
+                prompts=prompts,
+                config=config,
+                agents=agents,
+                first_session=index * SESSIONS_PER_POINT,
+                context=RecordContext(arm=arm.name, attempt=self.attempt, point=index),
+                on_record=on_record,
+            )
+            return await driver.run(on_tick)
 
-        def on_tick(now_ns: int) -> None:
-            self.progress.tick(min((now_ns - started) / 1e9, total_s), f"{count} calls")
-
-        driver = _AgentDriver(
-            arm_session=session,
-            sessions=sessions,
-            prompts=prompts,
-            config=config,
-            agents=agents,
-            first_session=index * SESSIONS_PER_POINT,
-            context=RecordContext(arm=arm.name, attempt=self.attempt, point=index),
-            on_record=on_record,
+        window = await self.measure_point(
+            session,
+            index,
+            float(agents),
+            label=f"{arm.name} @ {agents} agents",
+            warmup_s=config.warmup_s,
+            window_s=config.window_s,
+            noun="calls",
+            drive=drive,
         )
-        async with energy_meter(session) as meter:
-            before_task = asyncio.ensure_future(scrape_after(session, config.warmup_s))
-            try:
-                window = await driver.run(on_tick)
-                before = await before_task
-            finally:
-                before_task.cancel()
-            energy = await meter.window(window.window_start_ns, window.window_end_ns)
-        after = await session.scrape()
-        session.sync()
-        done = point_done(arm.name, index, float(agents), self.attempt, window, before, after)
-        self.run_dir.append_point(done.model_copy(update={"energy": energy}))
-        self.progress.end_step()
         self.progress.advance(f"{arm.name} @ {agents} agents: {window.measured} calls measured")
 
 
@@ -220,9 +206,7 @@ class _AgentDriver(_Driver):
         return outcome.started_ns if outcome.ok else None
 
     def _emit(self, call: AgentCall, phase: Phase, outcome: RequestOutcome) -> None:
-        self.tally(phase, outcome)
-        assert self.on_record is not None
-        self.on_record(
+        self.emit(
             RequestRecord(
                 arm=self.context.arm,
                 attempt=self.context.attempt,
@@ -236,7 +220,7 @@ class _AgentDriver(_Driver):
                 point=self.context.point,
                 load=float(self.agents),
                 **outcome_fields(outcome),
-            )
+            ),
         )
 
     async def run(self, on_tick: Callable[[int], None]) -> LoadWindow:

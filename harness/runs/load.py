@@ -260,12 +260,14 @@ class _Driver:
         counters.in_flight -= 1
         return outcome
 
-    def tally(self, phase: Phase, outcome: RequestOutcome) -> None:
-        """Count a finished request before it is recorded: measured (in the window) and failed."""
-        if phase == "measure":
+    def emit(self, record: RequestRecord) -> None:
+        """Count a finished request's ``record``, measured (in the window) and failed, then hand it on."""
+        if record.phase == "measure":
             self.counters.measured += 1
-        if not outcome.ok:
+        if not record.ok:
             self.counters.errors += 1
+        assert self.on_record is not None
+        self.on_record(record)
 
     def window(self, window_start_ns: int) -> LoadWindow:
         """The window this driver ran, once sending has stopped: its edges and counters."""
@@ -387,11 +389,9 @@ class _Runner(_Driver):
     def _emit(
         self, session: Session, prompt: Prompt, phase: Phase, outcome: RequestOutcome, scheduled_ns: int | None
     ) -> None:
-        self.tally(phase, outcome)
         plan = session.plan
         config = self.workload.config
-        assert self.on_record is not None
-        self.on_record(
+        self.emit(
             RequestRecord(
                 arm=self.context.arm,
                 attempt=self.context.attempt,
@@ -407,7 +407,7 @@ class _Runner(_Driver):
                 user=plan.user,
                 scheduled_ns=scheduled_ns,
                 **outcome_fields(outcome),
-            )
+            ),
         )
 
     # -- closed loop ------------------------------------------------------------------------

@@ -12,12 +12,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from abc import abstractmethod
+from collections.abc import Awaitable, Callable
 
 from harness.client.scrape import cache_counter_deltas
 from harness.scenario.spec import Arm
 from harness.store.events import PointDone
+from harness.store.records import RequestRecord
 
+from .energy import energy_meter
 from .load import LoadWindow
 from .spine import ArmSession, ResultT, Runner
 
@@ -50,6 +54,50 @@ class PointGridRunner(Runner[ResultT]):
         plan = self.pending()
         total = len(arms) * self.grid_size()
         return total, total - sum(len(plan[arm.name]) for arm in arms)
+
+    async def measure_point(
+        self,
+        session: ArmSession,
+        index: int,
+        load: float,
+        *,
+        label: str,
+        warmup_s: float,
+        window_s: float,
+        noun: str,
+        drive: Callable[[Callable[[RequestRecord], None], Callable[[int], None]], Awaitable[LoadWindow]],
+    ) -> LoadWindow:
+        """One load point, from its progress step to its stored PointDone; ``drive(on_record, on_tick)`` sends the
+        load and returns its window. ``noun`` names what is sent in the progress texts ("requests", "calls")."""
+        arm = session.arm
+        total_s = warmup_s + window_s
+        self.progress.describe(f"{arm.name}: point {index + 1}/{self.grid_size()}")
+        self.progress.begin_step(label, total_s)
+        count = 0
+        started = time.monotonic_ns()
+
+        def on_record(record: RequestRecord) -> None:
+            nonlocal count
+            session.append(record)
+            count += 1
+
+        def on_tick(now_ns: int) -> None:
+            self.progress.tick(min((now_ns - started) / 1e9, total_s), f"{count} {noun}")
+
+        async with energy_meter(session) as meter:
+            before_task = asyncio.ensure_future(scrape_after(session, warmup_s))
+            try:
+                window = await drive(on_record, on_tick)
+                before = await before_task
+            finally:
+                before_task.cancel()
+            energy = await meter.window(window.window_start_ns, window.window_end_ns)
+        after = await session.scrape()
+        session.sync()
+        done = point_done(arm.name, index, load, self.attempt, window, before, after)
+        self.run_dir.append_point(done.model_copy(update={"energy": energy}))
+        self.progress.end_step()
+        return window
 
 
 def point_done(

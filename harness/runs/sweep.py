@@ -16,10 +16,8 @@ the points without a PointDone (the engine of an arm with work left starts again
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
 
 from common.errors import KvbenchError
 from harness.client.pool import ProcessClientPool, StreamingClient
@@ -27,13 +25,11 @@ from harness.engines.base import stall_limit
 from harness.results.sweep import sweep_result_of
 from harness.results.sweep_result import SweepResult
 from harness.scenario.spec import SweepSpec
-from harness.store.records import RequestRecord
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
 
-from .energy import energy_meter
 from .load import LoadPlan, RecordContext, run_load
-from .points import SESSIONS_PER_POINT, PointGridRunner, point_done, scrape_after
+from .points import SESSIONS_PER_POINT, PointGridRunner
 from .spine import ArmSession
 
 log = logging.getLogger(__name__)
@@ -111,40 +107,24 @@ class SweepRunner(PointGridRunner[SweepResult]):
         value = spec.values[index]
         plan = LoadPlan.from_sweep(spec, value, first_session=index * SESSIONS_PER_POINT, seed=self.scenario.seed)
         unit = "users" if spec.mode == "concurrency" else "req/s"
-        self.progress.describe(f"{arm.name}: point {index + 1}/{len(spec.values)}")
-        self.progress.begin_step(f"{arm.name} @ {value:g} {unit}", spec.warmup + spec.duration)
-        count = 0
-        started = time.monotonic_ns()
-
-        def on_record(record: RequestRecord) -> None:
-            nonlocal count
-            session.append(record)
-            count += 1
-
-        def on_tick(now_ns: int) -> None:
-            self.progress.tick(min((now_ns - started) / 1e9, spec.warmup + spec.duration), f"{count} requests")
-
-        async with energy_meter(session) as meter:
-            before_task = asyncio.ensure_future(scrape_after(session, spec.warmup))
-            try:
-                window = await run_load(
-                    sender,
-                    workload,
-                    plan,
-                    RecordContext(arm=arm.name, attempt=self.attempt, point=index),
-                    on_record=on_record,
-                    on_tick=on_tick,
-                    tick_s=0.5,
-                )
-                before = await before_task
-            finally:
-                before_task.cancel()
-            energy = await meter.window(window.window_start_ns, window.window_end_ns)
-        after = await session.scrape()
-        session.sync()
-        done = point_done(arm.name, index, value, self.attempt, window, before, after)
-        self.run_dir.append_point(done.model_copy(update={"energy": energy}))
-        self.progress.end_step()
+        window = await self.measure_point(
+            session,
+            index,
+            value,
+            label=f"{arm.name} @ {value:g} {unit}",
+            warmup_s=spec.warmup,
+            window_s=spec.duration,
+            noun="requests",
+            drive=lambda on_record, on_tick: run_load(
+                sender,
+                workload,
+                plan,
+                RecordContext(arm=arm.name, attempt=self.attempt, point=index),
+                on_record=on_record,
+                on_tick=on_tick,
+                tick_s=0.5,
+            ),
+        )
         self.progress.advance(f"{arm.name} @ {value:g} {unit}: {window.measured} measured")
         if window.measured == 0:
             log.warning("arm %s, load %g: no request was sent inside the window", arm.name, value)

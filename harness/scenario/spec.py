@@ -14,14 +14,14 @@ import re
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from common.errors import ScenarioError
 from common.jsonfile import clipped, short_repr
 from common.redact import is_secret_name, remember_secret
-from common.schema import StrictModel
+from common.schema import StrictModel, sorted_unique
 from common.yamlfile import EnvUnset, ScenarioLoader, expand_env, read_yaml_mapping
 from harness.engines import kinds
 from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
@@ -45,6 +45,9 @@ from workloads.config import (
 
 from .fleet import check_fleet
 from .overrides import apply_overrides
+
+WorkloadT = TypeVar("WorkloadT", bound=BaseModel)
+"""One kind of workload (:meth:`Scenario._workload_as`)."""
 
 VERB_OF_WORKLOAD: dict[str, str] = {
     "multi_round_qa": "run",
@@ -282,9 +285,7 @@ class SweepSpec(StrictModel):
     @field_validator("values")
     @classmethod
     def _sorted_unique(cls, values: list[float]) -> list[float]:
-        if len(set(values)) != len(values):
-            raise ValueError(f"load values must be unique, got {values}")
-        return sorted(values)
+        return sorted_unique(values, "load values")
 
     @model_validator(mode="after")
     def _integer_concurrency(self) -> SweepSpec:
@@ -421,42 +422,31 @@ class Scenario(StrictModel):
     @property
     def probe_workload(self) -> MultiRoundQAProbe:
         """The workload of a probe scenario (``kvbench run``); a clear error for any other kind."""
-        if not isinstance(self.workload, MultiRoundQAProbe):
-            raise ScenarioError(
-                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not a probe; "
-                f"run it with `kvbench {VERB_OF_WORKLOAD[self.workload.kind]}` "
-                "(`kvbench run` takes workload kind 'multi_round_qa')"
-            )
-        return self.workload
+        return self._workload_as(MultiRoundQAProbe, "a probe", " (`kvbench run` takes workload kind 'multi_round_qa')")
 
     @property
     def load_workload(self) -> MultiUserQA:
         """The workload of a load scenario (``kvbench sweep``); a clear error for any other kind."""
-        if not isinstance(self.workload, MultiUserQA):
-            raise ScenarioError(
-                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not a multi-user load; run it "
-                f"with `kvbench {VERB_OF_WORKLOAD[self.workload.kind]}` (`kvbench sweep` and `kvbench soak` run "
-                "workload kind 'multi_user_qa')"
-            )
-        return self.workload
+        return self._workload_as(
+            MultiUserQA, "a multi-user load", " (`kvbench sweep` and `kvbench soak` run workload kind 'multi_user_qa')"
+        )
 
     @property
     def agentic_workload(self) -> AgenticSessions:
         """The workload of an agentic sweep (``kvbench sweep``); a clear error for any other kind."""
-        if not isinstance(self.workload, AgenticSessions):
-            raise ScenarioError(
-                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not agentic; run it with "
-                f"`kvbench {VERB_OF_WORKLOAD[self.workload.kind]}`"
-            )
-        return self.workload
+        return self._workload_as(AgenticSessions, "agentic", "")
 
     @property
     def trace_workload(self) -> TraceReplay:
         """The workload of a trace replay (``kvbench replay``); a clear error for any other kind."""
-        if not isinstance(self.workload, TraceReplay):
+        return self._workload_as(TraceReplay, "a trace", " (`kvbench replay` runs workload kind 'trace')")
+
+    def _workload_as(self, kind: type[WorkloadT], what: str, takes: str) -> WorkloadT:
+        """The workload as ``kind``, else a ScenarioError: ``what`` it is not, the command that runs it, ``takes``."""
+        if not isinstance(self.workload, kind):
             raise ScenarioError(
-                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not a trace; run it with "
-                f"`kvbench {VERB_OF_WORKLOAD[self.workload.kind]}` (`kvbench replay` runs workload kind 'trace')"
+                f"scenario {self.name!r}: workload kind {self.workload.kind!r} is not {what}; "
+                f"run it with `kvbench {VERB_OF_WORKLOAD[self.workload.kind]}`{takes}"
             )
         return self.workload
 

@@ -21,7 +21,7 @@ from common import __version__
 from common.errors import EngineStartError
 from harness.client.endpoint import Endpoint
 from harness.engines.base import EngineConfigModel, EngineFacts, LaunchContext
-from harness.engines.common import RunningProcess
+from harness.engines.common import RunningProcess, engine_config
 from harness.engines.kvbench_replica_header import replica_env
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
 from workloads.tokenizer import Tokenizer
@@ -73,9 +73,7 @@ class SimEngine:
     """Engine kind ``sim``: ``async with SimEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        if not isinstance(config, SimEngineConfig):
-            raise TypeError(f"SimEngine needs a SimEngineConfig, got {type(config).__name__}")
-        self.config = config
+        self.config = engine_config(config, SimEngineConfig, "SimEngine")
         self.context = context
         self._process: ManagedProcess | None = None
 

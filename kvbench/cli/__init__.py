@@ -19,15 +19,12 @@ from . import gate, runs, scenarios, schema
 from .console import console
 from .model import model_app
 from .offload import offload_app
+from .options import command_group
 from .sim import sim_app
 from .trace import trace_app
 
-app = typer.Typer(
-    name="kvbench",
-    help="Benchmark KV-cache offloading: turn-1/turn-2 TTFT with the offload layer ON vs OFF.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+app = command_group(
+    "Benchmark KV-cache offloading: turn-1/turn-2 TTFT with the offload layer ON vs OFF.", name="kvbench"
 )
 
 

@@ -10,6 +10,7 @@ import typer
 from common.markup import console_text
 
 from .console import console, emit_json, fail, json_stdout, os_error
+from .options import command_group
 
 
 def compare(
@@ -56,12 +57,7 @@ def compare(
         raise typer.Exit(result.exit_code)
 
 
-playbook_app = typer.Typer(
-    help="The rollout playbook: baseline, POC, staging, production, case study.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+playbook_app = command_group("The rollout playbook: baseline, POC, staging, production, case study.")
 
 
 @playbook_app.command("init")

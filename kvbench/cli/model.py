@@ -15,10 +15,10 @@ from rich.markup import escape
 
 from harness.engines.modeldir import shape_config, shape_names, synthesize_model_dir
 
-model_app = typer.Typer(
-    help="Model directories without downloads: config.json of a known shape plus a locally built tokenizer.",
-    no_args_is_help=True,
-    add_completion=False,
+from .options import command_group
+
+model_app = command_group(
+    "Model directories without downloads: config.json of a known shape plus a locally built tokenizer."
 )
 
 

@@ -25,12 +25,9 @@ from offload.probe import ProbeError, ProbeResult, format_size, free_bytes, pars
 from reports.tables import print_table
 
 from .console import make_console
+from .options import command_group
 
-offload_app = typer.Typer(
-    help="KV-cache offload tools: measure a storage tier for an offload profile.",
-    no_args_is_help=True,
-    add_completion=False,
-)
+offload_app = command_group("KV-cache offload tools: measure a storage tier for an offload profile.")
 
 
 class TierKindOption(StrEnum):

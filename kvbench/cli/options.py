@@ -1,7 +1,10 @@
-"""Options several commands share, defined once: ``--set`` (scenario overrides), ``--json`` (result on stdout)."""
+"""Options several commands share, defined once: ``--set`` (scenario overrides), ``--json`` (result on stdout),
+``--output-dir`` (where a run directory goes); and how every command group (``kvbench``, ``kvbench sim`` ...) is
+made (:func:`command_group`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,3 +25,22 @@ JsonFlag = Annotated[
     typer.Option("--json", help="Print the result file (JSON) to stdout; progress, tables and notes go to stderr."),
 ]
 """``--json``: the command's result file on stdout, nothing else (:func:`kvbench.cli.console.json_stdout`)."""
+
+
+OutputDirOption = Annotated[
+    Path | None,
+    typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
+]
+"""``--output-dir``: the folder a new run directory is made in (without it: the scenario's ``output.dir``)."""
+
+
+def command_group(help: str, *, name: str | None = None) -> typer.Typer:
+    """A command group: its help without arguments, no shell-completion commands, and errors as kvbench's own
+    one-line messages rather than typer's boxed tracebacks."""
+    return typer.Typer(
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )

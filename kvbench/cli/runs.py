@@ -23,7 +23,7 @@ from common.markup import console_text
 from harness.scenario.flag_fields import ALL_WORKLOAD_FIELDS, ENDPOINT_FIELDS, WORKLOAD_FIELDS, FlagKind
 
 from .console import console, emit_json, fail, json_stdout, os_error, verdict_exit
-from .options import JsonFlag, SetOption
+from .options import JsonFlag, OutputDirOption, SetOption
 
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
@@ -246,10 +246,7 @@ def run(
     scenario: Annotated[
         str | None, typer.Argument(help="Scenario YAML file or bundled scenario name (e.g. quickstart).")
     ] = None,
-    output_dir: Annotated[
-        Path | None,
-        typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
-    ] = None,
+    output_dir: OutputDirOption = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted run directory.")] = None,
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
     sets: SetOption = None,
@@ -276,10 +273,7 @@ def sweep(
         str | None,
         typer.Argument(help="Scenario with workload kind multi_user_qa or agentic (file or bundled name)."),
     ] = None,
-    output_dir: Annotated[
-        Path | None,
-        typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
-    ] = None,
+    output_dir: OutputDirOption = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted sweep.")] = None,
     report_only: Annotated[
         Path | None, typer.Option("--report", help="Only rebuild sweep.json and the curves of a sweep run directory.")
@@ -489,10 +483,7 @@ def replay(
     scenario: Annotated[
         str | None, typer.Argument(help="Scenario with workload kind trace (file or bundled name).")
     ] = None,
-    output_dir: Annotated[
-        Path | None,
-        typer.Option("--output-dir", "-o", help="Parent of the run directory (default: scenario)."),
-    ] = None,
+    output_dir: OutputDirOption = None,
     resume: Annotated[
         Path | None, typer.Option("--resume", help="Continue an interrupted replay (arms not finished run again).")
     ] = None,

@@ -14,12 +14,9 @@ from typing import Annotated
 
 import typer
 
-sim_app = typer.Typer(
-    help="The built-in engine simulator (OpenAI-compatible, physics-based latencies).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+from .options import command_group
+
+sim_app = command_group("The built-in engine simulator (OpenAI-compatible, physics-based latencies).")
 
 
 def _fail(message: str) -> typer.Exit:

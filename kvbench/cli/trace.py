@@ -14,21 +14,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .console import fail
-from .options import SetOption
+from .options import SetOption, command_group
 
 if TYPE_CHECKING:
     from workloads.trace import TraceStats
 
-trace_app = typer.Typer(
-    help="Request traces: statistics and the infinite-cache ceiling; synthetic traces from a multi-user workload.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+trace_app = command_group(
+    "Request traces: statistics and the infinite-cache ceiling; synthetic traces from a multi-user workload."
 )
-
-
-def _fail(message: str) -> typer.Exit:
-    return fail(message)  # one line however long (soft wrap), markup-escaped, redacted
 
 
 @trace_app.command()
@@ -72,17 +65,17 @@ def stats(
 
     chosen = next((choice for choice in FORMAT_CHOICES if choice == format), None)
     if chosen is None:
-        raise _fail(f"--format {format!r}: allowed values are {', '.join(FORMAT_CHOICES)}")
+        raise fail(f"--format {format!r}: allowed values are {', '.join(FORMAT_CHOICES)}")
     sizes = list(cache_tokens or [])
     if any(size < 1 for size in sizes):
-        raise _fail("--cache-tokens must be positive token counts")
+        raise fail("--cache-tokens must be positive token counts")
     for flag, count in (("--max-context", max_context), ("--tier-tokens", tier_tokens)):
         if count is not None and count < 1:
-            raise _fail(f"{flag} {count}: must be a positive token count")
+            raise fail(f"{flag} {count}: must be a positive token count")
     try:
         trace = load_trace(resolve_trace_path(str(file)), chosen, block_tokens=block_tokens, allow_gaps=allow_gaps)
     except TraceError as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     result = trace_stats(trace, sizes, max_context=max_context, tier_tokens=tier_tokens)
     if json_out:
         data = dataclasses.asdict(result)
@@ -195,18 +188,18 @@ def synth(
     from workloads.trace_synth import SynthSpec, synthesize
 
     if output.is_dir():
-        raise _fail(f"--output {output}: is a directory; give the trace file to write")
+        raise fail(f"--output {output}: is a directory; give the trace file to write")
     asked = SynthSpec(
         sessions=sessions or 1, session_rate=session_rate, response_s=response_s, block_tokens=block_tokens
     )
     if asked.problem() is not None:
-        raise _fail(str(asked.problem()))
+        raise fail(str(asked.problem()))
     try:
         path = Path(source)
         data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
         if isinstance(data, dict) and data.get("kind") == "multi_user_qa":
             if sets:
-                raise _fail(f"{source}: a workload mapping, not a scenario; --set changes a scenario's fields")
+                raise fail(f"{source}: a workload mapping, not a scenario; --set changes a scenario's fields")
             config = MultiUserQA.model_validate(data)
             chosen_seed = 0 if seed is None else seed
         else:
@@ -214,9 +207,9 @@ def synth(
             config = scenario.load_workload
             chosen_seed = scenario.seed if seed is None else seed
     except ValidationError as error:
-        raise _fail(format_validation_error(source, error)) from None
+        raise fail(format_validation_error(source, error)) from None
     except (KvbenchError, OSError, yaml.YAMLError) as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     spec = SynthSpec(
         sessions=sessions or config.users, session_rate=session_rate, response_s=response_s, block_tokens=block_tokens
     )
@@ -227,6 +220,6 @@ def synth(
                 handle.write(line + "\n")
                 count += 1
     except OSError as error:
-        raise _fail(f"--output {output}: cannot write: {error.strerror or error}") from None
+        raise fail(f"--output {output}: cannot write: {error.strerror or error}") from None
     typer.echo(f"wrote {output}: {count - 1} requests of {spec.sessions} sessions; "
                f"see kvbench trace stats {output} --format kvbench")  # fmt: skip
