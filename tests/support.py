@@ -90,11 +90,10 @@ def kvbench(
     return run_captured(kvbench_argv(*args), cwd=cwd, env=env or kvbench_env(), timeout=timeout)
 
 
-def kvbench_process(*args: str) -> subprocess.Popen[str]:
-    """``kvbench ARGS`` started as a user starts it, its output captured: for a test that signals or kills it."""
-    return subprocess.Popen(
-        kvbench_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kvbench_env()
-    )
+def kvbench_process(*args: str, cwd: Path | None = None, output: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``kvbench ARGS`` started as a user starts it (in ``cwd``): for a test that signals or kills it. Its output
+    captured, or ``subprocess.DEVNULL`` for a run killed before anyone reads it (a full pipe would stall it)."""
+    return subprocess.Popen(kvbench_argv(*args), stdout=output, stderr=output, text=True, env=kvbench_env(), cwd=cwd)
 
 
 def write_scenario(path: Path, data: Mapping[str, object]) -> Path:

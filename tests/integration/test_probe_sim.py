@@ -18,7 +18,7 @@ from harness.results.run_result import RunResult
 from harness.store.records import read_records
 from tests import support
 from tests.scenarios import sim_scenario
-from tests.support import kvbench, kvbench_argv, kvbench_env, kvbench_scenario, wait_for_run_file
+from tests.support import kvbench, kvbench_process, kvbench_scenario, wait_for_run_file
 
 pytestmark = pytest.mark.integration
 
@@ -98,14 +98,7 @@ def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
 def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path)
     runs = tmp_path / "runs"
-    process = subprocess.Popen(
-        kvbench_argv("run", str(scenario), "-o", str(runs)),
-        cwd=tmp_path,
-        env=kvbench_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    process = kvbench_process("run", str(scenario), "-o", str(runs), cwd=tmp_path, output=subprocess.DEVNULL)
 
     def five_measured(records: Path) -> bool:
         return sum(1 for r in read_records(records) if r.phase == "measure") >= 5

@@ -22,7 +22,7 @@ import pytest
 
 from harness.results.run_result import RunResult
 from harness.store.records import read_records
-from tests.support import kvbench, kvbench_argv, kvbench_env, wait_for_run_file
+from tests.support import kvbench, kvbench_process, wait_for_run_file
 
 from .test_probe_sim import only_run_dir, write_scenario
 
@@ -104,14 +104,7 @@ def test_interleaved_run_killed_mid_way_resumes_in_abba_order(tmp_path: Path) ->
     workload = {**SMALL, "conversations": 1}
     scenario = write_scenario(tmp_path, workload=workload, repetitions=3, arm_order="interleaved")
     runs = tmp_path / "runs"
-    process = subprocess.Popen(
-        kvbench_argv("run", str(scenario), "-o", str(runs)),
-        cwd=tmp_path,
-        env=kvbench_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    process = kvbench_process("run", str(scenario), "-o", str(runs), cwd=tmp_path, output=subprocess.DEVNULL)
     progress = wait_for_run_file(runs, "progress.jsonl", lambda p: len(p.read_text().splitlines()) >= 3, process)
     assert progress is not None, "the run never finished three groups"
     os.kill(process.pid, signal.SIGKILL)
