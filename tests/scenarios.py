@@ -7,12 +7,20 @@ parts every simulator test repeats, in the scenario file's own keys.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 
 def off_on_arms(off: str = "off") -> list[dict[str, object]]:
     """AMG-OFF (offload ``off``: "off", or "hbm" for the GPU-only profile) then AMG-ON on the CPU tier."""
     return [{"name": "AMG-OFF", "offload": off}, {"name": "AMG-ON", "offload": "cpu"}]
+
+
+def stand_in_vllm(model: Path, **fields: object) -> dict[str, object]:
+    """A ``vllm`` engine of the model directory ``model`` run by this interpreter, so that the test decides which
+    ``vllm`` it imports (a stand-in package, or none), with any other engine ``fields``."""
+    return {"kind": "vllm", "model": str(model), "python": sys.executable, **fields}
 
 
 def sim_scenario(
