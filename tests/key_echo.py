@@ -8,17 +8,14 @@ its completion handler, ``async def echo(request)``, from the test.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from harness.engines.process import free_port
-from tests.support import REPO
+from tests.support import REPO, kvbench, kvbench_env, write_scenario
 
 SERVER = """
 import base64, json, sys
@@ -72,12 +69,9 @@ def run_against_echo(tmp_path: Path, echo: str, key: str) -> tuple[subprocess.Co
             "arms": [{"name": "A", "offload": "off"}],
             "workload": {**workload, "between_turns": {"mode": "none"}},
         }
-        source = tmp_path / "s.yaml"
-        source.write_text(yaml.safe_dump(scenario), encoding="utf-8")
+        source = write_scenario(tmp_path / "s.yaml", scenario)
         out = tmp_path / "runs"
-        argv = [sys.executable, "-m", "kvbench", "run", str(source), "-o", str(out)]
-        env = {**os.environ, "ECHO_KEY": key}
-        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=180, env=env, check=False)
+        done = kvbench("run", str(source), "-o", str(out), cwd=REPO, timeout=180, env=kvbench_env(ECHO_KEY=key))
     finally:
         server.terminate()
         server.wait(timeout=10)

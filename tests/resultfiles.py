@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from harness.gate.playbook import attach_run, save_playbook, starter_playbook
 from harness.results.aggregate import summarize_run_dir
 from harness.results.soak import summarize_soak
 from harness.scenario.spec import parse_scenario
@@ -126,6 +127,16 @@ def make_probe_run(
                     )
     summarize_run_dir(run_dir)
     return run_dir.path
+
+
+def make_playbook(tmp_path: Path, customer: str, *, baseline_run: str = "baseline") -> tuple[Path, Path]:
+    """The starter playbook for ``customer`` at ``tmp_path/playbook.yaml`` with a stored probe run named
+    ``baseline_run`` attached as its baseline; the playbook, and the folder its runs are in (``tmp_path/runs``)."""
+    path = tmp_path / "playbook.yaml"
+    save_playbook(starter_playbook(customer), path)
+    runs = tmp_path / "runs"
+    attach_run(path, "baseline", make_probe_run(runs, name=baseline_run))
+    return path, runs
 
 
 SOAK = {

@@ -23,11 +23,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import yaml
 
 from harness.engines.process import free_port
+
+if TYPE_CHECKING:
+    from harness.store.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -73,26 +76,24 @@ def kvbench_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+def run_captured(
+    argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in ``cwd`` with the environment ``env``, its text output captured; whatever its exit status."""
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def kvbench(
     *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``kvbench ARGS`` in ``cwd`` as a user does (a subprocess) and capture its text output."""
-    return subprocess.run(
-        kvbench_argv(*args),
-        cwd=cwd,
-        env=env or kvbench_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_captured(kvbench_argv(*args), cwd=cwd, env=env or kvbench_env(), timeout=timeout)
 
 
-def kvbench_process(*args: str) -> subprocess.Popen[str]:
-    """``kvbench ARGS`` started as a user starts it, its output captured: for a test that signals or kills it."""
-    return subprocess.Popen(
-        kvbench_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kvbench_env()
-    )
+def kvbench_process(*args: str, cwd: Path | None = None, output: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``kvbench ARGS`` started as a user starts it (in ``cwd``): for a test that signals or kills it. Its output
+    captured, or ``subprocess.DEVNULL`` for a run killed before anyone reads it (a full pipe would stall it)."""
+    return subprocess.Popen(kvbench_argv(*args), stdout=output, stderr=output, text=True, env=kvbench_env(), cwd=cwd)
 
 
 def write_scenario(path: Path, data: Mapping[str, object]) -> Path:
@@ -101,20 +102,62 @@ def write_scenario(path: Path, data: Mapping[str, object]) -> Path:
     return path
 
 
+def kvbench_scenario(
+    command: str, data: Mapping[str, object], tmp_path: Path, *, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``kvbench COMMAND`` of the scenario ``data`` (written to ``tmp_path/COMMAND.yaml``) into ``tmp_path/runs``,
+    run in ``tmp_path``; it must exit 0. What it printed, and the one run directory it made."""
+    scenario = write_scenario(tmp_path / f"{command}.yaml", data)
+    done = kvbench(command, str(scenario), "-o", str(tmp_path / "runs"), cwd=tmp_path, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    return done, run_dir
+
+
+def probe_in_process(data: Mapping[str, object], parent: Path, source: str = "inline") -> RunDir:
+    """The probe of the scenario ``data`` (read as from ``source``) run in this process, through the spine as
+    ``kvbench run`` runs it, into a new run directory under ``parent``."""
+    # imported here: conftest imports this module for every test, and the spine pulls in the whole harness
+    from harness.runs.probe import ProbeRunner
+    from harness.runs.spine import run_sync
+    from harness.scenario.spec import parse_scenario
+    from harness.store.rundir import RunDir
+
+    scenario = parse_scenario(dict(data), source)
+    run_dir = RunDir.create(parent, scenario)
+    run_sync(ProbeRunner(scenario, run_dir))
+    return run_dir
+
+
 def measured_so_far(runs: Path) -> int:
     """Measured request records (any outcome) in the one run directory under ``runs`` (0 before it exists)."""
     records = list(runs.glob("*/records.jsonl"))
     return records[0].read_text().count('"measure"') if records else 0
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, while_running: subprocess.Popen[str]) -> bool:
-    """Poll ``condition`` every 20 ms until it holds, ``timeout_s`` passes or the process exits; whether it held."""
+def wait_for(
+    condition: Callable[[], bool], timeout_s: float, while_running: subprocess.Popen[str], *, poll_s: float = 0.02
+) -> bool:
+    """Whether ``condition`` holds, polled every ``poll_s`` s until it does, ``timeout_s`` passes or the run exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and while_running.poll() is None:
         if condition():
             return True
-        time.sleep(0.02)
+        time.sleep(poll_s)
     return condition()
+
+
+def wait_for_run_file(
+    runs: Path, name: str, ready: Callable[[Path], bool], while_running: subprocess.Popen[str], timeout_s: float = 120
+) -> Path | None:
+    """The file ``name`` of the one run directory under ``runs`` once ``ready`` holds for it, polled every 50 ms
+    while the run's process runs; None when it does not within ``timeout_s``."""
+
+    def found() -> Path | None:
+        files = sorted(runs.glob(f"*/{name}"))
+        return files[0] if files and ready(files[0]) else None
+
+    return found() if wait_for(lambda: found() is not None, timeout_s, while_running, poll_s=0.05) else None
 
 
 @contextmanager

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from tests.fakes.serving import serving
+
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 
 
@@ -77,13 +79,6 @@ def header_router(backends: Sequence[str], names: Sequence[str], header: str) ->
                     self.wfile.flush()
                 connection.close()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    router.base_url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as server:
+        router.base_url = f"http://127.0.0.1:{server.server_address[1]}"
         yield router
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)

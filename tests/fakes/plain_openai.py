@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.fakes.serving import serving
+
 TEMPLATE_TOKENS = 4
 """Tokens the fake's chat template adds per message."""
 
@@ -102,11 +104,5 @@ class Handler(BaseHTTPRequestHandler):
 @contextmanager
 def plain_openai(models: list[str] | None = None, first_token_s: float = 0.02) -> Iterator[PlainOpenAI]:
     """The server, serving in a daemon thread for the block; its ``base_url`` ends in ``/v1``."""
-    server = PlainOpenAI(models or ["plain-model"], first_token_s)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(PlainOpenAI(models or ["plain-model"], first_token_s)) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -6,9 +6,7 @@ About 90 s on 2 cores."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,32 +14,27 @@ import yaml
 
 from harness.results.replay_result import ReplayResult
 from harness.store.records import read_records
+from tests import support
+from tests.support import kvbench_scenario
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=500
-    )
+kvbench = partial(support.kvbench, timeout=500)
 
 
 def test_the_bundled_agent_replay_is_causal_and_the_tier_beats_the_gpu_alone(tmp_path: Path) -> None:
     scenario = yaml.safe_load((REPO / "scenarios" / "agent-replay-sim.yaml").read_text())
     assert scenario["workload"]["path"] == "sample-bailian.jsonl"  # the bundled sample, found by name
     scenario["workload"]["time_scale"] = 0.5
-    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(scenario))
     stats = kvbench("trace", "stats", "sample-bailian.jsonl", "--json", cwd=tmp_path)
     assert stats.returncode == 0, stats.stderr
     ceiling = json.loads(stats.stdout)["infinite_cache_hit_rate"]
     assert json.loads(stats.stdout)["format"] == "bailian"
 
-    done = kvbench("replay", str(tmp_path / "agent.yaml"), "-o", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    _, run_dir = kvbench_scenario("replay", scenario, tmp_path, timeout=500)
     result = ReplayResult.read_file(run_dir / "replay.json")
     assert result.complete and result.trace.infinite_cache_hit_rate == pytest.approx(ceiling)
     off, on = result.arm("AMG-OFF"), result.arm("AMG-ON")

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.results.agentic_result import AgenticResult, TierCapacity
 from harness.store.records import read_records
-from tests.support import kvbench
+from tests.scenarios import squeezed_gpu_ab
+from tests.support import kvbench_scenario
 from workloads.agentic import AgentSessions
 from workloads.config import AgenticSessions
 
@@ -42,14 +42,7 @@ WORKLOAD = {
     "drain_timeout_s": 20,
     "warmup_requests": 1,
 }
-SCENARIO = {
-    "name": "it-agentic",
-    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "num_gpu_blocks_override": 1000},
-    "arms": [{"name": "AMG-OFF", "offload": "hbm"}, {"name": "AMG-ON", "offload": "cpu"}],
-    "compare": {"baseline": "AMG-OFF"},
-    "workload": WORKLOAD,
-    "seed": 6,
-}
+SCENARIO = squeezed_gpu_ab("it-agentic", WORKLOAD, seed=6)
 
 
 def _value(cap: TierCapacity | None) -> float:
@@ -59,13 +52,9 @@ def _value(cap: TierCapacity | None) -> float:
 
 
 def test_agentic_sweep_on_the_simulator(tmp_path: Path) -> None:
-    path = tmp_path / "agentic.yaml"
-    path.write_text(yaml.safe_dump(SCENARIO))
-    done = kvbench("sweep", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done, run_dir = kvbench_scenario("sweep", SCENARIO, tmp_path)
     assert "agents at SLO" in done.stdout and "simulated" in done.stdout
     assert "VALID: every validity gate passed (run directory: " in done.stderr  # a sweep's verdict line
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     result = AgenticResult.read_file(run_dir / "agentic.json")
     assert result.complete and result.requests.errors == 0 and result.gpus == 1
     assert [(p.arm, p.agents) for p in result.points] == [("AMG-OFF", 2), ("AMG-OFF", 8), ("AMG-ON", 2), ("AMG-ON", 8)]

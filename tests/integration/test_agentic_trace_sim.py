@@ -8,11 +8,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.results.agentic_result import AgenticResult
 from harness.store.records import RequestRecord, read_records
-from tests.support import kvbench
+from tests.scenarios import squeezed_gpu_ab
+from tests.support import kvbench_scenario
 from workloads.agentic import AgentSessions
 from workloads.config import AgenticSessions
 from workloads.trace import BUNDLED_TRACES
@@ -29,22 +29,11 @@ WORKLOAD = {
     "drain_timeout_s": 10,
     "warmup_requests": 1,
 }
-SCENARIO = {
-    "name": "it-agentic-trace",
-    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "num_gpu_blocks_override": 1000},
-    "arms": [{"name": "AMG-OFF", "offload": "hbm"}, {"name": "AMG-ON", "offload": "cpu"}],
-    "compare": {"baseline": "AMG-OFF"},
-    "workload": WORKLOAD,
-    "seed": 3,
-}
+SCENARIO = squeezed_gpu_ab("it-agentic-trace", WORKLOAD, seed=3)
 
 
 def test_agentic_sweep_of_trace_sessions_on_the_simulator(tmp_path: Path) -> None:
-    path = tmp_path / "agentic.yaml"
-    path.write_text(yaml.safe_dump(SCENARIO))
-    done = kvbench("sweep", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    _, run_dir = kvbench_scenario("sweep", SCENARIO, tmp_path)
     result = AgenticResult.read_file(run_dir / "agentic.json")
     assert result.complete and result.requests.errors == 0
     assert [(p.arm, p.agents) for p in result.points] == [("AMG-OFF", 2), ("AMG-OFF", 4), ("AMG-ON", 2), ("AMG-ON", 4)]

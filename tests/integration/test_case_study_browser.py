@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 
 from reports.outputs import report_html
-from tests.integration.test_html_browser import browser, open_page  # noqa: F401  (browser is a fixture)
+from tests.integration.test_html_browser import (  # noqa: F401  (browser is a fixture)
+    assert_shot_and_no_errors_or_requests,
+    browser,
+    open_page,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -69,10 +73,6 @@ def test_committed_case_study_fits_1280px_and_opens_with_the_decision(
             assert shared_font, chart_id
         body = page.inner_text("body")
         assert "1 GPU saved" in body and re.search(r"(?<![\d.,])1 GPUs", body) is None  # AMG-ON-native saves 1
-        shot = tmp_path / "case-study-1280.png"
-        page.screenshot(path=str(shot), full_page=True)
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
-        assert errors == []
-        assert all(url.startswith(("file:", "data:")) for url in requests), requests
+        assert_shot_and_no_errors_or_requests(page, tmp_path / "case-study-1280.png", errors, requests)
     finally:
         page.close()

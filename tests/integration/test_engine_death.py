@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.scenarios import exponential, multi_round_qa, multi_user_qa, sim_scenario, uniform
 from tests.support import kvbench_process, measured_so_far, wait_for, write_scenario
 
 pytestmark = pytest.mark.integration
@@ -33,9 +34,11 @@ def simulators(pid: int) -> list[int]:
     return found
 
 
-def kill_the_first_engine(verb: str, scenario: Path, runs: Path, measured: int) -> Path:
-    """``kvbench VERB SCENARIO`` kill -9'd in its first arm's engine once ``measured`` requests are recorded; the run
-    must end with exit 1 and no traceback. Its run directory."""
+def kill_the_first_engine(verb: str, data: dict[str, object], tmp_path: Path, measured: int) -> Path:
+    """``kvbench VERB`` of the scenario ``data`` kill -9'd in its first arm's engine once ``measured`` requests are
+    recorded; the run must end with exit 1 and no traceback. Its run directory."""
+    scenario = write_scenario(tmp_path / f"{verb}.yaml", data)
+    runs = tmp_path / "runs"
     run = kvbench_process(verb, str(scenario), "-o", str(runs))
     assert wait_for(lambda: measured_so_far(runs) >= measured and bool(simulators(run.pid)), 120, run), (
         "nothing measured"
@@ -49,20 +52,8 @@ def kill_the_first_engine(verb: str, scenario: Path, runs: Path, measured: int) 
 
 
 def test_a_killed_engine_ends_its_arm_as_a_finding_and_the_run_still_reports(tmp_path: Path) -> None:
-    data = {
-        "name": "dies",
-        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {
-            "kind": "multi_round_qa",
-            "context_tokens": [1000, 2000, 4000, 8000],
-            "conversations": 3,
-            "warmup_requests": 1,
-        },
-    }
-    scenario = write_scenario(tmp_path / "dies.yaml", data)
-    runs = tmp_path / "runs"
-    run_dir = kill_the_first_engine("run", scenario, runs, measured=2)
+    workload = multi_round_qa([1000, 2000, 4000, 8000], 3, warmup_requests=1)
+    run_dir = kill_the_first_engine("run", sim_scenario("dies", workload), tmp_path, measured=2)
     summary = json.loads((run_dir / "summary.json").read_text())
     died = [f for f in summary["validity"]["findings"] if f["gate"] == "engine_died"]
     assert summary["validity"]["verdict"] == "failed" and [f["arm"] for f in died] == ["AMG-OFF"], summary["validity"]
@@ -101,23 +92,14 @@ def test_an_engine_that_does_not_start_is_a_finding_and_the_run_still_reports(tm
 
 def load_scenario_data(kind: str) -> dict[str, object]:
     """A two-arm simulator scenario for ``kvbench sweep`` or ``soak`` whose first arm runs long enough to be killed."""
-    data: dict[str, object] = {
-        "name": f"dies-{kind}",
-        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {
-            "kind": "multi_user_qa",
-            "users": 8,
-            "rounds": {"dist": "uniform", "low": 2, "high": 4},
-            "context_tokens": {"dist": "uniform", "low": 1000, "high": 2000},
-            "answer_tokens": 8,
-            "think_time_s": {"dist": "exponential", "mean": 0.2},
-            "warmup_requests": 1,
-        },
-        "sweep": {"mode": "concurrency", "values": [2, 4], "warmup": 1, "duration": 4, "ramp_up": 1},
-        "slo": {"ttft_ms": 1000, "tpot_ms": 50},
-        "seed": 5,
-    }
+    workload = multi_user_qa(8, uniform(2, 4), uniform(1000, 2000), answer_tokens=8, think_time_s=exponential(0.2))
+    data = sim_scenario(
+        f"dies-{kind}",
+        {**workload, "warmup_requests": 1},
+        sweep={"mode": "concurrency", "values": [2, 4], "warmup": 1, "duration": 4, "ramp_up": 1},
+        slo={"ttft_ms": 1000, "tpot_ms": 50},
+        seed=5,
+    )
     if kind == "soak":
         data["sweep"] = {"mode": "concurrency", "values": [2], "ramp_up": 1}
         data["soak"] = {"window": "20s", "interval": "4s", "warmup_intervals": 1}
@@ -128,9 +110,7 @@ def load_scenario_data(kind: str) -> dict[str, object]:
 def test_a_killed_engine_under_load_is_a_finding(tmp_path: Path, kind: str) -> None:
     """kill -9 the first arm's simulator while it is under load: the point or window stops at once, FAILED with
     engine_died, and the other arm still runs."""
-    scenario = write_scenario(tmp_path / f"{kind}.yaml", load_scenario_data(kind))
-    runs = tmp_path / "runs"
-    run_dir = kill_the_first_engine(kind, scenario, runs, measured=5)
+    run_dir = kill_the_first_engine(kind, load_scenario_data(kind), tmp_path, measured=5)
     events = [json.loads(line) for line in (run_dir / "engine_events.jsonl").read_text().splitlines()]
     assert len(events) == 1 and "exited" in events[0]["reason"], events  # the arm killed first, whichever runs first
     result = json.loads((run_dir / f"{kind}.json").read_text())
@@ -149,16 +129,8 @@ def test_a_killed_engine_mid_replay_is_a_finding(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     rows = [{"timestamp": i * 100, "input_length": 1024, "output_length": 8, "hash_ids": [i, i + 1]} for i in range(80)]
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    data = {
-        "name": "dies-replay",
-        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-        "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {"kind": "trace", "path": str(trace), "format": "mooncake", "warmup_requests": 1},
-        "seed": 5,
-    }
-    scenario = write_scenario(tmp_path / "replay.yaml", data)
-    runs = tmp_path / "runs"
-    run_dir = kill_the_first_engine("replay", scenario, runs, measured=5)
+    workload = {"kind": "trace", "path": str(trace), "format": "mooncake", "warmup_requests": 1}
+    run_dir = kill_the_first_engine("replay", sim_scenario("dies-replay", workload, seed=5), tmp_path, measured=5)
     result = json.loads((run_dir / "replay.json").read_text())
     died = [f for f in result["validity"]["findings"] if f["gate"] == "engine_died"]
     assert result["validity"]["verdict"] == "failed" and [f["arm"] for f in died] == ["AMG-OFF"], result["validity"]

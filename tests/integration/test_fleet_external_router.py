@@ -19,12 +19,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from harness.runs.probe import ProbeRunner
-from harness.runs.spine import run_sync
-from harness.scenario.spec import parse_scenario
-from harness.store.rundir import RunDir
 from tests.integration.test_prometheus_fleet import _wait_http
-from tests.support import kvbench_argv
+from tests.scenarios import multi_round_qa
+from tests.support import kvbench_argv, probe_in_process
 
 SERVE = "sim serve --model llama-3.1-8b --hardware h100-sxm --offload cpu --host 127.0.0.1 --port".split()
 """``kvbench sim serve`` of one replica, less its port."""
@@ -120,7 +117,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[str], Router]]:
 
 def test_external_router_attribution(tmp_path: Path, fleet: tuple[str, list[str], Router]) -> None:
     router_url, backends, router = fleet
-    scenario = parse_scenario(
+    run_dir = probe_in_process(
         {
             "name": "fleet-external",
             "seed": 3,
@@ -134,21 +131,18 @@ def test_external_router_attribution(tmp_path: Path, fleet: tuple[str, list[str]
             },
             "routing": {"policy": "external", "replica_header": "x-served-by"},
             "arms": [{"name": "behind-router", "offload": "cpu"}],
-            "workload": {
-                "kind": "multi_round_qa",
-                "context_tokens": [2000],
-                "conversations": 3,
-                "turns": 2,
-                "question_tokens": 16,
-                "answer_tokens": 8,
-                "warmup_requests": 0,
-                "between_turns": {"mode": "reset_prefix_cache"},
-            },
+            "workload": multi_round_qa(
+                [2000],
+                3,
+                turns=2,
+                question_tokens=16,
+                answer_tokens=8,
+                warmup_requests=0,
+                between_turns={"mode": "reset_prefix_cache"},
+            ),
         },
-        "inline",
+        tmp_path,
     )
-    run_dir = RunDir.create(tmp_path, scenario)
-    run_sync(ProbeRunner(scenario, run_dir))
     records = [r for r in run_dir.records() if r.phase == "measure"]
     assert [r.replica for r in records] == router.chosen[-len(records) :]  # what the router chose, in order
     first = {r.conversation: r.replica for r in records if r.turn == 1}

@@ -16,11 +16,8 @@ import pytest
 import yaml
 
 from harness.results.fleet import FleetResult
-from harness.runs.probe import ProbeRunner
-from harness.runs.spine import run_sync
-from harness.scenario.spec import parse_scenario
-from harness.store.rundir import RunDir
 from reports.outputs import write_outputs
+from tests.support import probe_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,9 +27,7 @@ pytestmark = pytest.mark.integration
 def test_fleet_same_vs_moved(tmp_path: Path) -> None:
     data = yaml.safe_load((ROOT / "scenarios" / "fleet-sim.yaml").read_text())
     data["workload"]["context_tokens"] = [8000]
-    scenario = parse_scenario(data, "fleet-sim.yaml")
-    run_dir = RunDir.create(tmp_path, scenario)
-    run_sync(ProbeRunner(scenario, run_dir))
+    run_dir = probe_in_process(data, tmp_path, "fleet-sim.yaml")
 
     records = [r for r in run_dir.records() if r.phase == "measure"]
     assert {r.replica for r in records} == {0, 1}  # both replicas served, every record attributed

@@ -15,30 +15,25 @@ from harness.runs.spine import run_sync
 from harness.runs.sweep import SweepRunner
 from harness.scenario.spec import parse_scenario
 from harness.store.rundir import RunDir
+from tests.scenarios import exponential, fixed, multi_user_qa, sim_scenario
 
 pytestmark = pytest.mark.integration
 
-SCENARIO = {
-    "name": "it-fleet-sweep",
-    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "replicas": 2},
-    "routing": {"policy": "least_loaded"},
-    "arms": [
+WORKLOAD = multi_user_qa(
+    8, fixed(3), fixed(2000), question_tokens=20, answer_tokens=8, think_time_s=exponential(0.2), warmup_requests=1
+)
+SCENARIO = sim_scenario(
+    "it-fleet-sweep",
+    WORKLOAD,
+    engine={"replicas": 2},
+    routing={"policy": "least_loaded"},
+    arms=[
         {"name": "LL-cpu", "offload": "cpu"},
         {"name": "SA-cpu", "offload": "cpu", "routing": {"policy": "session_affinity"}},
     ],
-    "workload": {
-        "kind": "multi_user_qa",
-        "users": 8,
-        "rounds": {"dist": "fixed", "value": 3},
-        "context_tokens": {"dist": "fixed", "value": 2000},
-        "question_tokens": 20,
-        "answer_tokens": 8,
-        "think_time_s": {"dist": "exponential", "mean": 0.2},
-        "warmup_requests": 1,
-    },
-    "sweep": {"mode": "concurrency", "values": [4], "warmup": 1, "duration": 4, "ramp_up": 0.5},
-    "seed": 5,
-}
+    sweep={"mode": "concurrency", "values": [4], "warmup": 1, "duration": 4, "ramp_up": 0.5},
+    seed=5,
+)
 
 
 def test_fleet_sweep_capacity_per_gpu(tmp_path: Path) -> None:

@@ -76,6 +76,15 @@ def open_page(browser: Any, html: Path) -> tuple[Any, list[str], list[str], list
     return page, errors, requests, dialogs
 
 
+def assert_shot_and_no_errors_or_requests(page: Any, shot: Path, errors: list[str], requests: list[str]) -> None:
+    """A full-page screenshot saved at ``shot`` (a PNG over 20 kB: the page drew), no console or page error, and
+    no request beyond the page's own file and inline data."""
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    assert errors == []
+    assert all(url.startswith(("file:", "data:")) for url in requests), requests
+
+
 def test_case_study_renders_with_charts(browser: Any, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     out = report_html([make_probe_run(runs), make_soak_dir(runs, error_burst=True)], out=tmp_path / "case.html")
@@ -92,11 +101,7 @@ def test_case_study_renders_with_charts(browser: Any, tmp_path: Path) -> None:
         assert "TTFT p99" in page.locator("#chart-soak-latency").text_content()  # the legend is text
         assert page.locator("#soak-verdict").inner_text() == "FAIL"
         assert page.locator("section#raw-data a").count() > 5
-        shot = tmp_path / "case-study.png"
-        page.screenshot(path=str(shot), full_page=True)
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
-        assert errors == []
-        assert all(url.startswith(("file:", "data:")) for url in requests), requests
+        assert_shot_and_no_errors_or_requests(page, tmp_path / "case-study.png", errors, requests)
     finally:
         page.close()
 

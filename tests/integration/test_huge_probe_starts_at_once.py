@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.scenarios import multi_round_qa, sim_scenario
 from tests.support import kvbench_process, measured_so_far, wait_for, write_scenario
 from workloads.config import MAX_COUNT
 
@@ -27,18 +28,8 @@ def rss_mib(pid: int) -> float:
 
 
 def test_a_million_conversations_start_sending_at_once(tmp_path: Path) -> None:
-    data = {
-        "name": "huge",
-        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-        "arms": [{"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {
-            "kind": "multi_round_qa",
-            "context_tokens": [2000],
-            "conversations": MAX_COUNT,
-            "answer_tokens": 4,
-            "warmup_requests": 1,
-        },
-    }
+    workload = multi_round_qa([2000], MAX_COUNT, answer_tokens=4, warmup_requests=1)
+    data = sim_scenario("huge", workload, arms=[{"name": "AMG-ON", "offload": "cpu"}])
     scenario = write_scenario(tmp_path / "huge.yaml", data)
     runs = tmp_path / "runs"
     run = kvbench_process("run", str(scenario), "-o", str(runs))

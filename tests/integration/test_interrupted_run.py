@@ -8,36 +8,20 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.store.records import read_records
-from tests.support import kvbench, kvbench_argv, kvbench_env
+from tests.scenarios import multi_round_qa, sim_scenario
+from tests.support import kvbench, kvbench_argv, kvbench_env, measured_so_far, wait_for, write_scenario
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_stopped_run_writes_its_result_and_reports_from_the_records_it_kept(tmp_path: Path) -> None:
-    scenario = tmp_path / "stopped.yaml"
-    scenario.write_text(
-        yaml.safe_dump(
-            {
-                "name": "stopped",
-                "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-                "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-                "workload": {
-                    "kind": "multi_round_qa",
-                    "context_tokens": [1000, 2000, 4000, 8000],
-                    "conversations": 4,
-                    "warmup_requests": 1,
-                },
-            }
-        ),
-        encoding="utf-8",
-    )
+    workload = multi_round_qa([1000, 2000, 4000, 8000], 4, warmup_requests=1)
+    scenario = write_scenario(tmp_path / "stopped.yaml", sim_scenario("stopped", workload))
     runs = tmp_path / "runs"
     first = subprocess.Popen(
         kvbench_argv("run", str(scenario), "-o", str(runs)),
@@ -46,12 +30,7 @@ def test_a_stopped_run_writes_its_result_and_reports_from_the_records_it_kept(tm
         text=True,
         env=kvbench_env(),
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and first.poll() is None:
-        records = list(runs.glob("*/records.jsonl"))
-        if records and sum(1 for line in records[0].read_text().splitlines() if '"measure"' in line) >= 3:
-            break
-        time.sleep(0.05)
+    wait_for(lambda: measured_so_far(runs) >= 3, 120, first, poll_s=0.05)
     first.send_signal(signal.SIGTERM)
     out, err = first.communicate(timeout=60)
     assert first.returncode == 2, out + err

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import SimulatorLauncher, kvbench_env
+from tests.support import SimulatorLauncher, kvbench_env, run_captured
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +32,7 @@ KVBENCH = f"{shlex.quote(sys.executable)} -m kvbench"
 
 
 def harness(env: dict[str, str], cwd: Path, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(script)],
-        env=kvbench_env(KVBENCH=KVBENCH, **env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return run_captured(["bash", str(script)], cwd=cwd, env=kvbench_env(KVBENCH=KVBENCH, **env), timeout=300)
 
 
 def test_flags_only_experiment(tmp_path: Path, simulator: SimulatorLauncher) -> None:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from harness.scenario.spec import Scenario, load_scenario
+from tests.scenarios import multi_round_qa, sim_scenario
 from tests.support import REPO, kvbench_env, write_scenario
 from workloads.config import MultiRoundQAProbe
 
@@ -178,24 +179,10 @@ def test_the_engine_runs_in_dev_mode_where_the_nightly_scenario_resets_the_prefi
 
 
 def test_two_sim_nights_promote_a_baseline_then_gate_against_it(tmp_path: Path, bin_dir: Path) -> None:
-    scenario = write_scenario(
-        tmp_path / "nightly-small-sim.yaml",
-        {
-            "name": "nightly-small-sim",
-            "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-            "arms": [{"name": "AMG-ON", "offload": "cpu"}],
-            "workload": {
-                "kind": "multi_round_qa",
-                "context_tokens": [1000, 4000],
-                "conversations": 3,
-                "turns": 2,
-                "answer_tokens": 4,
-                "warmup_requests": 1,
-                "between_turns": {"mode": "reset_prefix_cache"},
-            },
-            "seed": 5,
-        },
-    )
+    reset = {"mode": "reset_prefix_cache"}
+    workload = multi_round_qa([1000, 4000], 3, turns=2, answer_tokens=4, warmup_requests=1, between_turns=reset)
+    data = sim_scenario("nightly-small-sim", workload, arms=[{"name": "AMG-ON", "offload": "cpu"}], seed=5)
+    scenario = write_scenario(tmp_path / "nightly-small-sim.yaml", data)
     env = {"NIGHTLY_SIM_SCENARIO": str(scenario), "KVBENCH_BASELINE_DIR": str(tmp_path / "baselines" / "nightly")}
 
     first = tmp_path / "night1"

@@ -10,41 +10,32 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.results.run_result import RunResult
 from harness.store.records import read_records
-from tests.support import kvbench, kvbench_argv, kvbench_env
+from tests import support
+from tests.scenarios import sim_scenario
+from tests.support import kvbench, kvbench_process, kvbench_scenario, wait_for_run_file
 
 pytestmark = pytest.mark.integration
 
-SCENARIO = {
-    "name": "it-probe",
-    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-    "arms": [{"name": "AMG-OFF", "offload": "off"}, {"name": "AMG-ON", "offload": "cpu"}],
-    "compare": {"baseline": "AMG-OFF"},
-    "workload": {
-        "kind": "multi_round_qa",
-        "context_tokens": [2000, 16000],
-        "conversations": 2,
-        "turns": 2,
-        "answer_tokens": 8,
-        "warmup_requests": 1,
-        "between_turns": {"mode": "reset_prefix_cache"},
-    },
-    "seed": 3,
+WORKLOAD = {
+    "kind": "multi_round_qa",
+    "context_tokens": [2000, 16000],
+    "conversations": 2,
+    "turns": 2,
+    "answer_tokens": 8,
+    "warmup_requests": 1,
+    "between_turns": {"mode": "reset_prefix_cache"},
 }
+SCENARIO = sim_scenario("it-probe", WORKLOAD, compare={"baseline": "AMG-OFF"}, seed=3)
 
 
 def write_scenario(tmp_path: Path, **overrides: object) -> Path:
-    data = {**SCENARIO, **overrides}
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return support.write_scenario(tmp_path / "scenario.yaml", {**SCENARIO, **overrides})
 
 
 def only_run_dir(parent: Path) -> Path:
@@ -54,11 +45,8 @@ def only_run_dir(parent: Path) -> Path:
 
 
 def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
-    scenario = write_scenario(tmp_path)
-    done = kvbench("run", str(scenario), "-o", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done, run_dir = kvbench_scenario("run", SCENARIO, tmp_path)
     assert "% diff (t2)" in done.stdout
-    run_dir = only_run_dir(tmp_path / "runs")
     result = RunResult.read_file(run_dir / "summary.json")
     assert result.complete and result.requests.errors == 0
 
@@ -110,21 +98,12 @@ def test_offload_makes_turn2_fast_and_report_rebuilds(tmp_path: Path) -> None:
 def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path)
     runs = tmp_path / "runs"
-    process = subprocess.Popen(
-        kvbench_argv("run", str(scenario), "-o", str(runs)),
-        cwd=tmp_path,
-        env=kvbench_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    records_file: Path | None = None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = list(runs.glob("*/records.jsonl")) if runs.exists() else []
-        if found and sum(1 for r in read_records(found[0]) if r.phase == "measure") >= 5:
-            records_file = found[0]
-            break
-        time.sleep(0.05)
+    process = kvbench_process("run", str(scenario), "-o", str(runs), cwd=tmp_path, output=subprocess.DEVNULL)
+
+    def five_measured(records: Path) -> bool:
+        return sum(1 for r in read_records(records) if r.phase == "measure") >= 5
+
+    records_file = wait_for_run_file(runs, "records.jsonl", five_measured, process)
     assert records_file is not None, "the run never produced records"
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=10)
@@ -147,9 +126,7 @@ def test_killed_run_keeps_records_and_resumes(tmp_path: Path) -> None:
 
 def test_one_arm_per_invocation_then_resume_runs_the_rest(tmp_path: Path) -> None:
     """``--arm`` is how a time-limited GPU session runs one arm per call: the other arms stay pending."""
-    base = SCENARIO["workload"]
-    assert isinstance(base, dict)
-    workload = {**base, "context_tokens": [2000], "warmup_requests": 2, "warmup_prompt_tokens": [128, 1000]}
+    workload = {**WORKLOAD, "context_tokens": [2000], "warmup_requests": 2, "warmup_prompt_tokens": [128, 1000]}
     scenario = write_scenario(tmp_path, workload=workload)
     runs = tmp_path / "runs"
     unknown = kvbench("run", str(scenario), "-o", str(runs), "--arm", "AMG-MAYBE", cwd=tmp_path)
@@ -180,13 +157,11 @@ def test_token_id_prompts_reach_the_engine_as_the_same_tokens_as_text(tmp_path: 
     and turn 2 still served from the offload tier."""
     prompt_tokens = {}
     for prompt in ("text", "token_ids"):
-        workload = {**SCENARIO["workload"], "api": "completions", "prompt": prompt}  # type: ignore[dict-item]
+        workload = {**WORKLOAD, "api": "completions", "prompt": prompt}
         arms = [{"name": "AMG-ON", "offload": "cpu"}]
         (tmp_path / prompt).mkdir()
-        scenario = write_scenario(tmp_path / prompt, workload=workload, arms=arms, compare={"baseline": "AMG-ON"})
-        done = kvbench("run", str(scenario), "-o", str(tmp_path / prompt / "runs"), cwd=tmp_path)
-        assert done.returncode == 0, done.stdout + done.stderr
-        run_dir = only_run_dir(tmp_path / prompt / "runs")
+        data = {**SCENARIO, "workload": workload, "arms": arms, "compare": {"baseline": "AMG-ON"}}
+        _, run_dir = kvbench_scenario("run", data, tmp_path / prompt)
         records = [r for r in read_records(run_dir / "records.jsonl") if r.phase == "measure"]
         assert records and all(r.ok and r.api == "completions" for r in records)
         prompt_tokens[prompt] = {(r.context_tokens, r.conversation, r.turn): r.prompt_tokens for r in records}

@@ -22,7 +22,7 @@ import pytest
 from harness.client.fleet import page_counters
 from harness.client.prometheus import PrometheusReader
 from harness.engines.process import free_port
-from tests.support import kvbench_argv
+from tests.support import kvbench_argv, probe_in_process
 
 SERVE = "sim serve --model llama-3.1-8b --hardware h100-sxm --host 127.0.0.1 --port".split()
 """``kvbench sim serve`` of one replica, less its port."""
@@ -151,12 +151,7 @@ async def _check(prometheus_url: str, replicas: list[str]) -> None:
 
 def test_a_fleet_run_stores_counters_read_from_prometheus(tmp_path: Path, prometheus: str, replicas: list[str]) -> None:
     """End to end: an attached fleet of 2 (kvbench routes) with a prometheus: section."""
-    from harness.runs.probe import ProbeRunner
-    from harness.runs.spine import run_sync
-    from harness.scenario.spec import parse_scenario
-    from harness.store.rundir import RunDir
-
-    scenario = parse_scenario(
+    run_dir = probe_in_process(
         {
             "name": "fleet-prometheus",
             "engine": {
@@ -177,10 +172,8 @@ def test_a_fleet_run_stores_counters_read_from_prometheus(tmp_path: Path, promet
                 "between_turns": {"mode": "reset_prefix_cache"},
             },
         },
-        "inline",
+        tmp_path,
     )
-    run_dir = RunDir.create(tmp_path, scenario)
-    run_sync(ProbeRunner(scenario, run_dir))
     events = run_dir.replica_counters()
     assert events and all(len(event.counters) == 2 for event in events)
     assert all(counters is not None for event in events for counters in event.counters)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,9 @@ import yaml
 
 from harness.results.replay_result import ReplayResult
 from harness.store.records import read_records
+from tests import support
+from tests.scenarios import sim_scenario
+from tests.support import kvbench_scenario
 
 pytestmark = pytest.mark.integration
 
@@ -58,17 +59,7 @@ def expected_ceiling() -> float:
     return hits / total
 
 
-def kvbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's kvbench, whatever is installed
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+kvbench = partial(support.kvbench, timeout=400)
 
 
 def test_replay_on_the_simulator_reaches_the_ceiling_with_a_tier_and_resumes(tmp_path: Path) -> None:
@@ -97,12 +88,8 @@ def test_replay_on_the_simulator_reaches_the_ceiling_with_a_tier_and_resumes(tmp
         "slo": {"ttft_ms": 2000, "tpot_ms": 50},
         "seed": 2,
     }
-    path = tmp_path / "replay.yaml"
-    path.write_text(yaml.safe_dump(scenario))
-    done = kvbench("replay", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done, run_dir = kvbench_scenario("replay", scenario, tmp_path, timeout=400)
     assert "AMG-ON vs AMG-OFF" in done.stdout
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     result = ReplayResult.read_file(run_dir / "replay.json")
     assert result.complete and result.trace.infinite_cache_hit_rate == pytest.approx(ceiling)
     off, on = result.arm("AMG-OFF"), result.arm("AMG-ON")
@@ -166,25 +153,18 @@ def test_a_synthetic_kvbench_trace_replays_closed_loop(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr
     stats = json.loads(kvbench("trace", "stats", str(trace), "--format", "kvbench", "--json", cwd=tmp_path).stdout)
     assert stats["requests"] == 12 and stats["sessions"] == 6 and stats["block_tokens"] == 64
-    scenario = {
-        "name": "it-replay-closed",
-        "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-        "arms": [{"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {
-            "kind": "trace",
-            "path": str(trace),
-            "format": "kvbench",
-            "mode": "closed",
-            "concurrency": 1,
-            "metrics_interval_s": 1,
-            "warmup_requests": 0,
-        },
+    workload = {
+        "kind": "trace",
+        "path": str(trace),
+        "format": "kvbench",
+        "mode": "closed",
+        "concurrency": 1,
+        "metrics_interval_s": 1,
+        "warmup_requests": 0,
     }
-    (tmp_path / "closed.yaml").write_text(yaml.safe_dump(scenario))
-    done = kvbench("replay", str(tmp_path / "closed.yaml"), "-o", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    scenario = sim_scenario("it-replay-closed", workload, arms=[{"name": "AMG-ON", "offload": "cpu"}])
+    done, run_dir = kvbench_scenario("replay", scenario, tmp_path, timeout=400)
     assert "VALID: every validity gate passed (run directory: " in done.stderr
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     result = ReplayResult.read_file(run_dir / "replay.json")
     (arm,) = result.results
     # one request at a time, in trace order: every prompt the trace says, and nothing is "late" in a closed loop

@@ -16,15 +16,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from harness.results.run_result import RunResult
 from harness.store.records import read_records
-from tests.support import kvbench
+from tests.support import kvbench, kvbench_process, wait_for_run_file
 
 from .test_probe_sim import only_run_dir, write_scenario
 
@@ -106,20 +104,8 @@ def test_interleaved_run_killed_mid_way_resumes_in_abba_order(tmp_path: Path) ->
     workload = {**SMALL, "conversations": 1}
     scenario = write_scenario(tmp_path, workload=workload, repetitions=3, arm_order="interleaved")
     runs = tmp_path / "runs"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kvbench", "run", str(scenario), "-o", str(runs)],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    progress: Path | None = None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        found = list(runs.glob("*/progress.jsonl")) if runs.exists() else []
-        if found and len(found[0].read_text().splitlines()) >= 3:
-            progress = found[0]
-            break
-        time.sleep(0.05)
+    process = kvbench_process("run", str(scenario), "-o", str(runs), cwd=tmp_path, output=subprocess.DEVNULL)
+    progress = wait_for_run_file(runs, "progress.jsonl", lambda p: len(p.read_text().splitlines()) >= 3, process)
     assert progress is not None, "the run never finished three groups"
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=10)

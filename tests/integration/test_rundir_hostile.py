@@ -11,17 +11,17 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.store.records import read_records
-from tests.support import simulator
+from tests import support
+from tests.support import simulator, write_scenario
 
 pytestmark = pytest.mark.integration
 
@@ -42,20 +42,7 @@ def probe_scenario(conversations: int = 2, name: str = "hostile") -> dict[str, o
     }
 
 
-def kvbench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def write_scenario(path: Path, data: dict[str, object]) -> Path:
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
+kvbench = partial(support.kvbench, cwd=ROOT)
 
 
 @pytest.fixture

@@ -9,31 +9,20 @@ import yaml
 
 from harness.results.run_result import RunResult
 from harness.store.records import read_records
+from tests.scenarios import multi_round_qa, sim_scenario
 from tests.support import kvbench
 
 pytestmark = pytest.mark.integration
 
 
 def test_http_error_burst_from_scenario_becomes_error_records(tmp_path: Path) -> None:
-    scenario = {
-        "name": "faults-in-scenario",
-        "engine": {
-            "kind": "sim",
-            "model": "llama-3.1-8b",
-            "hardware": "h100-sxm",
-            # requests 0-1 are the warm-up; the first two measured requests get HTTP 503
-            "faults": [{"kind": "http_error", "status": 503, "from_request": 1, "requests": 2}],
-        },
-        "arms": [{"name": "AMG-ON", "offload": "cpu"}],
-        "workload": {
-            "kind": "multi_round_qa",
-            "context_tokens": [1000],
-            "conversations": 3,
-            "turns": 2,
-            "answer_tokens": 4,
-            "warmup_requests": 1,
-        },
-    }
+    scenario = sim_scenario(
+        "faults-in-scenario",
+        multi_round_qa([1000], 3, turns=2, answer_tokens=4, warmup_requests=1),
+        # requests 0-1 are the warm-up; the first two measured requests get HTTP 503
+        engine={"faults": [{"kind": "http_error", "status": 503, "from_request": 1, "requests": 2}]},
+        arms=[{"name": "AMG-ON", "offload": "cpu"}],
+    )
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(scenario))
     done = kvbench("run", str(path), "-o", "runs", cwd=tmp_path)

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 import common
 from harness.runs.kinds import launch
 from harness.scenario.spec import parse_scenario
-from harness.sim.calibration import CalibratedDeployment, Calibration, FitParam
+from harness.sim.calibration import Calibration, FitParam
 from kvbench.cli.sim import sim_app
+from tests.scenarios import multi_round_qa, sim_scenario
 from tests.unit.results.test_calibrate import chosen
 
 pytestmark = pytest.mark.integration
@@ -28,39 +29,24 @@ LMC = {"name": "lmc", "tiers": [{"kind": "cpu", "capacity_gb": 8}], "backend": "
 
 
 def sim_calibration(hardware: str = "h100-sxm") -> Calibration:
-    truth = chosen()
-    deployment = CalibratedDeployment(
-        model="llama-3.1-8b",
-        hardware=hardware,
-        tp=1,
-        dtype="bf16",
-        engine="sim",
-        engine_version=common.__version__,
-        cuda_graphs=None,
-    )
-    return truth.model_copy(update={"deployment": deployment})
+    """The chosen calibration (tests/unit/results/test_calibrate.py) made for this kvbench's simulator."""
+    truth = chosen(hardware)
+    engine = {"engine": "sim", "engine_version": common.__version__, "cuda_graphs": None}
+    return truth.model_copy(update={"deployment": truth.deployment.model_copy(update=engine)})
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("validate")
     calibration = sim_calibration().save(root / "truth.yaml")
-    scenario = parse_scenario(
-        {
-            "name": "measured-on-sim",
-            "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm", "calibration": str(calibration)},
-            "arms": [{"name": "OFF", "offload": "off"}, {"name": "LMC", "offload": LMC}],
-            "workload": {
-                "kind": "multi_round_qa",
-                "context_tokens": [4000, 8000],
-                "conversations": 1,
-                "turns": 2,
-                "warmup_requests": 1,
-            },
-            "seed": 3,
-        },
-        "test",
+    data = sim_scenario(
+        "measured-on-sim",
+        multi_round_qa([4000, 8000], 1, turns=2, warmup_requests=1),
+        engine={"calibration": str(calibration)},
+        arms=[{"name": "OFF", "offload": "off"}, {"name": "LMC", "offload": LMC}],
+        seed=3,
     )
+    scenario = parse_scenario(data, "test")
     run_dir, _ = launch("probe", scenario, source=None, output_dir=root / "runs")
     return run_dir.path, calibration
 

@@ -11,16 +11,15 @@ time of the pause is at least the part of the pause a request could not absorb.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from harness.engines.process import free_port
 from harness.store.records import read_records
+from tests.scenarios import multi_user_qa, sim_scenario, uniform
+from tests.support import kvbench, write_scenario
 
 pytestmark = pytest.mark.integration
 
@@ -29,28 +28,15 @@ TTFT_SLO_MS = 400.0
 
 
 def scenario() -> dict[str, Any]:
-    return {
-        "name": "drills",
-        "engine": {
-            "kind": "sim",
-            "model": "llama-3.1-8b",
-            "hardware": "h100-sxm",
-            "faults": [{"kind": "http_error", "status": 500, "from_request": 0, "requests": 1}],
-        },
-        "arms": [{"name": "ON", "offload": "cpu"}],
-        "workload": {
-            "kind": "multi_user_qa",
-            "users": 8,
-            "rounds": {"dist": "uniform", "low": 2, "high": 4},
-            "context_tokens": {"dist": "uniform", "low": 1000, "high": 2000},
-            "question_tokens": 16,
-            "answer_tokens": 4,
-            "think_time_s": 0.05,
-            "warmup_requests": 1,
-        },
-        "sweep": {"mode": "concurrency", "values": [4], "ramp_up": 0.2},
-        "slo": {"ttft_ms": TTFT_SLO_MS},
-        "soak": {
+    rounds, context = uniform(2, 4), uniform(1000, 2000)
+    return sim_scenario(
+        "drills",
+        multi_user_qa(8, rounds, context, question_tokens=16, answer_tokens=4, think_time_s=0.05, warmup_requests=1),
+        engine={"faults": [{"kind": "http_error", "status": 500, "from_request": 0, "requests": 1}]},
+        arms=[{"name": "ON", "offload": "cpu"}],
+        sweep={"mode": "concurrency", "values": [4], "ramp_up": 0.2},
+        slo={"ttft_ms": TTFT_SLO_MS},
+        soak={
             "window": "8s",
             "interval": "2s",
             "faults": [
@@ -58,20 +44,13 @@ def scenario() -> dict[str, Any]:
                 {"kind": "pause_engine", "at": "5500ms", "duration": f"{PAUSE_S}s"},
             ],
         },
-        "seed": 2,
-    }
+        seed=2,
+    )
 
 
 def test_kill_and_pause_are_rehearsed_recorded_and_named(tmp_path: Path) -> None:
-    path = tmp_path / "soak.yaml"
-    path.write_text(yaml.safe_dump(scenario()))
-    done = subprocess.run(
-        [sys.executable, "-m", "kvbench", "soak", str(path), "-o", str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    path = write_scenario(tmp_path / "soak.yaml", scenario())
+    done = kvbench("soak", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path, timeout=180)
     # PASS, FAIL or INCOMPLETE (too few requests to judge the SLO compliance), never an abort
     assert done.returncode in (0, 1, 3), done.stdout + done.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -106,12 +85,9 @@ def test_faults_on_an_engine_kvbench_does_not_start_are_refused_at_validation(tm
     # nothing listens there: validation must refuse before any connection
     data = soak_scenario(f"http://127.0.0.1:{free_port()}")
     data["soak"]["faults"] = [{"kind": "kill_engine", "at": "1s"}]
-    path = tmp_path / "soak.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_scenario(tmp_path / "soak.yaml", data)
     for argv in (["validate", str(path)], ["soak", str(path), "-o", str(tmp_path / "runs")]):
-        done = subprocess.run(
-            [sys.executable, "-m", "kvbench", *argv], capture_output=True, text=True, timeout=120, check=False
-        )
+        done = kvbench(*argv, cwd=tmp_path, timeout=120)
         assert done.returncode == 2, done.stdout + done.stderr
         assert "soak.faults: engine kind 'openai' is not started by kvbench" in done.stderr
     assert not (tmp_path / "runs").exists()

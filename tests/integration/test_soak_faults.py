@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.scenarios import multi_user_qa, uniform
 from tests.support import SimulatorLauncher, kvbench, kvbench_argv, kvbench_env
 
 pytestmark = pytest.mark.integration
@@ -46,16 +47,15 @@ def soak_scenario(base_url: str) -> dict[str, Any]:
         "name": "staging-soak",
         "engine": {"kind": "openai", "model": "llama-3.1-8b", "base_url": base_url, "hardware": "h100-sxm"},
         "arms": [{"name": "AMG-ON", "offload": PROFILE}],
-        "workload": {
-            "kind": "multi_user_qa",
-            "users": 24,
-            "rounds": {"dist": "uniform", "low": 3, "high": 6},
-            "context_tokens": {"dist": "uniform", "low": 2000, "high": 4000},
-            "question_tokens": 24,
-            "answer_tokens": 8,
-            "think_time_s": 0.05,
-            "warmup_requests": 1,
-        },
+        "workload": multi_user_qa(
+            24,
+            uniform(3, 6),
+            uniform(2000, 4000),
+            question_tokens=24,
+            answer_tokens=8,
+            think_time_s=0.05,
+            warmup_requests=1,
+        ),
         "sweep": {"mode": "concurrency", "values": [4], "ramp_up": 0.2},
         "slo": {"ttft_ms": 400, "tpot_ms": 100},
         "soak": {

@@ -14,29 +14,29 @@ from typing import Any
 
 import pytest
 
+from tests.scenarios import exponential, multi_user_qa, sim_scenario, uniform
 from tests.support import kvbench, kvbench_process, wait_for, write_scenario
 
 pytestmark = pytest.mark.integration
 
-SOAK_SCENARIO: dict[str, Any] = {
-    "name": "soak-verdicts",
-    "engine": {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h100-sxm"},
-    "arms": [{"name": "AMG-ON", "offload": "cpu"}],
-    "workload": {
-        "kind": "multi_user_qa",
-        "users": 8,
-        "rounds": {"dist": "uniform", "low": 2, "high": 3},
-        "context_tokens": {"dist": "uniform", "low": 500, "high": 1000},
-        "question_tokens": 16,
-        "answer_tokens": 8,
-        "think_time_s": {"dist": "exponential", "mean": 0.2},
-        "warmup_requests": 1,
-    },
-    "sweep": {"mode": "concurrency", "values": [2], "ramp_up": 0.5},
-    "slo": {"ttft_ms": 5000, "tpot_ms": 1000},
-    "soak": {"window": "12s", "interval": "3s", "criteria": {"max_restarts": 0}},
-    "seed": 5,
-}
+WORKLOAD = multi_user_qa(
+    8,
+    uniform(2, 3),
+    uniform(500, 1000),
+    question_tokens=16,
+    answer_tokens=8,
+    think_time_s=exponential(0.2),
+    warmup_requests=1,
+)
+SOAK_SCENARIO: dict[str, Any] = sim_scenario(
+    "soak-verdicts",
+    WORKLOAD,
+    arms=[{"name": "AMG-ON", "offload": "cpu"}],
+    sweep={"mode": "concurrency", "values": [2], "ramp_up": 0.5},
+    slo={"ttft_ms": 5000, "tpot_ms": 1000},
+    soak={"window": "12s", "interval": "3s", "criteria": {"max_restarts": 0}},
+    seed=5,
+)
 
 
 def soak_file(tmp_path: Path, **changes: Any) -> Path:

@@ -13,12 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.results.sweep_result import SweepResult
 from harness.sim.power import POWER
 from harness.store.records import read_records
-from tests.support import kvbench
+from tests.support import kvbench, kvbench_scenario
 
 pytestmark = pytest.mark.integration
 
@@ -51,12 +50,8 @@ SCENARIO = {
 
 
 def test_sweep_on_the_simulator_draws_both_arms_with_slo_and_gpus_saved(tmp_path: Path) -> None:
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(SCENARIO))
-    done = kvbench("sweep", str(path), "-o", str(tmp_path / "runs"), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done, run_dir = kvbench_scenario("sweep", SCENARIO, tmp_path)
     assert "GPUs saved by AMG-ON vs AMG-OFF" in done.stdout
-    (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     result = SweepResult.read_file(run_dir / "sweep.json")
     assert result.complete and result.requests.errors == 0
     assert [(p.arm, p.load) for p in result.points] == [("AMG-OFF", 2), ("AMG-OFF", 8), ("AMG-ON", 2), ("AMG-ON", 8)]

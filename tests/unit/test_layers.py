@@ -40,6 +40,15 @@ ignores (virtual environments, caches, build output) are not the tree's."""
 NAMED_CODE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+):[A-Za-z_]\w*$")
 IMPORT_CALLS = {"import_module", "__import__", "files"}
 
+BELOW_RUNS = {
+    "harness.client",
+    "harness.engines",
+    "harness.sim",
+    "harness.scenario",
+    "harness.store",
+    "harness.results",
+}
+"""The stages a run may import: every stage below ``harness.runs``."""
 HARNESS_STAGES: dict[str, set[str]] = {
     "harness.client": set(),
     "harness.engines": {"harness.client"},
@@ -47,24 +56,9 @@ HARNESS_STAGES: dict[str, set[str]] = {
     "harness.scenario": {"harness.engines", "harness.sim"},
     "harness.store": {"harness.client", "harness.engines", "harness.scenario"},
     "harness.results": {"harness.engines", "harness.sim", "harness.scenario", "harness.store"},
-    "harness.runs": {
-        "harness.client",
-        "harness.engines",
-        "harness.sim",
-        "harness.scenario",
-        "harness.store",
-        "harness.results",
-    },
+    "harness.runs": BELOW_RUNS,
     "harness.gate": {"harness.scenario", "harness.store", "harness.results"},
-    "harness.calibrate": {
-        "harness.client",
-        "harness.engines",
-        "harness.sim",
-        "harness.scenario",
-        "harness.store",
-        "harness.results",
-        "harness.runs",
-    },
+    "harness.calibrate": BELOW_RUNS | {"harness.runs"},
 }
 READS_BUNDLED_FILES = {"harness.scenario": {"scenarios"}}
 ALLOWED: dict[str, set[str]] = {

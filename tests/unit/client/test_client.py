@@ -25,7 +25,7 @@ from harness.client.endpoint import Endpoint
 from harness.client.openai import SNIPPET_CHARS, OpenAIClient, RequestOutcome
 from harness.results.aggregate import stream_check
 from harness.results.run_result import STREAM_RATIO_WARN
-from harness.store.records import RequestRecord
+from tests.resultfiles import request_record
 from tests.support import GOLDEN
 
 SSE = GOLDEN / "sse"
@@ -450,16 +450,12 @@ async def test_stream_check_fires_on_golden_stream_with_fewer_text_chunks_than_t
     spec = EXPECTED[name]
     role, empty, text, *rest = frames(golden(name))
     outcome = await run_chat(server, Script(pieces=[(0.0, role + empty), (0.05, text + b"".join(rest))]))
-    record = RequestRecord(
-        arm="A",
-        attempt=0,
-        phase="measure",
-        repetition=0,
-        context_tokens=spec["prompt_tokens"],
-        conversation=0,
-        turn=1,
+    record = request_record(
+        "A",
+        spec["prompt_tokens"],
+        0,
+        1,
         request_id="r",
-        api="chat",
         started_ns=outcome.started_ns,
         ttft_ns=outcome.ttft_ns,
         e2e_ns=outcome.e2e_ns,

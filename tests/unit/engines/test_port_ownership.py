@@ -10,7 +10,6 @@ server takes the port between the pick and the bind), and the simulator's per-la
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,6 +24,7 @@ from harness.engines.vllm_offload import LmcacheServerSpec
 from harness.sim.config import SimEngineConfig
 from harness.sim.engine import SimEngine
 from offload.profiles import BUILTIN_PROFILES
+from tests.fakes.serving import serving
 
 
 class _Healthy(BaseHTTPRequestHandler):
@@ -40,14 +40,8 @@ class _Healthy(BaseHTTPRequestHandler):
 @pytest.fixture
 def decoy() -> Iterator[int]:
     """A real HTTP server on a real port that answers every GET with 200; yields its port."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)) as server:
         yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _context(tmp_path: Path) -> LaunchContext:

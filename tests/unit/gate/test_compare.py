@@ -20,11 +20,11 @@ from harness.gate.compare import (
 )
 from harness.scenario.spec import GateSpec, parse_scenario
 from harness.store.events import GroupDone
-from harness.store.records import RecordWriter, RequestRecord
+from harness.store.records import RecordWriter
 from harness.store.rundir import RunDir
 from kvbench.cli import app
 from reports.gate import render_junit, render_markdown
-from tests.resultfiles import probe_scenario
+from tests.resultfiles import probe_scenario, request_record
 from workloads.config import MultiRoundQAProbe
 
 
@@ -76,14 +76,20 @@ def make_run(
                         failed = rng.random() < error_share
                         cached = int(ctx * 0.95) if arm == "AMG-ON" and turn == 2 else 0
                         writer.append(
-                            RequestRecord(
-                                arm=arm, attempt=0, phase="measure", repetition=0, context_tokens=ctx,
-                                conversation=conv, turn=turn, request_id=f"{arm}{ctx}{conv}{turn}", api="chat",
-                                started_ns=0, ttft_ns=None if failed else int(ttft * 1e6), e2e_ns=None,
-                                ok=not failed, error_kind="timeout" if failed else None,
-                                prompt_tokens=ctx, cached_tokens=cached,
+                            request_record(
+                                arm,
+                                ctx,
+                                conv,
+                                turn,
+                                request_id=f"{arm}{ctx}{conv}{turn}",
+                                ttft_ns=None if failed else int(ttft * 1e6),
+                                e2e_ns=None,
+                                ok=not failed,
+                                error_kind="timeout" if failed else None,
+                                prompt_tokens=ctx,
+                                cached_tokens=cached,
                             )
-                        )  # fmt: skip
+                        )
             for ctx in workload.context_tokens:
                 run_dir.mark_group_done(GroupDone(arm=arm, repetition=0, context_tokens=ctx, attempt=0))
     return run_dir.path

@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.gate.playbook import attach_run, playbook_status, save_playbook, starter_playbook
-from tests.resultfiles import make_probe_run, make_soak_dir
+from harness.gate.playbook import attach_run, playbook_status
+from tests.resultfiles import make_playbook, make_probe_run, make_soak_dir
 
 
 def with_engine(run_dir: Path, engine: Mapping[str, object]) -> Path:
@@ -26,10 +26,7 @@ STAGING_VLLM = {"kind": "openai", "model": "m", "base_url": "http://127.0.0.1:9/
 
 
 def test_a_simulated_soak_leaves_staging_pending_and_a_measured_one_closes_it(tmp_path: Path) -> None:
-    path = tmp_path / "playbook.yaml"
-    save_playbook(starter_playbook("Acme"), path)
-    runs = tmp_path / "runs"
-    attach_run(path, "baseline", make_probe_run(runs, name="baseline"))
+    path, runs = make_playbook(tmp_path, "Acme")
     attach_run(path, "poc", make_probe_run(runs, name="poc", speedup=5.0))
     status = playbook_status(path)
     assert status.stage("poc").state == "done" and status.stage("poc").provenance == "simulated"
@@ -47,10 +44,7 @@ def test_a_simulated_soak_leaves_staging_pending_and_a_measured_one_closes_it(tm
 
 
 def test_a_production_run_on_an_engine_kvbench_started_is_not_the_production_service(tmp_path: Path) -> None:
-    path = tmp_path / "playbook.yaml"
-    save_playbook(starter_playbook("Acme"), path)
-    runs = tmp_path / "runs"
-    attach_run(path, "baseline", make_probe_run(runs, name="baseline"))
+    path, runs = make_playbook(tmp_path, "Acme")
     started = {"kind": "vllm", "model": "m"}
     attach_run(path, "production", with_engine(make_probe_run(runs, name="prod", speedup=4.0), started))
     production = playbook_status(path).stage("production")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.gate.playbook import attach_run, save_playbook, starter_playbook
+from harness.gate.playbook import attach_run
 from kvbench.cli import app
 from reports.html import collect_sources, render_html
 from reports.outputs import report_html
-from tests.resultfiles import make_probe_run, make_soak_dir
+from tests.resultfiles import make_playbook, make_probe_run, make_soak_dir
 
 XSS = "<script>alert(1)</script>"
 
@@ -86,10 +86,7 @@ def test_scenario_name_is_escaped(tmp_path: Path) -> None:
 
 
 def test_playbook_report_and_cli(tmp_path: Path) -> None:
-    playbook = tmp_path / "pb.yaml"
-    save_playbook(starter_playbook("Acme <b>chat</b>"), playbook)
-    runs = tmp_path / "runs"
-    attach_run(playbook, "baseline", make_probe_run(runs, name="base"))
+    playbook, runs = make_playbook(tmp_path, "Acme <b>chat</b>", baseline_run="base")
     attach_run(playbook, "poc", make_probe_run(runs, name="poc", speedup=6.0))
     attach_run(playbook, "staging", make_soak_dir(runs))
     result = CliRunner().invoke(app, ["report", "--html", "--playbook", str(playbook)])

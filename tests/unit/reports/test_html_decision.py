@@ -6,16 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.decision import (
-    DecisionInputs,
-    Evidence,
-    Saving,
-    decide,
-    fmt_times,
-    fmt_tokens,
-    gpus,
-    speedup_ranges,
-)
+from reports.decision import DecisionInputs, Evidence, Saving, decide, fmt_times, fmt_tokens, gpus, speedup_ranges
 from reports.html import collect_sources, decision_inputs, render_html
 from tests.resultfiles import make_probe_run
 

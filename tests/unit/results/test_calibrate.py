@@ -29,6 +29,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from offload.profiles import OffloadProfile, OffloadTier
 from offload.shapes import Deployment
+from tests.resultfiles import request_record
 
 LENGTHS = (1000, 4000, 16000, 64000)
 OUTPUT_TOKENS = 8
@@ -130,16 +131,12 @@ def write_run(
                 assert request.first_token_at is not None
                 ttft = request.first_token_at - request.arrival
                 step = (end - request.first_token_at) / (OUTPUT_TOKENS - 1)
-                record = RequestRecord(
-                    arm=arm,
-                    attempt=0,
-                    phase="measure",
-                    repetition=0,
-                    context_tokens=length,
-                    conversation=0,
-                    turn=turn,
+                record = request_record(
+                    arm,
+                    length,
+                    0,
+                    turn,
                     request_id=request.request_id,
-                    api="chat",
                     started_ns=int(now * 1e9),
                     ttft_ns=int(ttft * 1e9),
                     e2e_ns=int((end - now) * 1e9),
@@ -286,16 +283,12 @@ def test_calibration_file_round_trips(tmp_path: Path) -> None:
 
 def _decoding(name: str, start_ms: float, ttft_ms: float, gaps_ms: list[float], prompt: int = 1000) -> RequestRecord:
     ms = 1_000_000
-    return RequestRecord(
-        arm="A",
-        attempt=0,
-        phase="measure",
-        repetition=0,
-        context_tokens=1000,
-        conversation=0,
-        turn=1,
+    return request_record(
+        "A",
+        1000,
+        0,
+        1,
         request_id=name,
-        api="chat",
         started_ns=int(start_ms * ms),
         ttft_ns=int(ttft_ms * ms),
         e2e_ns=int((ttft_ms + sum(gaps_ms)) * ms),
@@ -362,16 +355,12 @@ def _sweep_point(
                 at, request, _ = sent[name]
                 times = tokens[name]
                 records.append(
-                    RequestRecord(
-                        arm=arm,
-                        attempt=0,
-                        phase="measure",
-                        repetition=0,
-                        context_tokens=request.prompt_tokens,
-                        conversation=user,
-                        turn=1,
+                    request_record(
+                        arm,
+                        request.prompt_tokens,
+                        user,
+                        1,
                         request_id=name,
-                        api="chat",
                         started_ns=int(at * 1e9),
                         ttft_ns=int((times[0] - at) * 1e9),
                         e2e_ns=int((times[-1] - at) * 1e9),

@@ -7,6 +7,7 @@ import pytest
 
 from harness.calibrate.engine_steps import reconstruct
 from harness.store.records import RequestRecord
+from tests.resultfiles import request_record
 
 MS = 1_000_000
 
@@ -17,16 +18,12 @@ def _record(
     """A request sent at ``sent_ms`` whose tokens arrived at ``token_ms`` (absolute, ms)."""
     first = token_ms[0]
     gaps = np.diff(token_ms)
-    return RequestRecord(
-        arm="A",
-        attempt=0,
-        phase="measure",
-        repetition=0,
-        context_tokens=prompt,
-        conversation=0,
-        turn=1,
+    return request_record(
+        "A",
+        prompt,
+        0,
+        1,
         request_id=name,
-        api="chat",
         started_ns=int(sent_ms * MS),
         ttft_ns=int((first - sent_ms) * MS),
         e2e_ns=int((token_ms[-1] - sent_ms) * MS),

@@ -12,6 +12,7 @@ from harness.results.aggregate import summarize_run_dir
 from harness.results.lmcache_log import RANK_MIN_TOKENS, parse_log, ranks, split_requests, timeline
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
+from tests.resultfiles import request_record
 
 RESULTS = Path(__file__).resolve().parents[3] / "lab" / "runs"
 COLOR = "\x1b[32;20m"  # as LMCache colours its level
@@ -20,16 +21,14 @@ COLOR = "\x1b[32;20m"  # as LMCache colours its level
 def record(
     started_s: float, ttft_ms: float, prompt: int, turn: int, *, phase: str = "measure", attempt: int = 0
 ) -> RequestRecord:
-    return RequestRecord(
-        arm="ON",
+    return request_record(
+        "ON",
+        96000,
+        0,
+        turn,
         attempt=attempt,
         phase=phase,
-        repetition=0,
-        context_tokens=96000,
-        conversation=0,
-        turn=turn,
         request_id=f"r{started_s}",
-        api="chat",
         started_ns=int(started_s * 1e9),
         ttft_ns=int(ttft_ms * 1e6),
         e2e_ns=None,

@@ -11,6 +11,7 @@ from harness.results.validity import with_reset_unavailable
 from harness.scenario.spec import parse_scenario
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
 from harness.store.records import RequestRecord
+from tests.resultfiles import request_record
 
 WHY = "http://h:1 has no POST /reset_prefix_cache"
 SCENARIO = parse_scenario(
@@ -27,17 +28,12 @@ DONE = [GroupDone(arm="A", repetition=0, context_tokens=1000, attempt=0)]
 
 def records(cached: int | None) -> list[RequestRecord]:
     return [
-        RequestRecord(
-            arm="A",
-            attempt=0,
-            phase="measure",
-            repetition=0,
-            context_tokens=1000,
-            conversation=conv,
-            turn=turn,
+        request_record(
+            "A",
+            1000,
+            conv,
+            turn,
             request_id=f"{conv}-{turn}",
-            api="chat",
-            started_ns=0,
             ttft_ns=1_000_000,
             e2e_ns=2_000_000,
             ok=True,

@@ -26,6 +26,7 @@ from harness.scenario.spec import SLO, SoakSpec, parse_duration, parse_scenario
 from harness.store.events import IntervalStats
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
+from tests.resultfiles import request_record
 
 NS_MS = 1_000_000
 SLO_TARGETS = SLO(ttft_ms=500, tpot_ms=50)
@@ -42,17 +43,12 @@ def record(
     cached: int = 0,
     prompt: int = 1000,
 ) -> RequestRecord:
-    return RequestRecord(
-        arm="AMG-ON",
-        attempt=0,
-        phase="measure",
-        repetition=0,
-        context_tokens=prompt,
-        conversation=0,
-        turn=1,
+    return request_record(
+        "AMG-ON",
+        prompt,
+        0,
+        1,
         request_id="r",
-        api="chat",
-        started_ns=0,
         ttft_ns=None if ttft_ms is None else int(ttft_ms * NS_MS),
         e2e_ns=int(e2e_ms * NS_MS),
         ok=ok,

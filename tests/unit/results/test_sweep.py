@@ -30,6 +30,7 @@ from harness.store.records import RequestRecord
 from kvbench.cli import app
 from offload import analytical
 from offload.profiles import BUILTIN_PROFILES
+from tests.resultfiles import request_record
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -70,16 +71,14 @@ def rec(
     cached: int | None = 800,
 ) -> RequestRecord:
     ttft = int(ttft_ms * MS)
-    return RequestRecord(
-        arm=arm,
+    return request_record(
+        arm,
+        1000,
+        1,
+        turn,
         attempt=attempt,
         phase=phase,
-        repetition=0,
-        context_tokens=1000,
-        conversation=1,
-        turn=turn,
         request_id=f"{arm}-{ttft_ms}-{turn}-{phase}-{ok}-{attempt}-{start_s}",
-        api="chat",
         started_ns=int(start_s * S),
         ttft_ns=ttft if ok else None,
         e2e_ns=ttft + 200 * MS if ok else 5 * MS,

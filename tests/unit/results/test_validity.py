@@ -27,6 +27,7 @@ from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from reports.outputs import write_outputs
 from tests.kept_runs import kept_runs
+from tests.resultfiles import request_record
 
 CONTEXTS = (100, 8000)  # 100 tokens is below the cpu profile's 256-token chunk: nothing to load
 
@@ -43,11 +44,17 @@ def scenario(**overrides: object) -> Scenario:
 
 
 def record(arm: str, ctx: int, conv: int, turn: int, *, ok: bool = True, kind: str = "http_status") -> RequestRecord:
-    return RequestRecord(
-        arm=arm, attempt=0, phase="measure", repetition=0, context_tokens=ctx, conversation=conv, turn=turn,
-        request_id=f"{arm}-{ctx}-{conv}-{turn}", api="chat", started_ns=0, ttft_ns=1_000_000 if ok else None,
-        e2e_ns=2_000_000 if ok else None, ok=ok, error_kind=None if ok else kind,
-    )  # fmt: skip
+    return request_record(
+        arm,
+        ctx,
+        conv,
+        turn,
+        request_id=f"{arm}-{ctx}-{conv}-{turn}",
+        ttft_ns=1_000_000 if ok else None,
+        e2e_ns=2_000_000 if ok else None,
+        ok=ok,
+        error_kind=None if ok else kind,
+    )
 
 
 def records(failed: dict[tuple[str, int, int, int], str] | None = None) -> list[RequestRecord]:

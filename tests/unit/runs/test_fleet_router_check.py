@@ -6,14 +6,12 @@ import re
 import sys
 from pathlib import Path
 
-from harness.runs.probe import ProbeRunner
-from harness.runs.spine import run_sync
-from harness.scenario.spec import parse_scenario
-from harness.store.rundir import RunDir
+from tests.support import probe_in_process
 
 
 def test_a_python_without_the_router_fails_before_the_replicas_start(tmp_path: Path) -> None:
-    scenario = parse_scenario(
+    expected = r"cannot run vllm-router \(pip install vllm-router there\): a version look-up failed"
+    run_dir = probe_in_process(  # the arm ends as a finding (engine_died), not a traceback
         {
             "name": "router-check",
             "seed": 1,
@@ -26,11 +24,8 @@ def test_a_python_without_the_router_fails_before_the_replicas_start(tmp_path: P
             "arms": [{"name": "A", "offload": "cpu"}],
             "workload": {"kind": "multi_round_qa", "context_tokens": [1000], "conversations": 1, "turns": 2},
         },
-        "inline",
+        tmp_path,
     )
-    run_dir = RunDir.create(tmp_path, scenario)
-    expected = r"cannot run vllm-router \(pip install vllm-router there\): a version look-up failed"
-    run_sync(ProbeRunner(scenario, run_dir))  # the arm ends as a finding (engine_died), not a traceback
     (down,) = run_dir.engines_down()
     assert down.arm == "A" and "did not start" in down.reason and re.search(expected, down.reason), down
     assert not list(run_dir.log_dir("A").glob("replica-*"))  # no replica was started

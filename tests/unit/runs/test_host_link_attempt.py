@@ -25,6 +25,7 @@ from harness.runs.spine import execute
 from harness.scenario.spec import Scenario, parse_scenario
 from harness.store.manifest import Manifest, attempt_host_links, read_manifest
 from harness.store.rundir import RunDir
+from tests.scenarios import stand_in_vllm
 
 ONE_GPU = "printf 'NVIDIA H200, 580.159.04, 143771 MiB, GPU-aaaa\\n'"
 
@@ -42,12 +43,7 @@ def vllm_scenario(tmp_path: Path) -> Scenario:
     return parse_scenario(
         {
             "name": "host link",
-            "engine": {
-                "kind": "vllm",
-                "model": str(tmp_path / "no-model"),
-                "python": sys.executable,
-                "startup_timeout_s": 10,
-            },
+            "engine": stand_in_vllm(tmp_path / "no-model", startup_timeout_s=10),
             "arms": [{"name": "off", "offload": "off"}],
             "workload": {"kind": "multi_round_qa", "context_tokens": [1000]},
         },

@@ -10,7 +10,6 @@ find KV its own session wrote, whatever an earlier arm or engine start left unde
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from harness.scenario.spec import Scenario, parse_scenario
 from harness.store.manifest import Manifest
 from harness.store.records import RecordWriter
 from harness.store.rundir import RunDir
+from tests.scenarios import stand_in_vllm
 from tests.unit.engines.test_render_vllm import install_fake_vllm
 
 
@@ -31,15 +31,7 @@ def fleet_scenario(tmp_path: Path, shared: Path, disk: Path, *, fresh: bool = Tr
     return parse_scenario(
         {
             "name": "tier scope",
-            "engine": {
-                "kind": "vllm",
-                "model": str(tmp_path / "tiny"),
-                "python": sys.executable,
-                "device": "cpu",
-                "replicas": 2,
-                "startup_timeout_s": 30,
-                "stop_grace_s": 5,
-            },
+            "engine": stand_in_vllm(tmp_path / "tiny", device="cpu", replicas=2, startup_timeout_s=30, stop_grace_s=5),
             "arms": [
                 {"name": "shared-rr", "offload": {"name": "sh", "backend": "lmcache-mp", "tiers": both}},
                 {"name": "own-rr", "offload": {"name": "own", "backend": "lmcache-mp", "tiers": [cpu, disk_tier]}},

@@ -22,6 +22,11 @@ def _scenario(change: Callable[[dict[str, Any]], None]) -> None:
     parse_scenario(data, "fleet.yaml")
 
 
+def behind_a_router(endpoints: list[dict[str, str]]) -> dict[str, object]:
+    """An ``openai`` engine reached through a router at ``http://router:1``, its replicas ``endpoints``."""
+    return {"kind": "openai", "model": "m", "base_url": "http://router:1", "endpoints": endpoints}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -46,24 +51,14 @@ def _scenario(change: Callable[[dict[str, Any]], None]) -> None:
         ),
         (
             lambda d: d.update(
-                engine={
-                    "kind": "openai",
-                    "model": "m",
-                    "base_url": "http://router:1",
-                    "endpoints": [{"metrics_url": "http://a/metrics"}, {"metrics_url": "http://b/metrics"}],
-                },
+                engine=behind_a_router([{"metrics_url": "http://a/metrics"}, {"metrics_url": "http://b/metrics"}]),
                 routing={"policy": "external", "router": ROUTER},
             ),
             "routing.router starts a router in front of replicas whose URLs kvbench knows",
         ),
         (
             lambda d: d.update(
-                engine={
-                    "kind": "openai",
-                    "model": "m",
-                    "base_url": "http://router:1",
-                    "endpoints": [{"metrics_url": "http://a/metrics"}, {"name": "b"}],
-                },
+                engine=behind_a_router([{"metrics_url": "http://a/metrics"}, {"name": "b"}]),
                 routing={"policy": "external", "attribution": "metrics"},
             ),
             "attribution 'metrics' needs a metrics_url for every engine.endpoints entry",

@@ -9,6 +9,7 @@ from harness.results.soak_result import fault_outcomes
 from harness.scenario.spec import SLO, SoakSpec
 from harness.store.events import FaultEvent
 from harness.store.records import RequestRecord
+from tests.resultfiles import request_record
 
 
 def test_pause_needs_a_duration_and_only_pause_takes_one() -> None:
@@ -29,12 +30,18 @@ def test_a_fault_must_fall_inside_the_window() -> None:
 
 def _record(start_s: float, ttft_ms: float | None) -> RequestRecord:
     ok = ttft_ms is not None
-    return RequestRecord(
-        arm="ON", attempt=0, phase="measure", repetition=0, context_tokens=0, conversation=0, turn=1,
-        request_id=f"r{start_s}", api="chat", started_ns=int(start_s * 1e9),
-        ttft_ns=int(ttft_ms * 1e6) if ttft_ms is not None else None, e2e_ns=int((ttft_ms or 0) * 2e6) if ok else None,
-        ok=ok, error_kind=None if ok else "connection",
-    )  # fmt: skip
+    return request_record(
+        "ON",
+        0,
+        0,
+        1,
+        request_id=f"r{start_s}",
+        started_ns=int(start_s * 1e9),
+        ttft_ns=int(ttft_ms * 1e6) if ttft_ms is not None else None,
+        e2e_ns=int((ttft_ms or 0) * 2e6) if ok else None,
+        ok=ok,
+        error_kind=None if ok else "connection",
+    )
 
 
 def test_slo_broken_is_from_the_fault_to_the_first_request_within_the_slo() -> None:

@@ -6,13 +6,12 @@ context cap; and the depth of the longest parent chain."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support import kvbench, kvbench_env
 
 from . import agent_samples
 
@@ -111,14 +110,7 @@ def reference(name: str, block: int, cap: int | None) -> tuple[float, float]:
 
 
 def stats(name: str, *extra: str) -> Row:
-    done = subprocess.run(
-        [sys.executable, "-m", "kvbench", "trace", "stats", str(agent_samples.path(name)), "--json", *extra],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = kvbench("trace", "stats", str(agent_samples.path(name)), "--json", *extra, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     data: Row = json.loads(done.stdout)
     return data
@@ -192,12 +184,6 @@ def test_the_shape_of_the_bailian_sample() -> None:
     ],
 )
 def test_bad_stats_options_are_one_line(extra: tuple[str, ...], expected: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "kvbench", "trace", "stats", str(agent_samples.path("bailian")), *extra],
-        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    stats_argv = ("trace", "stats", str(agent_samples.path("bailian")), *extra)
+    done = kvbench(*stats_argv, cwd=REPO, timeout=120, env=kvbench_env(COLUMNS="400"))
     assert done.returncode != 0 and expected in done.stderr + done.stdout
