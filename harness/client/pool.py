@@ -11,7 +11,9 @@ monotonic clock, so they compare with the caller's own timestamps.
 
 The pool has the ``chat``/``completion`` interface of the client (:class:`StreamingClient`), so
 :func:`harness.runs.load.run_load` takes either. Requests go to the worker with the fewest in
-flight. A worker that dies fails its requests with :class:`ClientPoolError`.
+flight. A worker that dies fails its requests with :class:`ClientPoolError`. Each worker runs a
+:class:`~harness.client.fidelity.LoopMonitor`, so :meth:`ProcessClientPool.loop_lag` can say how far behind each
+worker's loop fell over a window.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 from common.errors import KvbenchError
 
 from .endpoint import Endpoint
+from .fidelity import LoopLag, LoopMonitor
 from .openai import OpenAIClient, RequestOutcome
 
 START_TIMEOUT_S = 60.0
@@ -69,6 +72,7 @@ class _Worker:
     process: BaseProcess
     conn: Connection
     pending: dict[int, asyncio.Future[RequestOutcome]] = field(default_factory=dict)
+    lag_pending: dict[int, asyncio.Future[LoopLag]] = field(default_factory=dict)
     dead: bool = False
 
 
@@ -200,13 +204,36 @@ class ProcessClientPool:
                     worker.conn.send(("cancel", request_id))
             raise
 
+    async def loop_lag(self, start_ns: int, end_ns: int) -> list[LoopLag]:
+        """Each running worker's event-loop delay and CPU use over [start_ns, end_ns] (monotonic ns)."""
+        loop = asyncio.get_running_loop()
+        asked: list[asyncio.Future[LoopLag]] = []
+        for worker in self._workers:
+            if worker.dead:
+                continue
+            request_id = next(self._ids)
+            future: asyncio.Future[LoopLag] = loop.create_future()
+            worker.lag_pending[request_id] = future
+            try:
+                worker.conn.send(("lag", request_id, start_ns, end_ns))
+            except (OSError, ValueError) as error:
+                self._fail(worker, f"cannot reach client worker: {error}")
+                continue
+            asked.append(future)
+        return list(await asyncio.gather(*asked))
+
     def _on_readable(self, worker: _Worker) -> None:
         try:
             while worker.conn.poll():
-                request_id, outcome = worker.conn.recv()
+                request_id, answer = worker.conn.recv()
+                if isinstance(answer, LoopLag):
+                    lag = worker.lag_pending.pop(request_id, None)
+                    if lag is not None and not lag.done():
+                        lag.set_result(answer)
+                    continue
                 future = worker.pending.pop(request_id, None)
                 if future is not None and not future.done():
-                    future.set_result(outcome)
+                    future.set_result(answer)
         except (EOFError, OSError):
             with contextlib.suppress(OSError, ValueError):
                 asyncio.get_running_loop().remove_reader(worker.conn.fileno())
@@ -217,7 +244,11 @@ class ProcessClientPool:
         for future in worker.pending.values():
             if not future.done():
                 future.set_exception(ClientPoolError(reason))
+        for lag in worker.lag_pending.values():
+            if not lag.done():
+                lag.set_exception(ClientPoolError(reason))
         worker.pending.clear()
+        worker.lag_pending.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,9 +281,12 @@ async def _serve(
     tasks: dict[int, asyncio.Task[Any]] = {}
     stopped = asyncio.Event()
 
-    async with OpenAIClient(
-        endpoint, timeout_s=timeout_s, read_timeout_s=stall_timeout_s, max_connections=max_connections
-    ) as client:
+    async with (
+        LoopMonitor("worker") as monitor,
+        OpenAIClient(
+            endpoint, timeout_s=timeout_s, read_timeout_s=stall_timeout_s, max_connections=max_connections
+        ) as client,
+    ):
 
         async def run(request_id: int, kind: str, body: Any, max_tokens: int, ignore_eos: bool, extra: Any) -> None:
             if kind == "chat":
@@ -270,6 +304,10 @@ async def _serve(
                     if message[0] == "stop":
                         stopped.set()
                         return
+                    if message[0] == "lag":
+                        _, lag_id, start_ns, end_ns = message
+                        conn.send((lag_id, monitor.over(start_ns, end_ns)))
+                        continue
                     if message[0] == "cancel":
                         task = tasks.pop(message[1], None)
                         if task is not None:
