@@ -28,10 +28,10 @@ Timeline (all ``time.monotonic_ns()``)::
   rate), ``warmup`` before it. Nothing is sent
   after ``window_end`` (or once ``stop`` is set); requests in flight then have ``drain_timeout_s``
   to finish, after which they are cancelled and recorded as ``timeout`` errors.
-* The window's :class:`~harness.store.events.ClientLag` says how far behind its schedule the client fell: each
-  measured request's send lag (sent − due: an arrival's scheduled time, or a user's previous answer plus its
-  think time), open-loop waits for a free session, and every sending process's event-loop delay and CPU use
-  (:mod:`harness.client.fidelity`; a client pool's workers report their own).
+* The window's :class:`~harness.store.events.ClientLag` says how far behind its schedule the client fell: the
+  send lag of each request sent in the window (sent − due: an arrival's scheduled time, or a user's previous
+  answer plus its think time), open-loop waits for a free session, and every sending process's event-loop delay
+  and CPU use (:mod:`harness.client.fidelity`; a client pool's workers report their own).
 
 :func:`run_schedule` drives a fixed list of requests instead (a trace replay): each at its own
 time (open loop, never waiting for earlier answers) or ``concurrency`` at a time (closed loop),
@@ -384,7 +384,7 @@ class _Runner(_Driver):
             lambda: self._emit(session, prompt, phase, _cancelled(now), scheduled_ns),
         )
         self._emit(session, prompt, phase, outcome, scheduled_ns)
-        if phase == "measure":
+        if outcome.started_ns >= self.window_start_ns:  # sent in the window, whichever window it was due in
             self.send_lags_ns.append(max(0, outcome.started_ns - due_ns))
         if outcome.ok:
             session.record_answer(outcome.text)

@@ -124,15 +124,16 @@ class ClientLag(Frozen):
     """How far behind its own schedule the client fell over one load point's window (ms; nearest-rank
     percentiles).
 
-    * send lag, per measured request: ``started_ns − due_ns``, where ``due_ns`` is an open-loop arrival's scheduled
-      time, or a closed-loop user's previous answer's last byte plus its think time (its ramp-up start for the
-      first request): whatever kept the request from leaving on time (a busy loop, a slot, building the prompt);
+    * send lag, per request sent inside the window: ``started_ns − due_ns``, where ``due_ns`` is an open-loop
+      arrival's scheduled time, or a closed-loop user's previous answer's last byte plus its think time (its
+      ramp-up start for the first request): whatever kept the request from leaving on time (a busy loop, a slot,
+      building the prompt);
     * slot wait, per open-loop arrival that found ``max_active_users`` sessions busy: from its scheduled time until
       a session was free (a concurrency budget too small for the rate);
     * per process (``processes``): event-loop delay and CPU use (:class:`ProcessLag`).
     """
 
-    send_lag_n: int = Field(description="Measured requests whose send lag is counted.")
+    send_lag_n: int = Field(description="Requests sent inside the window (their send lag is counted).")
     send_lag_p50_ms: float | None
     send_lag_p99_ms: float | None
     send_lag_max_ms: float | None

@@ -92,7 +92,8 @@ async def test_a_client_that_keeps_up_reports_small_lag(server: str) -> None:
         window = await run_load(client, workload(), plan, CONTEXT, on_record=records.append)
     lag = window.client
     assert lag is not None
-    assert lag.send_lag_n == len([r for r in records if r.phase == "measure"]) > 20
+    measured = len([r for r in records if r.phase == "measure"])
+    assert measured <= lag.send_lag_n <= measured + 6 and measured > 20  # sent in the window (a user may straddle it)
     assert lag.send_lag_p50_ms is not None and lag.send_lag_p50_ms < TTFT_S * 1000
     assert lag.slot_waits == 0 and lag.slot_wait_p99_ms is None
     (runner,) = lag.processes
