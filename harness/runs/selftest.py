@@ -258,7 +258,8 @@ def wait_healthy(base_url: str, server: subprocess.Popen[bytes], timeout_s: floa
 def fixed_server(
     ttft_ms: float, itl_ms: float, stats_dir: Path, *, workers: int = 1, use_uvloop: bool = True
 ) -> Iterator[str]:
-    """A fixed-latency server on 127.0.0.1 (``workers`` processes) logging into ``stats_dir``; yields its URL."""
+    """A fixed-latency server on 127.0.0.1 (``workers`` processes, no usage blocks) logging into ``stats_dir``;
+    yields its URL."""
     port = free_port()
     argv = [
         sys.executable,
@@ -276,6 +277,7 @@ def fixed_server(
         str(workers),
         "--stats-dir",
         str(stats_dir),
+        "--no-usage",  # the server's tokenizer would cost more than the client at long prompts
         *(["--uvloop"] if use_uvloop else []),
     ]
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -123,3 +123,20 @@ async def test_a_session_budget_too_small_for_the_rate_shows_as_send_lag_and_slo
     assert lag is not None and lag.slot_waits > 5
     assert lag.send_lag_p99_ms is not None and lag.send_lag_p99_ms > 300
     assert lag.slot_wait_max_ms is not None and lag.slot_wait_max_ms > 300
+
+
+async def test_the_fixed_server_without_usage_counts_nothing_and_still_keeps_time() -> None:
+    latency = FixedLatency(TTFT_S, ITL_S, count_prompt_tokens=False)
+    runner = web.AppRunner(FixedServer(latency).app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    endpoint = Endpoint(base_url=f"http://127.0.0.1:{runner.addresses[0][1]}", model="fixed-latency")
+    try:
+        async with OpenAIClient(endpoint, timeout_s=30, max_connections=4) as client:
+            outcome = await client.chat([{"role": "user", "content": "word " * 2000}], 4)
+    finally:
+        await runner.cleanup()
+    assert outcome.ok and outcome.output_chunks == 4
+    assert outcome.prompt_tokens is None and outcome.completion_tokens is None  # no usage block
+    assert outcome.ttft_ns is not None and outcome.ttft_ns >= TTFT_S * 1e9
