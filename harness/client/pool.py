@@ -24,7 +24,7 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -129,7 +129,7 @@ class ProcessClientPool:
                 ready = await loop.run_in_executor(None, worker.conn.poll, START_TIMEOUT_S)
                 if not ready or worker.conn.recv() != ("ready", worker.process.pid):
                     raise ClientPoolError(f"client worker {worker.process.pid} did not start")
-                loop.add_reader(worker.conn.fileno(), self._on_readable, worker)
+                _watch(loop, worker.conn, lambda worker=worker: self._on_readable(worker))
         except BaseException:
             await self.close()
             raise
@@ -251,6 +251,14 @@ class ProcessClientPool:
         worker.lag_pending.clear()
 
 
+def _watch(loop: asyncio.AbstractEventLoop, conn: Connection, callback: Callable[[], None]) -> None:
+    """Call ``callback`` when ``conn`` has data, keeping its socket blocking: uvloop's ``add_reader`` makes it
+    non-blocking, and then ``recv`` of a message larger than what has arrived (a 32k-token prompt is ~160 kB)
+    fails half-read instead of waiting for the rest."""
+    loop.add_reader(conn.fileno(), callback)
+    os.set_blocking(conn.fileno(), True)
+
+
 # ---------------------------------------------------------------------------------------------
 # The worker process
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +326,7 @@ async def _serve(
             except (EOFError, OSError):
                 stopped.set()  # the parent went away
 
-        loop.add_reader(conn.fileno(), on_readable)
+        _watch(loop, conn, on_readable)
         conn.send(("ready", os.getpid()))
         await stopped.wait()
         loop.remove_reader(conn.fileno())

@@ -140,3 +140,13 @@ async def test_the_fixed_server_without_usage_counts_nothing_and_still_keeps_tim
     assert outcome.ok and outcome.output_chunks == 4
     assert outcome.prompt_tokens is None and outcome.completion_tokens is None  # no usage block
     assert outcome.ttft_ns is not None and outcome.ttft_ns >= TTFT_S * 1e9
+
+
+async def test_pool_workers_on_uvloop_take_prompts_larger_than_a_socket_buffer(server: str) -> None:
+    # uvloop makes a watched socket non-blocking; a 2 MB message must still arrive whole
+    endpoint = Endpoint(base_url=server, model="fixed-latency")
+    async with ProcessClientPool(endpoint, workers=1, timeout_s=30, max_connections=4, use_uvloop=True) as pool:
+        outcomes = await asyncio.gather(
+            *(pool.chat([{"role": "user", "content": "word " * 400_000}], 2) for _ in range(3))
+        )
+    assert all(o.ok and o.output_chunks == 2 for o in outcomes)
