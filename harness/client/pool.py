@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import multiprocessing
@@ -129,7 +130,7 @@ class ProcessClientPool:
                 ready = await loop.run_in_executor(None, worker.conn.poll, START_TIMEOUT_S)
                 if not ready or worker.conn.recv() != ("ready", worker.process.pid):
                     raise ClientPoolError(f"client worker {worker.process.pid} did not start")
-                _watch(loop, worker.conn, lambda worker=worker: self._on_readable(worker))
+                _watch(loop, worker.conn, functools.partial(self._on_readable, worker))
         except BaseException:
             await self.close()
             raise
