@@ -94,11 +94,11 @@ async def test_a_client_that_keeps_up_reports_small_lag(server: str) -> None:
     lag = window.client
     assert lag is not None
     measured = len([r for r in records if r.phase == "measure"])
-    assert measured <= lag.send_lag_n <= measured + 6 and measured > 20  # sent in the window (a user may straddle it)
+    assert measured <= lag.send_lag_n <= measured + 6 and measured > 5  # sent in the window (a user may straddle it)
     assert lag.send_lag_p50_ms is not None and lag.send_lag_p50_ms < TTFT_S * 1000
     assert lag.slot_waits == 0 and lag.slot_wait_p99_ms is None
     (runner,) = lag.processes
-    assert runner.role == "runner" and runner.ticks >= 50 and runner.cpu_fraction is not None
+    assert runner.role == "runner" and runner.ticks >= 10 and runner.cpu_fraction is not None
 
 
 async def test_pool_workers_report_their_own_loops(server: str) -> None:
@@ -110,7 +110,7 @@ async def test_pool_workers_report_their_own_loops(server: str) -> None:
     assert window.client is not None
     roles = sorted((p.role, p.pid in pids) for p in window.client.processes)
     assert roles == [("runner", False), ("worker", True), ("worker", True)]
-    assert all(p.ticks >= 20 for p in window.client.processes)
+    assert all(p.ticks >= 5 for p in window.client.processes)
 
 
 async def test_a_session_budget_too_small_for_the_rate_shows_as_send_lag_and_slot_waits(server: str) -> None:
