@@ -14,6 +14,7 @@ Where the sweep metered energy (``PointResult.energy``, :mod:`harness.results.en
 gains the GPUs' average watts, joules per generated token and per token (prompt + generated), and, for a
 concurrency sweep, users (agents) per kW, each header labelled ``simulated`` or ``NVML``
 (:func:`energy_columns`); :func:`energy_lines` says what the figures count and why a window has none.
+:func:`client_lines` prints, per point, how far behind its schedule the client fell (``PointResult.client``).
 
 The figures use matplotlib's object API (no pyplot global state) in the shared style of
 :mod:`reports.figures`; the HTML case study embeds the same two figures.
