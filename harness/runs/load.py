@@ -205,6 +205,10 @@ class _Driver:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     failure: BaseException | None = None
+    send_lags_ns: list[int] = field(default_factory=list)
+    """started_ns − due_ns of the requests sent in the window."""
+    slot_waits_ns: list[int] = field(default_factory=list)
+    """Open-loop arrivals of the window that waited for a free session: how long."""
 
     @property
     def drain_timeout(self) -> float:
@@ -276,6 +280,21 @@ class _Driver:
         if not outcome.ok:
             self.counters.errors += 1
 
+    def sent_late(self, started_ns: int, due_ns: int, window_start_ns: int) -> None:
+        """Count a request's send lag when it was sent in the window (whichever window it was due in)."""
+        if started_ns >= window_start_ns:
+            self.send_lags_ns.append(max(0, started_ns - due_ns))
+
+    async def judged_window(self, window_start_ns: int, monitor: LoopMonitor, sender: object) -> LoadWindow:
+        """:meth:`window` with the client's lag over it: this process's loop (``monitor``) and, when ``sender`` (what
+        sent the requests) is a client pool, its workers'."""
+        window = self.window(window_start_ns)
+        start, end = window.window_start_ns, window.window_end_ns
+        loops = [monitor.over(start, end)]
+        if isinstance(sender, LagReporting):
+            loops += await sender.loop_lag(start, end)
+        return dataclasses.replace(window, client=ClientLag.of(self.send_lags_ns, self.slot_waits_ns, loops))
+
     def window(self, window_start_ns: int) -> LoadWindow:
         """The window this driver ran, once sending has stopped: its edges and counters."""
         c = self.counters
@@ -343,10 +362,6 @@ class _Runner(_Driver):
     context: RecordContext
     next_session: int = 0
     window_start_ns: int = 0
-    send_lags_ns: list[int] = field(default_factory=list)
-    """Measured requests' started_ns − due_ns."""
-    slot_waits_ns: list[int] = field(default_factory=list)
-    """Open-loop arrivals of the window that waited for a free session: how long."""
 
     @property
     def drain_timeout(self) -> float:
@@ -384,8 +399,7 @@ class _Runner(_Driver):
             lambda: self._emit(session, prompt, phase, _cancelled(now), scheduled_ns),
         )
         self._emit(session, prompt, phase, outcome, scheduled_ns)
-        if outcome.started_ns >= self.window_start_ns:  # sent in the window, whichever window it was due in
-            self.send_lags_ns.append(max(0, outcome.started_ns - due_ns))
+        self.sent_late(outcome.started_ns, due_ns, self.window_start_ns)
         if outcome.ok:
             session.record_answer(outcome.text)
         return outcome
@@ -514,13 +528,7 @@ class _Runner(_Driver):
             self.planned_end_ns = self.window_start_ns + int(plan.duration_s * NS)
         async with LoopMonitor("runner") as monitor:
             await self.drive(stop, on_tick, tick_s)
-        window = self.window(self.window_start_ns)
-        start, end = window.window_start_ns, window.window_end_ns
-        loops = [monitor.over(start, end)]
-        if isinstance(self.client, LagReporting):
-            loops += await self.client.loop_lag(start, end)
-        client = ClientLag.of(self.send_lags_ns, self.slot_waits_ns, loops)
-        return dataclasses.replace(window, client=client)
+        return await self.judged_window(self.window_start_ns, monitor, self.client)
 
 
 async def _ticker(on_tick: Callable[[int], None], tick_s: float) -> None:
