@@ -88,8 +88,9 @@ class PointResult(Frozen):
         "a run that metered none.",
     )
     client: ClientLag | None = Field(
+        default=None,
         description="How far behind its schedule the client fell over the window (harness.store.events.ClientLag); "
-        "None: a point stored before the client measured it."
+        "None: a point stored before the client measured it.",
     )
 
 
