@@ -4,7 +4,8 @@ Starts the simulator's fixed-latency server (``python -m harness.sim.fixed``: ev
 gets exactly ``--ttft-ms`` to its first token and ``--itl-ms`` between tokens) and, per
 concurrency, drives it with kvbench's own load runner (:func:`harness.runs.load.run_load`, the
 same code ``kvbench sweep`` uses: multi-round sessions, one pooled aiohttp client) for a warm-up and
-a measured window. It prints, per concurrency:
+a measured window, through :mod:`harness.runs.selftest` (what ``kvbench selftest client`` runs, which
+also reports added ITL and CPU per stream). It prints, per concurrency:
 
 * kvbench's measured-minus-true TTFT (p50, p90, p99, max) over the window's requests;
 * the server's own lateness (first token written minus first token due, from the server's
@@ -27,16 +28,9 @@ This is a benchmark, not a test: it asserts nothing and prints figures.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -45,18 +39,12 @@ from rich.console import Console
 from rich.table import Table
 from vllm_bench import BenchServeFailed, bench_serve, vllm_python
 
-from harness.client.endpoint import Endpoint
-from harness.client.openai import OpenAIClient
-from harness.client.pool import ProcessClientPool, StreamingClient
-from harness.engines.process import free_port
-from harness.runs.load import LoadPlan, LoadWindow, RecordContext, run_load
+from harness.runs.selftest import Level, drive, fixed_server, run_loop, server_lateness_ns
 from harness.sim.fixed import MODEL_NAME
-from harness.sim.tokenizer import SimTokenizer
-from harness.store.records import RequestRecord
-from workloads.config import MultiUserQA
-from workloads.multi_user import MultiUserWorkload
 
 NS_PER_MS = 1_000_000
+PROMPT_TOKENS = 96
+"""Prompt length of kvbench's requests (``vllm bench serve``'s random dataset gets the same)."""
 
 
 @dataclass
@@ -88,67 +76,20 @@ class Row:
     vllm_note: str | None
 
 
-def workload_config(users: int, output_tokens: int) -> MultiUserQA:
-    return MultiUserQA.model_validate(
-        {
-            "kind": "multi_user_qa",
-            "users": users,
-            "rounds": 4,
-            "context_tokens": 64,
-            "question_tokens": 16,
-            "answer_tokens": output_tokens,
-            "think_time_s": 0,
-            "warmup_requests": 0,
-        }
-    )
-
-
-async def _drive(
-    base_url: str, users: int, output_tokens: int, warmup_s: float, duration_s: float, workers: int, use_uvloop: bool
-) -> tuple[list[RequestRecord], LoadWindow]:
-    config = workload_config(users, output_tokens)
-    workload = MultiUserWorkload(config, SimTokenizer(), seed=users)
-    await workload.prepare()
-    plan = LoadPlan(
-        mode="concurrency",
-        value=users,
-        warmup_s=warmup_s,
-        duration_s=duration_s,
-        ramp_up_s=min(warmup_s * 0.6, 3.0),
-        stagger_rounds=False,
-        drain_timeout_s=30.0,
-    )
-    records: list[RequestRecord] = []
-    endpoint = Endpoint(base_url=base_url, model=MODEL_NAME)
-    context = RecordContext(arm="client", attempt=0)
-    async with contextlib.AsyncExitStack() as stack:
-        client: StreamingClient
-        if workers > 1:
-            client = await stack.enter_async_context(
-                ProcessClientPool(
-                    endpoint, workers=workers, timeout_s=120.0, max_connections=users + 8, use_uvloop=use_uvloop
-                )
-            )
-        else:
-            client = await stack.enter_async_context(OpenAIClient(endpoint, timeout_s=120.0, max_connections=users + 8))
-        window = await run_load(client, workload, plan, context, on_record=records.append)
-    return records, window
-
-
 def run_kvbench(
     base_url: str, concurrency: int, workers: int, output_tokens: int, warmup_s: float, duration_s: float, uvloop_: bool
 ) -> tuple[list[float], float, int, tuple[int, int], int]:
     """TTFT samples (ms) of measured requests, request rate, max in flight, window, errors."""
-    if uvloop_:
-        import uvloop
-
-        records, window = uvloop.run(
-            _drive(base_url, concurrency, output_tokens, warmup_s, duration_s, workers, uvloop_)
-        )
-    else:
-        records, window = asyncio.run(
-            _drive(base_url, concurrency, output_tokens, warmup_s, duration_s, workers, uvloop_)
-        )
+    level = Level(
+        streams=concurrency,
+        workers=workers,
+        prompt_tokens=PROMPT_TOKENS,
+        output_tokens=output_tokens,
+        warmup_s=warmup_s,
+        duration_s=duration_s,
+        use_uvloop=uvloop_,
+    )
+    records, window = run_loop(drive(base_url, level), uvloop_)
     measured = [r for r in records if r.phase == "measure"]
     ttfts = [r.ttft_ns / NS_PER_MS for r in measured if r.ok and r.ttft_ns is not None]
     return (
@@ -161,16 +102,7 @@ def run_kvbench(
 
 
 def server_lateness(stats_dir: Path, window: tuple[int, int]) -> list[float]:
-    out = []
-    for path in stats_dir.glob("fixed-*.jsonl"):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                item = json.loads(line)
-            except ValueError:
-                continue  # a line being written
-            if window[0] <= item["received_ns"] <= window[1] and item["first_sent_ns"]:
-                out.append((item["first_sent_ns"] - item["first_due_ns"]) / NS_PER_MS)
-    return out
+    return [late / NS_PER_MS for late in server_lateness_ns(stats_dir, *window)]
 
 
 def run_vllm_bench(
@@ -193,7 +125,7 @@ def run_vllm_bench(
             endpoint="/v1/chat/completions",
             model=MODEL_NAME,
             tokenizer=tokenizer_dir,
-            input_args=("--random-input-len", "96"),
+            input_args=("--random-input-len", str(PROMPT_TOKENS)),
             output_tokens=output_tokens,
             prompts=prompts,
             concurrency=concurrency,
@@ -214,18 +146,6 @@ def run_vllm_bench(
         max=None,
     )
     return errors, None
-
-
-def wait_healthy(base_url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(base_url + "/health", timeout=1.0) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    raise SystemExit(f"the fixed-latency server at {base_url} did not become healthy")
 
 
 def _fmt(value: float | None) -> str:
@@ -251,24 +171,6 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="kvbench-client-capacity-"))
     stats_dir = work / "server-stats"
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    server_argv = [
-        sys.executable,
-        "-m",
-        "harness.sim.fixed",
-        "--port",
-        str(port),
-        "--ttft-ms",
-        str(args.ttft_ms),
-        "--itl-ms",
-        str(args.itl_ms),
-        "--workers",
-        str(args.server_workers),
-        "--stats-dir",
-        str(stats_dir),
-    ] + (["--uvloop"] if args.uvloop else [])
-    server = subprocess.Popen(server_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     python = None if args.no_vllm else vllm_python()
     tokenizer_dir = work / "tokenizer"
     if python is not None:
@@ -276,8 +178,9 @@ def main() -> None:
 
         synthesize_model_dir("tiny", tokenizer_dir)
     rows: list[Row] = []
-    try:
-        wait_healthy(base_url)
+    with fixed_server(args.ttft_ms, args.itl_ms, stats_dir, workers=args.server_workers, use_uvloop=args.uvloop) as (
+        base_url
+    ):
         for concurrency in levels:
             console.print(f"[bold]{concurrency} users[/]: kvbench …", highlight=False)
             ttfts, rate, in_flight, window, errors = run_kvbench(
@@ -303,12 +206,6 @@ def main() -> None:
             )
             if errors:
                 console.print(f"[yellow]{errors} kvbench requests failed at {concurrency} users[/]")
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
     table = Table(
         title=f"TTFT error = measured − true ({args.ttft_ms:g} ms; ITL {args.itl_ms:g} ms, "

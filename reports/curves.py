@@ -14,6 +14,7 @@ Where the sweep metered energy (``PointResult.energy``, :mod:`harness.results.en
 gains the GPUs' average watts, joules per generated token and per token (prompt + generated), and, for a
 concurrency sweep, users (agents) per kW, each header labelled ``simulated`` or ``NVML``
 (:func:`energy_columns`); :func:`energy_lines` says what the figures count and why a window has none.
+:func:`client_lines` prints, per point, how far behind its schedule the client fell (``PointResult.client``).
 
 The figures use matplotlib's object API (no pyplot global state) in the shared style of
 :mod:`reports.figures`; the HTML case study embeds the same two figures.
@@ -261,6 +262,26 @@ def energy_lines(result: SweepResult) -> list[str]:
     return lines
 
 
+def client_lines(result: SweepResult) -> list[str]:
+    """Per point, how far behind its schedule the client fell (``PointResult.client``; none for points stored
+    before the client measured it)."""
+    unit = "users" if result.mode == "concurrency" else "req/s"
+    lines = []
+    for arm in result.arms:
+        for p in result.arm_points(arm):
+            client = p.client
+            if client is None:
+                continue
+            slots = f"; {client.slot_waits} waited for a free session" if client.slot_waits else ""
+            lines.append(
+                f"Client @ {arm} {p.load:g} {unit}: send lag p50 {_f(client.send_lag_p50_ms)} / p99 "
+                f"{_f(client.send_lag_p99_ms)} / max {_f(client.send_lag_max_ms)} ms{slots}; event-loop delay p99 "
+                f"{_f(client.loop_delay_p99_ms)} ms; CPU {_f(client.cpu_fraction)} of a core (busiest of "
+                f"{len(client.processes)} process{'es' if len(client.processes) != 1 else ''})"
+            )
+    return lines
+
+
 def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
     unit = "users" if result.mode == "concurrency" else "req/s"
     header = [
@@ -450,6 +471,8 @@ def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Pat
         "",
         *(f"- {line}" for line in energy_lines(result)),
         *([""] if energy_lines(result) else []),
+        *(f"- {line}" for line in client_lines(result)),
+        *([""] if client_lines(result) else []),
         "## Capacity within the SLO",
         "",
         *(f"- {line}" for line in capacity_lines(result)),
@@ -484,7 +507,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
     caption = console_text(f"{_slo_text(result)}; {provenance}" if provenance else _slo_text(result))
     table = Table(title=f"{console_text(result.scenario_name)} — per load point", caption=caption)
     print_table(console, text_table(table, header, body))
-    for line in [*energy_lines(result), *capacity_lines(result)]:
+    for line in [*energy_lines(result), *client_lines(result), *capacity_lines(result)]:
         console.print(line, highlight=False, markup=False)
     a_header, a_body = analytical_rows(result)
     if a_body:

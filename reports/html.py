@@ -1059,6 +1059,7 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
         header, body = curves.points_rows(result)
         tables.append(TableView(header, body, [False] + [True] * (len(header) - 1), caption=f"{path}; {origin}"))
         notes.extend(curves.energy_lines(result))
+        notes.extend(curves.client_lines(result))
         notes.extend(curves.capacity_lines(result))
         for saving in result.savings:
             if saving.gpus_saved is None or saving.gpus_baseline is None or saving.gpus_arm is None:

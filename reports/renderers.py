@@ -103,9 +103,12 @@ def validity_lines(validity: Validity | None) -> list[str]:
     """The verdict and why, as plain text lines (empty for a valid run or one judged before the gates)."""
     if validity is None or validity.verdict == "valid":
         return []
+    client_only = bool(validity.findings) and all(f.gate == "client_limited" for f in validity.findings)
     what = {
         "failed": "the run did not measure: too many requests failed",
-        "inconclusive": "the engine's counters show turn 2 did not measure what the scenario claims",
+        "inconclusive": "the client fell behind its own schedule, so the latencies include its backlog"
+        if client_only
+        else "the engine's counters show turn 2 did not measure what the scenario claims",
     }[validity.verdict]
     lines = [f"Verdict: {VERDICT_TITLES[validity.verdict]} (exit {validity.exit_code}) -- {what}"]
     return lines + [f"- {finding.message}" for finding in validity.findings]

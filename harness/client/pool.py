@@ -11,18 +11,21 @@ monotonic clock, so they compare with the caller's own timestamps.
 
 The pool has the ``chat``/``completion`` interface of the client (:class:`StreamingClient`), so
 :func:`harness.runs.load.run_load` takes either. Requests go to the worker with the fewest in
-flight. A worker that dies fails its requests with :class:`ClientPoolError`.
+flight. A worker that dies fails its requests with :class:`ClientPoolError`. Each worker runs a
+:class:`~harness.client.fidelity.LoopMonitor`, so :meth:`ProcessClientPool.loop_lag` can say how far behind each
+worker's loop fell over a window.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 from common.errors import KvbenchError
 
 from .endpoint import Endpoint
+from .fidelity import LoopLag, LoopMonitor
 from .openai import OpenAIClient, RequestOutcome
 
 START_TIMEOUT_S = 60.0
@@ -69,6 +73,7 @@ class _Worker:
     process: BaseProcess
     conn: Connection
     pending: dict[int, asyncio.Future[RequestOutcome]] = field(default_factory=dict)
+    lag_pending: dict[int, asyncio.Future[LoopLag]] = field(default_factory=dict)
     dead: bool = False
 
 
@@ -125,7 +130,7 @@ class ProcessClientPool:
                 ready = await loop.run_in_executor(None, worker.conn.poll, START_TIMEOUT_S)
                 if not ready or worker.conn.recv() != ("ready", worker.process.pid):
                     raise ClientPoolError(f"client worker {worker.process.pid} did not start")
-                loop.add_reader(worker.conn.fileno(), self._on_readable, worker)
+                _watch(loop, worker.conn, functools.partial(self._on_readable, worker))
         except BaseException:
             await self.close()
             raise
@@ -200,13 +205,36 @@ class ProcessClientPool:
                     worker.conn.send(("cancel", request_id))
             raise
 
+    async def loop_lag(self, start_ns: int, end_ns: int) -> list[LoopLag]:
+        """Each running worker's event-loop delay and CPU use over [start_ns, end_ns] (monotonic ns)."""
+        loop = asyncio.get_running_loop()
+        asked: list[asyncio.Future[LoopLag]] = []
+        for worker in self._workers:
+            if worker.dead:
+                continue
+            request_id = next(self._ids)
+            future: asyncio.Future[LoopLag] = loop.create_future()
+            worker.lag_pending[request_id] = future
+            try:
+                worker.conn.send(("lag", request_id, start_ns, end_ns))
+            except (OSError, ValueError) as error:
+                self._fail(worker, f"cannot reach client worker: {error}")
+                continue
+            asked.append(future)
+        return list(await asyncio.gather(*asked))
+
     def _on_readable(self, worker: _Worker) -> None:
         try:
             while worker.conn.poll():
-                request_id, outcome = worker.conn.recv()
+                request_id, answer = worker.conn.recv()
+                if isinstance(answer, LoopLag):
+                    lag = worker.lag_pending.pop(request_id, None)
+                    if lag is not None and not lag.done():
+                        lag.set_result(answer)
+                    continue
                 future = worker.pending.pop(request_id, None)
                 if future is not None and not future.done():
-                    future.set_result(outcome)
+                    future.set_result(answer)
         except (EOFError, OSError):
             with contextlib.suppress(OSError, ValueError):
                 asyncio.get_running_loop().remove_reader(worker.conn.fileno())
@@ -217,7 +245,19 @@ class ProcessClientPool:
         for future in worker.pending.values():
             if not future.done():
                 future.set_exception(ClientPoolError(reason))
+        for lag in worker.lag_pending.values():
+            if not lag.done():
+                lag.set_exception(ClientPoolError(reason))
         worker.pending.clear()
+        worker.lag_pending.clear()
+
+
+def _watch(loop: asyncio.AbstractEventLoop, conn: Connection, callback: Callable[[], None]) -> None:
+    """Call ``callback`` when ``conn`` has data, keeping its socket blocking: uvloop's ``add_reader`` makes it
+    non-blocking, and then ``recv`` of a message larger than what has arrived (a 32k-token prompt is ~160 kB)
+    fails half-read instead of waiting for the rest."""
+    loop.add_reader(conn.fileno(), callback)
+    os.set_blocking(conn.fileno(), True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,9 +290,12 @@ async def _serve(
     tasks: dict[int, asyncio.Task[Any]] = {}
     stopped = asyncio.Event()
 
-    async with OpenAIClient(
-        endpoint, timeout_s=timeout_s, read_timeout_s=stall_timeout_s, max_connections=max_connections
-    ) as client:
+    async with (
+        LoopMonitor("worker") as monitor,
+        OpenAIClient(
+            endpoint, timeout_s=timeout_s, read_timeout_s=stall_timeout_s, max_connections=max_connections
+        ) as client,
+    ):
 
         async def run(request_id: int, kind: str, body: Any, max_tokens: int, ignore_eos: bool, extra: Any) -> None:
             if kind == "chat":
@@ -270,6 +313,10 @@ async def _serve(
                     if message[0] == "stop":
                         stopped.set()
                         return
+                    if message[0] == "lag":
+                        _, lag_id, start_ns, end_ns = message
+                        conn.send((lag_id, monitor.over(start_ns, end_ns)))
+                        continue
                     if message[0] == "cancel":
                         task = tasks.pop(message[1], None)
                         if task is not None:
@@ -280,7 +327,7 @@ async def _serve(
             except (EOFError, OSError):
                 stopped.set()  # the parent went away
 
-        loop.add_reader(conn.fileno(), on_readable)
+        _watch(loop, conn, on_readable)
         conn.send(("ready", os.getpid()))
         await stopped.wait()
         loop.remove_reader(conn.fileno())

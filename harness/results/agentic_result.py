@@ -99,7 +99,7 @@ class AgenticResult(ResultHeader):
     """Everything an agentic sweep measured."""
 
     FILE_NAME: ClassVar[str] = "agentic.json"
-    schema_version: Literal[2] = 2  # 2: provenance
+    schema_version: Literal[3] = 3  # 2: provenance; 3: point.client (the sweep metrics' client lag)
     engine_kind: str
     model: str | None = None
     hardware: str | None = None

@@ -26,7 +26,7 @@ from .header import header_fields, with_provenance
 from .points import errors_by_kind, stored_grid
 from .sweep_metrics import point_result
 from .sweep_result import SloLimits, SweepResult
-from .validity import judge_errors, with_engines_down
+from .validity import judge_errors, with_client_limited, with_engines_down
 
 
 def _mean_question_tokens(config: MultiUserQA, seed: int, sessions: int = 400) -> float:
@@ -63,6 +63,7 @@ def aggregate_sweep(
         question_tokens_mean=_mean_question_tokens(config, scenario.seed),
     )
     counts = grid.counts(results)
+    errors = judge_errors(counts.measured, counts.ok, errors_by_kind(results), scenario.validity.max_error_rate)
     return SweepResult(
         **header_fields(run_id, scenario.name),
         engine_kind=engine.kind,
@@ -81,7 +82,7 @@ def aggregate_sweep(
         analytical=report.comparisons,
         analytical_notes=report.notes,
         requests=counts,
-        validity=judge_errors(counts.measured, counts.ok, errors_by_kind(results), scenario.validity.max_error_rate),
+        validity=with_client_limited(errors, results, scenario.validity),
     )
 
 

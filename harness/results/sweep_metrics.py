@@ -451,6 +451,7 @@ def point_result(data: PointData, *, mode: Literal["concurrency", "qps"]) -> Poi
             "sessions": done.sessions,
             "meets_slo": meets_slo(data),
             "energy": point_energy(data, mode=mode),
+            "client": done.client,
             **values,
         }
     )

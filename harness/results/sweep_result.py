@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
+from harness.store.events import ClientLag
 from offload.analytical import Prediction, Regime
 
 from .energy import EnergySample
@@ -88,6 +89,11 @@ class PointResult(Frozen):
         default=None,
         description="The GPUs' energy over the window, per token and per kW (harness.results.energy); None: "
         "a run that metered none.",
+    )
+    client: ClientLag | None = Field(
+        default=None,
+        description="How far behind its schedule the client fell over the window (harness.store.events.ClientLag); "
+        "None: a point stored before the client measured it.",
     )
 
 
@@ -214,7 +220,7 @@ class SweepCounts(Frozen):
 class SweepResult(ResultHeader):
     FILE_NAME: ClassVar[str] = "sweep.json"
     """Everything the sweep reports need, aggregated from records.jsonl and points.jsonl."""
-    schema_version: Literal[2] = 2  # 2: provenance
+    schema_version: Literal[3] = 3  # 2: provenance; 3: points[].client
 
     engine_kind: str
     model: str

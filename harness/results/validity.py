@@ -35,6 +35,11 @@ offload tier, must say so instead of printing a table (issue 11). Gates, over th
   salts) are not judged: their warm start is what they measure;
 * ``engine_died`` (FAILED): in the run's last attempt an arm's engine process exited, or its endpoint refused
   connections, and the arm ended there (``engine_events.jsonl``); a later attempt that finishes the arm clears it.
+* ``client_limited`` (INCONCLUSIVE): a load point whose client fell behind its own schedule
+  (:class:`~harness.store.events.ClientLag`, :func:`with_client_limited`): a sending process's event-loop delay p99
+  over ``validity.max_client_loop_delay_ms``, send lag p99 over ``validity.max_client_send_lag_ms``, or a
+  process using at least ``validity.max_client_cpu`` of one core. Points stored without the client's figures are
+  not judged.
 
 Cells without ``/metrics`` counters are not judged by the cache gates (no evidence either way).
 """
@@ -44,10 +49,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 
 from harness.scenario.flags import tier_declaration
-from harness.scenario.spec import Scenario
+from harness.scenario.spec import Scenario, ValiditySpec
 from harness.store.events import EngineDown
 
 from .run_result import BetweenTurnsMethod, CacheStats, RequestCounts, TtftCell
+from .sweep_result import PointResult
 from .verdict import Finding, Validity, verdict_of
 
 RESETTING_MODES = frozenset({"reset_prefix_cache", "disable_prefix_cache", "auto"})
@@ -282,6 +288,51 @@ def with_reset_unavailable(
     if not findings and judged == validity.findings:
         return validity
     every = [*judged, *findings]
+    return validity.model_copy(update={"findings": every, "verdict": verdict_of(every)})
+
+
+def client_limits(point: PointResult, spec: ValiditySpec) -> list[str]:
+    """Why the client limited ``point``, each with its figure and limit (empty: it kept up, or was not measured)."""
+    client = point.client
+    if client is None:
+        return []
+    reasons: list[str] = []
+    delay = client.loop_delay_p99_ms
+    if delay is not None and delay > spec.max_client_loop_delay_ms:
+        reasons.append(f"event-loop delay p99 {delay:.0f} ms > {spec.max_client_loop_delay_ms:g} ms")
+    lag = client.send_lag_p99_ms
+    if lag is not None and lag > spec.max_client_send_lag_ms:
+        # a wait for a free session is part of the send lag: name it, it is fixed by another setting
+        slots = (
+            f" ({client.slot_waits} arrivals waited for a free session, p99 {client.slot_wait_p99_ms or 0:.0f} ms: "
+            "raise sweep.max_active_users)"
+            if client.slot_waits
+            else ""
+        )
+        reasons.append(f"send lag p99 {lag:.0f} ms > {spec.max_client_send_lag_ms:g} ms{slots}")
+    cpu = client.cpu_fraction
+    if cpu is not None and cpu >= spec.max_client_cpu:
+        reasons.append(f"a client process used {cpu:.2f} of a core >= {spec.max_client_cpu:g}")
+    return reasons
+
+
+def with_client_limited(validity: Validity, points: Sequence[PointResult], spec: ValiditySpec) -> Validity:
+    """``validity`` with a ``client_limited`` finding for each load point the client limited."""
+    findings: list[Finding] = []
+    for point in points:
+        reasons = client_limits(point, spec)
+        if reasons:
+            unit = "users" if point.mode == "concurrency" else "req/s"
+            findings.append(
+                Finding(
+                    gate="client_limited",
+                    arm=point.arm,
+                    message=f"{point.arm} @ {point.load:g} {unit}: client-limited: {'; '.join(reasons)}",
+                )
+            )
+    if not findings:
+        return validity
+    every = [*validity.findings, *findings]
     return validity.model_copy(update={"findings": every, "verdict": verdict_of(every)})
 
 

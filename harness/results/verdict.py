@@ -36,6 +36,7 @@ GateName = Literal[
     "engine_died",
     "reset_unavailable",
     "warm_turn1",
+    "client_limited",
 ]
 FAILING_GATES: frozenset[str] = frozenset({"no_success", "error_rate", "engine_died"})
 """Gates that make the run ``failed``; the others make it ``inconclusive``."""

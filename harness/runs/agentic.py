@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from harness.client.fidelity import LoopMonitor
 from harness.client.openai import RequestOutcome
 from harness.results.agentic import agentic_result_of
 from harness.results.agentic_result import AgenticResult
@@ -181,7 +182,8 @@ class _AgentDriver(_Driver):
 
     async def _call(self, call: AgentCall, parent_sent_ns: int | None) -> int | None:
         """Wait until the call is due, send it, record it; when it was sent, or None when it failed."""
-        start_ns = parent_sent_ns if call.gap_from_send and parent_sent_ns is not None else time.monotonic_ns()
+        answered_ns = time.monotonic_ns()  # the parent's answer is in (or there is none)
+        start_ns = parent_sent_ns if call.gap_from_send and parent_sent_ns is not None else answered_ns
         due_ns = start_ns + int(call.pause_s * NS)
         if due_ns > time.monotonic_ns():
             await self.pause_until(due_ns)
@@ -198,6 +200,8 @@ class _AgentDriver(_Driver):
             lambda: self._emit(call, phase, _cancelled(now)),
         )
         self._emit(call, phase, outcome)
+        # a call due before its parent answered could not leave before the answer: that wait is not the client's
+        self.sent_late(outcome.started_ns, max(due_ns, answered_ns), self.window_start_ns)
         if self.backoff is None:
             self.backoff = RefusedBackoff(seed=self.first_session)
         wait_s = self.backoff.after(outcome)
@@ -228,5 +232,6 @@ class _AgentDriver(_Driver):
         self.start_ns = time.monotonic_ns()
         self.window_start_ns = self.start_ns + int(config.warmup_s * NS)
         self.planned_end_ns = self.window_start_ns + int(config.window_s * NS)
-        await self.drive(None, on_tick, TICK_S)
-        return self.window(self.window_start_ns)
+        async with LoopMonitor("runner") as monitor:
+            await self.drive(None, on_tick, TICK_S)
+        return await self.judged_window(self.window_start_ns, monitor, self.arm_session)

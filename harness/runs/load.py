@@ -28,6 +28,10 @@ Timeline (all ``time.monotonic_ns()``)::
   rate), ``warmup`` before it. Nothing is sent
   after ``window_end`` (or once ``stop`` is set); requests in flight then have ``drain_timeout_s``
   to finish, after which they are cancelled and recorded as ``timeout`` errors.
+* The window's :class:`~harness.store.events.ClientLag` says how far behind its schedule the client fell: the
+  send lag of each request sent in the window (sent − due: an arrival's scheduled time, or a user's previous
+  answer plus its think time), open-loop waits for a free session, and every sending process's event-loop delay
+  and CPU use (:mod:`harness.client.fidelity`; a client pool's workers report their own).
 
 :func:`run_schedule` drives a fixed list of requests instead (a trace replay): each at its own
 time (open loop, never waiting for earlier answers) or ``concurrency`` at a time (closed loop),
@@ -39,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -46,10 +51,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.client.fidelity import LagReporting, LoopMonitor
 from harness.client.openai import RequestOutcome
 from harness.client.pool import StreamingClient
 from harness.client.router import routing_key
 from harness.scenario.spec import SweepSpec
+from harness.store.events import ClientLag
 from harness.store.records import Phase, RequestRecord
 from workloads.multi_user import MultiUserWorkload, Prompt, Session, stream
 
@@ -162,6 +169,8 @@ class LoadWindow:
     late_arrivals: int
     cancelled: int
     """Requests still running at the end of the drain, cancelled and recorded as errors."""
+    client: ClientLag | None = None
+    """How far behind its schedule the client fell in the window (None: a driver that does not measure it)."""
 
     @property
     def window_s(self) -> float:
@@ -196,6 +205,10 @@ class _Driver:
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     failure: BaseException | None = None
+    send_lags_ns: list[int] = field(default_factory=list)
+    """started_ns − due_ns of the requests sent in the window."""
+    slot_waits_ns: list[int] = field(default_factory=list)
+    """Open-loop arrivals of the window that waited for a free session: how long."""
 
     @property
     def drain_timeout(self) -> float:
@@ -268,6 +281,21 @@ class _Driver:
             self.counters.errors += 1
         assert self.on_record is not None
         self.on_record(record)
+
+    def sent_late(self, started_ns: int, due_ns: int, window_start_ns: int) -> None:
+        """Count a request's send lag when it was sent in the window (whichever window it was due in)."""
+        if started_ns >= window_start_ns:
+            self.send_lags_ns.append(max(0, started_ns - due_ns))
+
+    async def judged_window(self, window_start_ns: int, monitor: LoopMonitor, sender: object) -> LoadWindow:
+        """:meth:`window` with the client's lag over it: this process's loop (``monitor``) and, when ``sender`` (what
+        sent the requests) is a client pool, its workers'."""
+        window = self.window(window_start_ns)
+        start, end = window.window_start_ns, window.window_end_ns
+        loops = [monitor.over(start, end)]
+        if isinstance(sender, LagReporting):
+            loops += await sender.loop_lag(start, end)
+        return dataclasses.replace(window, client=ClientLag.of(self.send_lags_ns, self.slot_waits_ns, loops))
 
     def window(self, window_start_ns: int) -> LoadWindow:
         """The window this driver ran, once sending has stopped: its edges and counters."""
@@ -359,8 +387,8 @@ class _Runner(_Driver):
         self.counters.sessions += 1
         return session
 
-    async def send(self, session: Session, scheduled_ns: int | None = None) -> RequestOutcome:
-        """Send the session's next round, record it, and keep the answer."""
+    async def send(self, session: Session, due_ns: int, scheduled_ns: int | None = None) -> RequestOutcome:
+        """Send the session's next round (due at ``due_ns``), record it, and keep the answer."""
         if self.stopping:
             raise _Stopped
         prompt = session.prompt()
@@ -373,6 +401,7 @@ class _Runner(_Driver):
             lambda: self._emit(session, prompt, phase, _cancelled(now), scheduled_ns),
         )
         self._emit(session, prompt, phase, outcome, scheduled_ns)
+        self.sent_late(outcome.started_ns, due_ns, self.window_start_ns)
         if outcome.ok:
             session.record_answer(outcome.text)
         return outcome
@@ -412,7 +441,8 @@ class _Runner(_Driver):
 
     # -- closed loop ------------------------------------------------------------------------
     async def user_slot(self, slot: int, users: int) -> None:
-        await self.pause_until(self.start_ns + int(slot * self.plan.ramp_up_s * NS / users))
+        due = self.start_ns + int(slot * self.plan.ramp_up_s * NS / users)
+        await self.pause_until(due)
         staggered = self.plan.stagger_rounds
         backoff = RefusedBackoff(seed=self.plan.seed * 1_000_003 + slot)
         while not self.stopping:
@@ -420,15 +450,20 @@ class _Runner(_Driver):
             staggered = False
             while not session.done:
                 round_ = session.next_round
-                outcome = await self.send(session)
+                outcome = await self.send(session, due)
+                # the user is due again when its answer's last byte arrived (plus its waits): time this loop
+                # spends before sending again is the client's, not the user's
+                due = _answered_ns(outcome)
                 wait_s = backoff.after(outcome)
                 if wait_s > 0:
-                    await self.pause_until(time.monotonic_ns() + int(wait_s * NS))
+                    due += int(wait_s * NS)
+                    await self.pause_until(due)
                 if not outcome.ok:
                     break  # a failed round: later rounds would not measure a returning user
                 think = session.think_after(round_)
                 if not session.done and think > 0:
-                    await self.pause_until(time.monotonic_ns() + int(think * NS))
+                    due += int(think * NS)
+                    await self.pause_until(due)
 
     # -- open loop --------------------------------------------------------------------------
     async def arrivals(self) -> None:
@@ -449,7 +484,7 @@ class _Runner(_Driver):
         async def one_request(session: Session, scheduled_ns: int) -> None:
             nonlocal active
             round_ = session.next_round
-            outcome = await self.send(session, scheduled_ns)
+            outcome = await self.send(session, scheduled_ns, scheduled_ns)
             if not outcome.ok or session.done:
                 active -= 1
                 wake.set()
@@ -465,7 +500,8 @@ class _Runner(_Driver):
             gap = rng.expovariate(plan.value) if plan.arrival == "poisson" else 1.0 / plan.value
             due += int(gap * NS)
             await self.pause_until(due)
-            if not ready and active >= plan.max_active_users:
+            waits = not ready and active >= plan.max_active_users
+            if waits:
                 self.counters.late += 1
             while not ready and active >= plan.max_active_users:
                 wake.clear()
@@ -473,6 +509,8 @@ class _Runner(_Driver):
                     await asyncio.wait_for(wake.wait(), 1.0)
                 if self.stopping:
                     raise _Stopped
+            if waits and due >= self.window_start_ns:
+                self.slot_waits_ns.append(time.monotonic_ns() - due)
             if ready:
                 session = ready.popleft()
             else:
@@ -488,8 +526,9 @@ class _Runner(_Driver):
         self.window_start_ns = self.start_ns + int(plan.warmup_s * NS)
         if plan.duration_s is not None:
             self.planned_end_ns = self.window_start_ns + int(plan.duration_s * NS)
-        await self.drive(stop, on_tick, tick_s)
-        return self.window(self.window_start_ns)
+        async with LoopMonitor("runner") as monitor:
+            await self.drive(stop, on_tick, tick_s)
+        return await self.judged_window(self.window_start_ns, monitor, self.client)
 
 
 async def _ticker(on_tick: Callable[[int], None], tick_s: float) -> None:
@@ -498,6 +537,11 @@ async def _ticker(on_tick: Callable[[int], None], tick_s: float) -> None:
         await asyncio.sleep(max(0.0, (next_ns - time.monotonic_ns()) / NS))
         on_tick(time.monotonic_ns())
         next_ns += int(tick_s * NS)
+
+
+def _answered_ns(outcome: RequestOutcome) -> int:
+    """When a request's answer ended (its last byte, or its failure)."""
+    return outcome.started_ns + outcome.e2e_ns if outcome.e2e_ns is not None else time.monotonic_ns()
 
 
 def _cancelled(started_ns: int) -> RequestOutcome:

@@ -327,6 +327,26 @@ class ValiditySpec(StrictModel):
         "run whose prompts are its own (workload.prompt_salt: per_run) before the run is INCONCLUSIVE (exit 3): "
         "only the shared system prompt and chat template may hit (the simulator's 50-token turn 1: about 14 %).",
     )
+    max_client_loop_delay_ms: float = Field(
+        default=25.0,
+        gt=0,
+        description="Most event-loop delay p99 (ms) of any process sending a load point's requests before the point "
+        "is client-limited and the sweep INCONCLUSIVE (exit 3): a loop that wakes this late adds its backlog to "
+        "the latencies it measures.",
+    )
+    max_client_send_lag_ms: float = Field(
+        default=50.0,
+        gt=0,
+        description="Most send lag p99 (ms: a request sent after it was due, its scheduled arrival or its user's "
+        "previous answer plus think time) of a load point before it is client-limited (INCONCLUSIVE, exit 3).",
+    )
+    max_client_cpu: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Most share of one core (CPU time / wall time over the window) any single-loop client process "
+        "may use in a load point before it is client-limited (INCONCLUSIVE, exit 3).",
+    )
 
 
 class OutputSpec(StrictModel):

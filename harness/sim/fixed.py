@@ -10,7 +10,9 @@ known latency at any load. This server answers ``POST /v1/chat/completions`` and
   ``itl``, ``max_tokens`` tokens in all (EOS is never produced early), each token the word
   `` tok``;
 * a usage block (prompt tokens counted with the simulator's tokenizer), so clients that ask for
-  ``stream_options.include_usage`` get one.
+  ``stream_options.include_usage`` get one; with ``count_prompt_tokens`` off (``--no-usage``) none: counting a
+  32k-token prompt costs the server about 20 ms of CPU, so a client test at long prompts and many streams would
+  otherwise measure the server's tokenizer.
 
 Every event is scheduled on absolute deadlines (``received + ttft + i·itl``), so a late wake-up
 does not push later tokens back. With ``stats_dir`` each worker appends one JSON line per request
@@ -53,6 +55,8 @@ class FixedLatency:
     itl_s: float
     default_max_tokens: int = 16
     model: str = MODEL_NAME
+    count_prompt_tokens: bool = True
+    """Count each prompt's tokens for a usage block; off: no usage block, no tokenizing."""
 
     def __post_init__(self) -> None:
         if self.ttft_s < 0 or self.itl_s < 0:
@@ -110,10 +114,12 @@ class FixedServer:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
             return _error(400, "'messages' must be a list of message objects")
-        try:
-            prompt_tokens = len(self.tokenizer.encode_sync(apply_chat_template(messages)))
-        except ValueError as error:
-            return _error(400, str(error))
+        prompt_tokens: int | None = None
+        if self.latency.count_prompt_tokens:
+            try:
+                prompt_tokens = len(self.tokenizer.encode_sync(apply_chat_template(messages)))
+            except ValueError as error:
+                return _error(400, str(error))
         return await self._answer(request, body, received, prompt_tokens, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -122,8 +128,10 @@ class FixedServer:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
+        prompt_tokens: int | None = None
         if isinstance(prompt, str):
-            prompt_tokens = len(self.tokenizer.encode_sync(prompt))
+            if self.latency.count_prompt_tokens:
+                prompt_tokens = len(self.tokenizer.encode_sync(prompt))
         elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             prompt_tokens = len(prompt)
         else:
@@ -131,7 +139,7 @@ class FixedServer:
         return await self._answer(request, body, received, prompt_tokens, chat=False)
 
     async def _answer(
-        self, request: web.Request, body: Mapping[str, Any], received: int, prompt_tokens: int, *, chat: bool
+        self, request: web.Request, body: Mapping[str, Any], received: int, prompt_tokens: int | None, *, chat: bool
     ) -> web.StreamResponse:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or self.latency.default_max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -140,11 +148,15 @@ class FixedServer:
         first_due = received + int(self.latency.ttft_s * NS)
         itl_ns = int(self.latency.itl_s * NS)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": max_tokens,
-            "total_tokens": prompt_tokens + max_tokens,
-        }
+        usage = (
+            None
+            if prompt_tokens is None
+            else {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": max_tokens,
+                "total_tokens": prompt_tokens + max_tokens,
+            }
+        )
         if not body.get("stream"):
             await _sleep_until(first_due + (max_tokens - 1) * itl_ns)
             self.tokens += max_tokens
@@ -161,11 +173,11 @@ class FixedServer:
                     "object": "chat.completion" if chat else "text_completion",
                     "model": self.latency.model,
                     "choices": [choice],
-                    "usage": usage,
+                    **({"usage": usage} if usage is not None else {}),
                 }
             )
         options = body.get("stream_options")
-        include_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+        include_usage = isinstance(options, Mapping) and bool(options.get("include_usage")) and usage is not None
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -186,7 +198,13 @@ class FixedServer:
                 self.tokens += 1
             tail = b"data: " + head + last + b"\n\n"
             if include_usage:
-                payload = {"id": request_id, "object": kind, "model": self.latency.model, "choices": [], "usage": usage}
+                payload: dict[str, object] = {
+                    "id": request_id,
+                    "object": kind,
+                    "model": self.latency.model,
+                    "choices": [],
+                    "usage": usage,
+                }
                 tail += b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
             await response.write(tail + b"data: [DONE]\n\n")
             await response.write_eof()
@@ -279,8 +297,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="Server processes sharing the port.")
     parser.add_argument("--stats-dir", type=Path, default=None, help="Write per-request server timings here.")
     parser.add_argument("--uvloop", action="store_true", help="Run each worker on uvloop.")
+    parser.add_argument("--no-usage", action="store_true", help="Count no prompt tokens; send no usage block.")
     args = parser.parse_args(argv)
-    latency = FixedLatency(args.ttft_ms / 1e3, args.itl_ms / 1e3, args.default_max_tokens, args.model)
+    latency = FixedLatency(
+        args.ttft_ms / 1e3,
+        args.itl_ms / 1e3,
+        args.default_max_tokens,
+        args.model,
+        count_prompt_tokens=not args.no_usage,
+    )
     serve(
         latency, host=args.host, port=args.port, workers=args.workers, stats_dir=args.stats_dir, use_uvloop=args.uvloop
     )

@@ -5,7 +5,7 @@
 * :class:`MetricsDelta` (``engine_metrics.jsonl``): the engine's ``/metrics`` counter deltas over
   one turn of one group, keyed by metric tag (tokens or queries, as counted by the engine).
 * :class:`PointDone` (``points.jsonl``): a sweep's load point finished, with its window edges
-  (monotonic ns) and counters.
+  (monotonic ns), counters and the client's own lag (:class:`ClientLag`).
 * :class:`ReplicaCounters` (``replica_metrics.jsonl``): fleets only -- every replica's cumulative
   cache counters at each scrape (probe turns, load-point edges, soak intervals), so per-replica
   deltas come from the stored files alone.
@@ -23,15 +23,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.client.fidelity import LoopLag, percentile_ns
 from harness.client.power import EnergyWindow
 
 GroupKey = tuple[str, int, int]
 """(arm, repetition, context_tokens)"""
 NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
 ENGINE_RESTARTS = "engine_restarts"
 """The :class:`MetricsDelta` value counting engine restarts seen since the previous scrape of the arm."""
 
@@ -92,6 +95,82 @@ class EngineDown(Frozen):
     )
 
 
+class ProcessLag(Frozen):
+    """One client process over a load point's window (:class:`harness.client.fidelity.LoopMonitor`'s ticks)."""
+
+    pid: int
+    role: Literal["runner", "worker"] = Field(
+        description="runner: the process that runs the sessions (and, without a client pool, sends); worker: a "
+        "client pool's process that sends requests."
+    )
+    ticks: int = Field(description="Monitor ticks (every 10 ms) inside the window.")
+    loop_delay_p99_ms: float | None = Field(description="p99 of how late a tick woke (ms): the event loop's backlog.")
+    loop_delay_max_ms: float | None
+    cpu_fraction: float | None = Field(description="Process CPU time / wall time over the window: share of one core.")
+
+    @classmethod
+    def of(cls, lag: LoopLag) -> ProcessLag:
+        return cls(
+            pid=lag.pid,
+            role=lag.role,
+            ticks=lag.ticks,
+            loop_delay_p99_ms=None if lag.delay_p99_ns is None else lag.delay_p99_ns / NS_PER_MS,
+            loop_delay_max_ms=None if lag.delay_max_ns is None else lag.delay_max_ns / NS_PER_MS,
+            cpu_fraction=lag.cpu_fraction,
+        )
+
+
+class ClientLag(Frozen):
+    """How far behind its own schedule the client fell over one load point's window (ms; nearest-rank
+    percentiles).
+
+    * send lag, per request sent inside the window: ``started_ns − due_ns``, where ``due_ns`` is an open-loop
+      arrival's scheduled time, or a closed-loop user's previous answer's last byte plus its think time (its
+      ramp-up start for the first request): whatever kept the request from leaving on time (a busy loop, a slot,
+      building the prompt);
+    * slot wait, per open-loop arrival that found ``max_active_users`` sessions busy: from its scheduled time until
+      a session was free (a concurrency budget too small for the rate);
+    * per process (``processes``): event-loop delay and CPU use (:class:`ProcessLag`).
+    """
+
+    send_lag_n: int = Field(description="Requests sent inside the window (their send lag is counted).")
+    send_lag_p50_ms: float | None
+    send_lag_p99_ms: float | None
+    send_lag_max_ms: float | None
+    slot_waits: int = Field(description="Open-loop arrivals in the window that waited for a free session.")
+    slot_wait_p99_ms: float | None = Field(description="p99 of those waits (None: none waited).")
+    slot_wait_max_ms: float | None
+    processes: list[ProcessLag]
+
+    @classmethod
+    def of(cls, send_lags_ns: Sequence[int], slot_waits_ns: Sequence[int], loops: Sequence[LoopLag]) -> ClientLag:
+        def ms(values: Sequence[int], q: float) -> float | None:
+            return percentile_ns(values, q) / NS_PER_MS if values else None
+
+        return cls(
+            send_lag_n=len(send_lags_ns),
+            send_lag_p50_ms=ms(send_lags_ns, 50),
+            send_lag_p99_ms=ms(send_lags_ns, 99),
+            send_lag_max_ms=ms(send_lags_ns, 100),
+            slot_waits=len(slot_waits_ns),
+            slot_wait_p99_ms=ms(slot_waits_ns, 99),
+            slot_wait_max_ms=ms(slot_waits_ns, 100),
+            processes=[ProcessLag.of(loop) for loop in loops],
+        )
+
+    @property
+    def loop_delay_p99_ms(self) -> float | None:
+        """The worst process's event-loop delay p99 (ms)."""
+        values = [p.loop_delay_p99_ms for p in self.processes if p.loop_delay_p99_ms is not None]
+        return max(values) if values else None
+
+    @property
+    def cpu_fraction(self) -> float | None:
+        """The busiest process's share of one core."""
+        values = [p.cpu_fraction for p in self.processes if p.cpu_fraction is not None]
+        return max(values) if values else None
+
+
 class PointDone(Frozen):
     """A progress event (``points.jsonl``): one load point of one arm finished in this attempt."""
 
@@ -114,6 +193,8 @@ class PointDone(Frozen):
     """Engine /metrics counter deltas over the window (tag -> value), when the engine has /metrics."""
     energy: EnergyWindow | None = None
     """The GPUs' energy over the window (:mod:`harness.client.power`); None: written before energy was metered."""
+    client: ClientLag | None = None
+    """How far behind its schedule the client fell over the window; None: written before the client measured it."""
 
     @property
     def key(self) -> tuple[str, int]:

@@ -2,7 +2,7 @@
 
 One module per command group: :mod:`.runs` (run, sweep, soak, replay, report), :mod:`.gate` (compare,
 playbook), :mod:`.scenarios` (validate, scenarios), :mod:`.schema`, :mod:`.sim`, :mod:`.trace`, :mod:`.model`,
-:mod:`.offload`; options several commands share are defined once in :mod:`.options`.
+:mod:`.offload`, :mod:`.selftest`; options several commands share are defined once in :mod:`.options`.
 Heavy modules (pandas, aiohttp, engines) are imported inside the commands so ``kvbench --help``
 stays fast.
 """
@@ -20,6 +20,7 @@ from .console import console
 from .model import model_app
 from .offload import offload_app
 from .options import command_group
+from .selftest import selftest_app
 from .sim import sim_app
 from .trace import trace_app
 
@@ -48,3 +49,4 @@ app.add_typer(model_app, name="model", help="Hub-free model directories for dumm
 app.add_typer(offload_app, name="offload", help="Offload tiers: probe a storage path.")
 app.add_typer(gate.playbook_app, name="playbook", help="The rollout playbook: where the team stands, what is next.")
 app.add_typer(trace_app, name="trace", help="Request traces: stats (the cache ceiling) and synth.")
+app.add_typer(selftest_app, name="selftest", help="Measure kvbench itself: the latency its client adds.")
