@@ -28,6 +28,17 @@ ahead of its clock. The source credits busy time no faster than it elapses (at m
 between readings, ``R`` = replicas = GPUs / tp), carrying the rest into the next interval: totals are kept and
 no window draws more than ``tdp_w`` per GPU.
 
+**Fitted on NVML** (where the calibration in use has ``power``, :class:`~harness.sim.calibration.PowerFit`,
+fitted by ``kvbench sim calibrate-power``: the shipped 8B H200 eager one; every other deployment keeps the
+datasheet model above). Over the same window, with ``N_p`` prompt tokens the engine computed (``Δ
+vllm:prompt_tokens_total − Δ vllm:prefix_cache_hits_total − Δ vllm:external_prefix_cache_hits_total``) and
+``N_d`` tokens it generated (``Δ vllm:generation_tokens_total``)::
+
+    J = min(gpus × base_w × T + j_per_prefill_token × N_p + j_per_decode_token × N_d,  gpus × tdp_w × T)
+
+``base_w`` is the fit's intercept (a GPU serving at a vanishing token rate), not an idle board, so an engine
+with nothing to run reads high: the fit's range is a loaded engine.
+
 A run's measured figures (``kvbench`` on GPUs, NVML) replace these; the simulator's carry the label
 **simulated** wherever they appear.
 """
@@ -39,14 +50,22 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from common.errors import CalibrationError
 from harness.client.power import NS, EnergySourceName, EnergyWindow, NotSampled, PowerSource, Reading, Timeline
-from harness.client.scrape import parse_metrics, sum_metric
+from harness.client.scrape import MetricsSnapshot, parse_metrics, sum_metric
 from harness.engines.base import EngineConfigModel
+from offload.shapes import Deployment
 
+from .calibration import AUTO, Calibration, PowerFit, pick_shipped
 from .config import SimEngineConfig
 
 BUSY_SECONDS = "kvbench_sim:engine_busy_seconds_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+GENERATED_TOKENS = "vllm:generation_tokens_total"
 DEFAULT_PERIOD_S = 1.0
 """How often the simulated source reads the busy counter between the window's edges (a reading is also
 taken when it starts, stops and when a window ends after the last one)."""
@@ -80,6 +99,24 @@ POWER: dict[str, PowerProfile] = {
 }
 
 
+class _Cumulative:
+    """A counter read across engine restarts (a restarted engine's counter begins again at 0)."""
+
+    def __init__(self) -> None:
+        self._base = 0.0
+        self._last: float | None = None
+
+    def add(self, value: float) -> float:
+        if self._last is not None and value < self._last:
+            self._base += self._last
+        self._last = value
+        return self._base + value
+
+
+def _metric(samples: MetricsSnapshot, name: str) -> float:
+    return sum_metric(samples, name) or 0.0
+
+
 class SimulatedPower:
     """The power model over a simulated engine's ``/metrics`` (``scrape``): a :class:`PowerSource`."""
 
@@ -95,8 +132,10 @@ class SimulatedPower:
         period_s: float = DEFAULT_PERIOD_S,
         clock: Callable[[], int] = time.monotonic_ns,
         hardware: str = "",
+        fit: PowerFit | None = None,
     ) -> None:
         self.profile = profile
+        self.fit = fit
         self.gpus = gpus
         self.tp = tp
         self.hardware = hardware
@@ -105,8 +144,10 @@ class SimulatedPower:
         self._clock = clock
         self.timeline = Timeline()
         self._origin_ns: int | None = None
-        self._busy_base = 0.0
-        self._busy_last: float | None = None
+        self._busy = _Cumulative()
+        self._computed = _Cumulative()
+        self._generated = _Cumulative()
+        self._tokens_origin: tuple[float, float] = (0.0, 0.0)
         self._credited: float | None = None
         """Busy seconds counted so far: the counter, held back to what the elapsed time can hold."""
         self._last_ns: int | None = None
@@ -118,25 +159,30 @@ class SimulatedPower:
         if text is None:
             return
         try:
-            busy = sum_metric(parse_metrics(text), BUSY_SECONDS)
+            samples = parse_metrics(text)
+            busy = sum_metric(samples, BUSY_SECONDS)
         except ValueError:
             return
         if busy is None:
             return
-        if self._busy_last is not None and busy < self._busy_last:
-            self._busy_base += self._busy_last  # the engine restarted: its counter began again at 0
-        self._busy_last = busy
-        counter = self._busy_base + busy
+        counter = self._busy.add(busy)
+        prompt = _metric(samples, PROMPT_TOKENS) - _metric(samples, PREFIX_HITS) - _metric(samples, EXTERNAL_HITS)
+        tokens = (self._computed.add(max(0.0, prompt)), self._generated.add(_metric(samples, GENERATED_TOKENS)))
         if self._origin_ns is None or self._last_ns is None or self._credited is None:
             self._origin_ns = t_ns
             self._credited = counter
+            self._tokens_origin = tokens
         else:
             replicas = max(1, self.gpus // self.tp)
             room = replicas * max(0, t_ns - self._last_ns) / NS
             self._credited = min(counter, self._credited + room)
         self._last_ns = t_ns
         seconds = (t_ns - self._origin_ns) / NS
-        joules = self.profile.joules(seconds, self._credited, self.gpus, self.tp)
+        if self.fit is None:
+            joules = self.profile.joules(seconds, self._credited, self.gpus, self.tp)
+        else:
+            computed, generated = (now - then for now, then in zip(tokens, self._tokens_origin, strict=True))
+            joules = fitted_joules(self.fit, seconds, computed, generated, self.gpus)
         self.timeline.add(Reading(t_ns, joules, None))
 
     async def _sample(self) -> None:
@@ -180,6 +226,28 @@ class SimulatedPower:
         await self._read()
 
 
+def fitted_joules(fit: PowerFit, seconds: float, computed_tokens: float, generated_tokens: float, gpus: int) -> float:
+    """J of ``gpus`` GPUs over ``seconds`` that computed and generated these tokens (module docstring)."""
+    modelled = (
+        gpus * fit.base_w.value * seconds
+        + fit.j_per_prefill_token.value * computed_tokens
+        + fit.j_per_decode_token.value * generated_tokens
+    )
+    return min(max(0.0, modelled), gpus * fit.tdp_w * seconds)
+
+
+def power_fit(config: SimEngineConfig) -> PowerFit | None:
+    """The fitted power terms of the calibration ``config`` uses (None: uncalibrated, or none fitted)."""
+    if config.calibration is None:
+        return None
+    if config.calibration == Path(AUTO):
+        deployment = Deployment.resolve(
+            config.model, config.hardware, config.parallelism.tp, config.dtype, config.kv_dtype
+        )
+        return pick_shipped(deployment, config.cuda_graphs)[1].power
+    return Calibration.load(config.calibration).power
+
+
 def simulated_power(config: EngineConfigModel, scrape: Callable[[], Awaitable[str | None]]) -> PowerSource:
     """The power source of a ``kind: sim`` engine config (the registry's ``power`` column)."""
     if not isinstance(config, SimEngineConfig):
@@ -188,6 +256,10 @@ def simulated_power(config: EngineConfigModel, scrape: Callable[[], Awaitable[st
     if profile is None:
         reason = f"no power profile for simulator hardware {config.hardware!r}"
         return NotSampled("simulated", reason, config.fleet_gpus)
+    try:
+        fit = power_fit(config)
+    except CalibrationError as error:  # the engine's start refuses the calibration too, and says why
+        return NotSampled("simulated", f"calibration: {error}", config.fleet_gpus)
     return SimulatedPower(
-        profile, gpus=config.fleet_gpus, tp=config.replica_gpus, scrape=scrape, hardware=config.hardware
+        profile, gpus=config.fleet_gpus, tp=config.replica_gpus, scrape=scrape, hardware=config.hardware, fit=fit
     )
