@@ -37,6 +37,7 @@ from harness.results.sweep_metrics import requests_to_judge
 from harness.results.sweep_result import PointResult, Quantiles, SloLimits, SweepResult
 
 from .decision import gpus
+from .decode_tax import decode_tax_markdown, print_decode_tax
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
 from .tables import csv_cell, print_table
 
@@ -261,8 +262,12 @@ def energy_lines(result: SweepResult) -> list[str]:
     return lines
 
 
+def _load_unit(result: SweepResult) -> str:
+    return "users" if result.mode == "concurrency" else "req/s"
+
+
 def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
-    unit = "users" if result.mode == "concurrency" else "req/s"
+    unit = _load_unit(result)
     header = [
         "arm",
         f"load ({unit})",
@@ -454,6 +459,7 @@ def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Pat
         "",
         *(f"- {line}" for line in capacity_lines(result)),
         "",
+        *decode_tax_markdown(result.points, result.baseline_arm, _load_unit(result)),
         "## Analytical prefill model vs measurement (rounds ≥ 2; TTFT in ms)",
         "",
         *md_table(*analytical_rows(result)),
@@ -490,6 +496,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
     print_table(console, table)
     for line in [*energy_lines(result), *capacity_lines(result)]:
         console.print(line, highlight=False, markup=False)
+    print_decode_tax(result.points, result.baseline_arm, _load_unit(result), console)
     a_header, a_body = analytical_rows(result)
     if a_body:
         a_table = Table(title="Analytical prefill model vs measurement (rounds ≥ 2, TTFT ms)")
