@@ -21,6 +21,7 @@ from harness.client.power import NS, EnergyWindow
 from harness.sim.calibration import SHIPPED_DIR, Calibration, PowerFit
 from harness.sim.power import (
     BUSY_SECONDS,
+    EXTERNAL_HITS,
     GENERATED_TOKENS,
     POWER,
     PREFIX_HITS,
@@ -195,3 +196,78 @@ def test_the_simulated_source_charges_the_fitted_terms_for_the_tokens_it_served(
     assert window.avg_watts == pytest.approx(expected)
     assert window.avg_watts == pytest.approx(fit.watts(6000, 150))
     assert window.avg_watts is not None and window.avg_watts < POWER["h200-sxm"].watts(0.9) - 100
+
+
+async def test_a_calibrated_simulator_server_is_metered_by_the_fitted_terms() -> None:
+    """The real simulator server with the shipped 8B H200 eager calibration (``calibration: auto``): the power
+    source the registry gives reads its /metrics and charges base W over the window plus the fitted J per token
+    of what the server computed and generated."""
+    import aiohttp
+
+    from harness.client.scrape import parse_metrics, sum_metric
+    from harness.engines.kinds import power_source
+    from harness.sim.config import SimEngineConfig
+    from harness.sim.server import running_server
+    from harness.sim.settings import SimSettings
+    from offload.profiles import resolve_profile
+
+    engine = SimEngineConfig.model_validate(
+        {"kind": "sim", "model": "llama-3.1-8b", "hardware": "h200-sxm", "calibration": "auto", "cuda_graphs": False}
+    )
+    settings = SimSettings.from_engine_config(engine, resolve_profile("hbm"), True)
+    clock = [0]
+    async with running_server(settings) as url, aiohttp.ClientSession() as session:
+
+        async def scrape() -> str:
+            async with session.get(url + "/metrics") as response:
+                return await response.text()
+
+        async def counters() -> tuple[float, float]:
+            snapshot = parse_metrics(await scrape())
+            computed = sum(
+                (sum_metric(snapshot, name) or 0.0) * sign
+                for name, sign in ((PROMPT_TOKENS, 1), (PREFIX_HITS, -1), (EXTERNAL_HITS, -1))
+            )
+            return computed, sum_metric(snapshot, GENERATED_TOKENS) or 0.0
+
+        source = power_source(engine, scrape)
+        assert isinstance(source, SimulatedPower) and source.fit is not None
+        source._clock = lambda: clock[0]
+        source.period_s = 3600
+        before = await counters()
+        await source.start()
+        text = "Tell me about caches. " * 400
+        for _ in range(2):  # the second is served from the HBM prefix cache: not computed again
+            body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": text}], "max_tokens": 20}
+            async with session.post(url + "/v1/chat/completions", json=body) as response:
+                assert response.status == 200
+        after = await counters()
+        clock[0] = 10 * NS
+        window = await source.window(0, 10 * NS)
+        await source.stop()
+    computed, generated = after[0] - before[0], after[1] - before[1]
+    assert computed > 1000 and generated == 40
+    assert window.joules == pytest.approx(fitted_joules(source.fit, 10.0, computed, generated, gpus=1))
+
+
+def test_calibrate_power_prints_the_held_out_table_and_writes_the_terms(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvbench.cli.sim import sim_app
+
+    run = _write_run(tmp_path / "run", ARMS)
+    calibration = tmp_path / "calibration.yaml"
+    calibration.write_text((SHIPPED_DIR / "llama8b-h100-eager.yaml").read_text())
+    argv = ["calibrate-power", str(run), "--calibration", str(calibration)]
+    printed = CliRunner().invoke(sim_app, argv)
+    assert printed.exit_code == 0, printed.output
+    assert "| run | OFF | 2 | arm OFF |" in printed.output and "model tokens" in printed.output
+    assert Calibration.load(calibration).power is None  # printing alone writes nothing
+    written = CliRunner().invoke(sim_app, [*argv, "--write"])
+    assert written.exit_code == 0 and f"Wrote {calibration}" in written.output
+    stored = Calibration.load(calibration).power
+    assert stored is not None and stored.j_per_prefill_token.value == pytest.approx(0.02, rel=0.1)
+    missing = CliRunner().invoke(
+        sim_app, ["calibrate-power", str(tmp_path / "nowhere"), "--calibration", str(calibration)]
+    )
+    assert missing.exit_code == 2 and "no points.jsonl" in missing.output and "Traceback" not in missing.output
