@@ -247,7 +247,8 @@ def energy_lines(result: SweepResult) -> list[str]:
     lines = []
     if label is not None:
         what = (
-            "the simulator's power model (idle W + (TDP − idle) × busy share of the window), not a measurement"
+            "the simulator's power model (terms fitted on NVML where its calibration has them, else idle W + "
+            "(TDP − idle) × busy share of the window), not a measurement"
             if label == "simulated"
             else "measured through NVML (energy counter, else power readings) on the engine's GPUs"
         )
