@@ -8,12 +8,12 @@ point's measurement window ``[a, b]`` (``points.jsonl``, ``energy``). Its record
 * decode tokens = Σ over requests of (completion_tokens − 1) × (the share of the request's decode span
   ``[first token, last byte]`` inside ``[a, b]``): tokens are taken as evenly spaced over the span.
 
-Per window of ``T`` s, with rates ``p`` = prefill tokens / T and ``d`` = decode tokens / T (tokens/s), the
-candidate models of the window's mean power ``W`` = joules / T (W per GPU; these runs are one GPU) are::
+Per window of ``T`` s on ``g`` GPUs, with rates ``p`` = prefill tokens / T and ``d`` = decode tokens / T
+(tokens/s), the candidate models of the window's mean power ``W`` = joules / T (W, all its GPUs) are::
 
-    constant:  W = base_w
-    prefill:   W = base_w + j_per_prefill_token × p
-    tokens:    W = base_w + j_per_prefill_token × p + j_per_decode_token × d
+    constant:  W = g × base_w
+    prefill:   W = g × base_w + j_per_prefill_token × p
+    tokens:    W = g × base_w + j_per_prefill_token × p + j_per_decode_token × d
 
 each fitted by least squares on W. The terms are J per token. ``base_w`` is an intercept: the board's draw
 while an engine serves, extrapolated to no tokens; an idle board reads less (77-90 W on an H200).
@@ -57,6 +57,7 @@ class PowerWindow:
     run: str
     arm: str
     load: float
+    gpus: int
     seconds: float
     joules: float
     prefill_tokens: float
@@ -66,12 +67,13 @@ class PowerWindow:
 
     @property
     def watts(self) -> float:
+        """All the window's GPUs together, W."""
         return self.joules / self.seconds
 
     def features(self, model: PowerModel) -> list[float]:
-        """The least-squares row: 1, then the model's token rates (tokens/s)."""
+        """The least-squares row: GPUs (the base term is per GPU), then the model's token rates (tokens/s)."""
         rates = {"constant": [], "prefill": [self.prefill_tokens], "tokens": [self.prefill_tokens, self.decode_tokens]}
-        return [1.0, *(count / self.seconds for count in rates[model])]
+        return [float(self.gpus), *(count / self.seconds for count in rates[model])]
 
 
 def _window(run: str, done: PointDone, records: Sequence[RequestRecord]) -> PowerWindow | None:
@@ -94,7 +96,7 @@ def _window(run: str, done: PointDone, records: Sequence[RequestRecord]) -> Powe
             tokens += (r.prompt_tokens or 0) + (r.completion_tokens or r.output_chunks)
     if tokens == 0:
         return None
-    return PowerWindow(run, done.arm, done.load, energy.seconds, energy.joules, prefill, decode, tokens)
+    return PowerWindow(run, done.arm, done.load, energy.gpus, energy.seconds, energy.joules, prefill, decode, tokens)
 
 
 def energy_windows(run_dir: Path) -> list[PowerWindow]:
@@ -120,10 +122,10 @@ def fit_terms(windows: Sequence[PowerWindow], model: PowerModel) -> tuple[float,
 
 
 def predict_w(terms: tuple[float, float, float], window: PowerWindow, tdp_w: float) -> float:
-    """W of ``window`` under ``terms``, within 0..``tdp_w`` (one GPU)."""
+    """W of ``window``'s GPUs under ``terms``, within 0..``tdp_w`` per GPU."""
     base, per_prefill, per_decode = terms
-    modelled = base + (per_prefill * window.prefill_tokens + per_decode * window.decode_tokens) / window.seconds
-    return min(tdp_w, max(0.0, modelled))
+    tokens_w = (per_prefill * window.prefill_tokens + per_decode * window.decode_tokens) / window.seconds
+    return min(window.gpus * tdp_w, max(0.0, window.gpus * base + tokens_w))
 
 
 def _residual(window: PowerWindow, predicted_w: float, held_out: str) -> PowerResidual:
