@@ -34,10 +34,13 @@ datasheet model above). Over the same window, with ``N_p`` prompt tokens the eng
 vllm:prompt_tokens_total − Δ vllm:prefix_cache_hits_total − Δ vllm:external_prefix_cache_hits_total``) and
 ``N_d`` tokens it generated (``Δ vllm:generation_tokens_total``)::
 
-    J = min(gpus × base_w × T + j_per_prefill_token × N_p + j_per_decode_token × N_d,  gpus × tdp_w × T)
+    J = gpus × base_w × T + j_per_prefill_token × N_p + j_per_decode_token × N_d
 
-``base_w`` is the fit's intercept (a GPU serving at a vanishing token rate), not an idle board, so an engine
-with nothing to run reads high: the fit's range is a loaded engine.
+credited, as busy time is, no faster than ``gpus × tdp_w`` per elapsed second, the rest carried into the next
+interval. Each counter is read apart (the engine counts a prompt's hits at admission and its tokens at its first
+token, so their difference may fall between two readings). ``base_w`` is the fit's intercept (a GPU serving at a
+vanishing token rate), not an idle board, so an engine with nothing to run reads high: the fit's range is a
+loaded engine.
 
 A run's measured figures (``kvbench`` on GPUs, NVML) replace these; the simulator's carry the label
 **simulated** wherever they appear.
@@ -145,9 +148,10 @@ class SimulatedPower:
         self.timeline = Timeline()
         self._origin_ns: int | None = None
         self._busy = _Cumulative()
-        self._computed = _Cumulative()
-        self._generated = _Cumulative()
+        self._tokens = {name: _Cumulative() for name in (PROMPT_TOKENS, PREFIX_HITS, EXTERNAL_HITS, GENERATED_TOKENS)}
         self._tokens_origin: tuple[float, float] = (0.0, 0.0)
+        self._fitted_j = 0.0
+        """Joules of the fitted model counted so far, held back to TDP over the elapsed time (the busy rule)."""
         self._credited: float | None = None
         """Busy seconds counted so far: the counter, held back to what the elapsed time can hold."""
         self._last_ns: int | None = None
@@ -166,23 +170,29 @@ class SimulatedPower:
         if busy is None:
             return
         counter = self._busy.add(busy)
-        prompt = _metric(samples, PROMPT_TOKENS) - _metric(samples, PREFIX_HITS) - _metric(samples, EXTERNAL_HITS)
-        tokens = (self._computed.add(max(0.0, prompt)), self._generated.add(_metric(samples, GENERATED_TOKENS)))
+        # each counter apart: the engine counts a prompt's hits when it admits it and its tokens at its first
+        # token, so their difference can fall between two readings without any restart
+        totals = {name: counter.add(_metric(samples, name)) for name, counter in self._tokens.items()}
+        computed = totals[PROMPT_TOKENS] - totals[PREFIX_HITS] - totals[EXTERNAL_HITS]
+        tokens = (computed, totals[GENERATED_TOKENS])
+        elapsed_s = 0.0 if self._last_ns is None else max(0, t_ns - self._last_ns) / NS
         if self._origin_ns is None or self._last_ns is None or self._credited is None:
             self._origin_ns = t_ns
             self._credited = counter
             self._tokens_origin = tokens
         else:
             replicas = max(1, self.gpus // self.tp)
-            room = replicas * max(0, t_ns - self._last_ns) / NS
-            self._credited = min(counter, self._credited + room)
+            self._credited = min(counter, self._credited + replicas * elapsed_s)
         self._last_ns = t_ns
         seconds = (t_ns - self._origin_ns) / NS
         if self.fit is None:
             joules = self.profile.joules(seconds, self._credited, self.gpus, self.tp)
         else:
-            computed, generated = (now - then for now, then in zip(tokens, self._tokens_origin, strict=True))
-            joules = fitted_joules(self.fit, seconds, computed, generated, self.gpus)
+            computed_n, generated_n = (now - then for now, then in zip(tokens, self._tokens_origin, strict=True))
+            modelled = fitted_joules(self.fit, seconds, computed_n, generated_n, self.gpus)
+            room = self.gpus * self.fit.tdp_w * elapsed_s
+            self._fitted_j = max(self._fitted_j, min(modelled, self._fitted_j + room))
+            joules = self._fitted_j
         self.timeline.add(Reading(t_ns, joules, None))
 
     async def _sample(self) -> None:
@@ -227,13 +237,14 @@ class SimulatedPower:
 
 
 def fitted_joules(fit: PowerFit, seconds: float, computed_tokens: float, generated_tokens: float, gpus: int) -> float:
-    """J of ``gpus`` GPUs over ``seconds`` that computed and generated these tokens (module docstring)."""
+    """J of ``gpus`` GPUs over ``seconds`` that computed and generated these tokens (module docstring), before
+    the source holds it to TDP."""
     modelled = (
         gpus * fit.base_w.value * seconds
         + fit.j_per_prefill_token.value * computed_tokens
         + fit.j_per_decode_token.value * generated_tokens
     )
-    return min(max(0.0, modelled), gpus * fit.tdp_w * seconds)
+    return max(0.0, modelled)
 
 
 def power_fit(config: SimEngineConfig) -> PowerFit | None:

@@ -271,3 +271,50 @@ def test_calibrate_power_prints_the_held_out_table_and_writes_the_terms(tmp_path
         sim_app, ["calibrate-power", str(tmp_path / "nowhere"), "--calibration", str(calibration)]
     )
     assert missing.exit_code == 2 and "no points.jsonl" in missing.output and "Traceback" not in missing.output
+
+
+def test_hits_counted_before_their_prompt_are_no_restart_and_no_window_passes_tdp() -> None:
+    """The engine counts a prompt's HBM hits at admission and its prompt tokens at its first token: between two
+    readings prompt − hits can fall. That is no restart (nothing is counted twice); and a burst of work is
+    credited no faster than TDP, the rest carried into the next interval with the total kept."""
+    fit = Calibration.load(SHIPPED_DIR / "llama8b-h200-eager.yaml").power
+    assert isinstance(fit, PowerFit)
+    clock = [0]
+    counters = [0.0, 0.0, 0.0, 0.0]  # busy s, prompt tokens, HBM hits, generated tokens
+    steps = [
+        (20_000.0, 0.0, 0.0),  # (prompt, hits, generated) in second 1: 20,000 prompt tokens computed
+        (0.0, 8_000.0, 0.0),  # second 2: hits of an admitted request, counted before its prompt tokens
+        (8_000.0, 0.0, 0.0),  # second 3: its 8,000 prompt tokens arrive, all cached: nothing computed
+        (60_000.0, 0.0, 0.0),  # second 4: a 60,000-token burst: more than TDP can draw in one second
+        (0.0, 0.0, 0.0),  # seconds 5-6: idle (the burst's remainder is credited here)
+        (0.0, 0.0, 0.0),
+    ]
+
+    async def scrape() -> str:
+        return _metrics(*counters)
+
+    async def run() -> list[EnergyWindow]:
+        source = SimulatedPower(
+            POWER["h200-sxm"], gpus=1, tp=1, scrape=scrape, period_s=3600, clock=lambda: clock[0], fit=fit
+        )
+        await source.start()
+        for prompt, hits, generated in steps:
+            clock[0] += NS
+            counters[1] += prompt
+            counters[2] += hits
+            counters[3] += generated
+            await source._read()
+        windows = [await source.window(i * NS, (i + 1) * NS) for i in range(6)]
+        windows.append(await source.window(0, 6 * NS))
+        await source.stop()
+        return windows
+
+    *seconds, whole = asyncio.run(run())
+    watts = [w.avg_watts or 0.0 for w in seconds]
+    base, per_prefill = fit.base_w.value, fit.j_per_prefill_token.value
+    assert watts[0] == pytest.approx(base + per_prefill * 20_000)
+    assert watts[1] == pytest.approx(base - per_prefill * 8_000) and watts[2] == pytest.approx(
+        base + per_prefill * 8_000
+    )
+    assert max(watts) <= fit.tdp_w + 1e-6 and watts[3] == pytest.approx(fit.tdp_w)
+    assert whole.joules == pytest.approx(fitted_joules(fit, 6.0, 80_000, 0, gpus=1))  # the total is kept
