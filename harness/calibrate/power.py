@@ -100,7 +100,8 @@ def _window(run: str, done: PointDone, records: Sequence[RequestRecord]) -> Powe
 
 
 def energy_windows(run_dir: Path) -> list[PowerWindow]:
-    """Every window of ``run_dir`` with NVML joules (the last attempt of each point), in file order."""
+    """Every window of ``run_dir`` with NVML joules (the last attempt of each point), in file order; a run
+    without one is an error naming it (a simulated run's energy is the model's, never a fit's input)."""
     points = run_dir / "points.jsonl"
     if not points.exists() and not (run_dir / "points.jsonl.xz").exists():
         raise CalibrationError(f"{run_dir}: no points.jsonl: a sweep or agentic run directory is needed")
@@ -108,8 +109,12 @@ def energy_windows(run_dir: Path) -> list[PowerWindow]:
     for done in read_jsonl(points, PointDone):
         latest[done.key] = done
     records = list(read_records(run_dir / "records.jsonl"))
-    windows = (_window(run_dir.name, done, records) for done in latest.values())
-    return [w for w in windows if w is not None]
+    windows = [w for w in (_window(run_dir.name, done, records) for done in latest.values()) if w is not None]
+    if not windows:
+        raise CalibrationError(
+            f"{run_dir}: no window with NVML joules and completed requests (points.jsonl energy.source must be nvml)"
+        )
+    return windows
 
 
 def fit_terms(windows: Sequence[PowerWindow], model: PowerModel) -> tuple[float, float, float]:

@@ -142,6 +142,11 @@ def test_a_held_out_run_is_predicted_not_fitted(tmp_path: Path) -> None:
 def test_a_run_without_nvml_windows_is_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match=r"no points\.jsonl"):
         fit_power([tmp_path], tdp_w=700.0)
+    simulated = _write_run(tmp_path / "sim", {"OFF": ARMS["OFF"]})
+    lines = (simulated / "points.jsonl").read_text().replace('"source": "nvml"', '"source": "simulated"')
+    (simulated / "points.jsonl").write_text(lines.replace('"method": "energy_counter"', '"method": "model"'))
+    with pytest.raises(CalibrationError, match="no window with NVML joules"):
+        fit_power([_write_run(tmp_path / "run", ARMS)], tdp_w=700.0, holdout=[simulated])
 
 
 def test_the_shipped_power_terms_are_the_kept_runs_fit_within_15_percent() -> None:
