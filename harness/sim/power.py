@@ -172,7 +172,7 @@ class SimulatedPower:
         counter = self._busy.add(busy)
         # each counter apart: the engine counts a prompt's hits when it admits it and its tokens at its first
         # token, so their difference can fall between two readings without any restart
-        totals = {name: counter.add(_metric(samples, name)) for name, counter in self._tokens.items()}
+        totals = {name: cumulative.add(_metric(samples, name)) for name, cumulative in self._tokens.items()}
         computed = totals[PROMPT_TOKENS] - totals[PREFIX_HITS] - totals[EXTERNAL_HITS]
         tokens = (computed, totals[GENERATED_TOKENS])
         elapsed_s = 0.0 if self._last_ns is None else max(0, t_ns - self._last_ns) / NS
