@@ -22,6 +22,7 @@ from common.markup import console_text, md_table, md_text
 from harness.results.agentic_result import AgenticResult, AgentPoint, TierCheck
 from harness.results.energy import EnergySample
 
+from .decode_tax import decode_tax_markdown, print_decode_tax
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
 from .tables import print_table, text_table
 
@@ -189,6 +190,7 @@ def write_markdown(result: AgenticResult, path: Path, provenance: str = "") -> P
         "",
         *(f"- {md_text(line)}" for line in notes(result)),
         "",
+        *decode_tax_markdown([p.point for p in result.points], result.baseline_arm, "agents"),
         "![TTFT vs agents](agents_ttft.svg)",
         "",
     ]
@@ -214,3 +216,4 @@ def print_agentic(result: AgenticResult, console: Console, provenance: str = "")
     print_table(console, _table("per point", *point_rows(result)))
     for line in notes(result):
         console.print(line, highlight=False, markup=False)
+    print_decode_tax([p.point for p in result.points], result.baseline_arm, "agents", console)

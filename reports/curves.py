@@ -38,6 +38,7 @@ from harness.results.sweep_metrics import requests_to_judge
 from harness.results.sweep_result import PointResult, Quantiles, SloLimits, SweepResult
 
 from .decision import gpus
+from .decode_tax import decode_tax_markdown, print_decode_tax
 from .figures import caption, color, legend_outside, log_scale, new_figure, save, slo_band, styled
 from .tables import csv_cell, print_table, text_table
 
@@ -247,7 +248,8 @@ def energy_lines(result: SweepResult) -> list[str]:
     lines = []
     if label is not None:
         what = (
-            "the simulator's power model (idle W + (TDP − idle) × busy share of the window), not a measurement"
+            "the simulator's power model (terms fitted on NVML where its calibration has them, else idle W + "
+            "(TDP − idle) × busy share of the window), not a measurement"
             if label == "simulated"
             else "measured through NVML (energy counter, else power readings) on the engine's GPUs"
         )
@@ -262,10 +264,14 @@ def energy_lines(result: SweepResult) -> list[str]:
     return lines
 
 
+def _load_unit(result: SweepResult) -> str:
+    return "users" if result.mode == "concurrency" else "req/s"
+
+
 def client_lines(result: SweepResult) -> list[str]:
     """Per point, how far behind its schedule the client fell (``PointResult.client``; none for points stored
     before the client measured it)."""
-    unit = "users" if result.mode == "concurrency" else "req/s"
+    unit = _load_unit(result)
     lines = []
     for arm in result.arms:
         for p in result.arm_points(arm):
@@ -283,7 +289,7 @@ def client_lines(result: SweepResult) -> list[str]:
 
 
 def points_rows(result: SweepResult) -> tuple[list[str], list[list[str]]]:
-    unit = "users" if result.mode == "concurrency" else "req/s"
+    unit = _load_unit(result)
     header = [
         "arm",
         f"load ({unit})",
@@ -477,6 +483,7 @@ def write_markdown(result: SweepResult, path: Path, provenance: str = "") -> Pat
         "",
         *(f"- {line}" for line in capacity_lines(result)),
         "",
+        *decode_tax_markdown(result.points, result.baseline_arm, _load_unit(result)),
         "## Analytical prefill model vs measurement (rounds ≥ 2; TTFT in ms)",
         "",
         *md_table(*analytical_rows(result)),
@@ -509,6 +516,7 @@ def print_sweep(result: SweepResult, console: Console, provenance: str = "") -> 
     print_table(console, text_table(table, header, body))
     for line in [*energy_lines(result), *client_lines(result), *capacity_lines(result)]:
         console.print(line, highlight=False, markup=False)
+    print_decode_tax(result.points, result.baseline_arm, _load_unit(result), console)
     a_header, a_body = analytical_rows(result)
     if a_body:
         a_table = Table(title="Analytical prefill model vs measurement (rounds ≥ 2, TTFT ms)")

@@ -36,6 +36,7 @@ from harness.results.calibrated import CalibratedTtft
 from harness.results.provenance import Provenance, provenance
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
+from harness.results.sweep_result import PointResult
 from harness.scenario.spec import Scenario
 from harness.store.events import IntervalStats
 from harness.store.jsonl import stored_file
@@ -58,6 +59,7 @@ from .decision import (
     gpus,
     speedup_ranges,
 )
+from .decode_tax import decode_tax_lines, decode_tax_rows
 from .figures import color
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -1017,6 +1019,16 @@ def raw_files(sources: ReportSources, out_dir: Path) -> list[RawFile]:
     return files
 
 
+def _add_decode_tax(
+    tables: list[TableView], notes: list[str], points: Sequence[PointResult], baseline: str, unit: str, caption: str
+) -> None:
+    """The decode tax table and its lines (:mod:`reports.decode_tax`), where two arms share a load."""
+    header, body = decode_tax_rows(points, baseline, unit)
+    if body:
+        tables.append(TableView(header, body, [False] + [True] * (len(header) - 1), caption=caption))
+        notes.extend(decode_tax_lines(points, baseline))
+
+
 @dataclass(frozen=True)
 class CapacityView:
     charts: list[Chart]
@@ -1061,6 +1073,8 @@ def capacity_view(paths: Sequence[Path]) -> tuple[CapacityView | None, list[Head
         notes.extend(curves.energy_lines(result))
         notes.extend(curves.client_lines(result))
         notes.extend(curves.capacity_lines(result))
+        unit = "users" if result.mode == "concurrency" else "req/s"
+        _add_decode_tax(tables, notes, result.points, result.baseline_arm, unit, f"{path}; {origin}")
         for saving in result.savings:
             if saving.gpus_saved is None or saving.gpus_baseline is None or saving.gpus_arm is None:
                 continue
@@ -1106,6 +1120,8 @@ def agents_view(paths: Sequence[Path]) -> CapacityView | None:
                 TableView(header, body, [False] * 2 + [True] * (len(header) - 2), caption=f"{path}; {origin}")
             )
         view.notes.extend(agentic.notes(result))
+        points = [p.point for p in result.points]
+        _add_decode_tax(view.tables, view.notes, points, result.baseline_arm, "agents", f"{path}; {origin}")
     return view if paths else None
 
 

@@ -708,6 +708,7 @@ def assemble(
         residuals=[],
         decode_residuals=[],
         tpot_residuals=[],
+        power=None,  # fitted apart, from NVML energy windows: kvbench sim calibrate-power
     )
 
 

@@ -14,12 +14,16 @@ token-carrying chunks); ``TPOT = (e2e − ttft) / (tokens − 1)``; decode speed
 
 :func:`point_result` evaluates every entry of :data:`SCALAR_METRICS` and
 :data:`LATENCY_METRICS` into a :class:`~harness.results.sweep_result.PointResult`.
+
+:data:`VERSUS_METRICS` compares an arm's point with the baseline arm's point at the same load (users, agents
+or req/s: the matched decode batch, since points do not record the engine's mean running requests); reports
+compute them from the stored points (:func:`decode_taxes`), so they are in no result file.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
@@ -370,6 +374,101 @@ def _e2e(data: PointData) -> pd.Series:
 
 SCALAR_METRICS: Mapping[str, PointMetric] = MappingProxyType(_SCALARS)
 LATENCY_METRICS: Mapping[str, PointMetric] = MappingProxyType(_LATENCIES)
+
+
+@dataclass(frozen=True)
+class VersusMetric:
+    """One metric of an arm's point against the baseline's point at the same load: formula = docstring."""
+
+    tag: str
+    unit: str
+    compute: Callable[[PointResult, PointResult], float | None]
+
+    @property
+    def formula(self) -> str:
+        return " ".join((self.compute.__doc__ or "").split())
+
+
+VersusFormula = Callable[[PointResult, PointResult], float | None]
+_VERSUS: dict[str, VersusMetric] = {}
+MIN_TPOT_REQUESTS = 2
+"""Requests with a TPOT each point needs for its median to be judged (:func:`requests_to_judge` of p50)."""
+
+
+def _versus(tag: str, unit: str) -> Callable[[VersusFormula], VersusFormula]:
+    def register(func: VersusFormula) -> VersusFormula:
+        _VERSUS[tag] = VersusMetric(tag, unit, func)
+        return func
+
+    return register
+
+
+def _tpot_ratio_pct(arm: PointResult, baseline: PointResult, quantile: Literal["p50_ms", "p90_ms"]) -> float | None:
+    ours, theirs = arm.tpot, baseline.tpot
+    if ours is None or theirs is None or min(ours.n, theirs.n) < MIN_TPOT_REQUESTS:
+        return None
+    base = getattr(theirs, quantile)
+    return None if base <= 0 else (getattr(ours, quantile) / base - 1.0) * 100.0
+
+
+@_versus("decode_tax", "%")
+def decode_tax(arm: PointResult, baseline: PointResult) -> float | None:
+    """(TPOT p50 of the arm / TPOT p50 of the baseline − 1) × 100 at the same load, TPOT per request = (e2e −
+    ttft) / (tokens − 1) over successful measured requests: how much slower a typical user's tokens arrive on
+    the arm (positive: slower; a faster TTFT that costs decode speed shows here). None with fewer than 2 such
+    requests on either side."""
+    return _tpot_ratio_pct(arm, baseline, "p50_ms")
+
+
+@_versus("decode_tax_p90", "%")
+def decode_tax_p90(arm: PointResult, baseline: PointResult) -> float | None:
+    """(TPOT p90 of the arm / TPOT p90 of the baseline − 1) × 100 at the same load: the decode tax of the
+    slowest tenth of the users (what a tier's output-speed limit at p90 judges). None as for decode_tax."""
+    return _tpot_ratio_pct(arm, baseline, "p90_ms")
+
+
+VERSUS_METRICS: Mapping[str, VersusMetric] = MappingProxyType(_VERSUS)
+
+
+@dataclass(frozen=True)
+class DecodeTax:
+    """The decode tax of one arm at one load, with the medians it divides."""
+
+    arm: str
+    baseline: str
+    load: float
+    tpot_p50_ms: float | None
+    baseline_tpot_p50_ms: float | None
+    tax_pct: float | None
+    """:func:`decode_tax` (p50)."""
+    tpot_p90_ms: float | None
+    baseline_tpot_p90_ms: float | None
+    tax_p90_pct: float | None
+    """:func:`decode_tax_p90`."""
+
+
+def decode_taxes(points: Sequence[PointResult], baseline: str) -> list[DecodeTax]:
+    """:func:`decode_tax` of every non-baseline arm's point at each load the baseline measured too."""
+    base = {p.load: p for p in points if p.arm == baseline}
+    out = []
+    for point in points:
+        other = base.get(point.load)
+        if point.arm == baseline or other is None:
+            continue
+        out.append(
+            DecodeTax(
+                arm=point.arm,
+                baseline=baseline,
+                load=point.load,
+                tpot_p50_ms=None if point.tpot is None else point.tpot.p50_ms,
+                baseline_tpot_p50_ms=None if other.tpot is None else other.tpot.p50_ms,
+                tax_pct=decode_tax(point, other),
+                tpot_p90_ms=None if point.tpot is None else point.tpot.p90_ms,
+                baseline_tpot_p90_ms=None if other.tpot is None else other.tpot.p90_ms,
+                tax_p90_pct=decode_tax_p90(point, other),
+            )
+        )
+    return out
 
 
 def quantiles(values_ns: pd.Series) -> Quantiles | None:

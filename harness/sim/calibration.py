@@ -20,8 +20,11 @@ and says whether the runs determined it and from what (:class:`FitParam`). Units
 * per offload backend: a turn-2 tier hit loads in ``load_latency_s + GB / load_gbps``; a prefill that
   stores to the tier adds ``store_latency_s + GB x store_s_per_gb``; a request that arrives while the
   engine is busy adds ``busy_intake_s`` of engine-loop work; every step adds ``step_extra_s``.
+* GPU power (``power``, :class:`PowerFit`, fitted by ``kvbench sim calibrate-power`` from runs' NVML energy
+  windows): ``W = base_w + j_per_prefill_token x prefill tokens/s + j_per_decode_token x decode tokens/s`` per
+  replica; ``None``: the datasheet model of :mod:`harness.sim.power` (idle + (TDP - idle) x busy).
 
-Every field is present in a file (schema version 2); a file of another version is refused with the
+Every field is present in a file (schema version 3; 3 added ``power``); a file of another version is refused with the
 command that refits it, and every value is range-checked on load (:data:`RANGES`). Using a
 calibration for another deployment is an error naming both (:meth:`Calibration.check_deployment`).
 """
@@ -45,7 +48,7 @@ from offload.shapes import Deployment, Dtype, dtype_label
 
 from .timemodel import Efficiencies, TimeModel
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 REFIT = "kvbench sim calibrate RUN_DIR... --holdout LENGTHS -o FILE"
 """The command that writes a calibration of this schema."""
 
@@ -109,6 +112,61 @@ class SourceRun(StrictModel):
         description="Pinned host -> GPU copy rates of the run's attempts (GB/s per GPU, median and minimum, alone "
         "and all GPUs at once); None: the run measured none (no GPU).",
     )
+
+
+class PowerResidual(StrictModel):
+    """Predicted against NVML-measured power of one measurement window, predicted by a fit that left it out."""
+
+    run: str
+    arm: str
+    load: float
+    held_out: str = Field(description="What the fit that predicted this window left out: a run, or an arm.")
+    seconds: float = Field(description="Window length, s.")
+    tokens: int = Field(description="Prompt + generated tokens of the requests completed inside the window.")
+    measured_w: float
+    predicted_w: float
+    measured_j_per_token: float = Field(description="NVML joules / tokens, J.")
+    predicted_j_per_token: float = Field(description="predicted_w x seconds / tokens, J.")
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1 of J/token (the same as of W: one window, one token count)."""
+        return self.predicted_j_per_token / self.measured_j_per_token - 1.0
+
+
+class PowerFit(StrictModel):
+    """GPU power fitted on NVML energy windows: ``W = base_w + j_per_prefill_token x prefill tokens/s +
+    j_per_decode_token x decode tokens/s`` per replica (:mod:`harness.calibrate.power`)."""
+
+    model: Literal["constant", "prefill", "tokens"] = Field(
+        description="Which terms the held-out error kept: constant (base_w alone), prefill (base_w and the "
+        "prefill term), tokens (both token terms)."
+    )
+    base_w: FitParam = Field(
+        description="Intercept, W per GPU: a GPU serving at a vanishing token rate. Not an idle board (77-90 W): "
+        "an engine with nothing to run lies outside the fit's range."
+    )
+    j_per_prefill_token: FitParam
+    j_per_decode_token: FitParam
+    tdp_w: float = Field(gt=0, description="Board limit, W per GPU: no window is predicted above it.")
+    runs: list[str] = Field(description="Run directories whose energy windows the fit used.")
+    residuals: list[PowerResidual] = Field(
+        description="Every window predicted by a fit that left it out: its run (two runs or more), else its arm."
+    )
+
+    @property
+    def median_error(self) -> float:
+        errors = sorted(abs(r.error) for r in self.residuals)
+        return errors[len(errors) // 2] if errors else float("nan")
+
+    def watts(self, prefill_tps: float, decode_tps: float, gpus: int = 1) -> float:
+        """Predicted W of ``gpus`` GPUs at these token rates (tokens/s), capped at ``tdp_w`` per GPU."""
+        modelled = (
+            gpus * self.base_w.value
+            + self.j_per_prefill_token.value * prefill_tps
+            + self.j_per_decode_token.value * decode_tps
+        )
+        return min(modelled, gpus * self.tdp_w)
 
 
 class CalibratedDeployment(StrictModel):
@@ -213,7 +271,7 @@ class DecodeResidual(_Predicted):
 class Calibration(StrictModel):
     """The calibration file (``kvbench sim calibrate -o FILE``)."""
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     deployment: CalibratedDeployment
     sources: list[SourceRun]
     fit_context_tokens: list[int] = Field(description="Context lengths whose requests the fit used.")
@@ -239,6 +297,10 @@ class Calibration(StrictModel):
     tpot_residuals: list[DecodeResidual] = Field(
         description="Mean step over sweep requests' whole decode windows (prefill chunks and intake included) "
         "per (run, arm, load point)."
+    )
+    power: PowerFit | None = Field(
+        description="GPU power fitted on NVML runs (kvbench sim calibrate-power); None: the datasheet model "
+        "(harness.sim.power: idle + (TDP - idle) x busy)."
     )
 
     def falling_tier_hits(self, min_tokens: int = 1000) -> list[tuple[Residual, Residual]]:

@@ -28,6 +28,20 @@ ahead of its clock. The source credits busy time no faster than it elapses (at m
 between readings, ``R`` = replicas = GPUs / tp), carrying the rest into the next interval: totals are kept and
 no window draws more than ``tdp_w`` per GPU.
 
+**Fitted on NVML** (where the calibration in use has ``power``, :class:`~harness.sim.calibration.PowerFit`,
+fitted by ``kvbench sim calibrate-power``: the shipped 8B H200 eager one; every other deployment keeps the
+datasheet model above). Over the same window, with ``N_p`` prompt tokens the engine computed (``Δ
+vllm:prompt_tokens_total − Δ vllm:prefix_cache_hits_total − Δ vllm:external_prefix_cache_hits_total``) and
+``N_d`` tokens it generated (``Δ vllm:generation_tokens_total``)::
+
+    J = gpus × base_w × T + j_per_prefill_token × N_p + j_per_decode_token × N_d
+
+credited, as busy time is, no faster than ``gpus × tdp_w`` per elapsed second, the rest carried into the next
+interval. Each counter is read apart (the engine counts a prompt's hits at admission and its tokens at its first
+token, so their difference may fall between two readings). ``base_w`` is the fit's intercept (a GPU serving at a
+vanishing token rate), not an idle board, so an engine with nothing to run reads high: the fit's range is a
+loaded engine.
+
 A run's measured figures (``kvbench`` on GPUs, NVML) replace these; the simulator's carry the label
 **simulated** wherever they appear.
 """
@@ -39,14 +53,22 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from common.errors import CalibrationError
 from harness.client.power import NS, EnergySourceName, EnergyWindow, NotSampled, PowerSource, Reading, Timeline
-from harness.client.scrape import parse_metrics, sum_metric
+from harness.client.scrape import MetricsSnapshot, parse_metrics, sum_metric
 from harness.engines.base import EngineConfigModel
+from offload.shapes import Deployment
 
+from .calibration import AUTO, Calibration, PowerFit, pick_shipped
 from .config import SimEngineConfig
 
 BUSY_SECONDS = "kvbench_sim:engine_busy_seconds_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+GENERATED_TOKENS = "vllm:generation_tokens_total"
 DEFAULT_PERIOD_S = 1.0
 """How often the simulated source reads the busy counter between the window's edges (a reading is also
 taken when it starts, stops and when a window ends after the last one)."""
@@ -80,6 +102,24 @@ POWER: dict[str, PowerProfile] = {
 }
 
 
+class _Cumulative:
+    """A counter read across engine restarts (a restarted engine's counter begins again at 0)."""
+
+    def __init__(self) -> None:
+        self._base = 0.0
+        self._last: float | None = None
+
+    def add(self, value: float) -> float:
+        if self._last is not None and value < self._last:
+            self._base += self._last
+        self._last = value
+        return self._base + value
+
+
+def _metric(samples: MetricsSnapshot, name: str) -> float:
+    return sum_metric(samples, name) or 0.0
+
+
 class SimulatedPower:
     """The power model over a simulated engine's ``/metrics`` (``scrape``): a :class:`PowerSource`."""
 
@@ -95,8 +135,10 @@ class SimulatedPower:
         period_s: float = DEFAULT_PERIOD_S,
         clock: Callable[[], int] = time.monotonic_ns,
         hardware: str = "",
+        fit: PowerFit | None = None,
     ) -> None:
         self.profile = profile
+        self.fit = fit
         self.gpus = gpus
         self.tp = tp
         self.hardware = hardware
@@ -105,8 +147,11 @@ class SimulatedPower:
         self._clock = clock
         self.timeline = Timeline()
         self._origin_ns: int | None = None
-        self._busy_base = 0.0
-        self._busy_last: float | None = None
+        self._busy = _Cumulative()
+        self._tokens = {name: _Cumulative() for name in (PROMPT_TOKENS, PREFIX_HITS, EXTERNAL_HITS, GENERATED_TOKENS)}
+        self._tokens_origin: tuple[float, float] = (0.0, 0.0)
+        self._fitted_j = 0.0
+        """Joules of the fitted model counted so far, held back to TDP over the elapsed time (the busy rule)."""
         self._credited: float | None = None
         """Busy seconds counted so far: the counter, held back to what the elapsed time can hold."""
         self._last_ns: int | None = None
@@ -118,25 +163,36 @@ class SimulatedPower:
         if text is None:
             return
         try:
-            busy = sum_metric(parse_metrics(text), BUSY_SECONDS)
+            samples = parse_metrics(text)
+            busy = sum_metric(samples, BUSY_SECONDS)
         except ValueError:
             return
         if busy is None:
             return
-        if self._busy_last is not None and busy < self._busy_last:
-            self._busy_base += self._busy_last  # the engine restarted: its counter began again at 0
-        self._busy_last = busy
-        counter = self._busy_base + busy
+        counter = self._busy.add(busy)
+        # each counter apart: the engine counts a prompt's hits when it admits it and its tokens at its first
+        # token, so their difference can fall between two readings without any restart
+        totals = {name: cumulative.add(_metric(samples, name)) for name, cumulative in self._tokens.items()}
+        computed = totals[PROMPT_TOKENS] - totals[PREFIX_HITS] - totals[EXTERNAL_HITS]
+        tokens = (computed, totals[GENERATED_TOKENS])
+        elapsed_s = 0.0 if self._last_ns is None else max(0, t_ns - self._last_ns) / NS
         if self._origin_ns is None or self._last_ns is None or self._credited is None:
             self._origin_ns = t_ns
             self._credited = counter
+            self._tokens_origin = tokens
         else:
             replicas = max(1, self.gpus // self.tp)
-            room = replicas * max(0, t_ns - self._last_ns) / NS
-            self._credited = min(counter, self._credited + room)
+            self._credited = min(counter, self._credited + replicas * elapsed_s)
         self._last_ns = t_ns
         seconds = (t_ns - self._origin_ns) / NS
-        joules = self.profile.joules(seconds, self._credited, self.gpus, self.tp)
+        if self.fit is None:
+            joules = self.profile.joules(seconds, self._credited, self.gpus, self.tp)
+        else:
+            computed_n, generated_n = (now - then for now, then in zip(tokens, self._tokens_origin, strict=True))
+            modelled = fitted_joules(self.fit, seconds, computed_n, generated_n, self.gpus)
+            room = self.gpus * self.fit.tdp_w * elapsed_s
+            self._fitted_j = max(self._fitted_j, min(modelled, self._fitted_j + room))
+            joules = self._fitted_j
         self.timeline.add(Reading(t_ns, joules, None))
 
     async def _sample(self) -> None:
@@ -180,6 +236,29 @@ class SimulatedPower:
         await self._read()
 
 
+def fitted_joules(fit: PowerFit, seconds: float, computed_tokens: float, generated_tokens: float, gpus: int) -> float:
+    """J of ``gpus`` GPUs over ``seconds`` that computed and generated these tokens (module docstring), before
+    the source holds it to TDP."""
+    modelled = (
+        gpus * fit.base_w.value * seconds
+        + fit.j_per_prefill_token.value * computed_tokens
+        + fit.j_per_decode_token.value * generated_tokens
+    )
+    return max(0.0, modelled)
+
+
+def power_fit(config: SimEngineConfig) -> PowerFit | None:
+    """The fitted power terms of the calibration ``config`` uses (None: uncalibrated, or none fitted)."""
+    if config.calibration is None:
+        return None
+    if config.calibration == Path(AUTO):
+        deployment = Deployment.resolve(
+            config.model, config.hardware, config.parallelism.tp, config.dtype, config.kv_dtype
+        )
+        return pick_shipped(deployment, config.cuda_graphs)[1].power
+    return Calibration.load(config.calibration).power
+
+
 def simulated_power(config: EngineConfigModel, scrape: Callable[[], Awaitable[str | None]]) -> PowerSource:
     """The power source of a ``kind: sim`` engine config (the registry's ``power`` column)."""
     if not isinstance(config, SimEngineConfig):
@@ -188,6 +267,10 @@ def simulated_power(config: EngineConfigModel, scrape: Callable[[], Awaitable[st
     if profile is None:
         reason = f"no power profile for simulator hardware {config.hardware!r}"
         return NotSampled("simulated", reason, config.fleet_gpus)
+    try:
+        fit = power_fit(config)
+    except CalibrationError as error:  # the engine's start refuses the calibration too, and says why
+        return NotSampled("simulated", f"calibration: {error}", config.fleet_gpus)
     return SimulatedPower(
-        profile, gpus=config.fleet_gpus, tp=config.replica_gpus, scrape=scrape, hardware=config.hardware
+        profile, gpus=config.fleet_gpus, tp=config.replica_gpus, scrape=scrape, hardware=config.hardware, fit=fit
     )

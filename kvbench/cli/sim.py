@@ -265,6 +265,45 @@ def calibrate(
     typer.echo(f"Wrote {out}")
 
 
+@sim_app.command("calibrate-power")
+def calibrate_power(
+    runs: Annotated[list[Path], typer.Argument(help="Load runs (sweep, agentic) with NVML energy windows.")],
+    calibration: Annotated[
+        Path, typer.Option("--calibration", help="The deployment's calibration file (its hardware gives the TDP).")
+    ],
+    holdout: Annotated[
+        list[Path] | None, typer.Option("--holdout", help="A run to predict only, never fitted on (repeatable).")
+    ] = None,
+    write: Annotated[bool, typer.Option("--write", help="Store the fitted terms as the calibration's power.")] = False,
+) -> None:
+    """Fit GPU power (W = base + J/prefill token x rate + J/decode token x rate) on NVML energy windows and print
+    every window predicted by a fit that left its run (or, with one run, its arm) out."""
+    from common.errors import KvbenchError
+    from harness.calibrate.power import fit_power as fit
+    from harness.calibrate.power import power_table
+    from harness.sim.calibration import Calibration
+    from harness.sim.power import POWER
+
+    try:
+        calibrated = Calibration.load(calibration)
+        profile = POWER.get(calibrated.deployment.hardware)
+        if profile is None:
+            known = ", ".join(sorted(POWER))
+            raise _fail(
+                f"{calibration}: deployment.hardware {calibrated.deployment.hardware!r}: power known for {known}"
+            )
+        fitted = fit(runs, profile.tdp_w, holdout or [])
+    except KvbenchError as error:
+        raise _fail(str(error)) from None
+    typer.echo("\n".join(power_table(fitted)))
+    terms = (fitted.base_w, fitted.j_per_prefill_token, fitted.j_per_decode_token)
+    typer.echo(f"model {fitted.model}: " + ", ".join(f"{t.value:.4g} {t.unit}" for t in terms))
+    typer.echo(f"held-out median |error| of J/token: {fitted.median_error:.1%}")
+    if write:
+        calibrated.model_copy(update={"power": fitted}).save(calibration)
+        typer.echo(f"Wrote {calibration}")
+
+
 @sim_app.command()
 def predict(
     run: Annotated[Path, typer.Argument(help="A probe run directory.")],

@@ -71,6 +71,7 @@ def chosen(hardware: str = "h100-sxm") -> Calibration:
         residuals=[],
         decode_residuals=[],
         tpot_residuals=[],
+        power=None,
         backends={
             "lmcache": BackendCalibration(
                 version="0.0.1",
@@ -276,7 +277,7 @@ def test_calibration_file_round_trips(tmp_path: Path) -> None:
     truth = chosen()
     path = truth.save(tmp_path / "calibration.yaml")
     assert Calibration.load(path) == truth
-    path.write_text(path.read_text().replace("schema_version: 2", "schema_version: 7"))
+    path.write_text(path.read_text().replace("schema_version: 3", "schema_version: 7"))
     with pytest.raises(CalibrationError, match="schema_version 7"):
         Calibration.load(path)
 
