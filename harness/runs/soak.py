@@ -187,6 +187,7 @@ class SoakRunner(Runner[SoakResult]):
         workload = MultiUserWorkload(config, session.tokenizer, seed=self.scenario.seed, salt=self.prompt_salt)
         self.progress.describe(f"{arm.name}: building {config.users} user contexts")
         await workload.prepare()
+        await self.wait_for_point(session)
         self.progress.describe(f"{arm.name}: {describe_load(self.sweep, self.spec.load or 0.0)}")
         await session.while_alive(self._window(session, self.remaining, workload))
 
@@ -205,6 +206,7 @@ class SoakRunner(Runner[SoakResult]):
             max_active_users=self.sweep.max_active_users,
             first_session=self.attempt * SESSIONS_PER_ATTEMPT,
             seed=self.scenario.seed + self.attempt,
+            shard=self.shard,
         )
         accumulator = IntervalAccumulator(self.scenario.slo)
         collecting = True

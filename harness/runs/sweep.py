@@ -3,7 +3,8 @@
 What differs from the other run kinds (the spine, :mod:`.spine`, does the rest): per arm, after
 the warm-up, the engine's prefix cache is reset; then, for each pending load point, the users' contexts
 of that point are built (fresh per point in a salted run, so a point's users never find a previous
-point's context KV: :meth:`~workloads.multi_user.MultiUserWorkload.at_point`) and the point runs one
+point's context KV: :meth:`~workloads.multi_user.MultiUserWorkload.at_point`), a shard waits for the point's
+common start (:meth:`~.spine.Runner.wait_for_point`), and the point runs one
 :func:`~harness.runs.load.run_load` window (warm-up seconds, then the measured window) with
 ``/metrics`` scraped at the window's edges and the GPUs' energy metered
 (:mod:`.energy`), and appends a
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -34,6 +36,7 @@ from workloads.multi_user import MultiUserWorkload
 from .energy import energy_meter
 from .load import LoadPlan, RecordContext, run_load
 from .points import SESSIONS_PER_POINT, PointGridRunner, point_done, scrape_after
+from .shard import SETUP_ALLOWANCE_S, START_LEAD_S, seconds_until
 from .spine import ArmSession
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,23 @@ class SweepRunner(PointGridRunner[SweepResult]):
         if self.spec.mode == "concurrency":
             return int(max(self.spec.values)) + 8
         return self.spec.max_active_users + 8
+
+    def point_period_s(self) -> float:
+        spec = self.spec
+        return spec.warmup + spec.duration + spec.drain_timeout + SETUP_ALLOWANCE_S
+
+    def shares(self) -> list[dict[str, float]]:
+        values = enumerate(self.spec.values)
+        return [{"point": index, "load": value, "share": self._plan(index).share()} for index, value in values]
+
+    def _plan(self, index: int) -> LoadPlan:
+        return LoadPlan.from_sweep(
+            self.spec,
+            self.spec.values[index],
+            first_session=index * SESSIONS_PER_POINT,
+            seed=self.scenario.seed,
+            shard=self.shard,
+        )
 
     def result_of(self) -> SweepResult:
         return sweep_result_of(self.run_dir)
@@ -101,15 +121,22 @@ class SweepRunner(PointGridRunner[SweepResult]):
                 await workload.prepare()
                 if spec.reset_between_points:
                     await session.reset_prefix_cache(required=False)
-                await session.while_alive(self._run_point(session, index, sender, workload))
+                start = await self.wait_for_point(session, index, START_LEAD_S)
+                await session.while_alive(self._run_point(session, index, sender, workload, start))
 
     async def _run_point(
-        self, session: ArmSession, index: int, sender: StreamingClient, workload: MultiUserWorkload
+        self,
+        session: ArmSession,
+        index: int,
+        sender: StreamingClient,
+        workload: MultiUserWorkload,
+        start_unix_s: float | None,
     ) -> None:
-        """One load point: ``sender`` carries the load, the session's client scrapes /metrics."""
+        """One load point, its load from ``start_unix_s`` (None: at once): ``sender`` carries the load, the session's
+        client scrapes /metrics."""
         spec, arm = self.spec, session.arm
         value = spec.values[index]
-        plan = LoadPlan.from_sweep(spec, value, first_session=index * SESSIONS_PER_POINT, seed=self.scenario.seed)
+        plan = dataclasses.replace(self._plan(index), start_unix_s=start_unix_s)
         unit = "users" if spec.mode == "concurrency" else "req/s"
         self.progress.describe(f"{arm.name}: point {index + 1}/{len(spec.values)}")
         self.progress.begin_step(f"{arm.name} @ {value:g} {unit}", spec.warmup + spec.duration)
@@ -125,7 +152,7 @@ class SweepRunner(PointGridRunner[SweepResult]):
             self.progress.tick(min((now_ns - started) / 1e9, spec.warmup + spec.duration), f"{count} requests")
 
         async with energy_meter(session) as meter:
-            before_task = asyncio.ensure_future(scrape_after(session, spec.warmup))
+            before_task = asyncio.ensure_future(scrape_after(session, seconds_until(start_unix_s) + spec.warmup))
             try:
                 window = await run_load(
                     sender,

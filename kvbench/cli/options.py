@@ -1,4 +1,5 @@
-"""Options several commands share, defined once: ``--set`` (scenario overrides), ``--json`` (result on stdout)."""
+"""Options several commands share, defined once: ``--set`` (scenario overrides), ``--json`` (result on stdout),
+``--shard`` and ``--start-at`` (one shard of a run: :mod:`harness.runs.shard`)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,25 @@ JsonFlag = Annotated[
     typer.Option("--json", help="Print the result file (JSON) to stdout; progress, tables and notes go to stderr."),
 ]
 """``--json``: the command's result file on stdout, nothing else (:func:`kvbench.cli.console.json_stdout`)."""
+
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="I/N",
+        help="Run shard I of N (0-based: 0/2 and 1/2): its part of the users, sessions or trace conversations; "
+        "kvbench merge unites the shards' run directories.",
+    ),
+]
+"""``--shard I/N`` (:class:`harness.runs.shard.Shard`)."""
+
+StartAtOption = Annotated[
+    str | None,
+    typer.Option(
+        "--start-at",
+        metavar="TIME",
+        help="Start the first load point at this wall-clock time (ISO 8601 UTC such as 2026-12-02T06:00:00Z, or "
+        "Unix seconds), each later point on the scenario's fixed schedule, so shards start together.",
+    ),
+]
+"""``--start-at TIME`` (:func:`harness.runs.shard.parse_start_at`)."""
