@@ -23,8 +23,9 @@ server's, which every shard scraped alike: the lowest shard's are kept, not summ
 
 **Verdict** (``manifest.json``'s ``merged``): inconclusive, naming the shards, when a shard's last attempt did not
 complete (failed, interrupted, still running), a shard lacks a point another finished, or a point's intersection is
-shorter than :data:`MIN_OVERLAP` of its shortest shard window (the shards did not run it together: ``--start-at``
-aligns them); the merged point then keeps the union of the windows so its figures can still be read. Reading the
+shorter than :data:`MIN_OVERLAP` of its shortest shard window, or a replay's shards started the trace more than
+:data:`MAX_REPLAY_SKEW_S` apart (the shards did not run it together: ``--start-at`` aligns them); the merged point
+then keeps the union of the windows so its figures can still be read. Reading the
 merged run never writes to the shard directories.
 """
 
@@ -60,6 +61,9 @@ MERGEABLE_KINDS: tuple[RunKind, ...] = ("sweep", "agentic", "replay")
 MIN_OVERLAP = 0.9
 """A merged point's measured window (the shards' intersection) must be at least this share of its shortest shard
 window; less, and the shards did not apply the load together."""
+MAX_REPLAY_SKEW_S = 1.0
+"""A merged replay's shards must have started their trace within this many seconds of each other (each sends its
+conversations at their trace times from its own start)."""
 NS_PER_S = 1_000_000_000
 
 
@@ -247,6 +251,14 @@ def merged_replays(shards: Sequence[ShardRun], findings: list[str]) -> list[Repl
             without = [str(shard.index) for shard in shards if shard.index not in have]
             findings.append(f"arm {arm}: shards {', '.join(without)} did not finish the replay")
             continue
+        starts = {shard.index: event.start_ns + shard.shift(event.attempt) for shard, event in parts}
+        first, last = min(starts, key=starts.__getitem__), max(starts, key=starts.__getitem__)
+        skew_s = (starts[last] - starts[first]) / NS_PER_S
+        if skew_s > MAX_REPLAY_SKEW_S:
+            findings.append(
+                f"arm {arm}: shard {last} started the trace {skew_s:.2f} s after shard {first} (over "
+                f"{MAX_REPLAY_SKEW_S:g} s): the shards did not replay it together (start them with one --start-at)"
+            )
         done.append(
             ReplayDone(
                 arm=arm,

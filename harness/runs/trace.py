@@ -54,7 +54,7 @@ from workloads.trace import Trace, TracePrompts, TraceRequest, load_trace, resol
 from .load import OnOutcome, ScheduleWindow, SendOne, run_schedule
 from .progress import RunProgress
 from .recording import outcome_fields
-from .shard import Shard
+from .shard import START_LEAD_S, Shard, sleep_until
 from .spine import DEFAULT_CONNECTIONS, ArmSession, Prompt, Runner
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ class TraceRunner(Runner[ReplayResult]):
         await session.warm_up(config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag="replay")
         prompts = await self._prompts(session)
         await session.reset_prefix_cache(required=False)
-        await self.wait_for_point(session)
+        start = await self.wait_for_point(session, 0, START_LEAD_S)
         requests = self.trace.requests
         self.progress.describe(f"{arm.name}: replaying {len(requests)} requests ({config.mode} loop)")
 
@@ -332,6 +332,7 @@ class TraceRunner(Runner[ReplayResult]):
             self.progress.advance(f"{arm.name} line {requests[index].line}")
 
         self._last_page = await session.scrape()  # the baseline of the first interval
+        await sleep_until(start)  # a shard: the common start (--start-at)
         self._start_ns = self._last_ns = time.monotonic_ns()
         sampler = asyncio.ensure_future(self._sample(session))
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 from harness.results.sweep_metrics import quantiles
 from harness.store.records import read_records
-from tests.support import SimulatorLauncher, kvbench, kvbench_argv, kvbench_env
+from tests.support import SimulatorLauncher, kvbench, kvbench_argv, kvbench_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -173,6 +174,94 @@ def test_shards_that_did_not_run_together_are_inconclusive(tmp_path: Path, simul
     done = kvbench("merge", *map(str, shards), "-o", str(tmp_path / "merged"), cwd=tmp_path)
     assert done.returncode == 3, (done.stdout + done.stderr)[-3000:]
     assert "shard 0 (ends first) and shard 1 (starts last)" in done.stderr + done.stdout
+
+
+def test_a_shard_that_stopped_is_named_and_the_merge_inconclusive(tmp_path: Path, simulator: SimulatorLauncher) -> None:
+    outs = [tmp_path / f"part-{index}" for index in range(2)]
+    with simulator(*SERVE) as base_url:
+        start = time.time() + 12
+        whole, cut = (
+            subprocess.Popen(
+                shard_argv(base_url, index, out, start),
+                env=kvbench_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for index, out in enumerate(outs)
+        )
+
+        def first_point_done() -> bool:
+            return any(path.read_text().strip() for path in outs[1].glob("*/points.jsonl"))
+
+        # shard 1 finishes the first load point, then is stopped (Ctrl-C) in the second
+        assert wait_for(first_point_done, 120, cut), cut.communicate()[1][-3000:]
+        cut.send_signal(signal.SIGINT)
+        cut.communicate(timeout=120)
+        stdout, stderr = whole.communicate(timeout=300)
+        assert whole.returncode == 0, (stdout + stderr)[-3000:]
+    shards = [next(out.iterdir()) for out in outs]
+    done = kvbench("merge", *map(str, shards), "-o", str(tmp_path / "merged"), cwd=tmp_path)
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said[-3000:]
+    assert "INCONCLUSIVE" in said and f"shard 1 ({shards[1]}) ended interrupted" in said
+    assert "point 1: shards 1 did not finish it" in said
+    result = json.loads((tmp_path / "merged" / "sweep.json").read_text())
+    assert [p["load"] for p in result["points"]] == [float(LOADS[0])]  # the point both shards ran, whole
+
+
+def test_two_shards_of_a_replay_merge_into_the_whole_trace(tmp_path: Path, simulator: SimulatorLauncher) -> None:
+    rows = [
+        {
+            "chat_id": f"s{session}-t{turn}",
+            "parent_chat_id": -1 if turn == 1 else f"s{session}-t{turn - 1}",
+            "timestamp": round(0.1 * (4 * (turn - 1) + session), 3),
+            "input_length": 16 * (turn + 2) - 3,
+            "output_length": 4,
+            "type": "text",
+            "turn": turn,
+            "hash_ids": [1, 2] + [100 * session + 10 + k for k in range(turn)],
+        }
+        for turn in range(1, 4)
+        for session in range(4)
+    ]
+    trace = tmp_path / "bailian.jsonl"
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    outs = [tmp_path / f"replay-{index}" for index in range(2)]
+    with simulator(*SERVE) as base_url:
+        start = time.time() + 12
+        argv = [
+            [
+                *kvbench_argv("replay", "--base-url", f"{base_url}/v1", "--trace", str(trace), "-o", str(out)),
+                "--shard",
+                f"{index}/2",
+                "--start-at",
+                f"{start:.3f}",
+            ]
+            for index, out in enumerate(outs)
+        ]
+        processes = [
+            subprocess.Popen(a, env=kvbench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for a in argv
+        ]
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=300)
+            assert process.returncode == 0, (stdout + stderr)[-3000:]
+    shards = [next(out.iterdir()) for out in outs]
+    merged = tmp_path / "merged"
+    done = kvbench("merge", *map(str, shards), "-o", str(merged), cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    raw = [list(read_records(shard / "records.jsonl")) for shard in shards]
+    lines = [sorted(r.trace_line for r in records if r.trace_line is not None) for records in raw]
+    assert sorted(lines[0] + lines[1]) == list(range(1, len(rows) + 1))  # every trace request once
+    sessions = [{r.call_id.split("-")[0] for r in records if r.call_id} for records in raw]
+    assert sessions == [{"s0", "s2"}, {"s1", "s3"}]  # whole conversations, dealt round-robin
+    result = json.loads((merged / "replay.json").read_text())
+    (arm,) = result["results"]
+    ok = pd.Series([r.ttft_ns for records in raw for r in records if r.ok and r.phase == "measure"], dtype="float64")
+    one_pass = quantiles(ok)
+    assert one_pass is not None and arm["ttft"]["n"] == one_pass.n == len(rows)
+    assert (arm["ttft"]["p50_ms"], arm["ttft"]["p99_ms"]) == (one_pass.p50_ms, one_pass.p99_ms)
 
 
 def test_bad_shard_flags_are_one_line_errors(tmp_path: Path) -> None:

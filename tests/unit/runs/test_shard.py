@@ -7,6 +7,7 @@ fixed mode), once per shard and once unsharded, and compare what each sent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -18,11 +19,13 @@ from harness.client.endpoint import Endpoint
 from harness.client.openai import OpenAIClient
 from harness.runs.load import LoadPlan, RecordContext, run_load
 from harness.runs.shard import Shard, parse_start_at, shard_salt, wait_until
+from harness.runs.trace import due_times, shard_of_trace
 from harness.sim.fixed import FixedLatency, FixedServer
 from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
+from workloads.trace_model import Trace, TraceRequest
 
 NS = 1_000_000_000
 
@@ -128,3 +131,33 @@ async def test_open_loop_shards_send_the_unsharded_arrivals_between_them(server:
     pairs = list(zip(united, whole, strict=False))
     assert pairs and all(abs(a - b) < 0.005 for a, b in pairs), pairs[:5]
     assert plan(Shard(1, 2)).share() == 20.0
+
+
+def test_a_trace_is_dealt_by_conversation_and_keeps_its_times_and_parents() -> None:
+    # three agent sessions (a, b, c) of a root and a child each, interleaved, and one request without a session
+    sessions = ["a", "b", "a", "c", "b", None, "c"]
+    requests = tuple(
+        TraceRequest(line=i + 1, timestamp_ms=100.0 * i + 50, input_length=10, output_length=2, session=session)
+        for i, session in enumerate(sessions)
+    )
+    requests = tuple(
+        dataclasses.replace(r, parent={2: 0, 4: 1, 6: 3}.get(i), call_id=str(i)) for i, r in enumerate(requests)
+    )
+    trace = Trace("t.jsonl", "mooncake", 16, requests)
+    numbers: dict[str, int] = {}
+
+    def conversation(request: TraceRequest, position: int) -> int:
+        return position if request.session is None else numbers.setdefault(request.session, len(numbers))
+
+    parts = [shard_of_trace(trace, Shard(index, 2), conversation) for index in range(2)]
+    positions = [part[1] for part in parts]
+    assert sorted(p for part in positions for p in part) == list(range(len(requests)))  # disjoint, and the whole
+    assert positions == [[0, 2, 3, 6], [1, 4, 5]]  # a (0) and c (2) to shard 0; b (1) and the sessionless one (5)
+    for (part, kept), index in zip(parts, range(2), strict=True):
+        for request, position in zip(part.requests, kept, strict=True):
+            assert request.call_id == str(position)
+            if request.parent is not None:  # a parent is re-indexed within the shard, never lost
+                assert kept[request.parent] == requests[position].parent
+        # due times count from the whole trace's first request, so the shards keep the trace's schedule
+        due = due_times(part, 1.0, requests[0].timestamp_ms)
+        assert due == [(requests[position].timestamp_ms - 50.0) * 1.0 / 1000.0 for position in kept], index
