@@ -329,6 +329,7 @@ def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
             for sample in first.run_dir.samples():  # the server's counters: every shard scraped the same ones
                 merged.append_sample(sample)
         else:
+            merged.points_file.touch()  # a sweep even when no point is whole (RunDir.kind reads the file's presence)
             for point in merged_points(shards, findings):
                 merged.append_point(point)
         for shard in shards:

@@ -31,6 +31,9 @@ MERGE_JOB = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "sha
 
 SERVE = ("--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--host", "127.0.0.1", "--offload", "off")
 LOADS = (3, 4)
+START_IN_S = 25
+"""--start-at this far ahead: both shards must have started, confirmed the endpoint and warmed up by then (on a
+loaded 2-core machine that takes over 10 s); a shard that is late starts at once and the merge judges it."""
 
 
 def shard_argv(base_url: str, index: int, out: Path, start_at: float | None) -> list[str]:
@@ -98,7 +101,7 @@ def digest(folder: Path) -> dict[str, str]:
 
 def test_two_shards_merge_into_the_whole_sweep(tmp_path: Path, simulator: SimulatorLauncher) -> None:
     with simulator(*SERVE) as base_url:
-        shards = run_shards(base_url, tmp_path, time.time() + 15, "shard")
+        shards = run_shards(base_url, tmp_path, time.time() + START_IN_S, "shard")
     before = [digest(shard) for shard in shards]
     merged = tmp_path / "merged-cli"
     done = kvbench("merge", *map(str, shards), "-o", str(merged), cwd=tmp_path)
@@ -179,7 +182,7 @@ def test_shards_that_did_not_run_together_are_inconclusive(tmp_path: Path, simul
 def test_a_shard_that_stopped_is_named_and_the_merge_inconclusive(tmp_path: Path, simulator: SimulatorLauncher) -> None:
     outs = [tmp_path / f"part-{index}" for index in range(2)]
     with simulator(*SERVE) as base_url:
-        start = time.time() + 12
+        start = time.time() + START_IN_S
         whole, cut = (
             subprocess.Popen(
                 shard_argv(base_url, index, out, start),
@@ -229,7 +232,7 @@ def test_two_shards_of_a_replay_merge_into_the_whole_trace(tmp_path: Path, simul
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
     outs = [tmp_path / f"replay-{index}" for index in range(2)]
     with simulator(*SERVE) as base_url:
-        start = time.time() + 12
+        start = time.time() + START_IN_S
         argv = [
             [
                 *kvbench_argv("replay", "--base-url", f"{base_url}/v1", "--trace", str(trace), "-o", str(out)),
@@ -262,6 +265,58 @@ def test_two_shards_of_a_replay_merge_into_the_whole_trace(tmp_path: Path, simul
     one_pass = quantiles(ok)
     assert one_pass is not None and arm["ttft"]["n"] == one_pass.n == len(rows)
     assert (arm["ttft"]["p50_ms"], arm["ttft"]["p99_ms"]) == (one_pass.p50_ms, one_pass.p99_ms)
+
+
+def test_two_shards_of_an_agentic_sweep_split_the_agents(tmp_path: Path, simulator: SimulatorLauncher) -> None:
+    outs = [tmp_path / f"agents-{index}" for index in range(2)]
+    with simulator(*SERVE) as base_url:
+        scenario = {
+            "name": "agents-sharded",
+            "engine": {"kind": "openai", "base_url": f"{base_url}/v1", "model": "llama-3.1-8b"},
+            "arms": [{"name": "ON", "offload": "hbm"}],
+            "workload": {
+                "kind": "agentic",
+                "agents": [3],
+                "system_prompt_tokens": 200,
+                "task_tokens": 100,
+                "calls": {"dist": "uniform", "low": 2, "high": 3},
+                "tool_result_tokens": 100,
+                "output_tokens": 4,
+                "tool_time_s": 0.1,
+                "tiers": [{"name": "any", "ttft_s": 10, "min_output_tokens_per_s": 1, "percentile": 90}],
+                "warmup_s": 1,
+                "window_s": 3,
+                "drain_timeout_s": 3,
+                "warmup_requests": 1,
+            },
+            "seed": 3,
+        }
+        path = tmp_path / "agents.yaml"
+        path.write_text(yaml.safe_dump(scenario))
+        start = time.time() + START_IN_S
+        processes = [
+            subprocess.Popen(
+                kvbench_argv("sweep", str(path), "-o", str(out), "--shard", f"{index}/2", "--start-at", f"{start:.3f}"),
+                env=kvbench_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for index, out in enumerate(outs)
+        ]
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=300)
+            assert process.returncode == 0, (stdout + stderr)[-3000:]
+    shards = [next(out.iterdir()) for out in outs]
+    shares = [json.loads((shard / "manifest.json").read_text())["shard"]["shares"] for shard in shards]
+    assert [s[0]["share"] for s in shares] == [2.0, 1.0]  # 3 agents: slots 0 and 2, slot 1
+    raw = [list(read_records(shard / "records.jsonl")) for shard in shards]
+    sessions = [{r.conversation for r in records if r.point == 0} for records in raw]
+    assert all(c % 2 == index for index, part in enumerate(sessions) for c in part) and all(sessions)
+    done = kvbench("merge", *map(str, shards), "-o", str(tmp_path / "merged"), cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    merged = list(read_records(tmp_path / "merged" / "records.jsonl"))
+    assert len(merged) == sum(map(len, raw)) and (tmp_path / "merged" / "agentic.json").is_file()
 
 
 def test_bad_shard_flags_are_one_line_errors(tmp_path: Path) -> None:
