@@ -191,12 +191,12 @@ class SoakRunner(Runner[SoakResult]):
         self.progress.describe(f"{arm.name}: {describe_load(self.sweep, self.spec.load or 0.0)}")
         await session.while_alive(self._window(session, self.remaining, workload))
 
-    async def _window(self, session: ArmSession, remaining: list[int], workload: MultiUserWorkload) -> None:
+    def _plan(self) -> LoadPlan:
+        """The window's open-ended load (this shard's part of it, :mod:`.shard`)."""
         spec = self.spec
-        load = spec.load or max(self.sweep.values)
-        plan = LoadPlan(
+        return LoadPlan(
             mode=self.sweep.mode,
-            value=load,
+            value=spec.load or max(self.sweep.values),
             warmup_s=0.0,
             duration_s=None,
             arrival=self.sweep.arrival,
@@ -208,6 +208,14 @@ class SoakRunner(Runner[SoakResult]):
             seed=self.scenario.seed + self.attempt,
             shard=self.shard,
         )
+
+    def shares(self) -> list[dict[str, float]]:
+        plan = self._plan()
+        return [{"point": 0, "load": plan.value, "share": plan.share()}]
+
+    async def _window(self, session: ArmSession, remaining: list[int], workload: MultiUserWorkload) -> None:
+        spec = self.spec
+        plan = self._plan()
         accumulator = IntervalAccumulator(self.scenario.slo)
         collecting = True
 
