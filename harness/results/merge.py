@@ -15,11 +15,13 @@ every clock reading (``started_ns``, ``scheduled_ns``, the points' window edges)
 Unix ns and the shards' windows compare, to the accuracy of their wall clocks. Durations (TTFT, inter-token gaps,
 end-to-end) are not touched. Each shard's offset from the server's ``Date`` header is reported as recorded.
 
-**One load point.** Per (arm, point), the shards' kept :class:`~harness.store.events.PointDone` (the same attempt
-in every shard, else the merge refuses) become one: ``load`` the whole load, counters summed (``max_in_flight``
-too: an upper bound of the whole), the measured window the shards' *intersection* ``[max(start), min(end)]``,
-inside which every shard applied its part, so the whole load. The engine's ``/metrics`` deltas and energy are the
-server's, which every shard scraped alike: the lowest shard's are kept, not summed.
+**One load point.** Per (arm, point), the shards' kept :class:`~harness.store.events.PointDone` (each shard's
+latest) become one: its attempt the latest of theirs, to which each shard's records of the attempt that finished the
+point are renumbered (a resumed shard finished it later; its discarded attempts keep their numbers), ``load`` the
+whole load, counters summed (``max_in_flight`` too: an upper bound of the whole), the measured window the shards'
+*intersection* ``[max(start), min(end)]``, inside which every shard applied its part, so the whole load. The
+engine's ``/metrics`` deltas and energy are the server's, which every shard scraped alike: the lowest shard's are
+kept, not summed.
 
 **Verdict** (``manifest.json``'s ``merged``): inconclusive, naming the shards, when a shard's last attempt did not
 complete (failed, interrupted, still running), a shard lacks a point another finished, or a point's intersection is
@@ -170,16 +172,33 @@ def shifted_record(record: RequestRecord, shard: ShardRun) -> RequestRecord:
     )
 
 
-def merged_point(parts: Sequence[tuple[ShardRun, PointDone]], findings: list[str]) -> PointDone:
+Renumbering = dict[tuple[int, str, int | None], tuple[int, int]]
+"""(shard, arm, point or None for a replay) -> (the attempt that shard finished it in, the merged run's attempt)."""
+
+
+def renumber(parts: Sequence[tuple[ShardRun, int]], arm: str, point: int | None, renumbering: Renumbering) -> int:
+    """The merged attempt of a point (a replay's arm) the shards finished in attempts ``parts``: the latest; each
+    shard's finishing attempt is mapped to it (its earlier, discarded attempts keep their lower numbers)."""
+    merged = max(attempt for _, attempt in parts)
+    for shard, attempt in parts:
+        renumbering[(shard.index, arm, point)] = (attempt, merged)
+    return merged
+
+
+def renumbered(record: RequestRecord, shard: ShardRun, renumbering: Renumbering) -> RequestRecord:
+    """The record of a shard's finishing attempt of a point, as the merged point's attempt (see :func:`renumber`)."""
+    found = renumbering.get((shard.index, record.arm, record.point))
+    if found is None or record.attempt != found[0] or found[0] == found[1]:
+        return record
+    return record.model_copy(update={"attempt": found[1]})
+
+
+def merged_point(
+    parts: Sequence[tuple[ShardRun, PointDone]], findings: list[str], renumbering: Renumbering
+) -> PointDone:
     """One point from every shard's part of it (see the module docstring); a finding when they did not overlap."""
     first = parts[0][1]
-    attempts = {event.attempt for _, event in parts}
-    if len(attempts) > 1:
-        named = ", ".join(f"{shard.name}: attempt {event.attempt}" for shard, event in parts)
-        raise KvbenchError(
-            f"arm {first.arm}, point {first.point}: the shards finished it in different attempts ({named}); the merge "
-            "takes one attempt per point: re-run the shards that differ"
-        )
+    attempt = renumber([(shard, event.attempt) for shard, event in parts], first.arm, first.point, renumbering)
     windows = [
         (event.window_start_ns + shard.shift(event.attempt), event.window_end_ns + shard.shift(event.attempt))
         for shard, event in parts
@@ -201,7 +220,7 @@ def merged_point(parts: Sequence[tuple[ShardRun, PointDone]], findings: list[str
         arm=first.arm,
         point=first.point,
         load=first.load,
-        attempt=first.attempt,
+        attempt=attempt,
         start_ns=min(event.start_ns + shard.shift(event.attempt) for shard, event in parts),
         window_start_ns=start,
         window_end_ns=end,
@@ -218,7 +237,7 @@ def merged_point(parts: Sequence[tuple[ShardRun, PointDone]], findings: list[str
     )
 
 
-def merged_points(shards: Sequence[ShardRun], findings: list[str]) -> list[PointDone]:
+def merged_points(shards: Sequence[ShardRun], findings: list[str], renumbering: Renumbering) -> list[PointDone]:
     kept = [kept_attempts(shard.run_dir.points()) for shard in shards]
     keys = sorted({key for chosen in kept for key in chosen}, key=lambda key: (key[0], key[1]))
     points: list[PointDone] = []
@@ -231,11 +250,11 @@ def merged_points(shards: Sequence[ShardRun], findings: list[str]) -> list[Point
             )
             continue
         parts = [(shard, chosen[key]) for shard, chosen in zip(shards, kept, strict=True)]
-        points.append(merged_point(parts, findings))
+        points.append(merged_point(parts, findings, renumbering))
     return points
 
 
-def merged_replays(shards: Sequence[ShardRun], findings: list[str]) -> list[ReplayDone]:
+def merged_replays(shards: Sequence[ShardRun], findings: list[str], renumbering: Renumbering) -> list[ReplayDone]:
     by_arm: dict[str, list[tuple[ShardRun, ReplayDone]]] = {}
     for shard in shards:
         latest: dict[str, ReplayDone] = {}
@@ -262,7 +281,7 @@ def merged_replays(shards: Sequence[ShardRun], findings: list[str]) -> list[Repl
         done.append(
             ReplayDone(
                 arm=arm,
-                attempt=max(event.attempt for _, event in parts),
+                attempt=renumber([(shard, event.attempt) for shard, event in parts], arm, None, renumbering),
                 start_ns=min(event.start_ns + shard.shift(event.attempt) for shard, event in parts),
                 end_ns=max(event.end_ns + shard.shift(event.attempt) for shard, event in parts),
                 sent=sum(event.sent for _, event in parts),
@@ -313,25 +332,29 @@ def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
     try:
         make_private_dir(out)
         write_private_text(merged.scenario_file, first.run_dir.scenario_file.read_text(encoding="utf-8"))
+        renumbering: Renumbering = {}
+        if first.kind == "replay":
+            info = first.run_dir.trace_info()
+            if info is not None:
+                merged.write_trace_info(info)
+            for event in merged_replays(shards, findings, renumbering):
+                merged.mark_replayed(event)
+            for sample in first.run_dir.samples():  # the server's counters: every shard scraped the same ones
+                found = renumbering.get((first.index, sample.arm, None))
+                if found is not None and sample.attempt == found[0]:
+                    sample = sample.model_copy(update={"attempt": found[1]})
+                merged.append_sample(sample)
+        else:
+            merged.points_file.touch()  # a sweep even when no point is whole (RunDir.kind reads the file's presence)
+            for point in merged_points(shards, findings, renumbering):
+                merged.append_point(point)
         counts: dict[int, int] = {}
         with RecordWriter(merged.records_file) as writer:
             for shard in shards:
                 counts[shard.index] = 0
                 for record in shard.run_dir.records():
-                    writer.append(shifted_record(record, shard))
+                    writer.append(renumbered(shifted_record(record, shard), shard, renumbering))
                     counts[shard.index] += 1
-        if first.kind == "replay":
-            info = first.run_dir.trace_info()
-            if info is not None:
-                merged.write_trace_info(info)
-            for event in merged_replays(shards, findings):
-                merged.mark_replayed(event)
-            for sample in first.run_dir.samples():  # the server's counters: every shard scraped the same ones
-                merged.append_sample(sample)
-        else:
-            merged.points_file.touch()  # a sweep even when no point is whole (RunDir.kind reads the file's presence)
-            for point in merged_points(shards, findings):
-                merged.append_point(point)
         for shard in shards:
             for down in shard.run_dir.engines_down():
                 if down.attempt == len(shard.manifest.get("attempts", [])) - 1:

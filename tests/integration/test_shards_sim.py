@@ -203,14 +203,25 @@ def test_a_shard_that_stopped_is_named_and_the_merge_inconclusive(tmp_path: Path
         cut.communicate(timeout=120)
         stdout, stderr = whole.communicate(timeout=300)
         assert whole.returncode == 0, (stdout + stderr)[-3000:]
-    shards = [next(out.iterdir()) for out in outs]
-    done = kvbench("merge", *map(str, shards), "-o", str(tmp_path / "merged"), cwd=tmp_path)
-    said = done.stdout + done.stderr
-    assert done.returncode == 3, said[-3000:]
-    assert "INCONCLUSIVE" in said and f"shard 1 ({shards[1]}) ended interrupted" in said
-    assert "point 1: shards 1 did not finish it" in said
-    result = json.loads((tmp_path / "merged" / "sweep.json").read_text())
-    assert [p["load"] for p in result["points"]] == [float(LOADS[0])]  # the point both shards ran, whole
+        shards = [next(out.iterdir()) for out in outs]
+        done = kvbench("merge", *map(str, shards), "-o", str(tmp_path / "merged"), cwd=tmp_path)
+        said = done.stdout + done.stderr
+        assert done.returncode == 3, said[-3000:]
+        assert "INCONCLUSIVE" in said and f"shard 1 ({shards[1]}) ended interrupted" in said
+        assert "point 1: shards 1 did not finish it" in said
+        result = json.loads((tmp_path / "merged" / "sweep.json").read_text())
+        assert [p["load"] for p in result["points"]] == [float(LOADS[0])]  # the point both shards ran, whole
+
+        # the stopped shard resumes as the same shard (its manifest says which), but alone, so its second point
+        # does not overlap the other shard's: the merge says so
+        again = kvbench("sweep", "--resume", str(shards[1]), "--shard", "1/2", cwd=tmp_path)
+        assert again.returncode == 2 and "--resume keeps the shard" in again.stderr
+        resumed = kvbench("sweep", "--resume", str(shards[1]), cwd=tmp_path)
+        assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    later = [r for r in read_records(shards[1] / "records.jsonl") if r.attempt == 1 and r.point is not None]
+    assert later and all(r.shard == 1 and r.conversation % 2 == 1 for r in later)
+    done = kvbench("merge", *map(str, shards), "-o", str(tmp_path / "merged-again"), cwd=tmp_path)
+    assert done.returncode == 3 and "point 1: the measured windows of shard" in done.stdout + done.stderr
 
 
 def test_two_shards_of_a_replay_merge_into_the_whole_trace(tmp_path: Path, simulator: SimulatorLauncher) -> None:
