@@ -2,7 +2,8 @@
 
 What differs from a multi-user sweep (:mod:`.sweep`; the spine, :mod:`.spine`, does the rest): the load is
 ``agents`` sessions at once (closed loop over sessions: a finished session is replaced by the next one, session
-ids of point ``p`` from ``p × SESSIONS_PER_POINT``), and a session is a plan of
+ids of point ``p`` from ``p × SESSIONS_PER_POINT``; a shard runs slots ``j mod N == I`` and sessions ``k·N + I``,
+:mod:`.shard`), and a session is a plan of
 :mod:`workloads.agentic` (synthesized, or drawn from an agent trace): a causal tree whose calls are each sent
 after their parent's answer and their pause (tool time), every child of a call concurrently, each chain that
 forks off tracked like any sender so the drain waits for it. A failed call stops its subtree.
@@ -38,6 +39,7 @@ from workloads.trace import TracePrompts
 from .load import NS, LoadWindow, RecordContext, RefusedBackoff, _cancelled, _Driver, _Stopped
 from .points import SESSIONS_PER_POINT, PointGridRunner
 from .recording import outcome_fields
+from .shard import SETUP_ALLOWANCE_S, START_LEAD_S, WHOLE, Shard, sleep_until
 from .spine import ArmSession
 
 TICK_S = 0.5
@@ -68,6 +70,16 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
         # a session has its main branch and its subagents in flight at once
         return max(self.config.agents) * 4 + 8
 
+    def point_period_s(self) -> float:
+        config = self.config
+        return config.warmup_s + config.window_s + config.drain_timeout_s + SETUP_ALLOWANCE_S
+
+    def shares(self) -> list[dict[str, float]]:
+        return [
+            {"point": index, "load": float(agents), "share": float(self.shard.share(agents))}
+            for index, agents in enumerate(self.config.agents)
+        ]
+
     def result_of(self) -> AgenticResult:
         return agentic_result_of(self.run_dir)
 
@@ -88,9 +100,17 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
                 block_tokens=sessions.block_tokens,
                 salt=point_salt(self.prompt_salt, index),
             )
-            await session.while_alive(self._run_point(session, index, sessions, prompts))
+            start = await self.wait_for_point(session, index, START_LEAD_S)
+            await session.while_alive(self._run_point(session, index, sessions, prompts, start))
 
-    async def _run_point(self, session: ArmSession, index: int, sessions: AgentSessions, prompts: TracePrompts) -> None:
+    async def _run_point(
+        self,
+        session: ArmSession,
+        index: int,
+        sessions: AgentSessions,
+        prompts: TracePrompts,
+        start_unix_s: float | None,
+    ) -> None:
         config, arm = self.config, session.arm
         agents = config.agents[index]
 
@@ -102,6 +122,8 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
                 config=config,
                 agents=agents,
                 first_session=index * SESSIONS_PER_POINT,
+                shard=self.shard,
+                start_unix_s=start_unix_s,
                 context=RecordContext(arm=arm.name, attempt=self.attempt, point=index),
                 on_record=on_record,
             )
@@ -115,6 +137,7 @@ class AgenticRunner(PointGridRunner[AgenticResult]):
             warmup_s=config.warmup_s,
             window_s=config.window_s,
             noun="calls",
+            start_unix_s=start_unix_s,
             drive=drive,
         )
         self.progress.advance(f"{arm.name} @ {agents} agents: {window.measured} calls measured")
@@ -130,6 +153,10 @@ class _AgentDriver(_Driver):
     config: AgenticSessions
     agents: int
     first_session: int
+    shard: Shard = WHOLE
+    """Runs the agent slots ``j mod N == I`` and sessions ``k·N + I`` (:mod:`.shard`)."""
+    start_unix_s: float | None = None
+    """Wall-clock start (a shard's common start); None: at once."""
     context: RecordContext
     window_start_ns: int = 0
     next_session: int = 0
@@ -142,12 +169,13 @@ class _AgentDriver(_Driver):
 
     def launch(self) -> None:
         for slot in range(self.agents):
-            self.spawn(self._slot(slot))
+            if self.shard.owns(slot):
+                self.spawn(self._slot(slot))
 
     async def _slot(self, slot: int) -> None:
         await self.pause_until(self.start_ns + int(slot * self.config.ramp_up_s * NS / self.agents))
         while not self.stopping:
-            plan = self.sessions.plan(self.first_session + self.next_session)
+            plan = self.sessions.plan(self.first_session + self.shard.global_number(self.next_session))
             self.next_session += 1
             self.counters.sessions += 1
             await self._session(plan)
@@ -229,6 +257,7 @@ class _AgentDriver(_Driver):
 
     async def run(self, on_tick: Callable[[int], None]) -> LoadWindow:
         config = self.config
+        await sleep_until(self.start_unix_s)
         self.start_ns = time.monotonic_ns()
         self.window_start_ns = self.start_ns + int(config.warmup_s * NS)
         self.planned_end_ns = self.window_start_ns + int(config.window_s * NS)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import KvbenchError
+from common.errors import KvbenchError, RunDirError
 from common.packed import stored_file
 from common.schema import VersionedFile
 from harness.results.agentic import agentic_result_of
@@ -24,11 +24,13 @@ from harness.results.sweep_result import SweepResult
 from harness.scenario.soak import SoakError, soak_arm, soak_scenario
 from harness.scenario.spec import Scenario
 from harness.store.lock import run_dir_lock
+from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
 from .agentic import AgenticRunner
 from .probe import ProbeRunner
 from .progress import RunProgress
+from .shard import WHOLE, Shard, parse_start_at
 from .soak import SoakRunner
 from .spine import Runner, run_sync
 from .sweep import SweepRunner
@@ -54,6 +56,10 @@ class LaunchOverrides:
     scenario_set: tuple[str, ...] = ()
     """``--set`` given with ``--resume``: re-applied to the original scenario file when the stored one had its
     secrets removed (:meth:`RunDir.resume_scenario`); a new run's scenario has them applied already."""
+    shard: Shard | None = None
+    """``--shard I/N`` of a new run (a resumed shard keeps the one its manifest records)."""
+    start_at: float | None = None
+    """``--start-at`` of a new run, Unix seconds."""
 
     @property
     def changes_window(self) -> bool:
@@ -238,7 +244,26 @@ def launch(
     # the runner reads what is left to measure: only one process may do that and then measure it
     with run_dir_lock(run_dir.path):
         runner = spec.runner(effective, run_dir, source, progress, overrides)
+        if resume is not None:
+            runner.set_shard(*stored_shard(run_dir))
+        else:
+            runner.set_shard(overrides.shard or WHOLE, overrides.start_at)
         return run_dir, run_sync(runner)
+
+
+def stored_shard(run_dir: RunDir) -> tuple[Shard, float | None]:
+    """The shard and ``--start-at`` a run directory's manifest records (an unsharded run: the whole, None); a
+    resumed shard whose common start has passed starts its remaining points at once."""
+    block = read_manifest(run_dir.manifest_file).get("shard")
+    if not isinstance(block, dict):
+        return WHOLE, None
+    try:
+        shard = Shard(int(block["index"]), int(block["count"]))
+    except (KeyError, TypeError, ValueError):
+        where = f"{run_dir.manifest_file}: shard"
+        raise RunDirError(f"{where}: must be {{index, count, start_at}} with 0 <= index < count") from None
+    start = block.get("start_at")
+    return shard, parse_start_at(start) if isinstance(start, str) else None
 
 
 def results_of(run_dir: RunDir) -> RunResults:

@@ -23,6 +23,9 @@ Timeline (all ``time.monotonic_ns()``)::
   sessions opened during warm-up) start at a random round of their session with a synthetic
   history, so the mix of rounds is steady from the beginning; such a first request is always a
   warm-up record, because the engine never saw its history.
+* A shard (``plan.shard``, :mod:`.shard`) runs the user slots ``j`` it owns (``j mod N == I``, each at its
+  unsharded start time), sends only the open-loop arrivals it owns of the whole run's arrival process (so the
+  shards' union is that process), opens sessions ``k·N + I`` and takes its share of ``max_active_users``.
 * A request is ``measure`` when it is sent inside the window (an open-loop arrival when it was
   *scheduled* inside it, so a client that falls behind in warm-up does not inflate the measured
   rate), ``warmup`` before it. Nothing is sent
@@ -61,6 +64,7 @@ from harness.store.records import Phase, RequestRecord
 from workloads.multi_user import MultiUserWorkload, Prompt, Session, stream
 
 from .recording import outcome_fields
+from .shard import WHOLE, Shard, sleep_until
 
 NS = 1_000_000_000
 REFUSED_BACKOFF_BASE_S = 0.1
@@ -114,6 +118,10 @@ class LoadPlan:
     """Sessions are numbered from here (distinct ranges per point give distinct conversations)."""
     seed: int = 0
     """Seeds the arrival process (qps)."""
+    shard: Shard = WHOLE
+    """The part of the load this process sends (:mod:`.shard`)."""
+    start_unix_s: float | None = None
+    """Wall-clock time (Unix s) the run starts at: a shard's common start (:mod:`.shard`); None: at once."""
 
     def __post_init__(self) -> None:
         if not self.value > 0 or math.isinf(self.value):
@@ -126,7 +134,9 @@ class LoadPlan:
             raise ValueError(f"duration_s must be > 0 or None, got {self.duration_s}")
 
     @classmethod
-    def from_sweep(cls, spec: SweepSpec, value: float, *, first_session: int, seed: int) -> LoadPlan:
+    def from_sweep(
+        cls, spec: SweepSpec, value: float, *, first_session: int, seed: int, shard: Shard = WHOLE
+    ) -> LoadPlan:
         return cls(
             mode=spec.mode,
             value=value,
@@ -139,7 +149,14 @@ class LoadPlan:
             max_active_users=spec.max_active_users,
             first_session=first_session,
             seed=seed,
+            shard=shard,
         )
+
+    def share(self) -> float:
+        """This shard's part of the load: its user slots (concurrency), or its part of the arrivals (qps)."""
+        if self.mode == "concurrency":
+            return float(self.shard.share(int(self.value)))
+        return self.value / self.shard.count
 
 
 @dataclass(frozen=True)
@@ -373,13 +390,14 @@ class _Runner(_Driver):
         if self.plan.mode == "concurrency":
             users = int(self.plan.value)
             for slot in range(users):
-                self.spawn(self.user_slot(slot, users))
+                if self.plan.shard.owns(slot):
+                    self.spawn(self.user_slot(slot, users))
         else:
             self.spawn(self.arrivals())
 
     # -- sessions and requests --------------------------------------------------------------
     async def open_session(self, *, staggered: bool) -> Session:
-        session_id = self.plan.first_session + self.next_session
+        session_id = self.plan.first_session + self.plan.shard.global_number(self.next_session)
         self.next_session += 1
         plan = self.workload.plan(session_id)
         start_round = self.workload.stagger_round(plan) if staggered else 1
@@ -472,6 +490,8 @@ class _Runner(_Driver):
         ready: collections.deque[Session] = collections.deque()
         wake = asyncio.Event()
         active = 0
+        max_active = max(1, plan.shard.share(plan.max_active_users))
+        arrival = -1
 
         def returned(session: Session) -> None:
             ready.append(session)
@@ -499,11 +519,14 @@ class _Runner(_Driver):
         while True:
             gap = rng.expovariate(plan.value) if plan.arrival == "poisson" else 1.0 / plan.value
             due += int(gap * NS)
+            arrival += 1
+            if not plan.shard.owns(arrival):
+                continue
             await self.pause_until(due)
-            waits = not ready and active >= plan.max_active_users
+            waits = not ready and active >= max_active
             if waits:
                 self.counters.late += 1
-            while not ready and active >= plan.max_active_users:
+            while not ready and active >= max_active:
                 wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), 1.0)
@@ -522,6 +545,7 @@ class _Runner(_Driver):
     # -- the run ----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None, on_tick: Callable[[int], None] | None, tick_s: float) -> LoadWindow:
         plan = self.plan
+        await sleep_until(plan.start_unix_s)
         self.start_ns = time.monotonic_ns()
         self.window_start_ns = self.start_ns + int(plan.warmup_s * NS)
         if plan.duration_s is not None:

@@ -23,6 +23,7 @@ from harness.store.records import RequestRecord
 
 from .energy import energy_meter
 from .load import LoadWindow
+from .shard import seconds_until
 from .spine import ArmSession, ResultT, Runner
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,11 @@ class PointGridRunner(Runner[ResultT]):
         window_s: float,
         noun: str,
         drive: Callable[[Callable[[RequestRecord], None], Callable[[int], None]], Awaitable[LoadWindow]],
+        start_unix_s: float | None = None,
     ) -> LoadWindow:
         """One load point, from its progress step to its stored PointDone; ``drive(on_record, on_tick)`` sends the
-        load and returns its window. ``noun`` names what is sent in the progress texts ("requests", "calls")."""
+        load and returns its window, its load from ``start_unix_s`` (None: at once; a shard's common start). ``noun``
+        names what is sent in the progress texts ("requests", "calls")."""
         arm = session.arm
         total_s = warmup_s + window_s
         self.progress.describe(f"{arm.name}: point {index + 1}/{self.grid_size()}")
@@ -85,7 +88,7 @@ class PointGridRunner(Runner[ResultT]):
             self.progress.tick(min((now_ns - started) / 1e9, total_s), f"{count} {noun}")
 
         async with energy_meter(session) as meter:
-            before_task = asyncio.ensure_future(scrape_after(session, warmup_s))
+            before_task = asyncio.ensure_future(scrape_after(session, seconds_until(start_unix_s) + warmup_s))
             try:
                 window = await drive(on_record, on_tick)
                 before = await before_task

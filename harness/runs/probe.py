@@ -170,6 +170,7 @@ class ProbeRunner(Runner[RunResult]):
             await self._choose(session)
         elif w.between_turns.mode == "reset_prefix_cache":
             await self._reset(session)
+        await self.wait_for_point(session)
         self.progress.describe(f"{session.arm.name}: measuring")
         for repetition, context_tokens in self._groups(session.arm, session.block):
             await self._run_group(session, repetition, context_tokens)
@@ -331,7 +332,8 @@ class ProbeRunner(Runner[RunResult]):
             salt=self.group_salt(arm, repetition, context_tokens),
         )
         # index -> answers so far: all a conversation keeps between turns (its document is rebuilt when large)
-        alive: dict[int, list[str]] = {index: [] for index in range(w.conversations)}
+        # a shard (--shard I/N) runs the conversations I, I+N, ... of each group
+        alive: dict[int, list[str]] = {index: [] for index in range(w.conversations) if self.shard.owns(index)}
         _, exact = tokenizer_facts(session.tokenizer)
         if self._method(arm)[0] == "reset_prefix_cache":
             await self._reset(session)  # turn 1 starts cold

@@ -187,15 +187,16 @@ class SoakRunner(Runner[SoakResult]):
         workload = MultiUserWorkload(config, session.tokenizer, seed=self.scenario.seed, salt=self.prompt_salt)
         self.progress.describe(f"{arm.name}: building {config.users} user contexts")
         await workload.prepare()
+        await self.wait_for_point(session)
         self.progress.describe(f"{arm.name}: {describe_load(self.sweep, self.spec.load or 0.0)}")
         await session.while_alive(self._window(session, self.remaining, workload))
 
-    async def _window(self, session: ArmSession, remaining: list[int], workload: MultiUserWorkload) -> None:
+    def _plan(self) -> LoadPlan:
+        """The window's open-ended load (this shard's part of it, :mod:`.shard`)."""
         spec = self.spec
-        load = spec.load or max(self.sweep.values)
-        plan = LoadPlan(
+        return LoadPlan(
             mode=self.sweep.mode,
-            value=load,
+            value=spec.load or max(self.sweep.values),
             warmup_s=0.0,
             duration_s=None,
             arrival=self.sweep.arrival,
@@ -205,7 +206,16 @@ class SoakRunner(Runner[SoakResult]):
             max_active_users=self.sweep.max_active_users,
             first_session=self.attempt * SESSIONS_PER_ATTEMPT,
             seed=self.scenario.seed + self.attempt,
+            shard=self.shard,
         )
+
+    def shares(self) -> list[dict[str, float]]:
+        plan = self._plan()
+        return [{"point": 0, "load": plan.value, "share": plan.share()}]
+
+    async def _window(self, session: ArmSession, remaining: list[int], workload: MultiUserWorkload) -> None:
+        spec = self.spec
+        plan = self._plan()
         accumulator = IntervalAccumulator(self.scenario.slo)
         collecting = True
 

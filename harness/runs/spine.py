@@ -25,6 +25,10 @@ with a started engine; everything else happens here, once:
 5. the runner's ``summarize`` turns the stored files into the kind's versioned result file (and a
    fleet's ``fleet.json``).
 
+A shard (``--shard I/N``, :mod:`.shard`) goes through the same spine: the manifest records which shard it is and
+its clocks, every record it appends carries the shard, and its load points wait for their common start
+(:meth:`Runner.wait_for_point`).
+
 A runner (:class:`Runner`) says only what differs: which arms have work, what one arm does, how
 its result is built. ``probe.py``, ``sweep.py`` and ``soak.py`` hold those differences.
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import functools
 import logging
 import time
@@ -46,7 +51,9 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from common.errors import EngineStartError, KvbenchError, RunDirError, RunInterrupted
+from common.redact import redact_text
 from common.schema import VersionedFile
+from harness.client.endpoint import Endpoint
 from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.client.redirects import followed_under
@@ -62,7 +69,7 @@ from harness.results.fleet import summarize_fleet
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
 from harness.store.events import EngineDown
-from harness.store.manifest import Manifest, prompt_salt_of, read_manifest
+from harness.store.manifest import Manifest, prompt_salt_of, read_manifest, scenario_digest
 from harness.store.records import Phase, RecordWriter, RequestRecord
 from harness.store.rundir import RunDir
 from offload.profiles import session_dir_name
@@ -73,6 +80,7 @@ from .fleet import open_fleet
 from .interrupt import Interrupted, run_interruptible
 from .progress import NoProgress, RunProgress
 from .recording import outcome_fields
+from .shard import WHOLE, Shard, iso_utc, point_start, shard_salt, wait_until
 
 Prompt = str | TokenIds | Sequence[Mapping[str, str]]
 """What :meth:`ArmSession.send` sends: text, token ids (completions only) or chat messages (chat only)."""
@@ -151,7 +159,7 @@ class ArmSession:
         manifest: Manifest | None = None,
     ) -> None:
         self.runner = runner
-        self._manifest = manifest
+        self.manifest = manifest
         self.block = block
         """Which block of :meth:`Runner.blocks` this engine start serves (None: all the arm's work)."""
         self.arm = arm
@@ -174,12 +182,13 @@ class ArmSession:
         return self.engine.tokenizer()
 
     def append(self, record: RequestRecord) -> None:
-        self.writer.append(record)
+        shard = self.runner.shard
+        self.writer.append(record.model_copy(update={"shard": shard.index}) if shard.sharded else record)
 
     def note(self, key: str, value: str) -> None:
         """Record a fact about the arm's engine that showed while it ran in the manifest (``engines.ARM.details``)."""
-        if self._manifest is not None:
-            self._manifest.note_engine(self.arm.name, key, value)
+        if self.manifest is not None:
+            self.manifest.note_engine(self.arm.name, key, value)
 
     def sync(self) -> None:
         """fsync the records written so far (at the end of each unit of work)."""
@@ -384,6 +393,57 @@ class Runner(ABC, Generic[ResultT]):
         """Engine sessions started so far (the ``s<n>`` of their tier directories)."""
         self._tier_token = uuid.uuid4().hex[:8]
         """Keeps tier directories of two runs apart whose run directories share a name (on one shared path)."""
+        self.shard: Shard = WHOLE
+        """Which part of the run's load this process sends (``--shard``; :meth:`set_shard`)."""
+        self.start_at: float | None = None
+        """``--start-at`` in Unix seconds: the wall-clock start of the first load point, None: at once."""
+        self._point_slot = 0
+        self._clock_recorded = False
+
+    def set_shard(self, shard: Shard, start_at: float | None) -> None:
+        """Make this run shard ``shard`` (a new run's ``--shard``, or a resumed shard's manifest) starting its first
+        load point at ``start_at``."""
+        self.shard, self.start_at = shard, start_at
+
+    def shard_block(self) -> dict[str, object] | None:
+        """The manifest's ``shard`` block of a new shard run (None when unsharded)."""
+        if not self.shard.sharded and self.start_at is None:
+            return None
+        start = iso_utc(self.start_at) if self.start_at is not None else None
+        return {"index": self.shard.index, "count": self.shard.count, "start_at": start, "shares": self.shares()}
+
+    def shares(self) -> list[dict[str, float]]:
+        """Per load point: ``{point, load, share}``, this shard's part of it (kinds without load points: none)."""
+        return []
+
+    def point_period_s(self) -> float | None:
+        """Seconds between two load points' common starts (:mod:`.shard`); None: the kind has one window."""
+        return None
+
+    async def wait_for_point(self, session: ArmSession, point: int = 0, lead_s: float = 0.0) -> float | None:
+        """Wait until ``lead_s`` before load point ``point``'s common start (``--start-at`` + its slot ×
+        :meth:`point_period_s`; a kind with one window: ``--start-at``, once) and return that start in Unix seconds,
+        for the load driver to start on exactly (:func:`~.shard.sleep_until`); None: start at once (no
+        ``--start-at``). A shard's first call of an attempt records its clocks in the manifest (:func:`shard_clock`)."""
+        if self.shard.sharded and not self._clock_recorded and session.manifest is not None:
+            self._clock_recorded = True
+            session.manifest.record_clock(await shard_clock(session.engine.endpoint))
+        if self.start_at is None:
+            return None
+        period = self.point_period_s()
+        if period is None and self._point_slot > 0:
+            return None
+        self._point_slot += 1
+        arms = [candidate.name for candidate in self.scenario.arms]
+        grid = self.work()[0] // max(1, len(self.selected_arms()))
+        arm = session.arm
+        slot = arms.index(arm.name) * grid + point if period is not None else 0
+        when = point_start(self.start_at, slot, period or 0.0)
+        what = "the run starts" if slot == 0 else f"{arm.name}'s load point {point + 1} starts"
+        late = await wait_until(when - lead_s, what, self.progress.describe) - lead_s
+        if late > 1.0:
+            self.progress.note(f"{what} {late:.1f} s after its common start {iso_utc(when)} (a shard runs late)")
+        return when
 
     @functools.cached_property
     def prompt_salt(self) -> str | None:
@@ -501,13 +561,42 @@ async def record_host_link(runner: Runner[ResultT], manifest: Manifest) -> None:
     runner.progress.note(link.console_line())
 
 
+async def shard_clock(endpoint: Endpoint) -> dict[str, object]:
+    """A shard attempt's clocks (:class:`harness.store.manifest_model.AttemptClock`): wall minus monotonic now, and
+    the server's ``Date`` header minus this client's clock midway through one ``GET /v1/models``."""
+    offset: float | None = None
+    url = endpoint.base_url.rstrip("/") + "/v1/models"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            sent = time.time()
+            async with http.get(url, headers=endpoint.headers) as response:
+                received = time.time()
+                date = response.headers.get("Date")
+        if date is None:
+            note = f"not measured: {redact_text(url)} sent no Date header"
+        else:
+            server = email.utils.parsedate_to_datetime(date).timestamp()
+            offset = round(server - (sent + received) / 2, 3)
+            note = f"Date header of GET {redact_text(url)} (1 s resolution, round trip {received - sent:.3f} s)"
+    except (aiohttp.ClientError, TimeoutError, ValueError, TypeError) as error:
+        note = f"not measured: GET {redact_text(url)} failed ({type(error).__name__})"
+    wall_minus_monotonic = time.time_ns() - time.monotonic_ns()
+    return {"wall_minus_monotonic_ns": wall_minus_monotonic, "server_offset_s": offset, "server_offset_note": note}
+
+
 async def execute(runner: Runner[ResultT]) -> ResultT:
     """Run every arm with work left through an :class:`ArmSession`; return the kind's result."""
     total, done = runner.work()
     runner.progress.start(total, done, runner.unit)
     run_dir = runner.run_dir
     try:
-        manifest = Manifest.start(run_dir.manifest_file, runner.scenario, runner.source, runner.attempt)
+        shard = runner.shard_block()
+        salt = None
+        if shard is not None:
+            salt = shard_salt(scenario_digest(runner.scenario), runner.shard.count, runner.start_at)
+        manifest = Manifest.start(
+            run_dir.manifest_file, runner.scenario, runner.source, runner.attempt, shard=shard, shard_salt=salt
+        )
     except OSError as error:
         raise RunDirError(f"{run_dir.manifest_file}: cannot write: {error.strerror or error}") from None
     status, reason = "interrupted", ""

@@ -3,7 +3,8 @@
 What differs from the other run kinds (the spine, :mod:`.spine`, does the rest): per arm, after
 the warm-up, the engine's prefix cache is reset; then, for each pending load point, the users' contexts
 of that point are built (fresh per point in a salted run, so a point's users never find a previous
-point's context KV: :meth:`~workloads.multi_user.MultiUserWorkload.at_point`) and the point runs one
+point's context KV: :meth:`~workloads.multi_user.MultiUserWorkload.at_point`), a shard waits for the point's
+common start (:meth:`~.spine.Runner.wait_for_point`), and the point runs one
 :func:`~harness.runs.load.run_load` window (warm-up seconds, then the measured window) with
 ``/metrics`` scraped at the window's edges and the GPUs' energy metered
 (:mod:`.energy`), and appends a
@@ -17,6 +18,7 @@ the points without a PointDone (the engine of an arm with work left starts again
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 from common.errors import KvbenchError
@@ -30,6 +32,7 @@ from workloads.multi_user import MultiUserWorkload
 
 from .load import LoadPlan, RecordContext, run_load
 from .points import SESSIONS_PER_POINT, PointGridRunner
+from .shard import SETUP_ALLOWANCE_S, START_LEAD_S
 from .spine import ArmSession
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,23 @@ class SweepRunner(PointGridRunner[SweepResult]):
         if self.spec.mode == "concurrency":
             return int(max(self.spec.values)) + 8
         return self.spec.max_active_users + 8
+
+    def point_period_s(self) -> float:
+        spec = self.spec
+        return spec.warmup + spec.duration + spec.drain_timeout + SETUP_ALLOWANCE_S
+
+    def shares(self) -> list[dict[str, float]]:
+        values = enumerate(self.spec.values)
+        return [{"point": index, "load": value, "share": self._plan(index).share()} for index, value in values]
+
+    def _plan(self, index: int) -> LoadPlan:
+        return LoadPlan.from_sweep(
+            self.spec,
+            self.spec.values[index],
+            first_session=index * SESSIONS_PER_POINT,
+            seed=self.scenario.seed,
+            shard=self.shard,
+        )
 
     def result_of(self) -> SweepResult:
         return sweep_result_of(self.run_dir)
@@ -97,15 +117,22 @@ class SweepRunner(PointGridRunner[SweepResult]):
                 await workload.prepare()
                 if spec.reset_between_points:
                     await session.reset_prefix_cache(required=False)
-                await session.while_alive(self._run_point(session, index, sender, workload))
+                start = await self.wait_for_point(session, index, START_LEAD_S)
+                await session.while_alive(self._run_point(session, index, sender, workload, start))
 
     async def _run_point(
-        self, session: ArmSession, index: int, sender: StreamingClient, workload: MultiUserWorkload
+        self,
+        session: ArmSession,
+        index: int,
+        sender: StreamingClient,
+        workload: MultiUserWorkload,
+        start_unix_s: float | None,
     ) -> None:
-        """One load point: ``sender`` carries the load, the session's client scrapes /metrics."""
+        """One load point, its load from ``start_unix_s`` (None: at once): ``sender`` carries the load, the session's
+        client scrapes /metrics."""
         spec, arm = self.spec, session.arm
         value = spec.values[index]
-        plan = LoadPlan.from_sweep(spec, value, first_session=index * SESSIONS_PER_POINT, seed=self.scenario.seed)
+        plan = dataclasses.replace(self._plan(index), start_unix_s=start_unix_s)
         unit = "users" if spec.mode == "concurrency" else "req/s"
         window = await self.measure_point(
             session,
@@ -115,6 +142,7 @@ class SweepRunner(PointGridRunner[SweepResult]):
             warmup_s=spec.warmup,
             window_s=spec.duration,
             noun="requests",
+            start_unix_s=start_unix_s,
             drive=lambda on_record, on_tick: run_load(
                 sender,
                 workload,

@@ -30,9 +30,11 @@ state the trace built up.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +54,7 @@ from workloads.trace import Trace, TracePrompts, TraceRequest, load_trace, resol
 from .load import OnOutcome, ScheduleWindow, SendOne, run_schedule
 from .progress import RunProgress
 from .recording import outcome_fields
+from .shard import START_LEAD_S, Shard, sleep_until
 from .spine import DEFAULT_CONNECTIONS, ArmSession, Prompt, Runner
 
 log = logging.getLogger(__name__)
@@ -92,10 +95,27 @@ def trace_info(config: TraceReplay, trace: Trace) -> TraceInfo:
     )
 
 
-def due_times(trace: Trace, time_scale: float) -> list[float]:
-    """Seconds from the start at which each request is due: (timestamp − first timestamp) × time_scale / 1000."""
-    first = trace.requests[0].timestamp_ms
+def due_times(trace: Trace, time_scale: float, origin_ms: float | None = None) -> list[float]:
+    """Seconds from the start at which each request is due: (timestamp − first timestamp) × time_scale / 1000; a
+    shard's requests count from the whole trace's first timestamp (``origin_ms``), so the shards' union keeps the
+    trace's schedule."""
+    first = trace.requests[0].timestamp_ms if origin_ms is None else origin_ms
     return [(request.timestamp_ms - first) * time_scale / 1000.0 for request in trace.requests]
+
+
+def shard_of_trace(
+    trace: Trace, shard: Shard, conversation: Callable[[TraceRequest, int], int]
+) -> tuple[Trace, list[int]]:
+    """The requests of the conversations ``shard`` owns (conversation ``k mod N == I``; a request without a session
+    is its own conversation, numbered by position) and each one's position in ``trace``; a parent in another shard
+    is dropped (its child becomes a root, as at a window's edge)."""
+    positions = [index for index, request in enumerate(trace.requests) if shard.owns(conversation(request, index))]
+    local = {position: index for index, position in enumerate(positions)}
+    kept = tuple(
+        dataclasses.replace(request, parent=None if request.parent is None else local.get(request.parent))
+        for request in (trace.requests[position] for position in positions)
+    )
+    return Trace(trace.path, trace.format, trace.block_tokens, kept), positions
 
 
 @dataclass
@@ -130,6 +150,7 @@ async def run_causal(
     open_loop: bool,
     concurrency: int | None,
     drain_timeout_s: float,
+    origin_ms: float | None = None,
 ) -> ScheduleWindow:
     """Send every call of ``trace`` once its parent has completed (see the module docstring); ``on_outcome(i,
     outcome, due_ns)`` as each completes. A request in flight while nothing else was sent or completed for
@@ -138,7 +159,7 @@ async def run_causal(
     state = _CausalState(len(requests))
     slots = asyncio.Semaphore(concurrency) if concurrency is not None else None
     start = state.last_event_ns = time.monotonic_ns()
-    first_ms = requests[0].timestamp_ms if requests else 0.0
+    first_ms = origin_ms if origin_ms is not None else requests[0].timestamp_ms if requests else 0.0
 
     def scaled_ns(gap_ms: float) -> int:
         return int(gap_ms * time_scale * 1_000_000) if open_loop else 0
@@ -231,6 +252,9 @@ class TraceRunner(Runner[ReplayResult]):
                 f"then, {info.sha256[:12]}… now); start a new replay"
             )
         self._conversations: dict[str, int] = {}
+        self._positions = list(range(len(self.trace.requests)))
+        """Each replayed request's position in the scenario's trace window (a shard replays part of it)."""
+        self._origin_ms = self.trace.requests[0].timestamp_ms
         self._last_page: str | None = None
         self._last_ns = 0
         self._start_ns = 0
@@ -238,6 +262,11 @@ class TraceRunner(Runner[ReplayResult]):
     @property
     def config(self) -> TraceReplay:
         return self.scenario.trace_workload
+
+    def set_shard(self, shard: Shard, start_at: float | None) -> None:
+        super().set_shard(shard, start_at)
+        if shard.sharded:
+            self.trace, self._positions = shard_of_trace(self.trace, shard, self.conversation)
 
     def _finished(self) -> set[str]:
         return {event.arm for event in self.run_dir.replayed()}
@@ -288,6 +317,7 @@ class TraceRunner(Runner[ReplayResult]):
         await session.warm_up(config.warmup_requests, api=config.api, ignore_eos=config.ignore_eos, tag="replay")
         prompts = await self._prompts(session)
         await session.reset_prefix_cache(required=False)
+        start = await self.wait_for_point(session, 0, START_LEAD_S)
         requests = self.trace.requests
         self.progress.describe(f"{arm.name}: replaying {len(requests)} requests ({config.mode} loop)")
 
@@ -302,6 +332,7 @@ class TraceRunner(Runner[ReplayResult]):
             self.progress.advance(f"{arm.name} line {requests[index].line}")
 
         self._last_page = await session.scrape()  # the baseline of the first interval
+        await sleep_until(start)  # a shard: the common start (--start-at)
         self._start_ns = self._last_ns = time.monotonic_ns()
         sampler = asyncio.ensure_future(self._sample(session))
         try:
@@ -314,13 +345,14 @@ class TraceRunner(Runner[ReplayResult]):
                     open_loop=config.mode == "open",
                     concurrency=config.concurrency,
                     drain_timeout_s=config.drain_timeout_s,
+                    origin_ms=self._origin_ms,
                 )
             else:
                 replayed = run_schedule(
                     len(requests),
                     send_one,
                     on_outcome,
-                    due_s=due_times(self.trace, config.time_scale) if config.mode == "open" else None,
+                    due_s=due_times(self.trace, config.time_scale, self._origin_ms) if config.mode == "open" else None,
                     concurrency=config.concurrency,
                     drain_timeout_s=config.drain_timeout_s,
                 )
@@ -360,7 +392,7 @@ class TraceRunner(Runner[ReplayResult]):
             phase="measure",
             repetition=0,
             context_tokens=request.input_length,
-            conversation=self.conversation(request, index),
+            conversation=self.conversation(request, self._positions[index]),
             turn=request.turn or 1,
             api="chat" if api == "chat" else "completions",
             expected_prompt_tokens=request.input_length

@@ -15,6 +15,11 @@ created and reused by every ``--resume``, or null where the scenario keeps promp
 (``workload.prompt_salt: fixed``). A version-1 manifest was written before salts existed: its prompts were the
 same on every run (:func:`prompt_salt_of` says ``unrecorded``); kvbench still reads and resumes it unsalted.
 
+Version 3 adds shards (:mod:`harness.runs.shard`): ``shard`` (``{index, count, start_at, shares}``, null when the
+run is not a shard), each shard attempt's ``clock`` (``wall_minus_monotonic_ns``, the server's ``Date`` offset) and
+``merged`` (the shards ``kvbench merge`` made a run from and its verdict, null otherwise). A shard's
+``prompt_salt`` is the one all shards of the run derive alike (:func:`harness.runs.shard.shard_salt`).
+
 An attempt ends ``completed``, ``interrupted`` or ``failed`` with a one-line ``reason``. That last
 write must succeed on a full disk too: the file carries :data:`SLACK_BYTES` of trailing blanks
 (JSON allows them), and when the atomic replace cannot get space the manifest is rewritten in
@@ -23,6 +28,7 @@ place, into blocks it already owns; a failed temporary file is always removed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -49,9 +55,9 @@ from harness.engines.host_link import HostLink
 from harness.scenario.spec import Scenario
 from workloads.salt import new_salt
 
-MANIFEST_VERSION = 2
-READ_VERSIONS = (1, 2)
-"""Manifest versions this kvbench reads: 1 (before per-run prompt salts) and 2."""
+MANIFEST_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
+"""Manifest versions this kvbench reads: 1 (before per-run prompt salts), 2 (before shards) and 3."""
 SLACK_BYTES = 1024
 """Trailing blanks kept in the file so the final status and reason fit in place on a full disk."""
 REASON_CHARS = 300
@@ -129,6 +135,14 @@ def host_facts() -> dict[str, Any]:
     }
 
 
+def scenario_digest(scenario: Scenario) -> str:
+    """sha256 of the scenario as stored (secrets removed, keys sorted) but for ``output`` (where each shard writes
+    its run directory is no part of what it measures): equal on every shard of one run, so the shards derive one
+    prompt salt and ``kvbench merge`` knows they ran one scenario."""
+    stored = json.dumps(redact_data(scenario.model_dump(mode="json", exclude={"output"})), sort_keys=True)
+    return hashlib.sha256(stored.encode("utf-8")).hexdigest()
+
+
 class Manifest:
     """In-memory manifest, saved after every change."""
 
@@ -137,7 +151,18 @@ class Manifest:
         self.data = data
 
     @classmethod
-    def start(cls, path: Path, scenario: Scenario, source: Path | None, attempt: int) -> Manifest:
+    def start(
+        cls,
+        path: Path,
+        scenario: Scenario,
+        source: Path | None,
+        attempt: int,
+        *,
+        shard: Mapping[str, Any] | None = None,
+        shard_salt: str | None = None,
+    ) -> Manifest:
+        """Open (or create) the manifest and add a running attempt; ``shard``: a new shard run's ``shard`` block,
+        ``shard_salt`` its shared prompt salt (where the scenario salts per run)."""
         if path.exists():
             data = read_manifest(path)
         else:
@@ -147,12 +172,14 @@ class Manifest:
                 "scenario_name": scenario.name,
                 "scenario_source": str(source) if source else None,
                 "scenario": redact_data(scenario.model_dump(mode="json")),
-                "prompt_salt": new_salt() if scenario.workload.prompt_salt == "per_run" else None,
+                "prompt_salt": (shard_salt or new_salt()) if scenario.workload.prompt_salt == "per_run" else None,
                 "kvbench_version": __version__,
                 "kvbench_git_sha": git_sha(Path(__file__).resolve().parent),
                 "command": redact_argv(sys.argv),
                 "engines": {},
                 "attempts": [],
+                "shard": dict(shard) if shard is not None else None,
+                "merged": None,
             }
         data["host"] = host_facts()
         data["attempts"].append({"attempt": attempt, "started_at": now_iso(), "ended_at": None, "status": "running"})
@@ -182,6 +209,17 @@ class Manifest:
         """The current attempt's host link (measured before its first engine starts)."""
         self.data["attempts"][-1]["host_link"] = link.model_dump(mode="json")
         self.save()
+
+    def record_clock(self, clock: Mapping[str, Any]) -> None:
+        """The current shard attempt's clocks (``attempts[-1].clock``: :class:`~.manifest_model.AttemptClock`)."""
+        self.data["attempts"][-1]["clock"] = dict(clock)
+        self.save()
+
+    def record_shares(self, shares: list[dict[str, float]]) -> None:
+        """A shard's part of each load point (``shard.shares``)."""
+        if isinstance(self.data.get("shard"), dict):
+            self.data["shard"]["shares"] = shares
+            self.save()
 
     @property
     def host_gpus(self) -> int:
@@ -251,7 +289,7 @@ def check_manifest(path: Path, data: dict[str, Any]) -> dict[str, Any]:
             continue
         if not isinstance(data[field], kind):
             raise RunDirError(f"{path}: {field}: must be {what}, got {type(data[field]).__name__}")
-    if version == 2 and "prompt_salt" not in data:
+    if isinstance(version, int) and version >= 2 and "prompt_salt" not in data:
         raise RunDirError(f"{path}: prompt_salt: missing (a manifest of version 2 has it: a string, or null)")
     salt = data.get("prompt_salt")
     if salt is not None and not (isinstance(salt, str) and salt.isalnum()):

@@ -101,6 +101,10 @@ class RequestRecord(BaseModel):
     moved: bool | None = Field(
         default=None, description="Served by another replica than the conversation's previous request (turn >= 2)."
     )
+    # -- shards (--shard I/N); absent from an unsharded run -----------------------------------
+    shard: Count | None = Field(
+        default=None, description="The shard that sent it (0-based I of --shard I/N); kvbench merge keeps it."
+    )
     # -- trace replays (kvbench replay); absent otherwise -------------------------------------
     trace_line: int | None = Field(
         default=None, strict=True, ge=1, description="1-based line of the trace file this request replays."
@@ -183,7 +187,8 @@ class RecordWriter:
         self._file = os.fdopen(open_private(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
 
     def append(self, record: RequestRecord) -> None:
-        self._file.write(record.model_dump_json() + "\n")
+        # an unsharded run's record is written as before shards existed: its shard is absent, not null
+        self._file.write(record.model_dump_json(exclude=None if record.shard is not None else {"shard"}) + "\n")
         self._file.flush()
         self._pending += 1
         if self._pending >= self._fsync_every:

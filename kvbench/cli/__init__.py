@@ -1,6 +1,6 @@
 """The kvbench command line: parse, call the harness, then reports. Nothing else lives here.
 
-One module per command group: :mod:`.runs` (run, sweep, soak, replay, report), :mod:`.gate` (compare,
+One module per command group: :mod:`.runs` (run, sweep, soak, replay, report, merge), :mod:`.gate` (compare,
 playbook), :mod:`.scenarios` (validate, scenarios), :mod:`.schema`, :mod:`.sim`, :mod:`.trace`, :mod:`.model`,
 :mod:`.offload`, :mod:`.selftest`; options several commands share are defined once in :mod:`.options`.
 Heavy modules (pandas, aiohttp, engines) are imported inside the commands so ``kvbench --help``
@@ -39,8 +39,8 @@ def main(
 
 
 COMMANDS = (
-    runs.run, runs.sweep, runs.soak, runs.replay, runs.report, runs.versus, gate.compare, scenarios.validate,
-    scenarios.scenarios, schema.schema,
+    runs.run, runs.sweep, runs.soak, runs.replay, runs.report, runs.merge, runs.versus, gate.compare,
+    scenarios.validate, scenarios.scenarios, schema.schema,
 )  # fmt: skip
 for command in COMMANDS:
     app.command()(command)

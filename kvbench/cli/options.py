@@ -1,6 +1,7 @@
 """Options several commands share, defined once: ``--set`` (scenario overrides), ``--json`` (result on stdout),
-``--output-dir`` (where a run directory goes); and how every command group (``kvbench``, ``kvbench sim`` ...) is
-made (:func:`command_group`)."""
+``--output-dir`` (where a run directory goes), ``--shard`` and ``--start-at`` (one shard of a run:
+:mod:`harness.runs.shard`); and how every command group (``kvbench``, ``kvbench sim`` ...) is made
+(:func:`command_group`)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,26 @@ def command_group(help: str, *, name: str | None = None) -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
+
+
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="I/N",
+        help="Run shard I of N (0-based: 0/2 and 1/2): its part of the users, sessions or trace conversations; "
+        "kvbench merge unites the shards' run directories.",
+    ),
+]
+"""``--shard I/N`` (:class:`harness.runs.shard.Shard`)."""
+
+StartAtOption = Annotated[
+    str | None,
+    typer.Option(
+        "--start-at",
+        metavar="TIME",
+        help="Start the first load point at this wall-clock time (ISO 8601 UTC such as 2026-12-02T06:00:00Z, or "
+        "Unix seconds), each later point on the scenario's fixed schedule, so shards start together.",
+    ),
+]
+"""``--start-at TIME`` (:func:`harness.runs.shard.parse_start_at`)."""

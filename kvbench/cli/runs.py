@@ -1,4 +1,4 @@
-"""``kvbench run``, ``sweep``, ``soak``, ``replay`` and ``report``: every run kind through one launcher.
+"""``kvbench run``, ``sweep``, ``soak``, ``replay``, ``report`` and ``merge``: every run kind through one launcher.
 
 Each command only parses its flags; :func:`launch_kind` starts or resumes the run through the
 run-kind table (``harness.runs.kinds``), writes every report registered for the kind
@@ -23,11 +23,12 @@ from common.markup import console_text
 from harness.scenario.flag_fields import ALL_WORKLOAD_FIELDS, ENDPOINT_FIELDS, WORKLOAD_FIELDS, FlagKind
 
 from .console import console, emit_json, fail, json_stdout, os_error, verdict_exit
-from .options import JsonFlag, OutputDirOption, SetOption
+from .options import JsonFlag, OutputDirOption, SetOption, ShardOption, StartAtOption
 
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
     from harness.runs.kinds import LaunchOverrides
+    from harness.runs.shard import Shard
     from harness.scenario.flags import EndpointFlags
     from harness.scenario.spec import Scenario
     from harness.store.rundir import RunDir, RunKind
@@ -128,6 +129,21 @@ def endpoint_options(kind: FlagKind) -> Callable[[Callable[..., None]], Callable
     return decorate
 
 
+def shard_overrides(shard: str | None, start_at: str | None, resume: Path | None) -> tuple[Shard | None, float | None]:
+    """``--shard`` and ``--start-at`` as :class:`LaunchOverrides` fields; a one-line error (exit 2) for a bad value
+    or with ``--resume`` (a resumed shard keeps the shard and start its manifest records)."""
+    from common.errors import KvbenchError
+    from harness.runs.shard import Shard, parse_start_at
+
+    if resume is not None and (shard is not None or start_at is not None):
+        raise fail("--shard/--start-at: --resume keeps the shard and start the run directory's manifest records")
+    try:
+        parsed = Shard.parse(shard) if shard is not None else None
+        return parsed, parse_start_at(start_at) if start_at is not None else None
+    except KvbenchError as error:
+        raise fail(str(error)) from None
+
+
 def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, resume: Path | None) -> Scenario | None:
     """The scenario the flags describe (None when they name no endpoint); one-line errors for flags that clash."""
     from common.errors import KvbenchError
@@ -226,16 +242,20 @@ def rebuild(
     """Rebuild a run directory's result file and its reports (``formats``; None: the default ones) from its stored
     files, telling ``out``; its outcome. ``into`` None: rewrite the run directory's result files and ``report/``;
     a folder: leave the run directory as it is and write the reports there."""
-    from harness.results.verdict import outcome_of_result
+    from harness.results.merge import merge_lines, merge_outcome
+    from harness.results.verdict import outcome_of_result, worst
     from harness.runs.kinds import results_of, summarize
     from harness.store.rundir import RunDir
     from reports.outputs import write_outputs
 
     run_dir = RunDir.open(path)
     results = summarize(run_dir) if into is None else results_of(run_dir)
-    outcome = outcome_of_result(results.result)
+    merged = merge_outcome(run_dir)  # a merged run: also whether its shards make one run
+    outcome = worst([outcome_of_result(results.result), *([merged] if merged is not None else [])])
     emit_json(results.result.file_text())
     out.print(f"{run_dir.path}: a {run_dir.kind} run", highlight=False, markup=False)
+    for line in merge_lines(run_dir):
+        out.print(line, highlight=False, markup=False)
     for written in write_outputs(run_dir, out, formats, results=results, into=into):
         out.print(f"wrote {written}", highlight=False, markup=False)
     return outcome
@@ -251,6 +271,8 @@ def run(
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
+    shard: ShardOption = None,
+    start_at: StartAtOption = None,
     *,
     flags: EndpointFlags,
 ) -> None:
@@ -258,8 +280,9 @@ def run(
     from harness.runs.kinds import LaunchOverrides
 
     with json_stdout(json):
+        sharded, start = shard_overrides(shard, start_at, resume)
         built = flag_scenario("probe", flags, scenario, resume)
-        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()))
+        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()), shard=sharded, start_at=start)
         run_dir = launch_kind(
             "probe", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
         )
@@ -281,6 +304,8 @@ def sweep(
     arms: Annotated[list[str] | None, ONLY_ARMS] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
+    shard: ShardOption = None,
+    start_at: StartAtOption = None,
     *,
     flags: EndpointFlags,
 ) -> None:
@@ -296,8 +321,9 @@ def sweep(
     from harness.runs.kinds import LaunchOverrides
 
     with json_stdout(json):
+        sharded, start = shard_overrides(shard, start_at, resume)
         built = flag_scenario("sweep", flags, scenario, resume)
-        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()))
+        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()), shard=sharded, start_at=start)
         run_dir = launch_kind(
             "sweep", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
         )
@@ -330,6 +356,8 @@ def soak(
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue an interrupted window.")] = None,
     sets: SetOption = None,
     json: JsonFlag = False,
+    shard: ShardOption = None,
+    start_at: StartAtOption = None,
 ) -> None:
     """Stability window: the workload at its target load; per-interval stats and a PASS/FAIL verdict."""
     from harness.runs.kinds import LaunchOverrides
@@ -340,8 +368,16 @@ def soak(
         interval_s = parse_duration(interval) if interval is not None else None
     except ValueError as error:
         raise fail(f"--window/--interval: {error}") from None
+    sharded, start = shard_overrides(shard, start_at, resume)
     overrides = LaunchOverrides(
-        window_s=window_s, interval_s=interval_s, load=load, arm=arm, load_from=load_from, load_fraction=load_fraction
+        window_s=window_s,
+        interval_s=interval_s,
+        load=load,
+        arm=arm,
+        load_from=load_from,
+        load_fraction=load_fraction,
+        shard=sharded,
+        start_at=start,
     )
     with json_stdout(json):
         run_dir = launch_kind(
@@ -455,6 +491,36 @@ def report(
         verdict_exit(outcomes)
 
 
+def merge(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(metavar="RUN_DIR...", help="Every shard's run directory (--shard I/N) of one run.")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="The merged run directory to create (new, or an empty folder).")
+    ],
+    json: JsonFlag = False,
+) -> None:
+    """One run directory from a sharded run's shards: records united, every figure recomputed from them; exit 3 when
+    a shard failed or the shards did not run a load point together."""
+    from common.errors import KvbenchError
+
+    with json_stdout(json):
+        try:
+            from harness.results.merge import merge_shards
+
+            merged = merge_shards(run_dirs, out)
+        except KvbenchError as error:
+            raise fail(str(error)) from None
+        except OSError as error:
+            raise fail(os_error(error)) from None
+        console.print(f"merged {len(run_dirs)} shards into {console_text(merged.path)}", highlight=False)
+        try:
+            outcome = rebuild(merged.path)
+        except KvbenchError as error:
+            raise fail(str(error)) from None
+        verdict_exit([outcome], f" (run directory: {merged.path})")
+
+
 def versus(
     spec: Annotated[Path, typer.Argument(help="A published table and the runs that measure its columns (YAML).")],
     out: Annotated[
@@ -492,11 +558,19 @@ def replay(
     arms: Annotated[
         list[str] | None, typer.Option("--arm", help="NAME=URL: replay on this endpoint as an arm (repeatable).")
     ] = None,
+    shard: ShardOption = None,
+    start_at: StartAtOption = None,
     *,
     flags: EndpointFlags,
 ) -> None:
     """Replay a timestamped trace on every arm: TTFT/TPOT/E2E, SLO, hit rate against the trace's ceiling."""
+    from harness.runs.kinds import LaunchOverrides
+
     with json_stdout(json):
+        sharded, start = shard_overrides(shard, start_at, resume)
+        overrides = LaunchOverrides(shard=sharded, start_at=start)
         built = flag_scenario("replay", flags, scenario, resume)
-        run_dir = launch_kind("replay", built or scenario, output_dir=output_dir, resume=resume, sets=sets or ())
+        run_dir = launch_kind(
+            "replay", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
+        )
         console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")

@@ -38,7 +38,7 @@ def summary_of(run_dir: Path) -> dict[str, Any]:
 
 def salt_of(run_dir: Path) -> str | None:
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["manifest_version"] == 2
+    assert manifest["manifest_version"] == 3
     salt: str | None = manifest["prompt_salt"]
     return salt
 

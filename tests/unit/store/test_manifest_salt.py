@@ -43,7 +43,7 @@ def test_fixed_prompts_have_no_salt(tmp_path: Path) -> None:
     path = tmp_path / "manifest.json"
     Manifest.start(path, scenario("fixed"), None, attempt=0)
     data = read_manifest(path)
-    assert data["manifest_version"] == 2 and prompt_salt_of(data) == ("fixed", None)
+    assert data["manifest_version"] == 3 and prompt_salt_of(data) == ("fixed", None)
     ManifestFile.model_validate(json.loads(path.read_text()))
 
 
