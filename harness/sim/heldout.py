@@ -35,7 +35,8 @@ class Band(StrictModel):
     runs: int = Field(ge=1, description="Kept load runs the errors come from.")
 
     def text(self) -> str:
-        return f"{self.low * 100:+.0f}..{self.high * 100:+.0f} % ({self.runs} run{'s' * (self.runs != 1)})"
+        low, high = f"{self.low * 100:+.0f}", f"{self.high * 100:+.0f}"
+        return f"{low if low == high else f'{low}..{high}'} % ({self.runs} run{'s' * (self.runs != 1)})"
 
 
 class HeldOut(StrictModel):
@@ -47,7 +48,8 @@ class HeldOut(StrictModel):
     ttft_cells: int = Field(default=0, ge=0)
 
     def text(self) -> str:
-        parts = [f"capacity held-out error {self.capacity.text()}" if self.capacity else "capacity not held out"]
+        capacity = self.capacity
+        parts = [f"capacity held-out error {capacity.text()}" if capacity else "capacity: no held-out load run"]
         if self.agents is not None:
             parts.append(f"agents at SLO {self.agents.text()}")
         if self.ttft_unloaded_median is not None:

@@ -21,7 +21,17 @@ from harness.calibrate.underload import (
 from harness.results.agentic_result import AgenticResult
 from harness.results.provenance import provenance
 from harness.sim.calibration import SHIPPED_DIR
-from harness.sim.heldout import AGENTS, CAPACITY, NO_BAND, Band, HeldOut, band_words, shipped_name, write_bands
+from harness.sim.heldout import (
+    AGENTS,
+    CAPACITY,
+    NO_BAND,
+    Band,
+    HeldOut,
+    band_words,
+    read_bands,
+    shipped_name,
+    write_bands,
+)
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 
@@ -103,3 +113,20 @@ def test_a_simulated_run_s_provenance_states_its_band() -> None:
     assert f"uncalibrated: {NO_BAND}" in label and label.endswith("not a measurement")
     data["scenario"]["engine"]["calibration"] = "/home/me/my-cal.yaml"
     assert f"calibration my-cal.yaml: {NO_BAND}" in provenance(data).label
+
+
+LAB_TABLE = RESULTS.parents[1] / "lab" / "validations" / "heldout-under-load"
+
+
+def kept_tables() -> list[RunTable]:
+    data = json.loads(LAB_TABLE.with_suffix(".json").read_text())
+    return [RunTable(**{**t, "cells": [Cell(**c) for c in t["cells"]]}) for t in data["runs"]]
+
+
+def test_the_shipped_bands_and_the_doc_s_table_are_the_kept_evidence_s() -> None:
+    tables = kept_tables()
+    shipped = read_bands()
+    for name, by_kind in bands(tables).items():
+        assert shipped[name].capacity == by_kind.get(CAPACITY) and shipped[name].agents == by_kind.get(AGENTS)
+    doc = (RESULTS.parent / "simulator.md").read_text()
+    assert markdown(tables) in doc and markdown(tables) == LAB_TABLE.with_suffix(".md").read_text().rstrip("\n")
