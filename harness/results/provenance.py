@@ -9,8 +9,8 @@ beside its figures, so a simulated capacity curve can never pass for a measureme
   CPU engines; for an attached endpoint, the hardware the scenario declares);
 * simulated: ``simulated: kvbench simulator, llama-3.1-8b on 1× h100-sxm (bf16); uncalibrated: no held-out error
   band; not a measurement``, with a calibration its held-out error band from the shipped tables
-  (:mod:`harness.sim.heldout`: ``calibration llama8b-h200-eager.yaml: capacity held-out error +5..+12 % (1 run),
-  TTFT unloaded median 2.3 % (12 cells)``); an
+  (:mod:`harness.sim.heldout`: ``calibration llama8b-h100-eager.yaml: capacity held-out error +26..+70 % (1 run),
+  TTFT unloaded median 2.3 % (18 cells)``); an
   attached endpoint (engine kind ``openai``) that is kvbench's simulator (its ``GET /v1/models`` says
   ``owned_by: kvbench-sim``, kept as ``engines.ARM.details.served_by``) is simulated too:
   ``simulated: kvbench simulator attached at http://127.0.0.1:8000, llama-3.1-8b; no held-out error band (...);

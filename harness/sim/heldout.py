@@ -86,7 +86,7 @@ def shipped_name(calibration: str) -> str | None:
 
 
 def band_words(calibration: str | None, path: Path = BANDS_FILE) -> str:
-    """``simulated with calibration X: capacity held-out error +11..+52 % (N runs); ...``, or why there is none."""
+    """``calibration X: capacity held-out error +26..+70 % (1 run), ...``, or why there is none."""
     if calibration is None:
         return f"uncalibrated: {NO_BAND}"
     name = shipped_name(calibration)
