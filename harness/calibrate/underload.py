@@ -31,6 +31,7 @@ from pathlib import Path
 from common.errors import CalibrationError, KvbenchError
 from harness.results.agentic import agentic_result_of
 from harness.results.agentic_result import AgenticResult
+from harness.results.capacity import arm_capacity
 from harness.results.sweep import aggregate_sweep
 from harness.results.sweep_result import SweepResult
 from harness.sim.calibration import Calibration, pick_shipped
@@ -116,11 +117,12 @@ def _ratio(arm: Value, baseline: Value) -> float | None:
     return arm.value / baseline.value
 
 
-def sweep_values(result: SweepResult) -> dict[str, Value]:
-    """Each arm's capacity within the SLO as the sweep result states it."""
+def sweep_values(result: SweepResult, loads: Sequence[float]) -> dict[str, Value]:
+    """Each arm's capacity within the SLO over the sweep's points at ``loads``, by the results' capacity code."""
+    points = [p for p in result.points if p.load in loads]
     out: dict[str, Value] = {}
     for arm in result.arms:
-        capacity = result.capacity_of(arm)
+        capacity = arm_capacity(arm, points, None, result.gpus, result.slo.percentile)
         value = capacity.max_rps_per_gpu_at_slo if capacity is not None else None
         words = "" if value is not None else "no load point met the SLO"
         out[arm] = Value(value, value is not None, words, capacity.at_load if capacity is not None else None)
@@ -230,15 +232,11 @@ def predict_run(
             "values": chosen,
         }
         sim_dir = simulate_run(run_dir, work, calibration_file, sweep=window)
-        restricted = scenario.model_copy(update={"sweep": spec.model_copy(update={"values": chosen})})
-        measured = aggregate_sweep(
-            restricted,
-            run_dir.run_id,
-            [r for r in run_dir.records() if r.load in chosen],
-            [p for p in run_dir.points() if p.load in chosen],
-        )
+        measured = aggregate_sweep(scenario, run_dir.run_id, run_dir.records(), run_dir.points())
         predicted = aggregate_sweep(sim_dir.scenario(), sim_dir.run_id, sim_dir.records(), sim_dir.points())
-        cells = capacity_cells(sweep_values(measured), sweep_values(predicted), measured.baseline_arm, CAPACITY)
+        cells = capacity_cells(
+            sweep_values(measured, chosen), sweep_values(predicted, chosen), measured.baseline_arm, CAPACITY
+        )
     else:
         agentic = scenario.agentic_workload
         window = {"warmup_s": agentic.warmup_s * window_scale, "window_s": agentic.window_s * window_scale}

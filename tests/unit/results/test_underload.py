@@ -17,9 +17,11 @@ from harness.calibrate.underload import (
     bands,
     capacity_cells,
     markdown,
+    sweep_values,
 )
 from harness.results.agentic_result import AgenticResult
 from harness.results.provenance import provenance
+from harness.results.sweep_result import SweepResult
 from harness.sim.calibration import SHIPPED_DIR
 from harness.sim.heldout import (
     AGENTS,
@@ -130,3 +132,16 @@ def test_the_shipped_bands_and_the_doc_s_table_are_the_kept_evidence_s() -> None
         assert shipped[name].capacity == by_kind.get(CAPACITY) and shipped[name].agents == by_kind.get(AGENTS)
     doc = (RESULTS.parent / "simulator.md").read_text()
     assert markdown(tables) in doc and markdown(tables) == LAB_TABLE.with_suffix(".md").read_text().rstrip("\n")
+
+
+def test_a_sweep_s_capacity_over_some_of_its_loads_is_its_best_passing_point_there() -> None:
+    result = SweepResult.model_validate_json((RESULTS / "gpu-sweep-llama8b-h100" / "sweep.json").read_bytes())
+    whole = sweep_values(result, result.loads)
+    for arm in result.arms:
+        capacity = result.capacity_of(arm)
+        assert capacity is not None and whole[arm].value == capacity.max_rps_per_gpu_at_slo
+    some = sweep_values(result, [8.0, 12.0])
+    for arm in result.arms:
+        passing = [p for p in result.points if p.arm == arm and p.load in (8.0, 12.0) and p.meets_slo]
+        best = max(passing, key=lambda p: p.rps_per_gpu)
+        assert some[arm].value == best.rps_per_gpu and some[arm].at_load == best.load
