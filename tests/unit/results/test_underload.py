@@ -16,6 +16,7 @@ from harness.calibrate.underload import (
     agentic_values,
     bands,
     capacity_cells,
+    kept_load_runs,
     markdown,
     sweep_values,
 )
@@ -145,3 +146,10 @@ def test_a_sweep_s_capacity_over_some_of_its_loads_is_its_best_passing_point_the
         passing = [p for p in result.points if p.arm == arm and p.load in (8.0, 12.0) and p.meets_slo]
         best = max(passing, key=lambda p: p.rps_per_gpu)
         assert some[arm].value == best.rps_per_gpu and some[arm].at_load == best.load
+
+
+def test_the_kept_load_runs_are_the_real_engines_sweeps_agentic_runs_and_soaks() -> None:
+    found = {path.name for path in kept_load_runs()}
+    assert {"gpu-sweep-llama8b-h100", "gpu-agentic-llama8b-h200", "gpu-soak-llama8b-lmcache-h100"} <= found
+    simulated_or_probe = {"sweep-qwen3-14b-sim", "gpu-sweep-llama8b-sim-preview", "gpu-fleet-llama8b-2x-h200-7arms"}
+    assert not found & simulated_or_probe
