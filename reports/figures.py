@@ -162,7 +162,7 @@ def slo_band(
 def caption(fig: Figure, provenance: str) -> None:
     """The provenance line (measured on what, or simulated) under the axes."""
     if provenance:
-        fig.text(0.01, 0.01, provenance, fontsize=7, color=MUTED, ha="left", va="bottom")
+        fig.text(0.01, 0.01, provenance, fontsize=7, color=MUTED, ha="left", va="bottom", wrap=True)
         engine = fig.get_layout_engine()
         if isinstance(engine, ConstrainedLayoutEngine):
             engine.set(rect=(0.0, 0.05, 1.0, 0.95))

@@ -285,8 +285,10 @@ def sim_scenario(
     engine: dict[str, object],
     backends: dict[str, str | None],
     workload: dict[str, object] | None = None,
+    sweep: dict[str, object] | None = None,
 ) -> Scenario:
-    """The run's scenario on the simulator ``engine``, each arm with its real backend, ``workload`` changes."""
+    """The run's scenario on the simulator ``engine``, each arm with its real backend, ``workload`` and ``sweep``
+    changes."""
     data = scenario.model_dump(mode="json")
     data["name"] = f"{scenario.name}-sim-validate"
     data["engine"] = engine
@@ -299,6 +301,8 @@ def sim_scenario(
         arms.append(raw)
     data["arms"] = arms
     data["workload"].update(workload or {})
+    if sweep:
+        data["sweep"].update(sweep)
     return parse_scenario(data, "validate")
 
 
@@ -341,7 +345,12 @@ def _prepare(
 
 
 def _simulate(
-    prepared: _Prepared, kind: RunKind, out: Path, workload: dict[str, object] | None = None, client_time_s: float = 0.0
+    prepared: _Prepared,
+    kind: RunKind,
+    out: Path,
+    workload: dict[str, object] | None = None,
+    client_time_s: float = 0.0,
+    sweep: dict[str, object] | None = None,
 ) -> RunDir:
     engine = _engine(prepared)
     if client_time_s > 0:
@@ -350,8 +359,23 @@ def _simulate(
     salting, _ = prompt_salt_of(read_manifest(prepared.run_dir.manifest_file))
     if salting != "per_run":  # the run sent the same prompts as every run before it: its replica must too
         workload = {**(workload or {}), "prompt_salt": "fixed"}
-    sim_dir, _ = launch(kind, sim_scenario(prepared.scenario, engine, backends, workload), source=None, output_dir=out)
+    scenario = sim_scenario(prepared.scenario, engine, backends, workload, sweep)
+    sim_dir, _ = launch(kind, scenario, source=None, output_dir=out)
     return sim_dir
+
+
+def simulate_run(
+    run_dir: RunDir,
+    out: Path,
+    calibration_file: Path,
+    workload: dict[str, object] | None = None,
+    sweep: dict[str, object] | None = None,
+) -> RunDir:
+    """Re-run ``run_dir``'s scenario (any run kind) on the simulator under ``calibration_file``, with ``workload``
+    and ``sweep`` changes, this machine's client time measured first and taken out of the calibrated overhead."""
+    prepared = _prepare(run_dir, run_dir.kind, out, calibration_file)
+    client_s = client_time_to_take_out(prepared, out, count_client_time=False)
+    return _simulate(prepared, run_dir.kind, out, workload, client_s, sweep)
 
 
 def _engine(prepared: _Prepared) -> dict[str, object]:

@@ -1,16 +1,20 @@
 """Where a figure came from: measured on a named engine and hardware, or simulated from a profile.
 
 A pure function of a run directory's manifest (the scenario as run, the engines' own facts and the
-host's GPUs). Every report prints it beside its figures, so a simulated capacity curve can never
-pass for a measurement:
+host's GPUs) and, for a simulated run, the shipped calibrations' held-out bands. Every report prints it
+beside its figures, so a simulated capacity curve can never pass for a measurement:
 
 * measured: ``measured: vLLM 0.26.0 + LMCache 0.5.3, 1× NVIDIA H200`` (GPU model from the host's
   ``nvidia-smi``, count = replicas × (gpus_per_replica, else TP × PP × DP) of the engine; ``CPU`` for
   CPU engines; for an attached endpoint, the hardware the scenario declares);
-* simulated: ``simulated: kvbench simulator, llama-3.1-8b on 1× h100-sxm (bf16), not a measurement``; an
+* simulated: ``simulated: kvbench simulator, llama-3.1-8b on 1× h100-sxm (bf16); uncalibrated: no held-out error
+  band; not a measurement``, with a calibration its held-out error band from the shipped tables
+  (:mod:`harness.sim.heldout`: ``calibration llama8b-h100-eager.yaml: capacity held-out error +26..+70 % (1 run),
+  TTFT unloaded median 2.3 % (18 cells)``); an
   attached endpoint (engine kind ``openai``) that is kvbench's simulator (its ``GET /v1/models`` says
   ``owned_by: kvbench-sim``, kept as ``engines.ARM.details.served_by``) is simulated too:
-  ``simulated: kvbench simulator attached at http://127.0.0.1:8000, llama-3.1-8b; not a measurement``.
+  ``simulated: kvbench simulator attached at http://127.0.0.1:8000, llama-3.1-8b; no held-out error band (...);
+  not a measurement``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Literal
 from harness.engines.common import SERVED_BY, SIMULATOR_OWNER
 from harness.engines.kinds import find_engine_kind
 from harness.scenario.spec import EngineConfig  # noqa: F401  (importing it registers every engine kind)
+from harness.sim.heldout import NO_BAND, band_words
 
 Origin = Literal["measured", "simulated", "unknown"]
 
@@ -82,14 +87,16 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
         source = f", calibrated from {calibration}" if calibration else ""
         label = (
             f"simulated: kvbench simulator, {model} on {count}× {hardware}"
-            f"{f' ({dtype})' if dtype else ''}{source}; not a measurement"
+            f"{f' ({dtype})' if dtype else ''}{source}; "
+            f"{band_words(_recorded_calibration(manifest, calibration))}; not a measurement"
         )
         return Provenance("simulated", label, f"sim {model} {dtype or ''} {count}x {hardware}".strip())
     attached_simulators = _attached_simulators(manifest.get("engines") or {})
     if attached_simulators:
         at = ", ".join(attached_simulators)
         label = (
-            f"simulated: kvbench simulator attached at {at}, {model}{f' ({dtype})' if dtype else ''}; not a measurement"
+            f"simulated: kvbench simulator attached at {at}, {model}{f' ({dtype})' if dtype else ''}; "
+            f"{NO_BAND} (the attached simulator's calibration is not recorded); not a measurement"
         )
         return Provenance("simulated", label, f"sim {model} {dtype or ''} attached".replace("  ", " "))
     gpus = (manifest.get("host") or {}).get("gpus") or []
@@ -104,6 +111,17 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
     versions = _versions(manifest.get("engines") or {})
     label = f"measured: {row.label} {versions}, {hardware}"
     return Provenance("measured", label, f"{kind} {model} {dtype or ''} {hardware}".replace("  ", " "))
+
+
+def _recorded_calibration(manifest: Mapping[str, Any], configured: object) -> str | None:
+    """The calibration the simulator said it used (``auto: NAME`` or a path), else the scenario's; None: none."""
+    engines: Mapping[str, Any] = manifest.get("engines") or {}
+    recorded = sorted(
+        {str(f["details"]["calibration"]) for f in engines.values() if (f.get("details") or {}).get("calibration")}
+    )
+    if recorded:
+        return ", ".join(recorded)
+    return str(configured) if configured else None
 
 
 def _attached_simulators(engines: Mapping[str, Any]) -> list[str]:
