@@ -34,13 +34,15 @@ chromium_runs() {  # whether the browser test's chromium starts (an Ubuntu snap 
   command -v "$chromium" >/dev/null 2>&1 && timeout 60 "$chromium" --headless --no-sandbox --version >/dev/null 2>&1
 }
 
-idle() {  # COMMAND...: COMMAND at the idle scheduling class, else at nice 19, else as it is
-  # SCHED_IDLE: the kernel runs it only on a core no other process wants, so a timed tier beside it is never delayed
+idle() {  # COMMAND...: exec COMMAND at the idle scheduling class, else at nice 19, else as it is
+  # SCHED_IDLE: the kernel runs it only on a core no other process wants, so a timed tier beside it is never delayed.
+  # exec: it replaces the shell it runs in, so call it in the background (`idle COMMAND &`), where $! is COMMAND's
+  # own process (what a trap can stop), or in a subshell.
   if command -v chrt >/dev/null 2>&1 && chrt --idle 0 "$BASH" -c : 2>/dev/null; then
-    chrt --idle 0 "$@"
+    exec chrt --idle 0 "$@"
   elif command -v nice >/dev/null 2>&1; then
-    nice -n 19 "$@"
+    exec nice -n 19 "$@"
   else
-    "$@"
+    exec "$@"
   fi
 }
