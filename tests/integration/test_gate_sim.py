@@ -11,6 +11,10 @@ scenario file is the same for every night; what changes is the server behind it:
 * a run recorded on other hardware (the stored scenario's hardware label) cannot be compared (exit 2);
 * two requests per cell can never reach alpha 0.01: the same planted regression is INCONCLUSIVE
   (exit 3) with the requests per cell it needs, in the console, Markdown, JUnit and JSON alike.
+
+The nights run as ``kvbench`` processes; the first test's three compares run in this process (typer's
+``CliRunner``: the same command, exit code and output without three more CLI start-ups of seconds each on
+2 cores), the second test's compare as a process.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner, Result
 
+from kvbench.cli import app
 from tests.support import SimulatorLauncher, kvbench
 
 pytestmark = pytest.mark.integration
@@ -64,6 +70,14 @@ def night(simulator: SimulatorLauncher, tmp: Path, label: str, tier: dict[str, o
     return run_dir
 
 
+def compare(*args: str) -> Result:
+    """``kvbench compare ARGS`` in this process."""
+    done = CliRunner().invoke(app, ["compare", *args])
+    # a crash would also read as exit 1, a regression: only the command's own exit counts
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.output
+    return done
+
+
 def test_gate_passes_unchanged_rerun_and_catches_planted_regression(
     simulator: SimulatorLauncher, tmp_path: Path
 ) -> None:
@@ -71,15 +85,13 @@ def test_gate_passes_unchanged_rerun_and_catches_planted_regression(
     rerun = night(simulator, tmp_path, "rerun", TIER)
     regressed = night(simulator, tmp_path, "regressed", SLOW_TIER)
 
-    same = kvbench("compare", str(baseline), str(rerun), "--junit", str(tmp_path / "same.xml"), cwd=tmp_path)
-    assert same.returncode in (0, 3), same.stdout + same.stderr
-    assert ("PASS: no regression" in same.stdout) if same.returncode == 0 else ("per cell" in same.stdout)
+    same = compare(str(baseline), str(rerun), "--junit", str(tmp_path / "same.xml"))
+    assert same.exit_code in (0, 3), same.output
+    assert ("PASS: no regression" in same.stdout) if same.exit_code == 0 else ("per cell" in same.stdout)
 
-    caught = kvbench(
-        "compare", str(baseline), str(regressed), "--junit", str(tmp_path / "caught.xml"),
-        "--json", str(tmp_path / "caught.json"), cwd=tmp_path,
-    )  # fmt: skip
-    assert caught.returncode == 1, caught.stdout + caught.stderr
+    caught_files = ["--junit", str(tmp_path / "caught.xml"), "--json", str(tmp_path / "caught.json")]
+    caught = compare(str(baseline), str(regressed), *caught_files)
+    assert caught.exit_code == 1, caught.output
     assert "REGRESSION" in caught.stdout
     result = json.loads((tmp_path / "caught.json").read_text())
     regressions = {(c["context_tokens"], c["turn"]) for c in result["comparisons"] if c["status"] == "regression"}
@@ -94,8 +106,8 @@ def test_gate_passes_unchanged_rerun_and_catches_planted_regression(
     stored = yaml.safe_load((other / "scenario.yaml").read_text())
     stored["engine"]["hardware"] = "h200-sxm"
     (other / "scenario.yaml").write_text(yaml.safe_dump(stored))
-    refused = kvbench("compare", str(baseline), str(other), cwd=tmp_path)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
+    refused = compare(str(baseline), str(other))
+    assert refused.exit_code == 2, refused.output
     assert "CANNOT COMPARE" in refused.stdout and "different hardware" in refused.stdout
 
 

