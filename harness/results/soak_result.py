@@ -43,7 +43,6 @@ from typing import ClassVar, Literal
 import numpy as np
 import pandas as pd
 from pydantic import Field
-from scipy import stats
 
 from harness.scenario.spec import SLO, SoakCriteria, SoakSpec
 from harness.store.events import FaultEvent, IntervalStats
@@ -338,6 +337,9 @@ def trend(t: Sequence[float], values: Sequence[float], confidence: float) -> Tre
         raise ValueError(f"a trend needs at least 3 points, got {x.size}")
     if np.all(y == y[0]):
         return Trend(int(x.size), 0.0, 1.0, 0.0, 0.0, 0.0, float(y[0]), 0.0)
+    # scipy.stats takes about a second to import: every run, sweep and soak process would pay it at start
+    from scipy import stats
+
     order = np.argsort(x, kind="stable")
     x, y = x[order], y[order]
     kendall = stats.kendalltau(x, y, alternative="greater")
