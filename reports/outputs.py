@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.errors import KvbenchError, RunDirError
-from common.packed import stored_file
+from common.packed import packed_file, stored_file
 from common.schema import VersionedFile
 from harness.gate.compare import CompareResult
 from harness.gate.playbook import load_playbook
@@ -272,6 +272,9 @@ def write_outputs(
             continue
         out = into / output.file if output.file else into
         paths += output.write(Job(result, out, manifest, run_dir, console))
+    for path in paths:
+        # a kept run's packed table is stale once the plain one is written again
+        packed_file(path).unlink(missing_ok=True)
     return paths
 
 

@@ -69,6 +69,8 @@ RunKind = Literal["probe", "sweep", "soak", "replay", "agentic"]
 
 PACK_MIN_BYTES = 16 * 1024
 """Files below this stay plain when a run is packed for keeping: small ones read as they are in a browser."""
+RESULTS_PACK_MIN_BYTES = 1024
+"""The same for a run packed with its results (the lab's, read through kvbench, not a browser)."""
 
 
 @dataclass(frozen=True)
@@ -190,9 +192,10 @@ class RunDir:
         committed as ``engine.log.gz`` too); the packed files. For a finished run about to be committed: its readers
         read it as before, and a ``--resume`` unpacks what it appends to.
 
-        ``results``: its result files and the logs' JSON (a simulator's ``sim-settings.json``) of that size too, for
-        a run nobody opens in a browser (the lab's); the manifest stays plain (a calibration names its source runs
-        by the manifest's SHA-256), and so does ``report/``."""
+        ``results``: its result files, the logs' JSON (a simulator's ``sim-settings.json``) and ``report/``'s CSV
+        tables too, and everything from :data:`RESULTS_PACK_MIN_BYTES`, for a run nobody opens in a browser (the
+        lab's); the manifest stays plain (a
+        calibration names its source runs by the manifest's SHA-256), and so do the report's Markdown and figures."""
         packed: list[Path] = []
         for old in sorted(self.path.glob("logs/**/engine.log.gz")):
             plain = old.with_suffix("")
@@ -201,9 +204,14 @@ class RunDir:
             old.unlink()
         candidates = [*self.path.glob("*.jsonl"), *self.path.glob("logs/**/*.log")]
         if results:
-            candidates += [*(path for path in self.result_files if path.exists()), *self.path.glob("logs/**/*.json")]
+            candidates += [
+                *(path for path in self.result_files if path.exists()),
+                *self.path.glob("logs/**/*.json"),
+                *self.report_dir.glob("*.csv"),
+            ]
+        least = RESULTS_PACK_MIN_BYTES if results else PACK_MIN_BYTES
         for path in sorted(candidates):
-            if path.stat().st_size >= PACK_MIN_BYTES:
+            if path.stat().st_size >= least:
                 packed.append(pack(path))
         return packed
 

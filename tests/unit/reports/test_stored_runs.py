@@ -39,7 +39,7 @@ def test_a_committed_run_rebuilds_to_the_same_files(stored: Path, tmp_path: Path
     # a soak's reports are the console verdict and the HTML case study: it registers no text file
     assert texts or run_dir.kind == "soak", "no Markdown or CSV output was written"
     for path in texts:
-        assert path.read_bytes() == (stored / "report" / path.relative_to(tmp_path)).read_bytes(), path.name
+        assert path.read_bytes() == read_stored_bytes(stored / "report" / path.relative_to(tmp_path)), path.name
 
 
 def test_every_kind_of_committed_result_is_covered() -> None:

@@ -19,6 +19,7 @@ from harness.runs.kinds import results_of
 from harness.store.events import GroupDone
 from harness.store.jsonl import append_jsonl, pack, packed_file, read_jsonl
 from harness.store.rundir import PACK_MIN_BYTES, RunDir
+from reports.outputs import write_outputs
 from tests.kept_runs import PRODUCT_RUNS, plain_copy
 
 
@@ -86,13 +87,17 @@ def test_a_lab_run_packs_its_result_file_too_and_a_rewrite_writes_it_plain_again
     assert copy / "summary.json.xz" not in run_dir.pack_for_keeping()  # an event-file packing leaves it plain
     packed = run_dir.pack_for_keeping(results=True)
 
-    assert packed == [copy / "logs" / "AMG-OFF" / "sim-settings.json.xz", copy / "summary.json.xz"]
+    assert {copy / "logs" / "AMG-OFF" / "sim-settings.json.xz", copy / "summary.json.xz"} <= set(packed)
+    assert copy / "report" / "ttft.csv.xz" in packed  # the lab's tables too
+    assert not any(path.parent == copy / "report" and path.name.endswith(".md.xz") for path in packed)
     assert not (copy / "summary.json").exists() and (copy / "manifest.json").read_bytes() == manifest
     assert RunResult.read_file(copy) == RunResult.read_file(kept)
     assert results_of(run_dir).result.file_text().encode() == summary  # rebuilt from the packed run as committed
 
     written = RunResult.read_file(copy).write_file(copy)
     assert written.read_bytes() == summary and not (copy / "summary.json.xz").exists()  # no stale twin left
+    tables = write_outputs(run_dir)
+    assert copy / "report" / "ttft.csv" in tables and not (copy / "report" / "ttft.csv.xz").exists()
 
 
 def test_a_packed_result_file_that_is_not_xz_is_one_error_naming_it(tmp_path: Path) -> None:
