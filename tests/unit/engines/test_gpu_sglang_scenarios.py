@@ -24,6 +24,8 @@ VLLM_SWEEP = REPO / "scenarios" / "gpu-sweep-llama8b.yaml"
 WHEELS = REPO / "scripts" / "gpu" / "sglang-wheels.txt"
 VLLM_BLOCK_TOKENS = 16
 """vLLM's block size on CUDA where the scenario leaves it unset."""
+KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+"""Llama-3.1-8B shape: 32 layers x 8 KV heads x head_dim 128 x (K, V) x 2 bytes (bf16)."""
 
 
 def _argv_by_arm(scenario: Scenario) -> dict[str, tuple[str, ...]]:
@@ -48,7 +50,6 @@ def test_sglang_scenarios_render_radix_only_against_hicache_write_through() -> N
         off, on = argv["AMG-OFF"], argv["AMG-ON-HiCache"]
         assert "--enable-hierarchical-cache" not in off and "--disable-radix-cache" not in off, path.name
         assert "--enable-hierarchical-cache" in on, path.name
-        assert _flag_value(on, "--hicache-size") == "60", path.name
         assert _flag_value(on, "--hicache-write-policy") == "write_through", path.name
         assert _flag_value(off, "--max-total-tokens") == _flag_value(on, "--max-total-tokens"), path.name
 
@@ -62,6 +63,12 @@ def test_probe_pool_holds_the_longest_prompt_and_its_filler_overwrites_the_pool(
     assert longest <= pool < 2 * longest
     assert workload.between_turns.mode == "filler"
     assert workload.between_turns.filler_tokens >= 1.25 * pool
+    # the filler passes through the host pool too: it must still hold every turn 1 of the longest group
+    host_tokens = (
+        int(_flag_value(_argv_by_arm(scenario)["AMG-ON-HiCache"], "--hicache-size")) * 1e9 / KV_BYTES_PER_TOKEN
+    )
+    turn1_tokens = workload.conversations * longest
+    assert host_tokens >= 1.25 * (turn1_tokens + workload.between_turns.filler_tokens)
 
 
 def test_sglang_sweep_keeps_the_vllm_sweeps_loads_workload_and_hbm_kv() -> None:
@@ -71,6 +78,11 @@ def test_sglang_sweep_keeps_the_vllm_sweeps_loads_workload_and_hbm_kv() -> None:
     assert sglang.workload == vllm.workload
     assert sglang.sweep == vllm.sweep
     assert (sglang.slo, sglang.seed) == (vllm.slo, vllm.seed)
+    native = next(arm for arm in vllm.arms if arm.name == "AMG-ON-native")
+    assert (
+        _flag_value(_argv_by_arm(sglang)["AMG-ON-HiCache"], "--hicache-size")
+        == f"{native.profile.tiers[0].capacity_gb:g}"
+    )
     pool = int(_flag_value(_argv_by_arm(sglang)["AMG-OFF"], "--max-total-tokens"))
     assert pool == vllm.engine.num_gpu_blocks_override * VLLM_BLOCK_TOKENS
 
