@@ -151,5 +151,9 @@ def test_a_sweep_s_capacity_over_some_of_its_loads_is_its_best_passing_point_the
 def test_the_kept_load_runs_are_the_real_engines_sweeps_agentic_runs_and_soaks() -> None:
     found = {path.name for path in kept_load_runs()}
     assert {"gpu-sweep-llama8b-h100", "gpu-agentic-llama8b-h200", "gpu-soak-llama8b-lmcache-h100"} <= found
-    simulated_or_probe = {"sweep-qwen3-14b-sim", "gpu-decode-tax-llama8b-h200-prediction", "gpu-fleet-llama8b-2x-h200-7arms"}
+    simulated_or_probe = {
+        "sweep-qwen3-14b-sim",
+        "gpu-decode-tax-llama8b-h200-prediction",
+        "gpu-fleet-llama8b-2x-h200-7arms",
+    }
     assert not found & simulated_or_probe
