@@ -31,9 +31,10 @@ def test_a_committed_run_rebuilds_to_the_same_files(stored: Path, tmp_path: Path
     assert results.result.file_text() == kept.decode("utf-8"), (
         f"{results.result.FILE_NAME} differs from what its records give: kvbench report --rewrite {stored}"
     )
-    assert (results.fleet is not None) is run_dir.fleet_file.exists()
-    if results.fleet is not None:
-        assert results.fleet.file_text() == run_dir.fleet_file.read_text(encoding="utf-8")
+    kept_fleet = read_stored_bytes(run_dir.fleet_file)  # packed in a lab run
+    assert (results.fleet is not None) is (kept_fleet is not None)
+    if results.fleet is not None and kept_fleet is not None:
+        assert results.fleet.file_text() == kept_fleet.decode("utf-8")
     written = write_outputs(run_dir, results=results, into=tmp_path)
     texts = [path for path in written if path.suffix in TEXT_OUTPUTS]
     # a soak's reports are the console verdict and the HTML case study: it registers no text file
