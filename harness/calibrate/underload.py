@@ -124,7 +124,8 @@ def sweep_values(result: SweepResult, loads: Sequence[float]) -> dict[str, Value
     for arm in result.arms:
         capacity = arm_capacity(arm, points, None, result.gpus, result.slo.percentile)
         value = capacity.max_rps_per_gpu_at_slo if capacity is not None else None
-        words = "" if value is not None else "no load point met the SLO"
+        ran = any(p.arm == arm for p in points)
+        words = "" if value is not None else "no load point met the SLO" if ran else "not run"
         out[arm] = Value(value, value is not None, words, capacity.at_load if capacity is not None else None)
     return out
 
