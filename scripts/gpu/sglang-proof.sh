@@ -2,7 +2,7 @@
 # SGLang on one GPU (issue 43): installs SGLang 0.5.17 once into /tmp/site-sglang, checks that it imports with
 # the machine's torch 2.11.0+cu130, then runs kvbench's SGLang scenarios:
 #   probe  scenarios/gpu-sglang-llama8b-hicache.yaml   turn-2 TTFT to 128k, radix cache only vs HiCache CPU tier
-#   sweep  scenarios/gpu-sweep-sglang-llama8b.yaml     capacity at the loads of gpu-sweep-llama8b (vLLM)
+#   sweep  scenarios/gpu-sweep-sglang-llama8b-h200.yaml  capacity at gpu-decode-tax-llama8b-h200's loads (vLLM, H200)
 #   check  the install and the import only
 #   usage: scripts/gpu/sglang-proof.sh [probe|sweep|both|check]      (default probe)
 # Expects the SGLang wheelhouse parts in /tmp/wbs (scripts/gpu/pack-sglang.sh, carried one part per call:
@@ -35,11 +35,24 @@ export KVBENCH_SGLANG_PYTHON="$wrapper" KVBENCH_SKIP_INSTALL=1
 # NVLink multicast stays off on the lent hosts; the engines inherit these
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 runs=${KVBENCH_RUNS:-/tmp/kvruns}
+# SGLang's whole /metrics page every 20 s beside the run directories (scripts/gpu/wait.sh returns them with the runs):
+# a counter that kvbench's metric table names differently in this SGLang version is still on record
+raw="$runs/sglang-metrics"
+mkdir -p "$raw"
+(
+  while sleep 20; do
+    for port in $(ps -eo args | grep -o -- 'sglang.launch_server.*--port [0-9]*' | grep -o '[0-9]*$' | sort -u); do
+      curl -s -m 5 "http://127.0.0.1:$port/metrics" > "$raw/$(date +%s)-$port.prom" || true
+    done
+  done
+) &
+dumper=$!
+trap 'kill "$dumper" 2>/dev/null || true' EXIT
 status=0
 if [ "$what" = probe ] || [ "$what" = both ]; then
   "$here/kvbench.sh" run scenarios/gpu-sglang-llama8b-hicache.yaml -o "$runs" || status=$?
 fi
 if [ "$what" = sweep ] || [ "$what" = both ]; then
-  "$here/kvbench.sh" run scenarios/gpu-sweep-sglang-llama8b.yaml -o "$runs" || status=$?
+  "$here/kvbench.sh" run scenarios/gpu-sweep-sglang-llama8b-h200.yaml -o "$runs" || status=$?
 fi
 exit "$status"

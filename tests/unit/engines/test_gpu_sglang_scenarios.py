@@ -1,9 +1,10 @@
 """The ready-to-run SGLang GPU scenarios and wheelhouse list (issue 43), checked without a GPU.
 
 The probe and the sweep render the HiCache launch their comments state (radix cache only vs
-``--enable-hierarchical-cache`` with a 60 GB host pool, write-through), their fixed GPU KV pool
-(``--max-total-tokens``) fits the probe's longest prompt and is overwritten by its filler, and the sweep keeps
-``gpu-sweep-llama8b``'s loads, workload and HBM KV size (vLLM blocks x 16 tokens) so the two engines compare.
+``--enable-hierarchical-cache`` with a host pool, write-through), both run without CUDA graphs as the vLLM runs
+they are compared with ran eager, their fixed GPU KV pool (``--max-total-tokens``) fits the probe's longest prompt
+and is overwritten by its filler, and the sweep keeps ``gpu-decode-tax-llama8b-h200``'s loads, workload and HBM KV
+size (vLLM blocks x 16 tokens) so the two engines compare on one H200.
 ``scripts/gpu/sglang-wheels.txt`` pins every wheel exactly and lists none of what the GPU image provides.
 """
 
@@ -19,8 +20,8 @@ from tests.support import REPO
 from workloads.config import MultiRoundQAProbe
 
 PROBE = REPO / "scenarios" / "gpu-sglang-llama8b-hicache.yaml"
-SWEEP = REPO / "scenarios" / "gpu-sweep-sglang-llama8b.yaml"
-VLLM_SWEEP = REPO / "scenarios" / "gpu-sweep-llama8b.yaml"
+SWEEP = REPO / "scenarios" / "gpu-sweep-sglang-llama8b-h200.yaml"
+VLLM_SWEEP = REPO / "scenarios" / "gpu-decode-tax-llama8b-h200.yaml"
 WHEELS = REPO / "scripts" / "gpu" / "sglang-wheels.txt"
 VLLM_BLOCK_TOKENS = 16
 """vLLM's block size on CUDA where the scenario leaves it unset."""
@@ -52,6 +53,7 @@ def test_sglang_scenarios_render_radix_only_against_hicache_write_through() -> N
         assert "--enable-hierarchical-cache" in on, path.name
         assert _flag_value(on, "--hicache-write-policy") == "write_through", path.name
         assert _flag_value(off, "--max-total-tokens") == _flag_value(on, "--max-total-tokens"), path.name
+        assert "--disable-cuda-graph" in off and "--disable-cuda-graph" in on, path.name
 
 
 def test_probe_pool_holds_the_longest_prompt_and_its_filler_overwrites_the_pool() -> None:
@@ -71,10 +73,11 @@ def test_probe_pool_holds_the_longest_prompt_and_its_filler_overwrites_the_pool(
     assert host_tokens >= 1.25 * (turn1_tokens + workload.between_turns.filler_tokens)
 
 
-def test_sglang_sweep_keeps_the_vllm_sweeps_loads_workload_and_hbm_kv() -> None:
+def test_sglang_sweep_keeps_the_h200_vllm_sweeps_loads_workload_and_hbm_kv() -> None:
     sglang, _ = load_scenario(SWEEP)
     vllm, _ = load_scenario(VLLM_SWEEP)
     assert isinstance(vllm.engine, VllmEngineConfig) and vllm.engine.num_gpu_blocks_override is not None
+    assert vllm.engine.enforce_eager
     assert sglang.workload == vllm.workload
     assert sglang.sweep == vllm.sweep
     assert (sglang.slo, sglang.seed) == (vllm.slo, vllm.seed)
