@@ -21,7 +21,7 @@ if [ -z "${KVBENCH_SKIP_INSTALL:-}" ] && [ ! -f /tmp/site/.kvbench-ok ]; then
 fi
 if [ -d /tmp/kvdeps ] && [ ! -f /tmp/kvsite/.kvbench-ok ]; then
   python3 -m pip install -q --no-index --find-links /tmp/kvdeps --target /tmp/kvsite \
-    typer rich aiohttp pandas pyyaml prometheus_client tokenizers nvidia-ml-py
+    pydantic typer rich aiohttp pandas pyyaml prometheus_client tokenizers nvidia-ml-py
   # whatever the machine (or the vLLM wheelhouse) already has wins: drop our copy of it, so vLLM
   # keeps the numpy/tokenizers/pydantic it was built and tested with
   for dir in /tmp/kvsite/*/; do

@@ -8,6 +8,6 @@ plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_34_x86_64 \
          manylinux_2_24_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64; do plat+=(--platform "$p"); done
 PIP_CONSTRAINT= python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-  "${plat[@]}" -d "$out" typer rich "aiohttp>=3.10" "pandas>=2.1" pyyaml prometheus_client tokenizers nvidia-ml-py
+  "${plat[@]}" -d "$out" pydantic typer rich "aiohttp>=3.10" "pandas>=2.1" pyyaml prometheus_client tokenizers nvidia-ml-py
 grep -qx "/$out/" .git/info/exclude 2>/dev/null || echo "/$out/" >> .git/info/exclude
 du -sh "$out"

@@ -53,6 +53,6 @@ if [ "$what" = probe ] || [ "$what" = both ]; then
   "$here/kvbench.sh" run scenarios/gpu-sglang-llama8b-hicache.yaml -o "$runs" || status=$?
 fi
 if [ "$what" = sweep ] || [ "$what" = both ]; then
-  "$here/kvbench.sh" run scenarios/gpu-sweep-sglang-llama8b-h200.yaml -o "$runs" || status=$?
+  "$here/kvbench.sh" sweep scenarios/gpu-sweep-sglang-llama8b-h200.yaml -o "$runs" || status=$?
 fi
 exit "$status"
