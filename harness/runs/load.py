@@ -13,7 +13,10 @@ Timeline (all ``time.monotonic_ns()``)::
 
 * ``mode="concurrency"``: ``value`` users are active at once (closed loop). User slot ``j`` starts at
   ``start + j·ramp_up/value``; a user sends a round, waits for the answer, thinks, sends the next
-  round; when its session ends the slot starts the next session.
+  round; when its session ends the slot starts the next session, built while the previous one talked (building
+  a session tokenizes its text, on a server's own tokenizer a round trip to the busy engine: built on demand it
+  would delay the new user's first send by that round trip and show as send lag though the client was idle).
+  Open loop keeps new sessions built ahead the same way (one more each time an arrival found none ready).
 * ``mode="qps"``: requests arrive at ``value`` per second (open loop), Poisson (exponential gaps)
   or constant. Each arrival goes to the user that has waited longest since becoming ready (its
   previous answer plus think time); with none ready a new session starts, up to
@@ -373,6 +376,10 @@ class _Driver:
             await asyncio.wait(set(self.tasks), timeout=remaining, return_when=asyncio.FIRST_EXCEPTION)
 
 
+MAX_SPARE_SESSIONS = 8
+"""Open loop: new sessions kept built ahead of the arrivals at most (each holds its prompts' text and tokens)."""
+
+
 @dataclass(kw_only=True)
 class _Runner(_Driver):
     client: StreamingClient
@@ -401,7 +408,19 @@ class _Runner(_Driver):
         self.next_session += 1
         plan = self.workload.plan(session_id)
         start_round = self.workload.stagger_round(plan) if staggered else 1
-        session = await self.workload.start_session(session_id, start_round=start_round)
+        return await self.workload.start_session(session_id, start_round=start_round)
+
+    def build_ahead(self, *, staggered: bool) -> asyncio.Task[Session]:
+        """Start building a session now, to be taken when a user needs one: building tokenizes its context and
+        questions (on the engine's own tokenizer where it has one, a round trip to a busy server), which would
+        otherwise delay the user's first send and count as send lag though the client is idle."""
+        task = asyncio.ensure_future(self.open_session(staggered=staggered))
+        # a session built ahead and then cancelled, or failed and never taken, must not log an unretrieved error
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return task
+
+    def take(self, session: Session) -> Session:
+        """Count ``session`` as started (a session built ahead and never taken is not)."""
         self.counters.sessions += 1
         return session
 
@@ -461,27 +480,36 @@ class _Runner(_Driver):
     async def user_slot(self, slot: int, users: int) -> None:
         due = self.start_ns + int(slot * self.plan.ramp_up_s * NS / users)
         await self.pause_until(due)
-        staggered = self.plan.stagger_rounds
         backoff = RefusedBackoff(seed=self.plan.seed * 1_000_003 + slot)
-        while not self.stopping:
-            session = await self.open_session(staggered=staggered)
-            staggered = False
-            while not session.done:
-                round_ = session.next_round
-                outcome = await self.send(session, due)
-                # the user is due again when its answer's last byte arrived (plus its waits): time this loop
-                # spends before sending again is the client's, not the user's
-                due = _answered_ns(outcome)
-                wait_s = backoff.after(outcome)
-                if wait_s > 0:
-                    due += int(wait_s * NS)
-                    await self.pause_until(due)
-                if not outcome.ok:
-                    break  # a failed round: later rounds would not measure a returning user
-                think = session.think_after(round_)
-                if not session.done and think > 0:
-                    due += int(think * NS)
-                    await self.pause_until(due)
+        upcoming = self.build_ahead(staggered=self.plan.stagger_rounds)
+        try:
+            while not self.stopping:
+                session = self.take(await upcoming)
+                upcoming = self.build_ahead(staggered=False)  # the slot's next user, built while this one talks
+                due = await self.converse(session, due, backoff)
+        finally:
+            upcoming.cancel()
+
+    async def converse(self, session: Session, due: int, backoff: RefusedBackoff) -> int:
+        """Run one user's session from ``due`` to its end (or its first failed round); return when the slot is
+        due again."""
+        while not session.done:
+            round_ = session.next_round
+            outcome = await self.send(session, due)
+            # the user is due again when its answer's last byte arrived (plus its waits): time this loop
+            # spends before sending again is the client's, not the user's
+            due = _answered_ns(outcome)
+            wait_s = backoff.after(outcome)
+            if wait_s > 0:
+                due += int(wait_s * NS)
+                await self.pause_until(due)
+            if not outcome.ok:
+                break  # a failed round: later rounds would not measure a returning user
+            think = session.think_after(round_)
+            if not session.done and think > 0:
+                due += int(think * NS)
+                await self.pause_until(due)
+        return due
 
     # -- open loop --------------------------------------------------------------------------
     async def arrivals(self) -> None:
@@ -515,32 +543,51 @@ class _Runner(_Driver):
             else:
                 returned(session)
 
-        due = self.start_ns
-        while True:
-            gap = rng.expovariate(plan.value) if plan.arrival == "poisson" else 1.0 / plan.value
-            due += int(gap * NS)
-            arrival += 1
-            if not plan.shard.owns(arrival):
-                continue
-            await self.pause_until(due)
-            waits = not ready and active >= max_active
-            if waits:
-                self.counters.late += 1
-            while not ready and active >= max_active:
-                wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), 1.0)
-                if self.stopping:
-                    raise _Stopped
-            if waits and due >= self.window_start_ns:
-                self.slot_waits_ns.append(time.monotonic_ns() - due)
-            if ready:
-                session = ready.popleft()
-            else:
-                staggered = plan.stagger_rounds and time.monotonic_ns() < self.window_start_ns
-                session = await self.open_session(staggered=staggered)
-                active += 1
-            self.spawn(one_request(session, due))
+        def staggered() -> bool:
+            return plan.stagger_rounds and time.monotonic_ns() < self.window_start_ns
+
+        # new users built ahead, oldest first; one more whenever an arrival found none ready (Poisson arrivals
+        # come in bursts), up to MAX_SPARE_SESSIONS
+        spares: collections.deque[tuple[asyncio.Task[Session], bool]] = collections.deque()
+        wanted = 1
+        try:
+            due = self.start_ns
+            while True:
+                gap = rng.expovariate(plan.value) if plan.arrival == "poisson" else 1.0 / plan.value
+                due += int(gap * NS)
+                arrival += 1
+                if not plan.shard.owns(arrival):
+                    continue
+                await self.pause_until(due)
+                waits = not ready and active >= max_active
+                if waits:
+                    self.counters.late += 1
+                while not ready and active >= max_active:
+                    wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), 1.0)
+                    if self.stopping:
+                        raise _Stopped
+                if waits and due >= self.window_start_ns:
+                    self.slot_waits_ns.append(time.monotonic_ns() - due)
+                if ready:
+                    session = ready.popleft()
+                else:
+                    while spares and spares[0][1] and not staggered():
+                        spares.popleft()[0].cancel()  # a synthetic history built in warm-up: the window must not see it
+                    if not spares:
+                        spares.append((self.build_ahead(staggered=staggered()), staggered()))
+                    spare, _ = spares.popleft()
+                    if not spare.done():
+                        wanted = min(wanted + 1, MAX_SPARE_SESSIONS)
+                    session = self.take(await spare)
+                    while len(spares) < wanted:
+                        spares.append((self.build_ahead(staggered=staggered()), staggered()))
+                    active += 1
+                self.spawn(one_request(session, due))
+        finally:
+            for spare, _ in spares:
+                spare.cancel()
 
     # -- the run ----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None, on_tick: Callable[[int], None] | None, tick_s: float) -> LoadWindow:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import pytest
 from aiohttp import web
@@ -21,6 +22,7 @@ from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
+from workloads.tokenizer import Tokenizer
 
 TTFT_S = 0.05
 ITL_S = 0.01
@@ -39,7 +41,19 @@ async def server() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def workload(users: int = 20, think: float = 0.0) -> MultiUserWorkload:
+class RoundTripTokenizer(SimTokenizer):
+    """The simulator's tokenizer behind a round trip: like an engine's ``/tokenize`` on a busy server."""
+
+    def __init__(self, round_trip_s: float) -> None:
+        super().__init__()
+        self.round_trip_s = round_trip_s
+
+    async def encode(self, text: str) -> list[int]:
+        await asyncio.sleep(self.round_trip_s)
+        return await super().encode(text)
+
+
+def workload(users: int = 20, think: float = 0.0, tokenizer: Tokenizer | None = None) -> MultiUserWorkload:
     config = MultiUserQA.model_validate(
         {
             "kind": "multi_user_qa",
@@ -52,7 +66,7 @@ def workload(users: int = 20, think: float = 0.0) -> MultiUserWorkload:
             "think_time_s": think,
         }
     )
-    return MultiUserWorkload(config, SimTokenizer(), seed=3)
+    return MultiUserWorkload(config, tokenizer or SimTokenizer(), seed=3)
 
 
 def test_percentile_is_an_observed_value_by_nearest_rank() -> None:
@@ -99,6 +113,26 @@ async def test_a_client_that_keeps_up_reports_small_lag(server: str) -> None:
     assert lag.slot_waits == 0 and lag.slot_wait_p99_ms is None
     (runner,) = lag.processes
     assert runner.role == "runner" and runner.ticks >= 10 and runner.cpu_fraction is not None
+
+
+@pytest.mark.parametrize("mode, value", [("concurrency", 4), ("qps", 6)])
+async def test_a_slow_tokenizer_builds_the_next_user_ahead_not_into_its_send_lag(
+    server: str, mode: Literal["concurrency", "qps"], value: float
+) -> None:
+    # each session tokenizes its text in several round trips (~0.3 s in all) and lasts ~0.3 s (3 rounds, no think
+    # time): built on demand, every new user's first send would be ~0.3 s late; open loop learns how many to build
+    # ahead from the arrivals that found none ready, in the warm-up
+    slow = RoundTripTokenizer(round_trip_s=0.03)
+    records: list[RequestRecord] = []
+    plan = LoadPlan(mode=mode, value=value, warmup_s=1.5, duration_s=2.0, stagger_rounds=False)
+    endpoint = Endpoint(base_url=server, model="fixed-latency")
+    async with OpenAIClient(endpoint, timeout_s=30, max_connections=16) as client:
+        window = await run_load(client, workload(tokenizer=slow), plan, CONTEXT, on_record=records.append)
+    lag = window.client
+    assert lag is not None and lag.send_lag_p99_ms is not None
+    first_rounds = [r for r in records if r.phase == "measure" and r.turn == 1]
+    assert len(first_rounds) >= 2  # new users did start in the window
+    assert lag.send_lag_p99_ms < 100, lag
 
 
 async def test_pool_workers_report_their_own_loops(server: str) -> None:
