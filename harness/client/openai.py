@@ -306,6 +306,19 @@ class RequestMethods(abc.ABC):
         """Stream ``request``."""
 
 
+class ClosedOnExit(abc.ABC):
+    """Leaving ``async with`` runs :meth:`close` (a client's session, a pool's worker processes)."""
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release what the client holds; a second call does nothing."""
+
+
 _REQUEST_APIS: dict[RequestKind, tuple[Api, str, str]] = {
     "chat": ("chat", CHAT_PATH, "messages"),
     "completion": ("completions", COMPLETIONS_PATH, "prompt"),
@@ -313,7 +326,7 @@ _REQUEST_APIS: dict[RequestKind, tuple[Api, str, str]] = {
 """Each request kind's stream parser, server path and the payload field its body goes in."""
 
 
-class OpenAIClient(RequestMethods):
+class OpenAIClient(RequestMethods, ClosedOnExit):
     """Streaming client for an OpenAI-compatible server; use as ``async with OpenAIClient(...)``.
 
     ``endpoint.base_url`` is the server root (``http://host:port``); a trailing ``/v1`` is tolerated.
@@ -376,11 +389,6 @@ class OpenAIClient(RequestMethods):
         # pooled connections idle past KEEPALIVE_TIMEOUT_S are not reused: the server may have closed them
         self._session = new_session(timeout=self._timeout, headers=self._endpoint.headers, limit=self._max_connections)
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         if self._session is not None:

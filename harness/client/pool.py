@@ -29,14 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from types import TracebackType
 from typing import Any
 
 from common.errors import KvbenchError
 
 from .endpoint import Endpoint
 from .fidelity import LoopLag, LoopMonitor
-from .openai import OpenAIClient, Request, RequestBody, RequestKind, RequestMethods, RequestOutcome
+from .openai import ClosedOnExit, OpenAIClient, Request, RequestBody, RequestKind, RequestMethods, RequestOutcome
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -60,7 +59,7 @@ class _Worker:
     dead: bool = False
 
 
-class ProcessClientPool(RequestMethods):
+class ProcessClientPool(RequestMethods, ClosedOnExit):
     """``workers`` client processes behind the client interface; use as ``async with``."""
 
     def __init__(
@@ -118,11 +117,6 @@ class ProcessClientPool(RequestMethods):
             await self.close()
             raise
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
