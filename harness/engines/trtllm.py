@@ -50,7 +50,6 @@ from .common import (
     ProcessEngine,
     RunningProcess,
     TokenizerUnavailable,
-    engine_config,
     parallelism_text,
     server_process,
     server_version,
@@ -160,13 +159,11 @@ class RunningTrtllm(RunningProcess):
         raise PrefixCacheResetUnsupported(f"TensorRT-LLM at {self._endpoint.base_url}: {RESET_ADVICE}")
 
 
-class TrtllmEngine(ProcessEngine[RunningTrtllm]):
+class TrtllmEngine(ProcessEngine[TrtllmEngineConfig, RunningTrtllm]):
     """Engine kind ``trtllm``: ``async with TrtllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        super().__init__(context)
-        self.config = engine_config(config, TrtllmEngineConfig, "TrtllmEngine")
-        check_supported(context.profile, self.config)
+        super().__init__(config, context, TrtllmEngineConfig, check_supported)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningTrtllm:
         context = self.context

@@ -44,9 +44,9 @@ from .common import (
     make_offload_dirs,
     open_session,
     parallelism_text,
+    prepare_served,
     probe_python,
     reset_with_retry,
-    resolve_served_model,
     served_model_name,
     server_process,
     serving_args,
@@ -329,19 +329,15 @@ def _reset_succeeded(text: str) -> bool:
     return not (isinstance(body, dict) and body.get("success") is False)
 
 
-class VllmEngine(ProcessEngine[RunningVllm]):
+class VllmEngine(ProcessEngine[VllmEngineConfig, RunningVllm]):
     """Engine kind ``vllm``: ``async with VllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        super().__init__(context)
-        self.config = common.engine_config(config, VllmEngineConfig, "VllmEngine")
-        check_supported(context.profile, self.config)
+        super().__init__(config, context, VllmEngineConfig, check_supported)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningVllm:
         context = self.context
-        _, config = await resolve_served_model(self.config)
-        python = resolve_python(config)
-        context.log_dir.mkdir(parents=True, exist_ok=True)
+        _, config, python = await prepare_served(self.config, context.log_dir, resolve_python)
         self._workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-"))
         plan = render_vllm_launch(
             context.profile, config, context.prefix_caching, self._workdir, scope=context.tier_scope
