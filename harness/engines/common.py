@@ -497,6 +497,11 @@ def serving_args(config: _ServedModel, port: int) -> list[str]:
     return ["--served-model-name", served_model_name(config), "--host", config.host, "--port", str(port)]
 
 
+def value_flags(*flags: tuple[str, object | None]) -> list[str]:
+    """``flag value`` for each flag whose value is set, in order (None: left out, the engine's default)."""
+    return [part for flag, value in flags if value is not None for part in (flag, str(value))]
+
+
 NamedConfigT = TypeVar("NamedConfigT", VllmEngineConfig, SglangEngineConfig)
 
 
