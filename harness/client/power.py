@@ -49,7 +49,7 @@ from typing import Literal, Protocol, cast
 
 from pydantic import Field, model_validator
 
-from common.schema import StrictModel
+from common.schema import StrictModel, figures_or_reason
 
 NS = 1_000_000_000
 MJ_PER_J = 1000.0
@@ -79,8 +79,9 @@ class EnergyWindow(StrictModel):
 
     @model_validator(mode="after")
     def _joules_or_reason(self) -> EnergyWindow:
-        if (self.not_sampled is None) == (self.joules is None):
-            raise ValueError("an energy window has joules or a not_sampled reason, exactly one of them")
+        figures_or_reason(
+            self.joules is not None, self.not_sampled, "an energy window has joules or a not_sampled reason"
+        )
         return self
 
     @property

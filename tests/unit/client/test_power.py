@@ -263,3 +263,11 @@ def test_nvml_a_failing_power_reading_loses_the_watts_not_the_counter(monkeypatc
     assert window.method == "energy_counter" and window.cross_check_joules is None
     assert window.joules == pytest.approx(2 * WATTS * seconds, rel=0.03)
     assert source.read_errors >= window.samples >= 10  # one error a reading: GPU 1's watts, never the counter
+
+
+def test_an_energy_window_has_joules_or_a_reason_never_both_nor_neither() -> None:
+    assert EnergyWindow(source="nvml", gpus=1, seconds=1.0, joules=2.0).avg_watts == 2.0
+    assert EnergyWindow(source="nvml", gpus=1, seconds=1.0, not_sampled="no GPU").joules is None
+    for joules, reason in ((None, None), (2.0, "no GPU")):
+        with pytest.raises(ValueError, match="has joules or a not_sampled reason, exactly one of them"):
+            EnergyWindow(source="nvml", gpus=1, seconds=1.0, joules=joules, not_sampled=reason)
