@@ -36,6 +36,13 @@ def sorted_unique(values: list[Number], what: str) -> list[Number]:
     return sorted(values)
 
 
+def figures_or_reason(measured: bool, reason: str | None, what: str) -> None:
+    """A measurement's check: its figures (``measured``) or the ``reason`` there are none, exactly one of them;
+    ValueError ``{what}, exactly one of them`` otherwise."""
+    if measured == (reason is not None):
+        raise ValueError(f"{what}, exactly one of them")
+
+
 class StrictModel(BaseModel):
     """Frozen, ``extra="forbid"``, strict-number base model.
 

@@ -33,20 +33,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from .connections import idempotent_request
-from .openai import OpenAIClient, RequestOutcome
+from .openai import OpenAIClient, Request, RequestMethods, RequestOutcome
 from .router import Attribution, Router, current_routing_key
 from .scrape import counter_values, detect_family, parse_metrics
 
 REPLICA_LABEL = "kvbench_replica"
 
 
-class FleetClient:
+class FleetClient(RequestMethods):
     """``chat``/``completion`` over a fleet's replicas (see the module docstring)."""
 
     def __init__(
@@ -84,35 +84,10 @@ class FleetClient:
         self._baseline: list[float] | None = None
         """Metrics attribution: every replica's prompt-token total with nothing in flight (None: unknown)."""
 
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome:
-        text = "\n".join(message.get("content", "") for message in messages)
-        replica = self._pick(text)
+    async def request(self, request: Request) -> RequestOutcome:
+        replica = self._pick(_routing_text(request))
         client = self.clients[replica]
-        return await self._sent(
-            replica, lambda: client.chat(messages, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
-        )
-
-    async def completion(
-        self,
-        prompt: str | list[int],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome:
-        # token ids route by their decimal text: a shared prefix of ids is a shared prefix of that text
-        replica = self._pick(prompt if isinstance(prompt, str) else " ".join(map(str, prompt)))
-        client = self.clients[replica]
-        return await self._sent(
-            replica, lambda: client.completion(prompt, max_tokens, ignore_eos=ignore_eos, extra_body=extra_body)
-        )
+        return await self._sent(replica, lambda: client.request(request))
 
     def _pick(self, prompt: str) -> int:
         if self.attribution is not None:
@@ -206,6 +181,17 @@ class FleetClient:
         if all(page is None for page in pages):
             raise aiohttp.ClientError("no replica of the fleet served its /metrics page")
         return merge_pages(pages)
+
+
+def _routing_text(request: Request) -> str:
+    """The text a router matches prefixes in: a prompt, a chat's contents one a line, or token ids by their
+    decimal text (a shared prefix of ids is a shared prefix of that text)."""
+    body = request.body
+    if isinstance(body, str):
+        return body
+    if request.kind == "chat":
+        return "\n".join(item.get("content", "") for item in body if isinstance(item, dict))
+    return " ".join(str(item) for item in body if isinstance(item, int))
 
 
 def _escape(value: str) -> str:

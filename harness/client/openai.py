@@ -59,6 +59,7 @@ Timing rules (all from :func:`time.monotonic_ns`):
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import dataclasses
@@ -255,7 +256,77 @@ def prompt_size(base: Mapping[str, object]) -> tuple[int, int]:
     return size, max(1, len(messages))
 
 
-class OpenAIClient:
+RequestKind = Literal["chat", "completion"]
+RequestBody = list[dict[str, str]] | str | list[int]
+"""A request's body: a chat's messages, or a completion's prompt (text, or token ids the server takes as they are)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One streamed request as every client takes it (:meth:`RequestMethods.request`)."""
+
+    kind: RequestKind
+    body: RequestBody
+    max_tokens: int
+    ignore_eos: bool
+    extra_body: Mapping[str, object] | None
+    """Keys merged into the payload last (they win, except ``stream``)."""
+
+
+class RequestMethods(abc.ABC):
+    """``chat`` and ``completion`` (the :class:`~harness.client.pool.StreamingClient` interface) over the one
+    :meth:`request` each client implements: one endpoint (:class:`OpenAIClient`), a pool of worker processes, a fleet.
+    """
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        """Stream a chat completion of ``messages``."""
+        messages_copied = [dict(message) for message in messages]
+        return await self.request(Request("chat", messages_copied, max_tokens, ignore_eos, extra_body))
+
+    async def completion(
+        self,
+        prompt: str | list[int],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = False,
+        extra_body: Mapping[str, object] | None = None,
+    ) -> RequestOutcome:
+        """Stream a completion of ``prompt``: text, or token ids the server takes as they are (no tokenizing)."""
+        return await self.request(Request("completion", prompt, max_tokens, ignore_eos, extra_body))
+
+    @abc.abstractmethod
+    async def request(self, request: Request) -> RequestOutcome:
+        """Stream ``request``."""
+
+
+class ClosedOnExit(abc.ABC):
+    """Leaving ``async with`` runs :meth:`close` (a client's session, a pool's worker processes)."""
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release what the client holds; a second call does nothing."""
+
+
+_REQUEST_APIS: dict[RequestKind, tuple[Api, str, str]] = {
+    "chat": ("chat", CHAT_PATH, "messages"),
+    "completion": ("completions", COMPLETIONS_PATH, "prompt"),
+}
+"""Each request kind's stream parser, server path and the payload field its body goes in."""
+
+
+class OpenAIClient(RequestMethods, ClosedOnExit):
     """Streaming client for an OpenAI-compatible server; use as ``async with OpenAIClient(...)``.
 
     ``endpoint.base_url`` is the server root (``http://host:port``); a trailing ``/v1`` is tolerated.
@@ -319,11 +390,6 @@ class OpenAIClient:
         self._session = new_session(timeout=self._timeout, headers=self._endpoint.headers, limit=self._max_connections)
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -335,29 +401,10 @@ class OpenAIClient:
 
     # ------------------------------------------------------------------ streaming requests
 
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome:
-        """Stream a chat completion of ``messages``."""
-        payload: dict[str, object] = {"messages": [dict(message) for message in messages]}
-        return await self._stream("chat", CHAT_PATH, payload, max_tokens, ignore_eos, extra_body)
-
-    async def completion(
-        self,
-        prompt: str | list[int],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome:
-        """Stream a completion of ``prompt``: text, or token ids the server takes as they are (no tokenizing)."""
-        payload: dict[str, object] = {"prompt": prompt}
-        return await self._stream("completions", COMPLETIONS_PATH, payload, max_tokens, ignore_eos, extra_body)
+    async def request(self, request: Request) -> RequestOutcome:
+        api, path, field = _REQUEST_APIS[request.kind]
+        payload: dict[str, object] = {field: request.body}
+        return await self._stream(api, path, payload, request.max_tokens, request.ignore_eos, request.extra_body)
 
     def build_payload(
         self,

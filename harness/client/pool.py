@@ -25,43 +25,25 @@ import itertools
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from common.errors import KvbenchError
 
 from .endpoint import Endpoint
 from .fidelity import LoopLag, LoopMonitor
-from .openai import OpenAIClient, RequestOutcome
+from .openai import ClosedOnExit, OpenAIClient, Request, RequestBody, RequestKind, RequestMethods, RequestOutcome
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 
 
-class StreamingClient(Protocol):
-    """What the load runner needs from a client: streamed chat and text completions."""
-
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome: ...
-
-    async def completion(
-        self,
-        prompt: str | list[int],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome: ...
+StreamingClient = RequestMethods
+"""What the load runner needs from a client: streamed chat and text completions (one endpoint's client, this pool,
+a fleet's)."""
 
 
 class ClientPoolError(KvbenchError):
@@ -77,7 +59,7 @@ class _Worker:
     dead: bool = False
 
 
-class ProcessClientPool:
+class ProcessClientPool(RequestMethods, ClosedOnExit):
     """``workers`` client processes behind the client interface; use as ``async with``."""
 
     def __init__(
@@ -136,11 +118,6 @@ class ProcessClientPool:
             raise
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
         for worker in self._workers:
@@ -159,30 +136,7 @@ class ProcessClientPool:
         self._workers = []
 
     # -- requests ---------------------------------------------------------------------------
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome:
-        body = [dict(m) for m in messages]
-        return await self._submit("chat", body, max_tokens, ignore_eos, extra_body)
-
-    async def completion(
-        self,
-        prompt: str | list[int],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = False,
-        extra_body: Mapping[str, object] | None = None,
-    ) -> RequestOutcome:
-        return await self._submit("completion", prompt, max_tokens, ignore_eos, extra_body)
-
-    async def _submit(
-        self, kind: str, body: object, max_tokens: int, ignore_eos: bool, extra_body: Mapping[str, object] | None
-    ) -> RequestOutcome:
+    async def request(self, request: Request) -> RequestOutcome:
         alive = [w for w in self._workers if not w.dead]
         if not alive:
             raise ClientPoolError("no client worker is running")
@@ -190,9 +144,9 @@ class ProcessClientPool:
         request_id = next(self._ids)
         future: asyncio.Future[RequestOutcome] = asyncio.get_running_loop().create_future()
         worker.pending[request_id] = future
-        extra = dict(extra_body) if extra_body else None
+        extra = dict(request.extra_body) if request.extra_body else None
         try:
-            worker.conn.send((kind, request_id, body, max_tokens, ignore_eos, extra))
+            worker.conn.send((request.kind, request_id, request.body, request.max_tokens, request.ignore_eos, extra))
         except (OSError, ValueError) as error:
             worker.pending.pop(request_id, None)
             self._fail(worker, f"cannot reach client worker: {error}")
@@ -297,11 +251,10 @@ async def _serve(
         ) as client,
     ):
 
-        async def run(request_id: int, kind: str, body: Any, max_tokens: int, ignore_eos: bool, extra: Any) -> None:
-            if kind == "chat":
-                outcome = await client.chat(body, max_tokens, ignore_eos=ignore_eos, extra_body=extra)
-            else:
-                outcome = await client.completion(body, max_tokens, ignore_eos=ignore_eos, extra_body=extra)
+        async def run(
+            request_id: int, kind: RequestKind, body: RequestBody, max_tokens: int, ignore_eos: bool, extra: Any
+        ) -> None:
+            outcome = await client.request(Request(kind, body, max_tokens, ignore_eos, extra))
             tasks.pop(request_id, None)
             with contextlib.suppress(OSError, ValueError):
                 conn.send((request_id, outcome))

@@ -49,7 +49,7 @@ from typing import Literal, Protocol, cast
 
 from pydantic import Field, model_validator
 
-from common.schema import StrictModel
+from common.schema import StrictModel, figures_or_reason
 
 NS = 1_000_000_000
 MJ_PER_J = 1000.0
@@ -79,8 +79,9 @@ class EnergyWindow(StrictModel):
 
     @model_validator(mode="after")
     def _joules_or_reason(self) -> EnergyWindow:
-        if (self.not_sampled is None) == (self.joules is None):
-            raise ValueError("an energy window has joules or a not_sampled reason, exactly one of them")
+        figures_or_reason(
+            self.joules is not None, self.not_sampled, "an energy window has joules or a not_sampled reason"
+        )
         return self
 
     @property
@@ -326,24 +327,23 @@ class NvmlSource:
     def _read(self) -> None:
         nvml = self._nvml
         assert nvml is not None
-        joules: float | None = 0.0 if self.counter else None
-        watts: float | None = 0.0
         t_ns = self._clock()
-        for handle in self._handles:
-            if joules is not None:
-                try:
-                    joules += nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / MJ_PER_J
-                except nvml.NVMLError:
-                    joules = None
-                    self.read_errors += 1
-            if watts is not None:
-                try:
-                    watts += nvml.nvmlDeviceGetPowerUsage(handle) / MW_PER_W
-                except nvml.NVMLError:
-                    watts = None
-                    self.read_errors += 1
+        joules = self._total(nvml, nvml.nvmlDeviceGetTotalEnergyConsumption, MJ_PER_J) if self.counter else None
+        watts = self._total(nvml, nvml.nvmlDeviceGetPowerUsage, MW_PER_W)
         if joules is not None or watts is not None:
             self.timeline.add(Reading(t_ns, joules, watts))
+
+    def _total(self, nvml: Nvml, read: Callable[[object], int], raw_per_unit: float) -> float | None:
+        """``read`` summed over the GPUs, in units of ``raw_per_unit`` raw counts (mJ per J, mW per W); None when
+        a GPU's read fails (an error counted; the other GPUs are not read)."""
+        total = 0.0
+        for handle in self._handles:
+            try:
+                total += read(handle) / raw_per_unit
+            except nvml.NVMLError:
+                self.read_errors += 1
+                return None
+        return total
 
     def _sample(self) -> None:
         while not self._stop.wait(self.period_s):

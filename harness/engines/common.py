@@ -366,14 +366,23 @@ def engine_config(config: object, expected: type[ConfigT], engine: str) -> Confi
     return config
 
 
-class ProcessEngine(Generic[RunningT]):
-    """The ``async with`` lifecycle of an engine kvbench starts.
+class ProcessEngine(Generic[ConfigT, RunningT]):
+    """The ``async with`` lifecycle of an engine kvbench starts, on a config of its kind (``expected``) whose offload
+    profile ``check`` accepts (it raises ValueError otherwise).
 
     Entering runs :meth:`_start` with a fresh exit stack (what it enters is left in reverse order);
     a failed start, and leaving, close the stack and remove ``self._workdir`` if ``_start`` made one.
     """
 
-    def __init__(self, context: LaunchContext) -> None:
+    def __init__(
+        self,
+        config: object,
+        context: LaunchContext,
+        expected: type[ConfigT],
+        check: Callable[[OffloadProfile, ConfigT], None],
+    ) -> None:
+        self.config = engine_config(config, expected, type(self).__name__)
+        check(context.profile, self.config)
         self.context = context
         self._stack: contextlib.AsyncExitStack | None = None
         self._workdir: Path | None = None
@@ -488,6 +497,11 @@ def serving_args(config: _ServedModel, port: int) -> list[str]:
     return ["--served-model-name", served_model_name(config), "--host", config.host, "--port", str(port)]
 
 
+def value_flags(*flags: tuple[str, object | None]) -> list[str]:
+    """``flag value`` for each flag whose value is set, in order (None: left out, the engine's default)."""
+    return [part for flag, value in flags if value is not None for part in (flag, str(value))]
+
+
 NamedConfigT = TypeVar("NamedConfigT", VllmEngineConfig, SglangEngineConfig)
 
 
@@ -499,6 +513,17 @@ async def resolve_served_model(config: NamedConfigT) -> tuple[Path, NamedConfigT
     model_dir = await asyncio.to_thread(resolve_model_ref, config.model)
     update = {"model": str(model_dir), "served_model_name": served_model_name(config)}
     return model_dir, config.model_copy(update=update)
+
+
+async def prepare_served(
+    config: NamedConfigT, log_dir: Path, python_of: Callable[[NamedConfigT], str]
+) -> tuple[Path, NamedConfigT, str]:
+    """An engine's first steps on a model directory: (the directory, ``config`` naming it as
+    :func:`resolve_served_model` makes it, the engine's python by ``python_of``), with the arm's ``log_dir`` made."""
+    model_dir, config = await resolve_served_model(config)
+    python = python_of(config)
+    await asyncio.to_thread(log_dir.mkdir, parents=True, exist_ok=True)
+    return model_dir, config, python
 
 
 def resolve_python(configured: str | None, env_var: str) -> str:

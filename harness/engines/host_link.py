@@ -44,7 +44,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError, model_validator
 
 from common.redact import redact_text
-from common.schema import StrictModel, first_problem
+from common.schema import StrictModel, figures_or_reason, first_problem
 
 from . import host_link_probe
 from .common import marked_value
@@ -100,8 +100,7 @@ class HostLink(StrictModel):
 
     @model_validator(mode="after")
     def _rates_or_reason(self) -> HostLink:
-        if (self.not_measured is None) == (not self.gpus):
-            raise ValueError("a host link has rates per GPU or a not_measured reason, exactly one of them")
+        figures_or_reason(bool(self.gpus), self.not_measured, "a host link has rates per GPU or a not_measured reason")
         return self
 
     def summary(self) -> HostLinkSummary | None:

@@ -50,9 +50,9 @@ from .common import (
     make_offload_dirs,
     open_session,
     parallelism_text,
+    prepare_served,
     probe_python,
     reset_with_retry,
-    resolve_served_model,
     served_model_name,
     serving_args,
     start_server,
@@ -215,19 +215,15 @@ class RunningSglang(RunningProcess):
         )
 
 
-class SglangEngine(ProcessEngine[RunningSglang]):
+class SglangEngine(ProcessEngine[SglangEngineConfig, RunningSglang]):
     """Engine kind ``sglang``: ``async with SglangEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        super().__init__(context)
-        self.config = common.engine_config(config, SglangEngineConfig, "SglangEngine")
-        check_supported(context.profile, self.config)
+        super().__init__(config, context, SglangEngineConfig, check_supported)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningSglang:
         context = self.context
-        model_dir, config = await resolve_served_model(self.config)
-        python = resolve_python(config)
-        context.log_dir.mkdir(parents=True, exist_ok=True)
+        model_dir, config, python = await prepare_served(self.config, context.log_dir, resolve_python)
         try:
             plan = render_sglang_launch(context.profile, config, context.prefix_caching, context.tier_scope)
         except ValueError as error:

@@ -50,11 +50,11 @@ from .common import (
     ProcessEngine,
     RunningProcess,
     TokenizerUnavailable,
-    engine_config,
     parallelism_text,
     server_process,
     server_version,
     start_server,
+    value_flags,
 )
 from .configs import TrtllmEngineConfig
 from .modeldir import resolve_model_ref
@@ -107,16 +107,14 @@ def build_trtllm_argv(config: TrtllmEngineConfig, serve: str, port: int, options
         "--extra_llm_api_options",
         str(options_path),
     ]
-    if config.parallelism.tp != 1:
-        args += ["--tp_size", str(config.parallelism.tp)]
-    if config.parallelism.pp != 1:
-        args += ["--pp_size", str(config.parallelism.pp)]
-    if config.max_batch_size is not None:
-        args += ["--max_batch_size", str(config.max_batch_size)]
-    if config.max_num_tokens is not None:
-        args += ["--max_num_tokens", str(config.max_num_tokens)]
-    if config.max_seq_len is not None:
-        args += ["--max_seq_len", str(config.max_seq_len)]
+    parallel = config.parallelism
+    args += value_flags(
+        ("--tp_size", parallel.tp if parallel.tp != 1 else None),
+        ("--pp_size", parallel.pp if parallel.pp != 1 else None),
+        ("--max_batch_size", config.max_batch_size),
+        ("--max_num_tokens", config.max_num_tokens),
+        ("--max_seq_len", config.max_seq_len),
+    )
     return (*args, *config.extra_args)
 
 
@@ -160,13 +158,11 @@ class RunningTrtllm(RunningProcess):
         raise PrefixCacheResetUnsupported(f"TensorRT-LLM at {self._endpoint.base_url}: {RESET_ADVICE}")
 
 
-class TrtllmEngine(ProcessEngine[RunningTrtllm]):
+class TrtllmEngine(ProcessEngine[TrtllmEngineConfig, RunningTrtllm]):
     """Engine kind ``trtllm``: ``async with TrtllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        super().__init__(context)
-        self.config = engine_config(config, TrtllmEngineConfig, "TrtllmEngine")
-        check_supported(context.profile, self.config)
+        super().__init__(config, context, TrtllmEngineConfig, check_supported)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningTrtllm:
         context = self.context

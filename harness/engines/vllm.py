@@ -44,12 +44,13 @@ from .common import (
     make_offload_dirs,
     open_session,
     parallelism_text,
+    prepare_served,
     probe_python,
     reset_with_retry,
-    resolve_served_model,
     served_model_name,
     server_process,
     serving_args,
+    value_flags,
 )
 from .configs import VllmEngineConfig
 from .host_link import HostLinkTarget, engine_target
@@ -126,24 +127,20 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
     else:
         head = [str(Path(python).parent / "vllm"), "serve", config.model]
     args = serving_args(config, port)
-    if config.dtype is not None:
-        args += ["--dtype", config.dtype]
-    if config.quantization is not None:
-        args += ["--quantization", config.quantization]
-    if config.max_model_len is not None:
-        args += ["--max-model-len", str(config.max_model_len)]
-    if config.gpu_memory_utilization is not None and config.device == "cuda":
-        args += ["--gpu-memory-utilization", repr(config.gpu_memory_utilization)]
-    if config.load_format is not None:
-        args += ["--load-format", config.load_format]
+    args += value_flags(
+        ("--dtype", config.dtype),
+        ("--quantization", config.quantization),
+        ("--max-model-len", config.max_model_len),
+        ("--gpu-memory-utilization", config.gpu_memory_utilization if config.device == "cuda" else None),
+        ("--load-format", config.load_format),
+    )
     if config.enforce_eager:
         args.append("--enforce-eager")
-    if config.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
-    if config.block_size is not None:
-        args += ["--block-size", str(config.block_size)]
-    if config.num_gpu_blocks_override is not None:
-        args += ["--num-gpu-blocks-override", str(config.num_gpu_blocks_override)]
+    args += value_flags(
+        ("--max-num-batched-tokens", config.max_num_batched_tokens),
+        ("--block-size", config.block_size),
+        ("--num-gpu-blocks-override", config.num_gpu_blocks_override),
+    )
     if USAGE_DETAILS_FLAG not in config.extra_args:
         # usage.prompt_tokens_details.cached_tokens per request: the hit rate kvbench reports first
         # (the /metrics counters overlap while the connector loads asynchronously; offload/hits.py)
@@ -151,12 +148,11 @@ def build_vllm_argv(config: VllmEngineConfig, python: str, port: int, plan: Vllm
     if config.cpu_worker_in_engine_core:
         args += ["--distributed-executor-backend", "uni"]
     parallel = config.parallelism
-    if parallel.tp != 1:
-        args += ["--tensor-parallel-size", str(parallel.tp)]
-    if parallel.pp != 1:
-        args += ["--pipeline-parallel-size", str(parallel.pp)]
-    if parallel.dp != 1:
-        args += ["--data-parallel-size", str(parallel.dp)]
+    args += value_flags(
+        ("--tensor-parallel-size", parallel.tp if parallel.tp != 1 else None),
+        ("--pipeline-parallel-size", parallel.pp if parallel.pp != 1 else None),
+        ("--data-parallel-size", parallel.dp if parallel.dp != 1 else None),
+    )
     return (*head, *args, *plan.args, *config.extra_args)
 
 
@@ -329,19 +325,15 @@ def _reset_succeeded(text: str) -> bool:
     return not (isinstance(body, dict) and body.get("success") is False)
 
 
-class VllmEngine(ProcessEngine[RunningVllm]):
+class VllmEngine(ProcessEngine[VllmEngineConfig, RunningVllm]):
     """Engine kind ``vllm``: ``async with VllmEngine(config, context) as running: ...``."""
 
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
-        super().__init__(context)
-        self.config = common.engine_config(config, VllmEngineConfig, "VllmEngine")
-        check_supported(context.profile, self.config)
+        super().__init__(config, context, VllmEngineConfig, check_supported)
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningVllm:
         context = self.context
-        _, config = await resolve_served_model(self.config)
-        python = resolve_python(config)
-        context.log_dir.mkdir(parents=True, exist_ok=True)
+        _, config, python = await prepare_served(self.config, context.log_dir, resolve_python)
         self._workdir = Path(tempfile.mkdtemp(prefix="kvbench-vllm-"))
         plan = render_vllm_launch(
             context.profile, config, context.prefix_caching, self._workdir, scope=context.tier_scope

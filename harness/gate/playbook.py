@@ -23,12 +23,11 @@ start (the production service). Simulated or started-engine evidence there leave
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from common.errors import KvbenchError, RunDirError
 from common.packed import stored_file
@@ -36,7 +35,7 @@ from common.schema import StrictModel
 from common.yamlfile import read_yaml_mapping
 from harness.results.provenance import measured_on_attached_endpoint, provenance
 from harness.results.run_result import Frozen, RunResult
-from harness.scenario.spec import Duration
+from harness.scenario.spec import Duration, format_validation_error
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
@@ -142,39 +141,13 @@ class Playbook(StrictModel):
     stages: Stages = Stages()
 
 
-def _format_errors(source: Path, error: ValidationError) -> str:
-    lines = [f"{source}: invalid playbook ({error.error_count()} problem(s))"]
-    for item in error.errors():
-        loc = tuple(item["loc"])
-        path = ".".join(str(p) for p in loc) or "(top level)"
-        message = item["msg"]
-        if item["type"] == "extra_forbidden":
-            owner = _model_at(loc[:-1])
-            if owner is not None:
-                message += f"; allowed fields here: {', '.join(sorted(owner.model_fields))}"
-        got = item.get("input")
-        suffix = "" if item["type"] in {"missing", "extra_forbidden"} or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  - {path}: {message}{suffix}")
-    return "\n".join(lines)
-
-
-def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
-    model: type[BaseModel] = Playbook
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
-            return None
-        model = field.annotation
-    return model
-
-
 def load_playbook(path: Path) -> Playbook:
     """Read and validate a playbook file."""
     data = read_yaml_mapping(path, PlaybookError)
     try:
         return Playbook.model_validate(data)
     except ValidationError as error:
-        raise PlaybookError(_format_errors(path, error)) from None
+        raise PlaybookError(format_validation_error(str(path), error, Playbook, "playbook")) from None
 
 
 def save_playbook(playbook: Playbook, path: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Literal, Protocol
 
 from pydantic import Field, model_validator
 
-from common.schema import StrictModel
+from common.schema import StrictModel, figures_or_reason
 
 EnergySource = Literal["nvml", "simulated"]
 EnergyMethod = Literal["energy_counter", "power_samples", "model"]
@@ -77,8 +77,9 @@ class EnergySample(StrictModel):
 
     @model_validator(mode="after")
     def _figures_or_reason(self) -> EnergySample:
-        if (self.not_sampled is None) == (self.joules is None):
-            raise ValueError("an energy sample has joules or a not_sampled reason, exactly one of them")
+        figures_or_reason(
+            self.joules is not None, self.not_sampled, "an energy sample has joules or a not_sampled reason"
+        )
         return self
 
     @property

@@ -28,18 +28,7 @@ from harness.results.soak_result import SoakResult
 from harness.results.sweep_result import SweepResult
 from harness.scenario.spec import Scenario
 from harness.sim.calibration import Calibration
-from harness.store.events import (
-    EngineDown,
-    FaultEvent,
-    GroupDone,
-    IntervalStats,
-    MetricsDelta,
-    PointDone,
-    ReplayDone,
-    ReplaySample,
-    ReplicaCounters,
-    TraceInfo,
-)
+from harness.store import events
 from harness.store.manifest_model import ManifestFile
 from harness.store.records import RequestRecord
 
@@ -83,36 +72,46 @@ STORED_FILES: dict[str, StoredFile] = {
         StoredFile(
             "progress",
             "progress.jsonl",
-            GroupDone,
+            events.GroupDone,
             "kvbench run: a finished group (arm, repetition, length)",
             lines=True,
         ),
         StoredFile(
             "engine-metrics",
             "engine_metrics.jsonl",
-            MetricsDelta,
+            events.MetricsDelta,
             "kvbench run: /metrics deltas of one turn of a group",
             lines=True,
         ),
         StoredFile(
             "replica-metrics",
             "replica_metrics.jsonl",
-            ReplicaCounters,
+            events.ReplicaCounters,
             "fleets: every replica's cache counters at a scrape",
             lines=True,
         ),
-        StoredFile("points", "points.jsonl", PointDone, "kvbench sweep: a finished load point of an arm", lines=True),
         StoredFile(
-            "intervals", "intervals.jsonl", IntervalStats, "kvbench soak: one interval's aggregates", lines=True
-        ),
-        StoredFile("faults", "faults.jsonl", FaultEvent, "kvbench soak: a rehearsed failure", lines=True),
-        StoredFile("engine-events", "engine_events.jsonl", EngineDown, "an arm's engine died", lines=True),
-        StoredFile("trace-info", "trace.json", TraceInfo, "kvbench replay: the trace's identity and statistics"),
-        StoredFile(
-            "samples", "samples.jsonl", ReplaySample, "kvbench replay: /metrics deltas of a scrape interval", lines=True
+            "points", "points.jsonl", events.PointDone, "kvbench sweep: a finished load point of an arm", lines=True
         ),
         StoredFile(
-            "replayed", "replayed.jsonl", ReplayDone, "kvbench replay: an arm that replayed the whole trace", lines=True
+            "intervals", "intervals.jsonl", events.IntervalStats, "kvbench soak: one interval's aggregates", lines=True
+        ),
+        StoredFile("faults", "faults.jsonl", events.FaultEvent, "kvbench soak: a rehearsed failure", lines=True),
+        StoredFile("engine-events", "engine_events.jsonl", events.EngineDown, "an arm's engine died", lines=True),
+        StoredFile("trace-info", "trace.json", events.TraceInfo, "kvbench replay: the trace's identity and statistics"),
+        StoredFile(
+            "samples",
+            "samples.jsonl",
+            events.ReplaySample,
+            "kvbench replay: /metrics deltas of a scrape interval",
+            lines=True,
+        ),
+        StoredFile(
+            "replayed",
+            "replayed.jsonl",
+            events.ReplayDone,
+            "kvbench replay: an arm that replayed the whole trace",
+            lines=True,
         ),
     )
 }

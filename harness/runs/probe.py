@@ -40,8 +40,8 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from harness.client.scrape import SampleKey, cache_counter_deltas, parse_metrics
 from harness.engines.base import PrefixCacheResetUnsupported
@@ -55,15 +55,13 @@ from harness.results.aggregate import (
     probe_result_of,
 )
 from harness.results.run_result import BetweenTurnsMethod, ReturningMethod, RunResult
-from harness.scenario.spec import Arm, Scenario
+from harness.scenario.spec import Arm
 from harness.store.events import ENGINE_RESTARTS, GroupDone, MetricsDelta
-from harness.store.rundir import RunDir
 from workloads.config import FILLER_MARGIN, MultiRoundQAProbe
 from workloads.multi_round_qa import ConversationGroup, ConversationState, build_filler
 from workloads.salt import retry_salt
 from workloads.tokenizer import TokenIds, tokenizer_facts
 
-from .progress import RunProgress
 from .spine import ArmSession, Prompt, Runner, record_from
 
 log = logging.getLogger(__name__)
@@ -78,28 +76,28 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 serves it too."""
 
 
+@dataclass
+class _ArmResets:
+    """How a probe empties each arm's GPU prefix cache between turns, learnt at the arm's engine starts."""
+
+    no_reset: set[str] = field(default_factory=set)
+    """Arms whose engine cannot reset its GPU prefix cache (said once; no further tries)."""
+    chosen: dict[str, BetweenTurnsMethod] = field(default_factory=dict)
+    """Mode ``auto``: the method chosen per arm (at its first engine start; kept for its later blocks)."""
+    unavailable: dict[str, str] = field(default_factory=dict)
+    """Mode ``auto``: arms that could neither reset nor size filler -> why, and what would fix it."""
+
+
 class ProbeRunner(Runner[RunResult]):
     """Runs a multi-round QA probe scenario into a run directory."""
 
     verb = "run"
     unit = "requests"
 
-    def __init__(
-        self,
-        scenario: Scenario,
-        run_dir: RunDir,
-        *,
-        source: Path | None = None,
-        progress: RunProgress | None = None,
-        only_arms: Sequence[str] = (),
-    ) -> None:
-        super().__init__(scenario, run_dir, source=source, progress=progress, only_arms=only_arms)
-        self._no_reset: set[str] = set()
-        """Arms whose engine cannot reset its GPU prefix cache (said once; no further tries)."""
-        self._chosen: dict[str, BetweenTurnsMethod] = {}
-        """Mode ``auto``: the method chosen per arm (at its first engine start; kept for its later blocks)."""
-        self._unavailable: dict[str, str] = {}
-        """Mode ``auto``: arms that could neither reset nor size filler -> why, and what would fix it."""
+    @functools.cached_property
+    def _resets(self) -> _ArmResets:
+        """Made at first use: each runner learns its arms afresh."""
+        return _ArmResets()
 
     @property
     def workload(self) -> MultiRoundQAProbe:
@@ -184,12 +182,12 @@ class ProbeRunner(Runner[RunResult]):
     async def _reset(self, session: ArmSession) -> None:
         """Drop the engine's GPU prefix cache; where it cannot, say so once for the arm and go on."""
         arm = session.arm.name
-        if arm in self._no_reset:
+        if arm in self._resets.no_reset:
             return
         try:
             await session.reset_prefix_cache(required=True)
         except PrefixCacheResetUnsupported as error:
-            self._no_reset.add(arm)
+            self._resets.no_reset.add(arm)
             session.note(
                 RESET_DETAIL,
                 f"{error}; between_turns mode auto would evict it with filler traffic instead (sized from /metrics "
@@ -205,7 +203,7 @@ class ProbeRunner(Runner[RunResult]):
         """Mode ``auto``: reset the GPU prefix cache where the engine can; else size filler from the GPU KV capacity
         (the setting, else ``/metrics``); else say what would make the arm valid. Chosen once per arm and noted."""
         arm = session.arm.name
-        known = self._chosen.get(arm)
+        known = self._resets.chosen.get(arm)
         if known is not None and known.method != "reset_prefix_cache":
             # a later engine start of the arm (a block, a replica set): the same kind, so the same method, noted
             # again since each start records the engine's details afresh
@@ -227,7 +225,7 @@ class ProbeRunner(Runner[RunResult]):
                 "pass --gpu-kv-tokens N (its GPU KV capacity in tokens; a scenario's "
                 "workload.between_turns.gpu_kv_tokens) or enable its prefix-cache reset (vLLM: VLLM_SERVER_DEV_MODE=1)"
             )
-            self._unavailable[arm] = f"{no_reset} and {unknown}; {fix}"
+            self._resets.unavailable[arm] = f"{no_reset} and {unknown}; {fix}"
             self._note_method(session, BetweenTurnsMethod(arm=arm, method="unavailable"))
             self.progress.note(
                 f"{arm}: {no_reset}, so kvbench cannot drop its GPU prefix cache between turns, and {unknown}; {fix}; "
@@ -259,10 +257,10 @@ class ProbeRunner(Runner[RunResult]):
         return None
 
     def _note_method(self, session: ArmSession, method: BetweenTurnsMethod) -> None:
-        self._chosen[method.arm] = method
+        self._resets.chosen[method.arm] = method
         session.note(METHOD_DETAIL, method.method)
-        if method.arm in self._unavailable:
-            session.note(RESET_DETAIL, self._unavailable[method.arm])
+        if method.arm in self._resets.unavailable:
+            session.note(RESET_DETAIL, self._resets.unavailable[method.arm])
         if method.method == "filler":
             session.note(FILLER_TOKENS_DETAIL, str(method.filler_tokens))
             session.note(GPU_KV_TOKENS_DETAIL, str(method.gpu_kv_tokens))
@@ -273,7 +271,7 @@ class ProbeRunner(Runner[RunResult]):
         spec = self.workload.between_turns
         if spec.mode != "auto":
             return spec.mode, spec.filler_tokens
-        chosen = self._chosen[arm]
+        chosen = self._resets.chosen[arm]
         return chosen.method, chosen.filler_tokens or 0
 
     async def _between_turns(self, session: ArmSession, repetition: int, context_tokens: int, turn: int) -> None:

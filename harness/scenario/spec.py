@@ -475,9 +475,9 @@ def _field_names(model: type[BaseModel]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """Best-effort: the pydantic model that owns the mapping at ``loc`` (for listing allowed keys)."""
-    model: type[BaseModel] | None = Scenario
+def _model_at(loc: tuple[int | str, ...], root: type[BaseModel]) -> type[BaseModel] | None:
+    """Best-effort: the pydantic model under ``root`` that owns the mapping at ``loc`` (for listing allowed keys)."""
+    model: type[BaseModel] | None = root
     for part in loc:
         if model is None:
             return None
@@ -519,12 +519,14 @@ def _union_tags() -> dict[str, type[BaseModel]]:
 _UNION_TAGS = _union_tags()
 
 
-def _display_loc(loc: tuple[int | str, ...], *, unknown_last: bool = False) -> tuple[int | str, ...]:
+def _display_loc(
+    loc: tuple[int | str, ...], root: type[BaseModel], *, unknown_last: bool = False
+) -> tuple[int | str, ...]:
     """``loc`` without the tags pydantic inserts for unions (workload.multi_user_qa.rounds -> workload.rounds,
     arms.1.offload.str -> arms.1.offload), so the path is the one written in the YAML file.
     ``unknown_last``: the last part is a key the user wrote that is no field (an extra_forbidden error)."""
     out: list[int | str] = []
-    model: type[BaseModel] | None = Scenario
+    model: type[BaseModel] | None = root
     for index, part in enumerate(loc):
         if isinstance(part, int) or model is None or (unknown_last and index == len(loc) - 1):
             out.append(part)
@@ -540,16 +542,19 @@ def _display_loc(loc: tuple[int | str, ...], *, unknown_last: bool = False) -> t
     return tuple(out)
 
 
-def format_validation_error(source: str, error: ValidationError) -> str:
-    """A header and one line per field (a union's alternatives joined with "or"), paths as written in the file."""
+def format_validation_error(
+    source: str, error: ValidationError, root: type[BaseModel] = Scenario, what: str = "scenario"
+) -> str:
+    """A header and one line per field (a union's alternatives joined with "or"), paths as written in the file;
+    ``root``: the model validated (a scenario, a playbook), ``what`` the header calls the file."""
     problems: dict[str, list[str]] = {}
     for item in error.errors():
         loc = tuple(item["loc"])
-        shown = _display_loc(loc, unknown_last=item["type"] == "extra_forbidden")
+        shown = _display_loc(loc, root, unknown_last=item["type"] == "extra_forbidden")
         path = ".".join(str(p) for p in shown) or "(top level)"
         message = item["msg"]
         if item["type"] == "extra_forbidden":
-            owner = _model_at(loc[:-1])
+            owner = _model_at(loc[:-1], root)
             if owner is not None:
                 message += f"; allowed fields here: {', '.join(_field_names(owner))}"
         elif item["type"] == "missing":
@@ -562,7 +567,7 @@ def format_validation_error(source: str, error: ValidationError) -> str:
         )
         problems.setdefault(path, []).append(f"{message}{suffix}")
     lines = [f"  - {path}: {' or '.join(dict.fromkeys(messages))}" for path, messages in problems.items()]
-    return "\n".join([f"{source}: invalid scenario ({len(lines)} problem(s))", *lines])
+    return "\n".join([f"{source}: invalid {what} ({len(lines)} problem(s))", *lines])
 
 
 def bundled_scenarios() -> dict[str, Path]:

@@ -43,6 +43,16 @@ DurationNs = Annotated[int, Field(strict=True, ge=0, le=MAX_DURATION_NS)]
 Count = Annotated[int, Field(strict=True, ge=0)]
 
 
+def _in_order(value: int | None, info: ValidationInfo, fields: tuple[str, ...], *, after: bool, why: str) -> int | None:
+    """``value`` (monotonic ns) checked against each of ``fields`` validated before it: not earlier than them
+    (``after``), else not later; ValueError naming the field and ``why``."""
+    for field in fields:
+        other = info.data.get(field)
+        if value is not None and other is not None and (value < other if after else value > other):
+            raise ValueError(f"{value} is {'earlier' if after else 'later'} than {field} {other} ({why})")
+    return value
+
+
 class RequestRecord(BaseModel):
     """What one request did, as seen by the client."""
 
@@ -117,21 +127,13 @@ class RequestRecord(BaseModel):
     @field_validator("first_content_ns")
     @classmethod
     def _content_after_first_token(cls, value: int | None, info: ValidationInfo) -> int | None:
-        ttft = info.data.get("ttft_ns")
-        if value is not None and ttft is not None and value < ttft:
-            raise ValueError(f"{value} is earlier than ttft_ns {ttft} (answer text cannot precede the first token)")
-        return value
+        return _in_order(value, info, ("ttft_ns",), after=True, why="answer text cannot precede the first token")
 
     @field_validator("e2e_ns")
     @classmethod
     def _end_after_first_token(cls, value: int | None, info: ValidationInfo) -> int | None:
-        for field in ("ttft_ns", "first_content_ns"):
-            earlier = info.data.get(field)
-            if value is not None and earlier is not None and value < earlier:
-                raise ValueError(
-                    f"{value} is earlier than {field} {earlier} (a request cannot end before its first token)"
-                )
-        return value
+        why = "a request cannot end before its first token"
+        return _in_order(value, info, ("ttft_ns", "first_content_ns"), after=True, why=why)
 
     @field_validator("itl_ns")
     @classmethod
@@ -147,11 +149,7 @@ class RequestRecord(BaseModel):
     @field_validator("first_chunk_ns")
     @classmethod
     def _first_chunk_first(cls, value: int | None, info: ValidationInfo) -> int | None:
-        for field in ("ttft_ns", "e2e_ns"):
-            later = info.data.get(field)
-            if value is not None and later is not None and value > later:
-                raise ValueError(f"{value} is later than {field} {later} (the first chunk comes first)")
-        return value
+        return _in_order(value, info, ("ttft_ns", "e2e_ns"), after=False, why="the first chunk comes first")
 
     @field_validator("cached_tokens")
     @classmethod

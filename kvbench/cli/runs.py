@@ -173,6 +173,35 @@ def flag_scenario(kind: FlagKind, flags: EndpointFlags, scenario: str | None, re
         raise fail(str(error)) from None
 
 
+def launch_endpoint_kind(
+    kind: FlagKind,
+    scenario: str | None,
+    flags: EndpointFlags,
+    output_dir: Path | None,
+    resume: Path | None,
+    arms: list[str] | None,
+    sets: list[str] | None,
+    json: bool,
+    shard: str | None,
+    start_at: str | None,
+) -> None:
+    """What ``kvbench run``, ``sweep`` and ``replay`` do once parsed: the scenario (a file, a bundled name, or the
+    endpoint flags'), launched through :func:`launch_kind`; then the run directory and the command that rebuilds its
+    reports told. ``arms`` (``--arm NAME``) pick a scenario's arms; with endpoint flags the arms are the flags'."""
+    from harness.runs.kinds import LaunchOverrides
+
+    with json_stdout(json):
+        sharded, start = shard_overrides(shard, start_at, resume)
+        built = flag_scenario(kind, flags, scenario, resume)
+        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()), shard=sharded, start_at=start)
+        run_dir = launch_kind(
+            kind, built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
+        )
+        path = console_text(run_dir.path)
+        rebuild = "redraw" if kind == "sweep" else "rebuild reports"
+        console.print(f"Run directory: [bold]{path}[/]  ({rebuild}: kvbench report {path})", highlight=False)
+
+
 def launch_kind(
     kind: RunKind,
     scenario: str | Scenario | None,
@@ -277,17 +306,7 @@ def run(
     flags: EndpointFlags,
 ) -> None:
     """Run a scenario (or measure an endpoint: --base-url URL): every arm, the workload, then the t1/t2 TTFT table."""
-    from harness.runs.kinds import LaunchOverrides
-
-    with json_stdout(json):
-        sharded, start = shard_overrides(shard, start_at, resume)
-        built = flag_scenario("probe", flags, scenario, resume)
-        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()), shard=sharded, start_at=start)
-        run_dir = launch_kind(
-            "probe", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
-        )
-        path = console_text(run_dir.path)
-        console.print(f"Run directory: [bold]{path}[/]  (rebuild reports: kvbench report {path})", highlight=False)
+    launch_endpoint_kind("probe", scenario, flags, output_dir, resume, arms, sets, json, shard, start_at)
 
 
 @endpoint_options("sweep")
@@ -318,17 +337,7 @@ def sweep(
             )
         report(run_dirs=[report_only], json=json)
         return
-    from harness.runs.kinds import LaunchOverrides
-
-    with json_stdout(json):
-        sharded, start = shard_overrides(shard, start_at, resume)
-        built = flag_scenario("sweep", flags, scenario, resume)
-        overrides = LaunchOverrides(arms=() if built is not None else tuple(arms or ()), shard=sharded, start_at=start)
-        run_dir = launch_kind(
-            "sweep", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
-        )
-        path = console_text(run_dir.path)
-        console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
+    launch_endpoint_kind("sweep", scenario, flags, output_dir, resume, arms, sets, json, shard, start_at)
 
 
 def soak(
@@ -564,13 +573,5 @@ def replay(
     flags: EndpointFlags,
 ) -> None:
     """Replay a timestamped trace on every arm: TTFT/TPOT/E2E, SLO, hit rate against the trace's ceiling."""
-    from harness.runs.kinds import LaunchOverrides
-
-    with json_stdout(json):
-        sharded, start = shard_overrides(shard, start_at, resume)
-        overrides = LaunchOverrides(shard=sharded, start_at=start)
-        built = flag_scenario("replay", flags, scenario, resume)
-        run_dir = launch_kind(
-            "replay", built or scenario, output_dir=output_dir, resume=resume, overrides=overrides, sets=sets or ()
-        )
-        console.print(f"Run directory: [bold]{run_dir.path}[/]  (rebuild reports: kvbench report {run_dir.path})")
+    # replay's --arm NAME=URL is an endpoint flag (in ``flags``), not a pick of the scenario's arms
+    launch_endpoint_kind("replay", scenario, flags, output_dir, resume, None, sets, json, shard, start_at)

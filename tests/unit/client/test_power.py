@@ -246,3 +246,28 @@ def test_a_busy_counter_that_runs_ahead_of_the_clock_never_draws_more_than_tdp()
     profile = POWER["h100-sxm"]
     assert first.avg_watts == pytest.approx(profile.tdp_w)  # busy 1.5 s in 1 s: held at the board's limit
     assert whole.joules == pytest.approx(profile.joules(4.0, 2.0, gpus=1, tp=1))  # every busy second counted
+
+
+def test_nvml_a_failing_power_reading_loses_the_watts_not_the_counter(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = fake_nvml(gpus=2)
+
+    def power(handle: object) -> int:
+        if handle == 1:
+            raise NvmlError("Unknown Error")
+        return int(WATTS * 1000)
+
+    setattr(nvml, "nvmlDeviceGetPowerUsage", power)  # noqa: B010 - replacing the fake's function
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    source = NvmlSource(["0", "1"], period_s=0.02)
+    seconds, window = asyncio.run(_window(source))
+    assert window.method == "energy_counter" and window.cross_check_joules is None
+    assert window.joules == pytest.approx(2 * WATTS * seconds, rel=0.03)
+    assert source.read_errors >= window.samples >= 10  # one error a reading: GPU 1's watts, never the counter
+
+
+def test_an_energy_window_has_joules_or_a_reason_never_both_nor_neither() -> None:
+    assert EnergyWindow(source="nvml", gpus=1, seconds=1.0, joules=2.0).avg_watts == 2.0
+    assert EnergyWindow(source="nvml", gpus=1, seconds=1.0, not_sampled="no GPU").joules is None
+    for joules, reason in ((None, None), (2.0, "no GPU")):
+        with pytest.raises(ValueError, match="has joules or a not_sampled reason, exactly one of them"):
+            EnergyWindow(source="nvml", gpus=1, seconds=1.0, joules=joules, not_sampled=reason)
