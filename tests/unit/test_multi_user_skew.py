@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import collections
 
-from harness.sim.tokenizer import SimTokenizer
-from workloads.config import MultiUserQA
+from tests.scenarios import fixed, multi_user_qa
+from tests.support import multi_user_workload
 from workloads.multi_user import MultiUserWorkload
 
 
 def _workload(skew: float, users: int = 50) -> MultiUserWorkload:
-    config = MultiUserQA.model_validate(
-        {
-            "kind": "multi_user_qa",
-            "users": users,
-            "user_skew": skew,
-            "rounds": {"dist": "fixed", "value": 2},
-            "context_tokens": {"dist": "fixed", "value": 500},
-        }
-    )
-    return MultiUserWorkload(config, SimTokenizer(), seed=11)
+    return multi_user_workload(multi_user_qa(users, fixed(2), fixed(500), user_skew=skew), seed=11)
 
 
 def test_no_skew_cycles_users() -> None:

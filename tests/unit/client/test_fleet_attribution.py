@@ -21,6 +21,7 @@ from harness.client.endpoint import Endpoint
 from harness.client.fleet import FleetClient
 from harness.client.openai import OpenAIClient
 from harness.client.router import Attribution, Router, routing_key
+from tests.fakes.serving import app_serving
 
 
 class PlannedRouter:
@@ -62,15 +63,8 @@ async def fleet() -> AsyncIterator[tuple[PlannedRouter, str]]:
     app = web.Application()
     app.router.add_post("/v1/completions", planned.completions)
     app.router.add_get("/r{index}/metrics", planned.metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield planned, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with app_serving(app) as url:
+        yield planned, url
 
 
 def _client(base: str, attribution: Attribution) -> tuple[OpenAIClient, FleetClient]:

@@ -12,6 +12,7 @@ import itertools
 import sys
 import time
 import types
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,27 @@ def test_the_sim_power_model_is_bounded_and_grows_with_busy() -> None:
         PowerProfile(tdp_w=100.0, idle_w=200.0)
 
 
+async def read_each_second(
+    source: SimulatedPower,
+    clock: list[int],
+    counters: list[float],
+    increments: Sequence[Sequence[float]],
+    spans: Sequence[tuple[int, int]],
+) -> list[EnergyWindow]:
+    """``source`` started and driven by hand: for each of ``increments``, ``clock`` moves on one second, the
+    engine's ``counters`` grow by that second's increments, and ``source`` reads them; then its windows over
+    ``spans`` (start, end ns), and it stops."""
+    await source.start()
+    for increment in increments:
+        clock[0] += NS
+        for index, amount in enumerate(increment):
+            counters[index] += amount
+        await source._read()
+    windows = [await source.window(start, end) for start, end in spans]
+    await source.stop()
+    return windows
+
+
 def test_the_simulated_source_reads_busy_seconds_from_metrics() -> None:
     """Busy 0.25 s per second on a TP=2 replica: every GPU at idle + (TDP − idle) / 4."""
     clock = [0]
@@ -173,18 +195,8 @@ def test_the_simulated_source_reads_busy_seconds_from_metrics() -> None:
     async def scrape() -> str:
         return f'# TYPE {BUSY_SECONDS[:-6]} counter\n{BUSY_SECONDS}{{engine="0"}} {busy[0]}\n'
 
-    async def run() -> EnergyWindow:
-        source = SimulatedPower(POWER["h200-sxm"], gpus=2, tp=2, scrape=scrape, period_s=3600, clock=lambda: clock[0])
-        await source.start()
-        for _ in range(4):
-            clock[0] += NS
-            busy[0] += 0.25
-            await source._read()
-        window = await source.window(NS, 3 * NS)
-        await source.stop()
-        return window
-
-    window = asyncio.run(run())
+    source = SimulatedPower(POWER["h200-sxm"], gpus=2, tp=2, scrape=scrape, period_s=3600, clock=lambda: clock[0])
+    (window,) = asyncio.run(read_each_second(source, clock, busy, [[0.25]] * 4, [(NS, 3 * NS)]))
     profile = POWER["h200-sxm"]
     assert window.source == "simulated" and window.method == "model"
     assert window.avg_watts == pytest.approx(2 * profile.watts(0.25))
@@ -230,19 +242,9 @@ def test_a_busy_counter_that_runs_ahead_of_the_clock_never_draws_more_than_tdp()
     async def scrape() -> str:
         return f'# TYPE {BUSY_SECONDS[:-6]} counter\n{BUSY_SECONDS}{{engine="0"}} {busy[0]}\n'
 
-    async def run() -> tuple[EnergyWindow, EnergyWindow]:
-        source = SimulatedPower(POWER["h100-sxm"], gpus=1, tp=1, scrape=scrape, period_s=3600, clock=lambda: clock[0])
-        await source.start()
-        for step in (1.5, 0.5, 0.0, 0.0):  # a 1.5 s step ends in the first second, then 0.5 s, then idle
-            clock[0] += NS
-            busy[0] += step
-            await source._read()
-        first = await source.window(0, NS)
-        whole = await source.window(0, 4 * NS)
-        await source.stop()
-        return first, whole
-
-    first, whole = asyncio.run(run())
+    source = SimulatedPower(POWER["h100-sxm"], gpus=1, tp=1, scrape=scrape, period_s=3600, clock=lambda: clock[0])
+    steps = [[1.5], [0.5], [0.0], [0.0]]  # a 1.5 s step ends in the first second, then 0.5 s, then idle
+    first, whole = asyncio.run(read_each_second(source, clock, busy, steps, [(0, NS), (0, 4 * NS)]))
     profile = POWER["h100-sxm"]
     assert first.avg_watts == pytest.approx(profile.tdp_w)  # busy 1.5 s in 1 s: held at the board's limit
     assert whole.joules == pytest.approx(profile.joules(4.0, 2.0, gpus=1, tp=1))  # every busy second counted

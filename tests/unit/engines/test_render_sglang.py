@@ -9,7 +9,6 @@ engine lifecycle against a stand-in server is in test_engine_lifecycle.py.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +18,16 @@ from pydantic import ValidationError
 from common.errors import ScenarioError
 from harness.engines.base import LaunchContext
 from harness.engines.configs import SglangEngineConfig
-from harness.engines.sglang import (
-    PYTHON_ENV_VAR,
-    SglangEngine,
-    build_sglang_argv,
-    build_sglang_env,
-    resolve_python,
-    served_model_name,
-)
+from harness.engines.sglang import SglangEngine, build_sglang_argv, build_sglang_env, served_model_name
 from harness.engines.sglang_offload import STORAGE_DIR_ENV, SUPPORTED, check_supported, render_sglang_launch
 from harness.scenario.spec import parse_scenario
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier, TierScope, session_dir_name
 
 
 def sglang_config(**overrides: Any) -> SglangEngineConfig:
-    data: dict[str, Any] = {"kind": "sglang", "model": "/models/Qwen2.5-7B-Instruct", "python": "/venv/bin/python"}
-    data.update(overrides)
-    return SglangEngineConfig.model_validate(data)
+    return SglangEngineConfig.model_validate(
+        {"kind": "sglang", "model": "/models/Qwen2.5-7B-Instruct", "python": "/venv/bin/python", **overrides}
+    )
 
 
 def profile(*tiers: OffloadTier, **fields: Any) -> OffloadProfile:
@@ -179,10 +171,6 @@ def test_engine_checks_the_profile_when_created(tmp_path: Path) -> None:
 
 
 def test_config_validation() -> None:
-    # parallelism.replicas is the alias of engine.replicas: a fleet of two, not an error
-    assert sglang_config(parallelism={"replicas": 2}).fleet_size == 2
-    with pytest.raises(ValidationError, match="disagree"):
-        sglang_config(parallelism={"replicas": 2}, replicas=3)
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         sglang_config(hicache_ratio=2)
     with pytest.raises(ValidationError):
@@ -246,12 +234,7 @@ def test_metrics_flag_can_be_turned_off() -> None:
     assert argv[-1] == "--disable-radix-cache"
 
 
-def test_python_and_served_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(PYTHON_ENV_VAR, raising=False)
-    assert resolve_python(sglang_config(python=None)) == sys.executable
-    monkeypatch.setenv(PYTHON_ENV_VAR, "/opt/sglang/bin/python")
-    assert resolve_python(sglang_config(python=None)) == "/opt/sglang/bin/python"
-    assert resolve_python(sglang_config(python="/explicit/python")) == "/explicit/python"
+def test_served_name() -> None:
     assert served_model_name(sglang_config()) == "Qwen2.5-7B-Instruct"
     assert served_model_name(sglang_config(model="synth:llama-3.1-8b")) == "llama-3.1-8b"
     assert served_model_name(sglang_config(served_model_name="q")) == "q"

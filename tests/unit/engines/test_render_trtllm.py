@@ -48,9 +48,7 @@ KV_CACHE_CONFIG_FIELDS = {
 
 
 def trtllm_config(**overrides: Any) -> TrtllmEngineConfig:
-    data: dict[str, Any] = {"kind": "trtllm", "model": "/models/Llama-3.1-8B-Instruct"}
-    data.update(overrides)
-    return TrtllmEngineConfig.model_validate(data)
+    return TrtllmEngineConfig.model_validate({"kind": "trtllm", "model": "/models/Llama-3.1-8B-Instruct", **overrides})
 
 
 def options(profile: OffloadProfile, prefix_caching: bool = True, **overrides: Any) -> dict[str, Any]:
@@ -232,10 +230,6 @@ def test_argv_with_sizes_parallelism_and_extra_args() -> None:
 
 
 def test_config_validation() -> None:
-    # parallelism.replicas is the alias of engine.replicas: a fleet of two, not an error
-    assert trtllm_config(parallelism={"replicas": 2}).fleet_size == 2
-    with pytest.raises(ValidationError, match="disagree"):
-        trtllm_config(parallelism={"replicas": 2}, replicas=3)
     with pytest.raises(ValidationError, match="no data-parallel flag"):
         trtllm_config(parallelism={"dp": 2})
     with pytest.raises(ValidationError):

@@ -26,14 +26,12 @@ from harness.engines.kinds import create_engine, engine_kinds
 from harness.engines.vllm import (
     FLASHINFER_ALLREDUCE_ENV,
     MULTICAST_FREE_ENV,
-    PYTHON_ENV_VAR,
     SYMM_MEM_ALLREDUCE_ENV,
     EngineRequestError,
     VllmEngine,
     build_vllm_argv,
     build_vllm_env,
     probe_versions,
-    resolve_python,
 )
 from harness.engines.vllm_offload import VllmLaunchPlan, check_supported, render_vllm_launch, resolve_backend
 from harness.scenario.spec import parse_scenario
@@ -41,9 +39,9 @@ from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier, Tier
 
 
 def vllm_config(**overrides: object) -> VllmEngineConfig:
-    data: dict[str, object] = {"kind": "vllm", "model": "/models/llama-3.1-8b", "python": "/venv/bin/python"}
-    data.update(overrides)
-    return VllmEngineConfig.model_validate(data)
+    return VllmEngineConfig.model_validate(
+        {"kind": "vllm", "model": "/models/llama-3.1-8b", "python": "/venv/bin/python", **overrides}
+    )
 
 
 def fixed_ports(start: int = 6000) -> Callable[[], int]:
@@ -308,10 +306,6 @@ def test_builtin_profiles_on_cpu() -> None:
 
 
 def test_config_validation() -> None:
-    # parallelism.replicas is the alias of engine.replicas: a fleet of two, not an error
-    assert vllm_config(parallelism={"replicas": 2}).fleet_size == 2
-    with pytest.raises(ValidationError, match="disagree"):
-        vllm_config(parallelism={"replicas": 2}, replicas=3)
     with pytest.raises(ValidationError, match="device 'cpu' only"):
         vllm_config(cpu_kvcache_space_gb=2)
     with pytest.raises(ValidationError, match="cpu_worker_in_engine_core applies to device 'cpu' only"):
@@ -426,14 +420,6 @@ def test_usage_details_are_asked_for_once(tmp_path: Path) -> None:
     assert build_vllm_argv(vllm_config(), "/venv/bin/python", 9000, plan).count("--enable-prompt-tokens-details") == 1
     given = vllm_config(extra_args=["--enable-prompt-tokens-details"])
     assert build_vllm_argv(given, "/venv/bin/python", 9000, plan).count("--enable-prompt-tokens-details") == 1
-
-
-def test_resolve_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(PYTHON_ENV_VAR, raising=False)
-    assert resolve_python(vllm_config(python=None)) == sys.executable
-    monkeypatch.setenv(PYTHON_ENV_VAR, "/opt/vllm/bin/python")
-    assert resolve_python(vllm_config(python=None)) == "/opt/vllm/bin/python"
-    assert resolve_python(vllm_config(python="/explicit/python")) == "/explicit/python"
 
 
 # ------------------------------------------------------------------------------------- lifecycle (stand-ins)

@@ -31,6 +31,7 @@ from harness.sim.power import (
 )
 from harness.store.events import PointDone
 from tests.resultfiles import request_record
+from tests.unit.client.test_power import read_each_second
 
 ROOT = Path(__file__).resolve().parents[3]
 AGENTIC = ROOT / "docs" / "results" / "gpu-agentic-llama8b-h200"
@@ -181,23 +182,11 @@ def test_the_simulated_source_charges_the_fitted_terms_for_the_tokens_it_served(
     async def scrape() -> str:
         return _metrics(*counters)
 
-    async def run() -> EnergyWindow:
-        source = SimulatedPower(
-            POWER["h200-sxm"], gpus=1, tp=1, scrape=scrape, period_s=3600, clock=lambda: clock[0], fit=fit
-        )
-        await source.start()
-        for _ in range(4):  # each second: 9,000 prompt tokens of which 3,000 cached, 150 generated
-            clock[0] += NS
-            counters[0] += 0.9
-            counters[1] += 9000
-            counters[2] += 3000
-            counters[3] += 150
-            await source._read()
-        window = await source.window(NS, 3 * NS)
-        await source.stop()
-        return window
-
-    window = asyncio.run(run())
+    source = SimulatedPower(
+        POWER["h200-sxm"], gpus=1, tp=1, scrape=scrape, period_s=3600, clock=lambda: clock[0], fit=fit
+    )
+    each_second = [[0.9, 9000, 3000, 150]] * 4  # 9,000 prompt tokens of which 3,000 cached, 150 generated
+    (window,) = asyncio.run(read_each_second(source, clock, counters, each_second, [(NS, 3 * NS)]))
     expected = fitted_joules(fit, 2.0, 2 * 6000, 2 * 150, gpus=1) / 2.0
     assert window.avg_watts == pytest.approx(expected)
     assert window.avg_watts == pytest.approx(fit.watts(6000, 150))

@@ -27,6 +27,7 @@ from harness.store.events import IntervalStats
 from harness.store.records import RequestRecord
 from harness.store.rundir import RunDir
 from tests.resultfiles import request_record
+from tests.resultfiles import soak_interval as interval
 
 NS_MS = 1_000_000
 SLO_TARGETS = SLO(ttft_ms=500, tpot_ms=50)
@@ -57,41 +58,6 @@ def record(
         completion_tokens=tokens,
         prompt_tokens=prompt,
         cached_tokens=cached,
-    )
-
-
-def interval(
-    index: int,
-    *,
-    p99: float = 200.0,
-    requests: int = 100,
-    errors: int = 0,
-    hit: float | None = 0.8,
-    slo_met: int | None = None,
-    restarts: int = 0,
-    counters: dict[str, float] | None = None,
-    kinds: dict[str, int] | None = None,
-) -> IntervalStats:
-    return IntervalStats(
-        index=index,
-        attempt=0,
-        start_unix_ns=index * 10**10,
-        duration_ns=10 * 10**9,
-        requests=requests,
-        ok=requests - errors,
-        errors=errors,
-        errors_by_kind=kinds or ({"http_status": errors} if errors else {}),
-        http_statuses={"503": errors} if errors else {},
-        rps=requests / 10,
-        ttft_p50_ms=p99 / 2,
-        ttft_p99_ms=p99,
-        tpot_p50_ms=10.0,
-        tpot_p99_ms=20.0,
-        slo_met=requests - errors if slo_met is None else slo_met,
-        hit_rate=hit,
-        hit_rate_source="metrics",
-        restarts=restarts,
-        counters=counters or {"prompt_tokens": float(index)},
     )
 
 

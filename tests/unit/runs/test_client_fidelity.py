@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 import pytest
-from aiohttp import web
 
 from harness.client.endpoint import Endpoint
 from harness.client.fidelity import LoopMonitor, percentile_ns
@@ -20,7 +19,9 @@ from harness.runs.load import LoadPlan, RecordContext, run_load
 from harness.sim.fixed import FixedLatency, FixedServer
 from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
-from workloads.config import MultiUserQA
+from tests.fakes.serving import app_serving
+from tests.scenarios import multi_user_qa
+from tests.support import multi_user_workload
 from workloads.multi_user import MultiUserWorkload
 from workloads.tokenizer import Tokenizer
 
@@ -31,14 +32,8 @@ CONTEXT = RecordContext(arm="A", attempt=0, point=0)
 
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
-    runner = web.AppRunner(FixedServer(FixedLatency(TTFT_S, ITL_S)).app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with app_serving(FixedServer(FixedLatency(TTFT_S, ITL_S)).app()) as url:
+        yield url
 
 
 class RoundTripTokenizer(SimTokenizer):
@@ -54,19 +49,8 @@ class RoundTripTokenizer(SimTokenizer):
 
 
 def workload(users: int = 20, think: float = 0.0, tokenizer: Tokenizer | None = None) -> MultiUserWorkload:
-    config = MultiUserQA.model_validate(
-        {
-            "kind": "multi_user_qa",
-            "users": users,
-            "rounds": 3,
-            "system_prompt_tokens": 20,
-            "context_tokens": 80,
-            "question_tokens": 10,
-            "answer_tokens": 4,
-            "think_time_s": think,
-        }
-    )
-    return MultiUserWorkload(config, tokenizer or SimTokenizer(), seed=3)
+    fields = {"system_prompt_tokens": 20, "question_tokens": 10, "answer_tokens": 4, "think_time_s": think}
+    return multi_user_workload(multi_user_qa(users, 3, 80, **fields), seed=3, tokenizer=tokenizer)
 
 
 def test_percentile_is_an_observed_value_by_nearest_rank() -> None:
@@ -161,16 +145,10 @@ async def test_a_session_budget_too_small_for_the_rate_shows_as_send_lag_and_slo
 
 async def test_the_fixed_server_without_usage_counts_nothing_and_still_keeps_time() -> None:
     latency = FixedLatency(TTFT_S, ITL_S, count_prompt_tokens=False)
-    runner = web.AppRunner(FixedServer(latency).app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    endpoint = Endpoint(base_url=f"http://127.0.0.1:{runner.addresses[0][1]}", model="fixed-latency")
-    try:
+    async with app_serving(FixedServer(latency).app()) as url:
+        endpoint = Endpoint(base_url=url, model="fixed-latency")
         async with OpenAIClient(endpoint, timeout_s=30, max_connections=4) as client:
             outcome = await client.chat([{"role": "user", "content": "word " * 2000}], 4)
-    finally:
-        await runner.cleanup()
     assert outcome.ok and outcome.output_chunks == 4
     assert outcome.prompt_tokens is None and outcome.completion_tokens is None  # no usage block
     assert outcome.ttft_ns is not None and outcome.ttft_ns >= TTFT_S * 1e9

@@ -10,25 +10,15 @@ from harness.client.endpoint import Endpoint
 from harness.client.openai import OpenAIClient, RequestOutcome
 from harness.engines.process import free_port
 from harness.runs.load import REFUSED_BACKOFF_CAP_S, LoadPlan, RecordContext, RefusedBackoff, run_load
-from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
-from workloads.config import MultiUserQA
+from tests.scenarios import multi_user_qa
+from tests.support import multi_user_workload
 from workloads.multi_user import MultiUserWorkload
 
 
 def workload() -> MultiUserWorkload:
-    config = MultiUserQA.model_validate(
-        {
-            "kind": "multi_user_qa",
-            "users": 8,
-            "rounds": 2,
-            "system_prompt_tokens": 10,
-            "context_tokens": 40,
-            "question_tokens": 5,
-            "answer_tokens": 2,
-        }
-    )
-    return MultiUserWorkload(config, SimTokenizer(), seed=1)
+    fields = {"system_prompt_tokens": 10, "question_tokens": 5, "answer_tokens": 2}
+    return multi_user_workload(multi_user_qa(8, 2, 40, **fields), seed=1)
 
 
 async def test_two_users_against_a_refusing_port_fail_a_bounded_number_of_times() -> None:

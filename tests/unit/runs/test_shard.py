@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
 
 from common.errors import KvbenchError
 from harness.client.endpoint import Endpoint
@@ -21,9 +20,10 @@ from harness.runs.load import LoadPlan, RecordContext, run_load
 from harness.runs.shard import Shard, parse_start_at, shard_salt, wait_until
 from harness.runs.trace import due_times, shard_of_trace
 from harness.sim.fixed import FixedLatency, FixedServer
-from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
-from workloads.config import MultiUserQA
+from tests.fakes.serving import app_serving
+from tests.scenarios import multi_user_qa, uniform
+from tests.support import multi_user_workload
 from workloads.multi_user import MultiUserWorkload
 from workloads.trace_model import Trace, TraceRequest
 
@@ -32,29 +32,13 @@ NS = 1_000_000_000
 
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
-    runner = web.AppRunner(FixedServer(FixedLatency(0.02, 0.005)).app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with app_serving(FixedServer(FixedLatency(0.02, 0.005)).app()) as url:
+        yield url
 
 
 def workload() -> MultiUserWorkload:
-    config = MultiUserQA.model_validate(
-        {
-            "kind": "multi_user_qa",
-            "users": 40,
-            "rounds": 2,
-            "system_prompt_tokens": 20,
-            "context_tokens": {"dist": "uniform", "low": 50, "high": 150},
-            "question_tokens": 10,
-            "answer_tokens": 4,
-        }
-    )
-    return MultiUserWorkload(config, SimTokenizer(), seed=5)
+    fields = {"system_prompt_tokens": 20, "question_tokens": 10, "answer_tokens": 4}
+    return multi_user_workload(multi_user_qa(40, 2, uniform(50, 150), **fields), seed=5)
 
 
 @pytest.mark.parametrize("total", [0, 1, 5, 7, 64])

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Sequence
 from itertools import pairwise
 
 import pytest
-from aiohttp import web
 
 from harness.client.endpoint import Endpoint
 from harness.client.openai import OpenAIClient
@@ -21,7 +20,9 @@ from harness.runs.load import LoadPlan, RecordContext, run_load
 from harness.sim.fixed import FixedLatency, FixedServer
 from harness.sim.tokenizer import SimTokenizer
 from harness.store.records import RequestRecord
-from workloads.config import MultiUserQA
+from tests.fakes.serving import app_serving
+from tests.scenarios import multi_user_qa, uniform
+from tests.support import multi_user_workload
 from workloads.multi_user import MultiUserWorkload
 
 TTFT_S = 0.05
@@ -31,31 +32,13 @@ NS = 1_000_000_000
 
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
-    runner = web.AppRunner(FixedServer(FixedLatency(TTFT_S, ITL_S)).app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with app_serving(FixedServer(FixedLatency(TTFT_S, ITL_S)).app()) as url:
+        yield url
 
 
 def workload(users: int = 50, rounds: object = 3, think: object = 0.0, answer: object = 4) -> MultiUserWorkload:
-    config = MultiUserQA.model_validate(
-        {
-            "kind": "multi_user_qa",
-            "users": users,
-            "rounds": rounds,
-            "system_prompt_tokens": 20,
-            "context_tokens": {"dist": "uniform", "low": 50, "high": 150},
-            "question_tokens": 10,
-            "answer_tokens": answer,
-            "think_time_s": think,
-        }
-    )
-    return MultiUserWorkload(config, SimTokenizer(), seed=5)
+    fields = {"system_prompt_tokens": 20, "question_tokens": 10, "answer_tokens": answer, "think_time_s": think}
+    return multi_user_workload(multi_user_qa(users, rounds, uniform(50, 150), **fields), seed=5)
 
 
 def client(url: str) -> OpenAIClient:
