@@ -34,7 +34,7 @@ merged run never writes to the shard directories.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,8 +133,9 @@ def read_shard(path: Path) -> ShardRun:
     )
 
 
-def check_one_run(shards: Sequence[ShardRun]) -> None:
-    """Refuse (one line naming the shards) shards that are not the whole of one run."""
+def check_one_run(shards: Sequence[ShardRun], absent: Sequence[int] = ()) -> None:
+    """Refuse (one line naming the shards) shards that are not the whole of one run; ``absent``: shards known to
+    have left no run directory (a Ray worker that died first), not missing."""
     first = shards[0]
     for shard in shards[1:]:
         if shard.kind != first.kind:
@@ -156,7 +157,7 @@ def check_one_run(shards: Sequence[ShardRun]) -> None:
         if shard.index in seen:
             raise KvbenchError(f"shard {shard.index}/{shard.count} given twice: {seen[shard.index]} and {shard.given}")
         seen[shard.index] = shard.given
-    missing = [str(index) for index in range(first.count) if index not in seen]
+    missing = [str(index) for index in range(first.count) if index not in seen and index not in absent]
     if missing:
         raise KvbenchError(
             f"shards {', '.join(missing)} of 0..{first.count - 1} missing: give every shard's run directory"
@@ -237,12 +238,16 @@ def merged_point(
     )
 
 
-def merged_points(shards: Sequence[ShardRun], findings: list[str], renumbering: Renumbering) -> list[PointDone]:
+def merged_points(
+    shards: Sequence[ShardRun], findings: list[str], renumbering: Renumbering, absent: Sequence[int] = ()
+) -> list[PointDone]:
     kept = [kept_attempts(shard.run_dir.points()) for shard in shards]
     keys = sorted({key for chosen in kept for key in chosen}, key=lambda key: (key[0], key[1]))
     points: list[PointDone] = []
     for key in keys:
-        without = [shard.index for shard, chosen in zip(shards, kept, strict=True) if key not in chosen]
+        without = sorted(
+            [*absent, *(shard.index for shard, chosen in zip(shards, kept, strict=True) if key not in chosen)]
+        )
         if without:
             findings.append(
                 f"arm {key[0]}, point {key[1]}: shards {', '.join(map(str, without))} did not finish it, so it is not "
@@ -311,16 +316,30 @@ def _shard_entry(shard: ShardRun, records: int) -> dict[str, Any]:
     }
 
 
-def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
+def merge_shards(
+    paths: Sequence[Path],
+    out: Path,
+    *,
+    lost: Mapping[int, str] | None = None,
+    keep: frozenset[str] = frozenset(),
+) -> RunDir:
     """Write the merged run directory ``out`` (new, or an empty folder) from the shards' run directories; the shards
-    are only read. Its result file is not written here: the run kind's summarize does that, as for any run."""
+    are only read. Its result file is not written here: the run kind's summarize does that, as for any run.
+
+    ``lost``: shard index -> why its worker was lost (a Ray worker that died, ``kvbench sweep --ray``): a finding
+    each; a lost shard not among ``paths`` (it never started a load point) lacks every point. ``keep``: names in
+    ``out`` that may exist already (the Ray driver's copies of the shards, in ``out/shards``)."""
     if not paths:
         raise KvbenchError("give the shards' run directories")
     shards = sorted((read_shard(path) for path in paths), key=lambda shard: shard.index)
-    check_one_run(shards)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    lost = lost or {}
+    absent = sorted(set(lost) - {shard.index for shard in shards})
+    check_one_run(shards, absent)
+    if out.exists() and (not out.is_dir() or any(entry.name not in keep for entry in out.iterdir())):
         raise RunDirError(f"{out}: exists and is not an empty directory (-o names the merged run directory to create)")
     findings = [
+        f"shard {index}: {why}, so the merged run lacks its part of the load" for index, why in sorted(lost.items())
+    ] + [
         f"{shard.name} ended {shard.last_attempt.get('status', 'unknown')}"
         + (f" ({shard.last_attempt['reason']})" if shard.last_attempt.get("reason") else "")
         + ", so the merged run lacks part of its load"
@@ -330,7 +349,8 @@ def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
     first = shards[0]
     merged = RunDir(out)
     try:
-        make_private_dir(out)
+        if not out.is_dir():
+            make_private_dir(out)
         write_private_text(merged.scenario_file, first.run_dir.scenario_file.read_text(encoding="utf-8"))
         renumbering: Renumbering = {}
         if first.kind == "replay":
@@ -346,7 +366,7 @@ def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
                 merged.append_sample(sample)
         else:
             merged.points_file.touch()  # a sweep even when no point is whole (RunDir.kind reads the file's presence)
-            for point in merged_points(shards, findings, renumbering):
+            for point in merged_points(shards, findings, renumbering, absent):
                 merged.append_point(point)
         counts: dict[int, int] = {}
         with RecordWriter(merged.records_file) as writer:
