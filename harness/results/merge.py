@@ -21,7 +21,8 @@ point are renumbered (a resumed shard finished it later; its discarded attempts 
 whole load, counters summed (``max_in_flight`` too: an upper bound of the whole), the measured window the shards'
 *intersection* ``[max(start), min(end)]``, inside which every shard applied its part, so the whole load. The
 engine's ``/metrics`` deltas and energy are the server's, which every shard scraped alike: the lowest shard's are
-kept, not summed.
+kept, not summed. The client's lag (:func:`merged_client`): every shard's sending processes, each as it measured
+itself, so the client gate judges every process of the whole load.
 
 **Verdict** (``manifest.json``'s ``merged``): inconclusive, naming the shards, when a shard's last attempt did not
 complete (failed, interrupted, still running), a shard lacks a point another finished, or a point's intersection is
@@ -43,7 +44,7 @@ from common import __version__
 from common.errors import KvbenchError, RunDirError
 from common.private import make_private_dir, write_private_text
 from common.redact import redact_argv
-from harness.store.events import PointDone, ReplayDone
+from harness.store.events import ClientLag, PointDone, ReplayDone
 from harness.store.jsonl import append_jsonl
 from harness.store.manifest import (
     MANIFEST_VERSION,
@@ -235,6 +236,33 @@ def merged_point(
         cancelled=sum(event.cancelled for _, event in parts),
         metrics=first.metrics,
         energy=first.energy,
+        client=merged_client([event.client for _, event in parts]),
+    )
+
+
+def merged_client(lags: Sequence[ClientLag | None]) -> ClientLag | None:
+    """The client's lag over a merged point: every shard's processes (each process's event-loop delay and CPU use
+    are its own, so the union is exact), the counts summed, and of the send-lag and slot-wait percentiles the worst
+    shard's. The shards keep no per-request send lag (a closed-loop request's due time is not recorded), so the
+    whole's percentile cannot be recomputed; the worst shard's is an upper bound of it (at most 1 % of each shard's
+    requests lie above its p99, so at most 1 % of all lie above the largest p99). None: a shard did not measure."""
+    if not lags or any(lag is None for lag in lags):
+        return None
+    known = [lag for lag in lags if lag is not None]
+
+    def worst(values: Sequence[float | None]) -> float | None:
+        present = [value for value in values if value is not None]
+        return max(present) if present else None
+
+    return ClientLag(
+        send_lag_n=sum(lag.send_lag_n for lag in known),
+        send_lag_p50_ms=worst([lag.send_lag_p50_ms for lag in known]),
+        send_lag_p99_ms=worst([lag.send_lag_p99_ms for lag in known]),
+        send_lag_max_ms=worst([lag.send_lag_max_ms for lag in known]),
+        slot_waits=sum(lag.slot_waits for lag in known),
+        slot_wait_p99_ms=worst([lag.slot_wait_p99_ms for lag in known]),
+        slot_wait_max_ms=worst([lag.slot_wait_max_ms for lag in known]),
+        processes=[process for lag in known for process in lag.processes],
     )
 
 

@@ -48,6 +48,7 @@ import yaml
 
 from common.errors import KvbenchError
 from common.private import make_private_dir
+from harness.engines.kinds import engine_kind
 from harness.results.merge import MERGEABLE_KINDS, merge_shards, read_shard
 from harness.results.workers import RayWorker, RayWorkers, WorkerEnd
 from harness.scenario.spec import Scenario
@@ -283,9 +284,16 @@ def write_chunk(folder: Path, chunk: Chunk) -> None:
 
 
 def checked_sweep(scenario: Scenario, source: str) -> None:
-    """Refuse, before any worker starts, a scenario ``kvbench sweep`` would refuse (one line naming the field)."""
+    """Refuse, before any worker starts, a scenario ``kvbench sweep`` would refuse (one line naming the field), and
+    one whose engine kvbench starts: every worker would start its own, and the shards would not share one."""
     kind = SWEPT_BY_WORKLOAD.get(scenario.workload.kind, "sweep")
     RUN_KINDS[kind].check(scenario, source, LaunchOverrides())
+    engine = scenario.engine.kind
+    if engine_kind(engine).starts_process:
+        raise KvbenchError(
+            f"{source}: engine.kind: {engine}: with --ray every worker would start its own engine; the shards "
+            "measure one endpoint: give engine.kind openai with its base_url (or --base-url URL)"
+        )
 
 
 def _connect(ray: ModuleType, address: str | None, workers: int) -> None:
