@@ -71,6 +71,7 @@ worker dies."""
 VERDICT_EXITS = frozenset({0, 1, 3})
 """Exit codes of a ``kvbench sweep`` that measured (valid, FAILED, INCONCLUSIVE); 2 and the rest could not run."""
 SHARDS_FOLDER = "shards"
+POINTS_FILE = RunDir(Path(".")).points_file.name
 
 
 def import_ray() -> ModuleType:
@@ -297,6 +298,16 @@ def checked_sweep(scenario: Scenario, source: str) -> None:
 
 
 def _connect(ray: ModuleType, address: str | None, workers: int) -> None:
+    """Connect to the cluster at ``address`` or start a local one; a one-line error when Ray cannot."""
+    try:
+        _init(ray, address, workers)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as error:
+        where = f"--ray {address}" if address is not None else "--ray local"
+        why = " ".join(str(error).split())
+        raise KvbenchError(f"{where}: Ray could not start or reach the cluster: {why}") from None
+
+
+def _init(ray: ModuleType, address: str | None, workers: int) -> None:
     if address is not None:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
         return
@@ -337,8 +348,10 @@ def _start(ray: ModuleType, runs: list[WorkerRun]) -> list[object]:
     return actors
 
 
-def _drain(ray: ModuleType, run: WorkerRun, stream: object, failures: list[BaseException]) -> None:
-    """Consume one actor's stream into its shard folder (a thread per actor)."""
+def _drain(
+    ray: ModuleType, run: WorkerRun, stream: object, failures: list[BaseException], say: Callable[[str], None]
+) -> None:
+    """Consume one actor's stream into its shard folder (a thread per actor), saying each load point it finished."""
     try:
         for ref in stream:  # type: ignore[attr-defined]
             item = ray.get(ref)
@@ -349,6 +362,9 @@ def _drain(ray: ModuleType, run: WorkerRun, stream: object, failures: list[BaseE
                     if isinstance(chunk, Chunk):
                         write_chunk(run.folder, chunk)
                         run.streamed += len(chunk.data)
+                        if chunk.path == POINTS_FILE:
+                            done = chunk.data.count(b"\n")
+                            say(f"shard {run.shard}: {done} more load point(s) done")
     except ray.exceptions.RayError as error:
         run.died = " ".join(str(error).split())[:300]
     except (KvbenchError, OSError) as error:
@@ -386,7 +402,7 @@ def run_on_ray(
         threads = [
             threading.Thread(
                 target=_drain,
-                args=(ray, run, actor.run.remote(text, Shard(run.shard, workers).label, start), failures),  # type: ignore[attr-defined]
+                args=(ray, run, actor.run.remote(text, Shard(run.shard, workers).label, start), failures, say),  # type: ignore[attr-defined]
                 name=f"kvbench-ray-shard-{run.shard}",
                 daemon=True,
             )
