@@ -26,6 +26,7 @@ from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
 from harness.results.sweep_result import SweepResult
+from harness.results.workers import RayWorkers
 from harness.scenario.spec import Scenario
 from harness.sim.calibration import Calibration
 from harness.store import events
@@ -67,6 +68,7 @@ STORED_FILES: dict[str, StoredFile] = {
         StoredFile("replay", "replay.json", ReplayResult, "kvbench replay: per-arm latency, SLO and hit rates"),
         StoredFile("agentic", "agentic.json", AgenticResult, "kvbench sweep (agentic): agents at SLO per tier, energy"),
         StoredFile("fleet", "fleet.json", FleetResult, "fleets: same vs moved, per-replica hits and load"),
+        StoredFile("workers", "workers.json", RayWorkers, "kvbench sweep --ray: the Ray worker of each shard"),
         StoredFile("calibration", "calibration.yaml", Calibration, "kvbench sim calibrate -o FILE (YAML)"),
         StoredFile("calibrated-ttft", "calibrated_ttft.json", CalibratedTtft, "kvbench sim predict: TTFT per cell"),
         StoredFile(

@@ -21,7 +21,8 @@ point are renumbered (a resumed shard finished it later; its discarded attempts 
 whole load, counters summed (``max_in_flight`` too: an upper bound of the whole), the measured window the shards'
 *intersection* ``[max(start), min(end)]``, inside which every shard applied its part, so the whole load. The
 engine's ``/metrics`` deltas and energy are the server's, which every shard scraped alike: the lowest shard's are
-kept, not summed.
+kept, not summed. The client's lag (:func:`merged_client`): every shard's sending processes, each as it measured
+itself, so the client gate judges every process of the whole load.
 
 **Verdict** (``manifest.json``'s ``merged``): inconclusive, naming the shards, when a shard's last attempt did not
 complete (failed, interrupted, still running), a shard lacks a point another finished, or a point's intersection is
@@ -34,7 +35,7 @@ merged run never writes to the shard directories.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from common import __version__
 from common.errors import KvbenchError, RunDirError
 from common.private import make_private_dir, write_private_text
 from common.redact import redact_argv
-from harness.store.events import PointDone, ReplayDone
+from harness.store.events import ClientLag, PointDone, ReplayDone
 from harness.store.jsonl import append_jsonl
 from harness.store.manifest import (
     MANIFEST_VERSION,
@@ -133,8 +134,9 @@ def read_shard(path: Path) -> ShardRun:
     )
 
 
-def check_one_run(shards: Sequence[ShardRun]) -> None:
-    """Refuse (one line naming the shards) shards that are not the whole of one run."""
+def check_one_run(shards: Sequence[ShardRun], absent: Sequence[int] = ()) -> None:
+    """Refuse (one line naming the shards) shards that are not the whole of one run; ``absent``: shards known to
+    have left no run directory (a Ray worker that died first), not missing."""
     first = shards[0]
     for shard in shards[1:]:
         if shard.kind != first.kind:
@@ -156,7 +158,7 @@ def check_one_run(shards: Sequence[ShardRun]) -> None:
         if shard.index in seen:
             raise KvbenchError(f"shard {shard.index}/{shard.count} given twice: {seen[shard.index]} and {shard.given}")
         seen[shard.index] = shard.given
-    missing = [str(index) for index in range(first.count) if index not in seen]
+    missing = [str(index) for index in range(first.count) if index not in seen and index not in absent]
     if missing:
         raise KvbenchError(
             f"shards {', '.join(missing)} of 0..{first.count - 1} missing: give every shard's run directory"
@@ -234,15 +236,46 @@ def merged_point(
         cancelled=sum(event.cancelled for _, event in parts),
         metrics=first.metrics,
         energy=first.energy,
+        client=merged_client([event.client for _, event in parts]),
     )
 
 
-def merged_points(shards: Sequence[ShardRun], findings: list[str], renumbering: Renumbering) -> list[PointDone]:
+def merged_client(lags: Sequence[ClientLag | None]) -> ClientLag | None:
+    """The client's lag over a merged point: every shard's processes (each process's event-loop delay and CPU use
+    are its own, so the union is exact), the counts summed, and of the send-lag and slot-wait percentiles the worst
+    shard's. The shards keep no per-request send lag (a closed-loop request's due time is not recorded), so the
+    whole's percentile cannot be recomputed; the worst shard's is an upper bound of it (at most 1 % of each shard's
+    requests lie above its p99, so at most 1 % of all lie above the largest p99). None: a shard did not measure."""
+    if not lags or any(lag is None for lag in lags):
+        return None
+    known = [lag for lag in lags if lag is not None]
+
+    def worst(values: Sequence[float | None]) -> float | None:
+        present = [value for value in values if value is not None]
+        return max(present) if present else None
+
+    return ClientLag(
+        send_lag_n=sum(lag.send_lag_n for lag in known),
+        send_lag_p50_ms=worst([lag.send_lag_p50_ms for lag in known]),
+        send_lag_p99_ms=worst([lag.send_lag_p99_ms for lag in known]),
+        send_lag_max_ms=worst([lag.send_lag_max_ms for lag in known]),
+        slot_waits=sum(lag.slot_waits for lag in known),
+        slot_wait_p99_ms=worst([lag.slot_wait_p99_ms for lag in known]),
+        slot_wait_max_ms=worst([lag.slot_wait_max_ms for lag in known]),
+        processes=[process for lag in known for process in lag.processes],
+    )
+
+
+def merged_points(
+    shards: Sequence[ShardRun], findings: list[str], renumbering: Renumbering, absent: Sequence[int] = ()
+) -> list[PointDone]:
     kept = [kept_attempts(shard.run_dir.points()) for shard in shards]
     keys = sorted({key for chosen in kept for key in chosen}, key=lambda key: (key[0], key[1]))
     points: list[PointDone] = []
     for key in keys:
-        without = [shard.index for shard, chosen in zip(shards, kept, strict=True) if key not in chosen]
+        without = sorted(
+            [*absent, *(shard.index for shard, chosen in zip(shards, kept, strict=True) if key not in chosen)]
+        )
         if without:
             findings.append(
                 f"arm {key[0]}, point {key[1]}: shards {', '.join(map(str, without))} did not finish it, so it is not "
@@ -311,16 +344,30 @@ def _shard_entry(shard: ShardRun, records: int) -> dict[str, Any]:
     }
 
 
-def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
+def merge_shards(
+    paths: Sequence[Path],
+    out: Path,
+    *,
+    lost: Mapping[int, str] | None = None,
+    keep: frozenset[str] = frozenset(),
+) -> RunDir:
     """Write the merged run directory ``out`` (new, or an empty folder) from the shards' run directories; the shards
-    are only read. Its result file is not written here: the run kind's summarize does that, as for any run."""
+    are only read. Its result file is not written here: the run kind's summarize does that, as for any run.
+
+    ``lost``: shard index -> why its worker was lost (a Ray worker that died, ``kvbench sweep --ray``): a finding
+    each; a lost shard not among ``paths`` (it never started a load point) lacks every point. ``keep``: names in
+    ``out`` that may exist already (the Ray driver's copies of the shards, in ``out/shards``)."""
     if not paths:
         raise KvbenchError("give the shards' run directories")
     shards = sorted((read_shard(path) for path in paths), key=lambda shard: shard.index)
-    check_one_run(shards)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    lost = lost or {}
+    absent = sorted(set(lost) - {shard.index for shard in shards})
+    check_one_run(shards, absent)
+    if out.exists() and (not out.is_dir() or any(entry.name not in keep for entry in out.iterdir())):
         raise RunDirError(f"{out}: exists and is not an empty directory (-o names the merged run directory to create)")
     findings = [
+        f"shard {index}: {why}, so the merged run lacks its part of the load" for index, why in sorted(lost.items())
+    ] + [
         f"{shard.name} ended {shard.last_attempt.get('status', 'unknown')}"
         + (f" ({shard.last_attempt['reason']})" if shard.last_attempt.get("reason") else "")
         + ", so the merged run lacks part of its load"
@@ -330,7 +377,8 @@ def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
     first = shards[0]
     merged = RunDir(out)
     try:
-        make_private_dir(out)
+        if not out.is_dir():
+            make_private_dir(out)
         write_private_text(merged.scenario_file, first.run_dir.scenario_file.read_text(encoding="utf-8"))
         renumbering: Renumbering = {}
         if first.kind == "replay":
@@ -346,7 +394,7 @@ def merge_shards(paths: Sequence[Path], out: Path) -> RunDir:
                 merged.append_sample(sample)
         else:
             merged.points_file.touch()  # a sweep even when no point is whole (RunDir.kind reads the file's presence)
-            for point in merged_points(shards, findings, renumbering):
+            for point in merged_points(shards, findings, renumbering, absent):
                 merged.append_point(point)
         counts: dict[int, int] = {}
         with RecordWriter(merged.records_file) as writer:

@@ -220,8 +220,9 @@ class RunDir:
         return self.path.name
 
     # -- creation -------------------------------------------------------------------------
-    @classmethod
-    def create(cls, parent: Path, scenario: Scenario) -> RunDir:
+    @staticmethod
+    def new_path(parent: Path, scenario: Scenario) -> Path:
+        """A new run directory's path in ``parent``: the scenario's name and the UTC time, not yet taken."""
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", scenario.name).strip("-")[:60] or "run"
         if parent.exists() and not parent.is_dir():
@@ -231,6 +232,11 @@ class RunDir:
         while path.exists():
             suffix += 1
             path = parent / f"{slug}-{stamp}-{suffix}"
+        return path
+
+    @classmethod
+    def create(cls, parent: Path, scenario: Scenario) -> RunDir:
+        path = cls.new_path(parent, scenario)
         run_dir = cls(path)
         data = redact_data(scenario.model_dump(mode="json"))
         try:

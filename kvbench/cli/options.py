@@ -1,7 +1,7 @@
 """Options several commands share, defined once: ``--set`` (scenario overrides), ``--json`` (result on stdout),
 ``--output-dir`` (where a run directory goes), ``--shard`` and ``--start-at`` (one shard of a run:
-:mod:`harness.runs.shard`); and how every command group (``kvbench``, ``kvbench sim`` ...) is made
-(:func:`command_group`)."""
+:mod:`harness.runs.shard`), ``--ray`` and ``--workers`` (a sweep's shards on Ray); and how every command group
+(``kvbench``, ``kvbench sim`` ...) is made (:func:`command_group`)."""
 
 from __future__ import annotations
 
@@ -68,3 +68,21 @@ StartAtOption = Annotated[
     ),
 ]
 """``--start-at TIME`` (:func:`harness.runs.shard.parse_start_at`)."""
+
+RayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        help="Run the sweep's shards as Ray actors and merge them into one run directory: 'local' (a Ray cluster "
+        "started and stopped here), 'auto' (the cluster this node belongs to) or a Ray address (pip install "
+        "'kvbench[ray]').",
+    ),
+]
+"""``--ray ADDRESS`` (:mod:`harness.runs.ray_shards`)."""
+
+WorkersOption = Annotated[
+    int | None,
+    typer.Option("--workers", metavar="N", help="With --ray: the number of shards, one Ray actor (one CPU) each."),
+]
+"""``--workers N`` with ``--ray``."""

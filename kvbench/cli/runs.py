@@ -23,7 +23,7 @@ from common.markup import console_text
 from harness.scenario.flag_fields import ALL_WORKLOAD_FIELDS, ENDPOINT_FIELDS, WORKLOAD_FIELDS, FlagKind
 
 from .console import console, emit_json, fail, json_stdout, os_error, verdict_exit
-from .options import JsonFlag, OutputDirOption, SetOption, ShardOption, StartAtOption
+from .options import JsonFlag, OutputDirOption, RayOption, SetOption, ShardOption, StartAtOption, WorkersOption
 
 if TYPE_CHECKING:
     from harness.results.verdict import Outcome
@@ -325,11 +325,23 @@ def sweep(
     json: JsonFlag = False,
     shard: ShardOption = None,
     start_at: StartAtOption = None,
+    ray: RayOption = None,
+    workers: WorkersOption = None,
     *,
     flags: EndpointFlags,
 ) -> None:
     """Load sweep: per arm, the multi-user workload at each load; capacity curves, SLO, GPUs saved (workload kind
     agentic: concurrent agent sessions, agents at SLO per tier)."""
+    if ray is not None or workers is not None:
+        with json_stdout(json):
+            if ray is None or workers is None or resume is not None or report_only is not None or shard is not None:
+                raise fail(
+                    "--ray ADDRESS and --workers N go together, with a scenario (not --resume, --report, --shard)"
+                )
+            _, start = shard_overrides(None, start_at, None)
+            built = flag_scenario("sweep", flags, scenario, resume)
+            sweep_on_ray(built or scenario, sets or (), ray, workers, output_dir, start)
+        return
     if report_only is not None:
         if scenario is not None or resume is not None or sets:
             raise fail(
@@ -338,6 +350,49 @@ def sweep(
         report(run_dirs=[report_only], json=json)
         return
     launch_endpoint_kind("sweep", scenario, flags, output_dir, resume, arms, sets, json, shard, start_at)
+
+
+def sweep_on_ray(
+    scenario: str | Scenario | None,
+    sets: Sequence[str],
+    address: str,
+    workers: int,
+    output_dir: Path | None,
+    start_at: float | None,
+) -> None:
+    """``kvbench sweep --ray ADDRESS --workers N``: the shards as Ray actors, merged into one run directory whose
+    verdict is the exit code (a worker that died: INCONCLUSIVE)."""
+    from common.errors import KvbenchError
+    from harness.runs.ray_shards import run_on_ray, worker_lines
+    from harness.scenario.spec import load_scenario, override_scenario
+
+    if scenario is None:
+        raise fail("--ray: give a scenario (a YAML file or a bundled name) or an endpoint (--base-url URL)")
+    try:
+        if isinstance(scenario, str):
+            loaded, source = load_scenario(scenario, sets)
+            where = str(source)
+        else:
+            loaded, where = override_scenario(scenario, sets), "the flags"
+        run_dir = run_on_ray(
+            loaded,
+            where,
+            workers=workers,
+            address=None if address == "local" else address,
+            parent=output_dir or Path(loaded.output.dir),
+            start_at=start_at,
+            say=lambda line: console.print(line, highlight=False, markup=False),
+        )
+        outcome = rebuild(run_dir.path)
+    except KvbenchError as error:
+        raise fail(str(error)) from None
+    except OSError as error:
+        raise fail(os_error(error)) from None
+    for line in worker_lines(run_dir.path):
+        console.print(line, highlight=False, markup=False)
+    path = console_text(run_dir.path)
+    console.print(f"Run directory: [bold]{path}[/]  (redraw: kvbench report {path})", highlight=False)
+    verdict_exit([outcome], f" (run directory: {run_dir.path})")
 
 
 def soak(

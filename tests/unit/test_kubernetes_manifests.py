@@ -7,13 +7,19 @@ in a shared cluster needs: no retry (``backoffLimit: 0``: a second attempt would
 cache), a TTL, a non-root pod, resources set, the API key from a Secret and results on the
 PersistentVolumeClaim. Each ``kustomization.yaml`` lists files that exist. A broken manifest (an
 unknown field, a wrong type) must fail the same check.
+
+The KubeRay ``RayJob`` (``ray.io/v1``, a custom resource) is validated against the ``openAPIV3Schema`` of
+KubeRay's CRD, vendored in ``tests/golden/kuberay`` (its README names the source), as strictly: an object schema
+that lists its properties refuses any other, as the API server prunes unknown fields of a structural schema.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -24,6 +30,8 @@ KUBERNETES_VERSION = "1.30.0"
 """The oldest Kubernetes the manifests target (batch/v1 Job with ttlSecondsAfterFinished is GA since 1.23)."""
 
 Doc = Mapping[str, object]
+CUSTOM_SCHEMAS = {("ray.io/v1", "RayJob"): ROOT / "tests" / "golden" / "kuberay" / "rayjob-v1.openapi.json"}
+"""Custom resources: (apiVersion, kind) -> the openAPIV3Schema of the CRD version (vendored)."""
 
 
 def manifests() -> list[Path]:
@@ -37,13 +45,30 @@ def documents(path: Path) -> Iterator[Doc]:
             yield document
 
 
+def strict(schema: object) -> object:
+    """An openAPIV3Schema as JSON Schema that refuses unknown fields: ``additionalProperties: false`` on every
+    object schema that lists properties and does not preserve unknown fields."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = bool(out.get("x-kubernetes-preserve-unknown-fields", False))
+    return out
+
+
 def validate(document: Doc) -> None:
-    kubernetes_validate.validate(dict(document), KUBERNETES_VERSION, strict=True)
+    custom = CUSTOM_SCHEMAS.get((str(document.get("apiVersion")), str(document.get("kind"))))
+    if custom is None:
+        kubernetes_validate.validate(dict(document), KUBERNETES_VERSION, strict=True)
+        return
+    jsonschema.validate(dict(document), strict(json.loads(custom.read_text(encoding="utf-8"))))
 
 
 def test_there_are_manifests() -> None:
     kinds = sorted(str(doc["kind"]) for path in manifests() for doc in documents(path))
-    assert kinds == ["ConfigMap", "Job", "Job", "Job", "Job", "PersistentVolumeClaim"]
+    assert kinds == ["ConfigMap", "Job", "Job", "Job", "Job", "PersistentVolumeClaim", "RayJob"]
 
 
 @pytest.mark.parametrize("path", manifests(), ids=lambda path: str(path.relative_to(DEPLOY)))
@@ -153,3 +178,57 @@ def test_the_shards_job_runs_one_shard_per_index_and_the_merge_job_merges_them()
     (merge,) = documents(DEPLOY / "shards" / "merge" / "job.yaml")
     (merger,) = _list(merge, "spec", "template", "spec", "containers")
     assert 'kvbench merge "/results/$KVBENCH_RUN"/shard-*/*/' in str(_list(merger, "command")[2])
+
+
+def test_the_rayjob_runs_one_shard_per_worker_pod_and_writes_one_run_directory() -> None:
+    (job,) = documents(DEPLOY / "ray" / "rayjob.yaml")
+    spec = _mapping(job, "spec")
+    assert spec["backoffLimit"] == 0 and spec["shutdownAfterJobFinishes"] is True
+    assert isinstance(spec["ttlSecondsAfterFinished"], int)
+    entrypoint = str(spec["entrypoint"]).split()
+    assert entrypoint[:2] == ["kvbench", "sweep"]
+    assert entrypoint[entrypoint.index("--ray") + 1] == "auto"
+    assert entrypoint[entrypoint.index("-o") + 1].startswith("/results/")
+    (group,) = _list(spec, "rayClusterSpec", "workerGroupSpecs")
+    workers = int(entrypoint[entrypoint.index("--workers") + 1])
+    assert _at(group, "replicas") == _at(group, "minReplicas") == _at(group, "maxReplicas") == workers
+    assert _at(group, "rayStartParams", "num-cpus") == "1"  # one shard actor (one CPU) per worker pod
+    head = _mapping(spec, "rayClusterSpec", "headGroupSpec")
+    assert _at(head, "rayStartParams", "num-cpus") == "0"  # the driver's pod runs no shard
+    for pod, mounts_results in (
+        (_mapping(head, "template", "spec"), True),
+        (_mapping(group, "template", "spec"), False),
+    ):
+        assert _at(pod, "securityContext", "runAsNonRoot") is True
+        (container,) = _list(pod, "containers")
+        assert _at(container, "securityContext", "allowPrivilegeEscalation") is False
+        for bound in ("requests", "limits"):
+            assert set(_mapping(container, "resources", bound)) == {"cpu", "memory"}
+        env = {str(_at(entry, "name")): _mapping(entry) for entry in _list(container, "env")}
+        assert _at(env["KVBENCH_API_KEY"], "valueFrom", "secretKeyRef", "name") == "kvbench-api-key"
+        volumes = [_mapping(volume) for volume in _list(pod, "volumes")]
+        claims = [
+            _at(volume, "persistentVolumeClaim", "claimName") for volume in volumes if "persistentVolumeClaim" in volume
+        ]
+        assert claims == (["kvbench-results"] if mounts_results else [])  # the workers stream; only the head writes
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        ("spec", "shutdownAfterJobFinish", True),  # a misspelt field
+        ("spec", "backoffLimit", "none"),  # a wrong type
+        ("spec", "rayClusterSpec", "workerGroupSpecs", 0, "template", "spec", "containers", 0, "resource", {}),
+    ],
+    ids=["unknown-field", "wrong-type", "nested-unknown-field"],
+)
+def test_a_broken_rayjob_fails_the_check(breakage: tuple[str | int | object, ...]) -> None:
+    (job,) = documents(DEPLOY / "ray" / "rayjob.yaml")
+    broken = yaml.safe_load(yaml.safe_dump(dict(job)))
+    *keys, last, value = breakage
+    target = broken
+    for key in keys:
+        target = target[key]
+    target[last] = value
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
