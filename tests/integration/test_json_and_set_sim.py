@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.support import kvbench
+
+pytestmark = pytest.mark.integration
 
 SETS = ("--set", "workload.conversations=1", "--set", "workload.context_tokens=[1000]", "--set", "arms.1.name=ON")
 

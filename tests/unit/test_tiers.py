@@ -121,3 +121,13 @@ def test_vllm_python_must_import_vllm(session: pytest.Pytester, monkeypatch: pyt
     )
     monkeypatch.setenv(support.VLLM_PYTHON_ENV, str(with_vllm))
     assert outcomes(session)["test_on_vllm_cpu"] == "passed"
+
+
+def test_every_integration_module_is_marked_integration() -> None:
+    # an unmarked one runs its kvbench processes in the unit tier, beside the tests that compute on both cores
+    unmarked = [
+        path.name
+        for path in sorted((support.TESTS / "integration").glob("test_*.py"))
+        if "pytest.mark.integration" not in path.read_text(encoding="utf-8")
+    ]
+    assert unmarked == [], "set pytestmark = pytest.mark.integration in these (tests/README.md, Integration)"
