@@ -125,7 +125,7 @@ LAB_TABLE = RESULTS.parents[1] / "lab" / "validations" / "heldout-under-load"
 def kept_tables() -> list[RunTable]:
     data = json.loads(LAB_TABLE.with_suffix(".json").read_text())
     return [
-        RunTable(**{**t, "cells": [Cell(**c) for c in t["cells"]], "tpot": [Cell(**c) for c in t.get("tpot", [])]})
+        RunTable(**{**t, "cells": [Cell(**c) for c in t["cells"]], "tpot": [Cell(**c) for c in t["tpot"]]})
         for t in data["runs"]
     ]
 
