@@ -2,7 +2,7 @@
 
 A step runs one forward pass over a batch that mixes prefill chunks and decode tokens. Its time is
 
-    max(GPU, host) + store + intake,  GPU = max(compute, memory) + all-reduce,
+    max(GPU, host) + store + intake + read,  GPU = max(compute, memory) + all-reduce,
     host = step overhead + host x sequences
 
 Kernel launches are asynchronous, so the host prepares and launches a step's kernels while the GPU
@@ -41,6 +41,11 @@ runs earlier ones, and a step is as long as the slower of the two. Without CUDA 
   process that stalls the step of every running request), plus the offload backend's
   ``busy_intake_s`` for a request that arrived while others were running, charged by the scheduler
   to the first step that starts after each request arrived (:attr:`StepWork.intake_s`).
+* read (calibrated only, ``decode_s_per_ktoken``; 0 otherwise): seconds per 1,000 KV-cache tokens that the step's
+  decode tokens attend to (the running sequences' contexts), added to the step. The GPU's memory part already
+  reads them, but in eager mode on an idle engine the host's work hides it; under load it does not (on one H200,
+  fitted on an agentic run: 0.072 ms per 1,000 tokens, 131 kB each at about 1.8 TB/s), so it is fitted on load
+  runs' decode steps only (:func:`harness.calibrate.fit.fit_decode_read`).
 * store (calibrated offload backends only): seconds per prefilled token that a backend such as
   LMCache blocks the step while it copies the new KV to its tier (``store_s_per_token``; 0 for
   the datasheet model, where tier writes run in the background after a request finishes), plus a
