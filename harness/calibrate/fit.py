@@ -16,6 +16,8 @@ weigh the same. :func:`calibrate` reads top-down; its steps, with the simulator'
    prefill step's own host time (kept where it binds and fits better by :data:`PREFILL_FLOOR_MARGIN`).
 3. :func:`fit_blocking`: a sweep request's decode window = the sum of its rebuilt steps (:mod:`.engine_steps`)
    ``+ share x overhead(P)`` of each arrival charged to them ``+ busy_intake_s`` per arrival at a busy engine.
+4. With ``decode_read`` (:func:`fit_decode_read`), steps 0-3 see the probe runs alone, and the load runs' decode
+   steps fit one more term, ``+ read x b x c / 1000``, every other parameter kept.
 
 A parameter is free only where the runs determine it (lengths or loads :data:`SPREAD` apart, batches
 :data:`BATCH_SPREAD` apart, an arm without a tier, ...); otherwise it keeps its default and its ``source`` says
@@ -87,7 +89,9 @@ is lower by this much (0.2 % of a TTFT): one more free parameter always fits a l
 SPREAD = 4.0
 """Sizes (loads) must differ by this factor for a slope to be determined."""
 BATCH_SPREAD = 2.0
-"""Decode batches must differ by this factor for the per-sequence step cost to be determined."""
+"""Decode batches (for the decode KV read: batch x context) must differ by this factor for the per-sequence step
+cost (the read) to be determined."""
+DECODE_READ_NAME = "decode_s_per_ktoken"
 KV_SPREAD = 0.5
 """The KV bytes the decode steps read must differ by this share of the weights' bytes for the HBM
 efficiency to be determined: the step then grows visibly with batch x context. Below it (a sweep
@@ -467,6 +471,27 @@ def fit_blocking(
     return fitted, {f.name for f in frees}
 
 
+def fit_decode_read(deployment: Deployment, params: Params, groups: Sequence[DecodeSample]) -> set[str]:
+    """Step 4: ``decode_s_per_ktoken`` alone on the load runs' decode steps (``{DECODE_READ_NAME}``, or none where
+    the KV those steps read, batch x context, differs by less than :data:`BATCH_SPREAD`).
+
+    Decode attention reads every running sequence's context in every step. Eager mode's host work hides it on an
+    idle engine (a probe's batch-1 steps take the same 12-20 ms from 1k to 128k tokens on one H200), not under load:
+    fitted on the 8B H200 eager agentic run (30k-token contexts), it put the held-out decode-tax sweep's steps
+    (10k-token contexts, batch 5-9) at -11 % mean, where a cost per sequence fitted on the same run put them at
+    +31 % (lab/simulator-log.md)."""
+    reads = [g.batch * g.context_tokens for g in groups]
+    if not reads or max(reads) < BATCH_SPREAD * min(reads):
+        return set()
+    measured = np.array([g.step_s for g in groups])
+
+    def residuals(p: Params) -> np.ndarray:
+        return np.asarray(predict_decode(deployment, p, groups) / measured - 1.0, dtype=float)
+
+    solve([free_param(DECODE_READ_NAME, 0.0, 0.01)], params, residuals, robust=False)
+    return {DECODE_READ_NAME}
+
+
 def settle_hbm(deployment: Deployment, params: Params, decode: DecodeFit, free_names: set[str]) -> str:
     """Where no decode step is memory-bound the HBM rate changed no prediction: back to the datasheet's, and
     the reason it was not fitted."""
@@ -504,14 +529,22 @@ def calibrate(
     model: str | None = None,
     hardware: str | None = None,
     holdout_loads: Sequence[float] = (),
+    decode_read: bool = False,
 ) -> Calibration:
     """Fit a calibration from run directories (all of one deployment); ``holdout`` lengths (probe runs) and
     ``holdout_loads`` (sweep load points) are not fitted. Steps 1 and 2 alternate (the prefill efficiencies
-    enter large-batch decode steps, the step overhead enters prefill steps), then 3."""
+    enter large-batch decode steps, the step overhead enters prefill steps), then 3; with ``decode_read`` steps 0-3
+    fit the probe runs alone and step 4 the decode KV read on the load runs (:func:`fit_decode_read`)."""
     facts = read_deployment(paths, model, hardware)
     deployment = facts[0].deployment.resolve()
     chunk = facts[0].max_batch_tokens
-    data = gather(paths, facts, holdout, holdout_loads)
+    every = gather(paths, facts, holdout, holdout_loads)
+    loaded = [s for s in every.fit.decode if s.load is not None]
+    data = every
+    if decode_read:  # the load runs teach the read alone; every other term is the probe runs'
+        data = replace(
+            every, fit=replace(every.fit, decode=[s for s in every.fit.decode if s.load is None], windows=[])
+        )
     params = starting_params(deployment, data.backends)
 
     fronts = fit_front_growth(data.fit.front, params)
@@ -520,8 +553,10 @@ def calibrate(
     ttft = fit_ttft(deployment, params, chunk, data.fit.ttft, data.backends, bool(fronts))
     decode.run(params, first=False)
     windows, blocking_names = fit_blocking(deployment, params, data.fit.windows, data.backends)
+    read_names = fit_decode_read(deployment, params, decode_groups(loaded)) if decode_read else set()
 
-    free_names = ttft.free_names | decode.free_names | blocking_names | ({"overhead_s_per_ktoken"} if fronts else set())
+    free_names = ttft.free_names | decode.free_names | blocking_names | read_names
+    free_names |= {"overhead_s_per_ktoken"} if fronts else set()
     hbm_why = settle_hbm(deployment, params, decode, free_names)
     all_frees = [
         *ttft_frees(data.fit.ttft, data.backends, bool(fronts)),
@@ -529,12 +564,13 @@ def calibrate(
     ]
     warnings = [*data.warnings, *bound_warnings(params, free_names, all_frees)]
     why = Why(data, ttft.prefill_floor, fronts, windows, hbm_why)
-    calibration = assemble(data, params, free_names, why, chunk, holdout, holdout_loads, warnings)
+    read_span = f"{_decode_span(loaded)} ({why.runs}); every other term the probe runs'" if decode_read else None
+    calibration = assemble(data, params, free_names, why, chunk, holdout, holdout_loads, warnings, read_span)
     return calibration.model_copy(
         update={
-            "residuals": residuals(calibration, deployment, data.fit.ttft, data.held.ttft),
-            "decode_residuals": decode_fit_residuals(calibration, deployment, data.fit.decode, data.held.decode),
-            "tpot_residuals": window_fit_residuals(calibration, deployment, data.fit.windows, data.held.windows),
+            "residuals": residuals(calibration, deployment, every.fit.ttft, every.held.ttft),
+            "decode_residuals": decode_fit_residuals(calibration, deployment, every.fit.decode, every.held.decode),
+            "tpot_residuals": window_fit_residuals(calibration, deployment, every.fit.windows, every.held.windows),
         }
     )
 
@@ -635,8 +671,10 @@ def assemble(
     holdout: Sequence[int],
     holdout_loads: Sequence[float],
     warnings: list[str],
+    read_span: str | None,
 ) -> Calibration:
-    """The calibration file's content; its residuals are empty until the caller adds them."""
+    """The calibration file's content; its residuals are empty until the caller adds them. ``read_span``: what
+    the decode KV read was fitted on (None: not asked for)."""
     param = _param_maker(free_names)
     samples = data.fit.ttft
     decode_span = f"{_decode_span(data.fit.decode)} ({why.runs})"
@@ -684,7 +722,18 @@ def assemble(
             params.step_s_per_seq,
             "s per sequence in the step",
             decode_span,
-            f"decode batches differ by less than {BATCH_SPREAD:g}x (no sweep): in the step overhead",
+            f"the load runs fit the decode KV read ({DECODE_READ_NAME}) instead: 0"
+            if read_span is not None
+            else f"decode batches differ by less than {BATCH_SPREAD:g}x (no sweep): in the step overhead",
+        ),
+        decode_s_per_ktoken=param(
+            DECODE_READ_NAME,
+            params.decode_s_per_ktoken,
+            "s per 1000 KV tokens the step's decode tokens attend to",
+            read_span or "",
+            f"the KV that load points' decode steps read differs by less than {BATCH_SPREAD:g}x (no sweep): 0"
+            if read_span is not None
+            else "not asked for (kvbench sim calibrate --decode-read): the decode step's load term is step_s_per_seq",
         ),
         hbm_efficiency=param("hbm", params.hbm, "fraction of HBM bandwidth", decode_span, why.hbm_why),
         prefill_host_s=param(

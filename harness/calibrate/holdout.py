@@ -43,7 +43,7 @@ from harness.sim.heldout import AGENTS, CAPACITY, Band, HeldOut, write_bands
 
 from .fit import calibrate
 from .underload import bands as underload_bands
-from .underload import kept_load_runs, markdown, predict_run
+from .underload import kept_load_runs, markdown, predict_run, tpot_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 """The checkout: a calibration's source paths are relative to it."""
@@ -64,6 +64,7 @@ def held_out_errors(folder: Path = SHIPPED_DIR) -> Errors:
             [ROOT / source.path for source in committed.sources],
             committed.holdout_context_tokens,
             holdout_loads=committed.holdout_loads,
+            decode_read=committed.decode_s_per_ktoken.fitted,
         )
         out[path.name] = {
             f"{r.arm} {r.context_tokens} t{r.turn}": r.error
@@ -143,6 +144,7 @@ def under_load(args: argparse.Namespace) -> int:
         return 2
     table = markdown(tables)
     print(table)
+    print("\n".join(tpot_lines(tables)))
     if args.markdown is not None:
         args.markdown.write_text(table + "\n", encoding="utf-8")
     if args.json is not None:

@@ -36,6 +36,7 @@ class Params:
     hbm: float = 0.85
     step_overhead_s: float = STEP_OVERHEAD_S
     step_s_per_seq: float = 0.0
+    decode_s_per_ktoken: float = 0.0
     blocking_share: float = 0.0
     load_s_per_gb: dict[str, float] = field(default_factory=dict)
     load_latency_s: dict[str, float] = field(default_factory=dict)
@@ -59,6 +60,7 @@ def timing_of(deployment: Deployment, params: Params, backend: str | None) -> Ti
         store_s_per_token=store,
         store_latency_s=fixed,
         step_s_per_seq=params.step_s_per_seq,
+        decode_s_per_ktoken=params.decode_s_per_ktoken,
         prefill_host_s=params.prefill_host_s,
         step_extra_s=params.step_extra_s.get(backend, 0.0) if backend else 0.0,
     )
@@ -255,6 +257,7 @@ def params_of(calibration: Calibration) -> Params:
         hbm=calibration.hbm_efficiency.value,
         step_overhead_s=calibration.step_overhead_s.value,
         step_s_per_seq=calibration.step_s_per_seq.value,
+        decode_s_per_ktoken=calibration.decode_s_per_ktoken.value,
         blocking_share=calibration.engine_blocking_share.value,
         load_s_per_gb={b: 1.0 / c.load_gbps.value for b, c in calibration.backends.items()},
         load_latency_s={b: c.load_latency_s.value for b, c in calibration.backends.items()},

@@ -16,6 +16,8 @@ holds one load, so it is listed as not predicted):
    capacity(baseline)``; an agentic sweep's agents at SLO per (arm, tier) and its ratio to the baseline arm.
    ``error = predicted / measured - 1``. A value that is a bound (every load point met the SLO: ``above-grid``)
    or missing on one side is shown, never put in a band.
+4. **Decode**, a sweep's TPOT p50 per (arm, load point), measured against predicted (:func:`tpot_cells`): what a
+   decode-step term changes first. Shown beside the table (stdout, ``--json``), never put in a band.
 
 The band of a calibration (:func:`bands`) is the lowest and highest capacity error of the exact cells it (or its
 leave-one-out refit) predicted, with how many runs; simulated reports print it (:mod:`harness.sim.heldout`).
@@ -47,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KEPT_ROOTS = ("docs/results", "lab/runs")
 LOAD_KINDS = ("sweep", "agentic", "soak")
 RATIO = "ON/OFF"
+TPOT = "TPOT p50 ms"
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,20 @@ def sweep_values(result: SweepResult, loads: Sequence[float]) -> dict[str, Value
     return out
 
 
+def tpot_cells(measured: SweepResult, predicted: SweepResult, loads: Sequence[float]) -> list[Cell]:
+    """Per (arm, load point) of ``loads`` that both sides ran, the TPOT p50 (ms) measured against predicted."""
+
+    def p50s(result: SweepResult) -> dict[tuple[str, float], float]:
+        return {(p.arm, p.load): p.tpot.p50_ms for p in result.points if p.load in loads and p.tpot is not None}
+
+    real, sim = p50s(measured), p50s(predicted)
+    return [
+        Cell(arm, f"{TPOT} at load {load:g}", real[arm, load], sim[arm, load])
+        for arm, load in real
+        if (arm, load) in sim
+    ]
+
+
 def agentic_values(result: AgenticResult, tier: str) -> dict[str, Value]:
     """Each arm's agents at SLO of ``tier`` as the agentic result states it (``above-grid``: a lower bound)."""
     out: dict[str, Value] = {}
@@ -155,6 +172,8 @@ class RunTable:
     how: str
     """``left out``: refitted without the run; ``never seen``: the shipped file, which the run is no source of."""
     cells: list[Cell] = field(default_factory=list)
+    tpot: list[Cell] = field(default_factory=list)
+    """A sweep's TPOT p50 per (arm, load point) in ms (:func:`tpot_cells`); empty for an agentic run."""
     skipped: str = ""
     """Why the run was not predicted (no cells then)."""
 
@@ -187,7 +206,9 @@ def held_out_calibration(run_dir: RunDir, out: Path) -> tuple[Path, str, str]:
     others = [ROOT / s.path for s in shipped.sources if (ROOT / s.path).resolve() != run_dir.path.resolve()]
     if not others:
         raise CalibrationError(f"{path.name} was fitted on this run alone: nothing is left to predict it with")
-    refit: Calibration = calibrate(others, shipped.holdout_context_tokens)
+    refit: Calibration = calibrate(
+        others, shipped.holdout_context_tokens, decode_read=shipped.decode_s_per_ktoken.fitted
+    )
     out.mkdir(parents=True, exist_ok=True)
     return refit.save(out / f"{path.stem}-without-{run_dir.path.name}.yaml"), path.name, "left out"
 
@@ -238,11 +259,13 @@ def predict_run(
         cells = capacity_cells(
             sweep_values(measured, chosen), sweep_values(predicted, chosen), measured.baseline_arm, CAPACITY
         )
+        tpot = tpot_cells(measured, predicted, chosen)
     else:
         agentic = scenario.agentic_workload
         window = {"warmup_s": agentic.warmup_s * window_scale, "window_s": agentic.window_s * window_scale}
         sim_dir = simulate_run(run_dir, work, calibration_file, workload=window)
         real, sim = agentic_result_of(run_dir), agentic_result_of(sim_dir)
+        tpot = []
         cells = [
             cell
             for tier in agentic.tiers
@@ -253,7 +276,7 @@ def predict_run(
                 f"{AGENTS} {tier.name}",
             )
         ]
-    return RunTable(name, run_dir.kind, shipped, how, cells)
+    return RunTable(name, run_dir.kind, shipped, how, cells, tpot)
 
 
 def bands(tables: Sequence[RunTable]) -> dict[str, dict[str, Band]]:
@@ -278,6 +301,18 @@ def bands(tables: Sequence[RunTable]) -> dict[str, dict[str, Band]]:
 
 def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.3g}"
+
+
+def tpot_lines(tables: Sequence[RunTable]) -> list[str]:
+    """The sweeps' TPOT p50 cells, one line each, and their median |error|."""
+    lines = [
+        f"{Path(t.run).name} {c.arm} {c.quantity}: measured {_num(c.measured)}, predicted {_num(c.predicted)}, {e:+.1%}"
+        for t in tables
+        for c in t.tpot
+        if (e := c.error) is not None
+    ]
+    errors = [abs(e) for t in tables for c in t.tpot if (e := c.error) is not None]
+    return [*lines, f"TPOT p50: {len(errors)} cells, median |error| {statistics.median(errors):.1%}"] if errors else []
 
 
 def markdown(tables: Sequence[RunTable]) -> str:

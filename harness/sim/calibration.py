@@ -13,10 +13,11 @@ and says whether the runs determined it and from what (:class:`FitParam`). Units
   requests (CPU work in the engine's own loop), charged to the first step after the arrival.
 * prefill: GEMM at ``linear_efficiency`` of the dense peak, attention at ``attention_efficiency``
   of the BF16 peak (:mod:`.timemodel`).
-* one engine step: ``max(GPU, host) + store + intake`` with ``host = step_overhead_s + step_s_per_seq
+* one engine step: ``max(GPU, host) + store + intake + read`` with ``host = step_overhead_s + step_s_per_seq
   x sequences + step_extra_s`` (``prefill_host_s`` in place of the step overhead in a step that runs a
-  prefill chunk, where the fit kept it) and the GPU's memory part at ``hbm_efficiency`` of the HBM
-  bandwidth.
+  prefill chunk, where the fit kept it), the GPU's memory part at ``hbm_efficiency`` of the HBM
+  bandwidth, and ``read = decode_s_per_ktoken x C/1000``, ``C`` the context tokens the step's decode tokens
+  attend to (the running sequences' contexts: decode attention's KV read, where a fit learnt it from load runs).
 * per offload backend: a turn-2 tier hit loads in ``load_latency_s + GB / load_gbps``; a prefill that
   stores to the tier adds ``store_latency_s + GB x store_s_per_gb``; a request that arrives while the
   engine is busy adds ``busy_intake_s`` of engine-loop work; every step adds ``step_extra_s``.
@@ -24,9 +25,10 @@ and says whether the runs determined it and from what (:class:`FitParam`). Units
   windows): ``W = base_w + j_per_prefill_token x prefill tokens/s + j_per_decode_token x decode tokens/s`` per
   replica; ``None``: the datasheet model of :mod:`harness.sim.power` (idle + (TDP - idle) x busy).
 
-Every field is present in a file (schema version 3; 3 added ``power``); a file of another version is refused with the
-command that refits it, and every value is range-checked on load (:data:`RANGES`). Using a
-calibration for another deployment is an error naming both (:meth:`Calibration.check_deployment`).
+Every field is present in a file (schema version 4; 3 added ``power``, 4 ``decode_s_per_ktoken``); a file of
+another version is refused with the command that refits it, and every value is range-checked on load
+(:data:`RANGES`). Using a calibration for another deployment is an error naming both
+(:meth:`Calibration.check_deployment`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from offload.shapes import Deployment, Dtype, dtype_label
 
 from .timemodel import Efficiencies, TimeModel
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 REFIT = "kvbench sim calibrate RUN_DIR... --holdout LENGTHS -o FILE"
 """The command that writes a calibration of this schema."""
 
@@ -76,6 +78,7 @@ RANGES: dict[str, Range] = {
     "attention_efficiency": Range(0.0, 1.0, open_low=True),
     "step_overhead_s": Range(0.0, 1.0),
     "step_s_per_seq": Range(0.0, 0.1),
+    "decode_s_per_ktoken": Range(0.0, 0.01),
     "hbm_efficiency": Range(0.0, 1.0, open_low=True),
     "prefill_host_s": Range(0.0, 2.0),
     "engine_blocking_share": Range(0.0, 1.0),
@@ -271,7 +274,7 @@ class DecodeResidual(_Predicted):
 class Calibration(StrictModel):
     """The calibration file (``kvbench sim calibrate -o FILE``)."""
 
-    schema_version: Literal[3] = 3
+    schema_version: Literal[4] = 4
     deployment: CalibratedDeployment
     sources: list[SourceRun]
     fit_context_tokens: list[int] = Field(description="Context lengths whose requests the fit used.")
@@ -284,6 +287,10 @@ class Calibration(StrictModel):
     attention_efficiency: FitParam
     step_overhead_s: FitParam
     step_s_per_seq: FitParam
+    decode_s_per_ktoken: FitParam = Field(
+        description="Seconds per 1000 KV-cache tokens that a step's decode tokens attend to, added to the step "
+        "(decode attention's KV read; fitted from load runs with kvbench sim calibrate --decode-read, else 0)."
+    )
     hbm_efficiency: FitParam
     prefill_host_s: FitParam = Field(
         description="Host seconds of an engine step that runs a prompt's prefill chunk (the step takes max(GPU, "
@@ -397,6 +404,7 @@ class Calibration(StrictModel):
             store_s_per_token=store,
             store_latency_s=backend.store_latency_s.value if backend else 0.0,
             step_s_per_seq=self.step_s_per_seq.value,
+            decode_s_per_ktoken=self.decode_s_per_ktoken.value,
             prefill_host_s=self.fitted_prefill_host_s,
             step_extra_s=backend.step_extra_s.value if backend else 0.0,
         )

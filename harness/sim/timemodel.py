@@ -2,7 +2,7 @@
 
 A step runs one forward pass over a batch that mixes prefill chunks and decode tokens. Its time is
 
-    max(GPU, host) + store + intake,  GPU = max(compute, memory) + all-reduce,
+    max(GPU, host) + store + intake + read,  GPU = max(compute, memory) + all-reduce,
     host = step overhead + host x sequences
 
 Kernel launches are asynchronous, so the host prepares and launches a step's kernels while the GPU
@@ -41,6 +41,11 @@ runs earlier ones, and a step is as long as the slower of the two. Without CUDA 
   process that stalls the step of every running request), plus the offload backend's
   ``busy_intake_s`` for a request that arrived while others were running, charged by the scheduler
   to the first step that starts after each request arrived (:attr:`StepWork.intake_s`).
+* read (calibrated only, ``decode_s_per_ktoken``; 0 otherwise): seconds per 1,000 KV-cache tokens that the step's
+  decode tokens attend to (the running sequences' contexts), added to the step. The GPU's memory part already
+  reads them, but in eager mode on an idle engine the host's work hides it; under load it does not (on one H200,
+  fitted on an agentic run: 0.072 ms per 1,000 tokens, 131 kB each at about 1.8 TB/s), so it is fitted on load
+  runs' decode steps only (:func:`harness.calibrate.fit.fit_decode_read`).
 * store (calibrated offload backends only): seconds per prefilled token that a backend such as
   LMCache blocks the step while it copies the new KV to its tier (``store_s_per_token``; 0 for
   the datasheet model, where tier writes run in the background after a request finishes), plus a
@@ -92,6 +97,9 @@ class Efficiencies:
     per decode step."""
     step_extra_s: float = 0.0
     """The offload backend's own host seconds in every step, prefill or decode (its connector's bookkeeping)."""
+    decode_s_per_ktoken: float = 0.0
+    """Seconds per 1,000 KV-cache tokens that the step's decode tokens attend to, added to the step (eager
+    mode's decode attention, not hidden behind the host's work; 0: the KV read only in the GPU's memory part)."""
 
 
 @dataclass
@@ -114,6 +122,8 @@ class StepWork:
     """Sequences in the step: one per prefill chunk, one per decode token (each costs ``step_s_per_seq``)."""
     intake_s: float = 0.0
     """Seconds of engine-blocking intake work of newly arrived requests charged to this step."""
+    decode_kv_tokens: int = 0
+    """KV-cache tokens the step's decode tokens attend to (the running sequences' contexts)."""
 
     def add_prefill(self, new_tokens: int, cached_tokens: int, last: bool = True) -> None:
         """A prefill chunk of ``new_tokens`` after ``cached_tokens`` already in the KV cache.
@@ -135,6 +145,7 @@ class StepWork:
         self.sequences += 1
         self.attention_pairs += context_tokens + 1
         self.kv_tokens += context_tokens + 1
+        self.decode_kv_tokens += context_tokens + 1
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,8 @@ class StepCost:
     """Per-sequence host work (``step_s_per_seq`` x sequences)."""
     intake_s: float = 0.0
     """Engine-blocking intake work of newly arrived requests."""
+    decode_read_s: float = 0.0
+    """Decode attention's KV read that the step's other parts do not hide (``decode_s_per_ktoken``)."""
 
     @property
     def gpu_s(self) -> float:
@@ -158,7 +171,7 @@ class StepCost:
     @property
     def total_s(self) -> float:
         # the host launches a step's kernels while the GPU runs earlier ones: the slower of the two binds
-        return max(self.gpu_s, self.overhead_s + self.host_s) + self.store_s + self.intake_s
+        return max(self.gpu_s, self.overhead_s + self.host_s) + self.store_s + self.intake_s + self.decode_read_s
 
 
 class TimeModel:
@@ -190,6 +203,7 @@ class TimeModel:
         self._store_s_per_token = eff.store_s_per_token
         self._store_latency_s = eff.store_latency_s
         self._host_s_per_seq = eff.step_s_per_seq
+        self._decode_s_per_kv_token = eff.decode_s_per_ktoken / 1000.0
 
     def cost(self, work: StepWork) -> StepCost:
         compute = (
@@ -202,7 +216,8 @@ class TimeModel:
         store = work.prefill_tokens * self._store_s_per_token + work.prompts_done * self._store_latency_s
         host = work.sequences * self._host_s_per_seq
         overhead = self._prefill_overhead_s if work.prefill_tokens else self._overhead_s
-        return StepCost(compute, memory, allreduce, overhead, store, host, work.intake_s)
+        read = work.decode_kv_tokens * self._decode_s_per_kv_token
+        return StepCost(compute, memory, allreduce, overhead, store, host, work.intake_s, read)
 
     def step_seconds(self, work: StepWork) -> float:
         return self.cost(work).total_s

@@ -251,13 +251,21 @@ def calibrate(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Simulator model profile, if the run's model is not one.")] = None,
     hardware: Annotated[str | None, typer.Option(help="Simulator hardware profile, if the GPU is not known.")] = None,
+    decode_read: Annotated[
+        bool,
+        typer.Option(
+            "--decode-read",
+            help="Learn the decode step's load term as its KV read (s per 1000 context tokens of the running "
+            "sequences) instead of a cost per sequence.",
+        ),
+    ] = False,
 ) -> None:
     """Fit the simulator to real runs: request overhead, prefill efficiencies, offload load/store costs, decode."""
     from common.errors import KvbenchError
     from harness.calibrate.fit import calibrate as fit
 
     try:
-        calibration = fit(runs, _lengths(holdout), model, hardware, _loads(holdout_loads))
+        calibration = fit(runs, _lengths(holdout), model, hardware, _loads(holdout_loads), decode_read)
     except KvbenchError as error:
         raise _fail(str(error)) from None
     calibration.save(out)
@@ -352,6 +360,7 @@ def _describe(calibration: object) -> str:
         "attention_efficiency",
         "step_overhead_s",
         "step_s_per_seq",
+        "decode_s_per_ktoken",
         "hbm_efficiency",
     ):
         value = getattr(calibration, name)

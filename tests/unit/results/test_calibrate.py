@@ -64,6 +64,7 @@ def chosen(hardware: str = "h100-sxm") -> Calibration:
         step_overhead_s=_p(0.009),
         hbm_efficiency=_p(0.70),
         step_s_per_seq=_p(0.0),
+        decode_s_per_ktoken=_p(0.0),
         prefill_host_s=FitParam(value=0.009, unit="s", fitted=False, source="the step overhead"),
         engine_blocking_share=_p(0.0),
         holdout_loads=[],
@@ -277,7 +278,7 @@ def test_calibration_file_round_trips(tmp_path: Path) -> None:
     truth = chosen()
     path = truth.save(tmp_path / "calibration.yaml")
     assert Calibration.load(path) == truth
-    path.write_text(path.read_text().replace("schema_version: 3", "schema_version: 7"))
+    path.write_text(path.read_text().replace("schema_version: 4", "schema_version: 7"))
     with pytest.raises(CalibrationError, match="schema_version 7"):
         Calibration.load(path)
 
@@ -495,6 +496,28 @@ def test_a_sweep_fits_the_per_sequence_step_cost_and_the_engine_blocking_share(t
     assert {r.load for r in windows} == set(SWEEP_LOADS) and all(r.used_in_fit for r in windows)
     assert all(abs(r.error) < 0.03 for r in windows), windows
     assert max(r.batch for r in windows) > 2 * min(r.batch for r in windows)
+
+
+def test_with_decode_read_the_sweep_fits_the_decode_kv_read_alone_and_the_probe_the_rest(tmp_path: Path) -> None:
+    """``decode_read``: the sweep's decode steps fit ``decode_s_per_ktoken`` (batch x context of its load points
+    spread 2x) and nothing else; every other term is what the probe alone gives. As on the H200 (eager), the idle
+    engine of the probe run hides the read, the loaded one does not."""
+    truth = chosen().model_copy(update={"decode_s_per_ktoken": _p(0.2e-3, "s")})
+    probe = write_run(tmp_path / "probe", chosen())
+    sweep = write_sweep(tmp_path / "sweep", truth)
+    fitted = calibrate([probe, sweep], decode_read=True)
+    alone = calibrate([probe])
+    assert fitted.decode_s_per_ktoken.fitted and not fitted.step_s_per_seq.fitted
+    assert fitted.decode_s_per_ktoken.value == pytest.approx(0.2e-3, rel=0.15)
+    assert "decode_s_per_ktoken" in fitted.step_s_per_seq.source and not fitted.engine_blocking_share.fitted
+    for name in ("request_overhead_s", "linear_efficiency", "attention_efficiency", "step_overhead_s"):
+        assert getattr(fitted, name).value == pytest.approx(getattr(alone, name).value, rel=1e-6), name
+    # the sweep's decode windows are still reported, predicted with the read
+    assert {r.load for r in fitted.tpot_residuals} == set(SWEEP_LOADS)
+    assert all(abs(r.error) < 0.1 for r in fitted.tpot_residuals), fitted.tpot_residuals
+    # not asked for: the per-sequence cost is the load term, as before
+    plain = calibrate([probe, sweep])
+    assert not plain.decode_s_per_ktoken.fitted and "--decode-read" in plain.decode_s_per_ktoken.source
 
 
 def test_a_sweep_fits_each_offload_backends_intake_per_request_arriving_at_a_busy_engine(tmp_path: Path) -> None:

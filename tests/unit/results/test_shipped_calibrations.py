@@ -153,9 +153,19 @@ def test_a_shipped_calibration_is_this_checkouts_fit_and_validates_on_its_held_o
 
     shipped = Calibration.load(path)
     refit = calibrate(
-        [ROOT / s.path for s in shipped.sources], shipped.holdout_context_tokens, holdout_loads=shipped.holdout_loads
+        [ROOT / s.path for s in shipped.sources],
+        shipped.holdout_context_tokens,
+        holdout_loads=shipped.holdout_loads,
+        decode_read=shipped.decode_s_per_ktoken.fitted,
     )
-    for name in ("linear_efficiency", "attention_efficiency", "request_overhead_s", "step_overhead_s"):
+    names = (
+        "linear_efficiency",
+        "attention_efficiency",
+        "request_overhead_s",
+        "step_overhead_s",
+        "decode_s_per_ktoken",
+    )
+    for name in names:
         assert getattr(refit, name).value == pytest.approx(getattr(shipped, name).value, rel=1e-3), name
     held = [r for r in refit.residuals if not r.used_in_fit]
     assert {r.context_tokens for r in held} == set(shipped.holdout_context_tokens)

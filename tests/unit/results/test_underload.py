@@ -19,6 +19,7 @@ from harness.calibrate.underload import (
     kept_load_runs,
     markdown,
     sweep_values,
+    tpot_cells,
 )
 from harness.results.agentic_result import AgenticResult
 from harness.results.provenance import provenance
@@ -123,7 +124,10 @@ LAB_TABLE = RESULTS.parents[1] / "lab" / "validations" / "heldout-under-load"
 
 def kept_tables() -> list[RunTable]:
     data = json.loads(LAB_TABLE.with_suffix(".json").read_text())
-    return [RunTable(**{**t, "cells": [Cell(**c) for c in t["cells"]]}) for t in data["runs"]]
+    return [
+        RunTable(**{**t, "cells": [Cell(**c) for c in t["cells"]], "tpot": [Cell(**c) for c in t["tpot"]]})
+        for t in data["runs"]
+    ]
 
 
 def test_the_shipped_bands_and_the_doc_s_table_are_the_kept_evidence_s() -> None:
@@ -157,3 +161,14 @@ def test_the_kept_load_runs_are_the_real_engines_sweeps_agentic_runs_and_soaks()
         "gpu-fleet-llama8b-2x-h200-7arms",
     }
     assert not found & simulated_or_probe
+
+
+def test_a_sweep_s_tpot_cells_pair_its_points_that_both_sides_ran() -> None:
+    result = SweepResult.model_validate_json((RESULTS / "gpu-sweep-llama8b-h100" / "sweep.json").read_bytes())
+    fewer = result.model_copy(update={"points": [p for p in result.points if p.load != 8.0]})
+    cells = tpot_cells(result, fewer, result.loads)
+    timed = [p for p in result.points if p.tpot is not None and p.load != 8.0]
+    assert len(cells) == len(timed) > 0
+    for cell, point in zip(cells, timed, strict=True):
+        assert point.tpot is not None and cell.measured == cell.predicted == point.tpot.p50_ms and cell.error == 0.0
+        assert cell.arm == point.arm and cell.quantity == f"TPOT p50 ms at load {point.load:g}"

@@ -157,6 +157,27 @@ def test_the_host_term_grows_with_the_sequences_in_a_step_and_intake_adds() -> N
     assert TimeModel(deployment).cost(mixed).host_s == 0.0
 
 
+def test_the_decode_read_grows_with_the_running_sequences_contexts_and_adds_beyond_the_host() -> None:
+    from harness.sim.timemodel import Efficiencies
+
+    deployment = Deployment.resolve("llama-3.1-8b", "h200-sxm")
+    per_ktoken, overhead = 7e-5, 0.016
+    bare = TimeModel(deployment, Efficiencies(step_overhead_s=overhead))
+    read = TimeModel(deployment, Efficiencies(step_overhead_s=overhead, decode_s_per_ktoken=per_ktoken))
+    # host-bound steps: the GPU's own KV read hides under the host, this term does not
+    for batch, context in ((1, 1000), (3, 30_000), (9, 10_000)):
+        extra = read.decode_step_seconds(batch, context) - bare.decode_step_seconds(batch, context)
+        assert extra == pytest.approx(batch * (context + 1) * per_ktoken / 1000)
+    # a prefill chunk's context is not decode's: a step of prefill alone pays nothing more
+    prefill = StepWork()
+    prefill.add_prefill(4000, 60_000)
+    assert prefill.decode_kv_tokens == 0 and read.step_seconds(prefill) == bare.step_seconds(prefill)
+    prefill.add_decode(20_000)
+    assert read.cost(prefill).decode_read_s == pytest.approx(20_001 * per_ktoken / 1000)
+    # the datasheet model has no such term
+    assert TimeModel(deployment).cost(prefill).decode_read_s == 0.0
+
+
 def test_a_step_is_as_long_as_the_slower_of_host_and_gpu() -> None:
     """The host launches a step's kernels while the GPU runs them, so a short step takes the host's time and a
     long prefill the GPU's; a blocking store still adds after the forward pass."""
