@@ -231,8 +231,8 @@ class SglangEngineConfig(ReplicaFields):
 
     kvbench runs ``python -m sglang.launch_server`` with the python of SGLang's own environment. The
     arm's offload profile becomes HiCache flags (``--enable-hierarchical-cache --hicache-size``, the
-    ``file`` storage backend for a disk tier) through ``harness.engines.sglang_offload``. Not yet run
-    on hardware by kvbench (see docs/engines.md).
+    ``file`` storage backend for a disk tier) through ``harness.engines.sglang_offload``. Run with
+    SGLang 0.5.17 on 1x H200 (see docs/gpu.md).
     """
 
     kind: Literal["sglang"]

@@ -20,8 +20,8 @@ SGLang's offload layer is HiCache, its hierarchical radix cache (``profile.backe
   engine session's subdirectory of the tier's ``path`` (:func:`offload.profiles.tier_dir`).
   The file backend enforces no capacity. One storage backend per server: disk or shared, not both.
 
-Checked against SGLang's ``server_args.py`` and ``mem_cache`` sources (0.5.x); not yet run on a GPU
-by kvbench. Two consequences of SGLang's design that scenario validation enforces
+Checked against SGLang's ``server_args.py`` and ``mem_cache`` sources (0.5.x); the CPU tier ran on 1x H200
+(SGLang 0.5.17, docs/gpu.md). Two consequences of SGLang's design that scenario validation enforces
 (:func:`check_supported` with ``between_turns``):
 
 * HiCache is part of the radix cache, so an arm with tiers needs prefix caching on (no
