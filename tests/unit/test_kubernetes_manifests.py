@@ -16,6 +16,7 @@ that lists its properties refuses any other, as the API server prunes unknown fi
 from __future__ import annotations
 
 import json
+import lzma
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -30,7 +31,7 @@ KUBERNETES_VERSION = "1.30.0"
 """The oldest Kubernetes the manifests target (batch/v1 Job with ttlSecondsAfterFinished is GA since 1.23)."""
 
 Doc = Mapping[str, object]
-CUSTOM_SCHEMAS = {("ray.io/v1", "RayJob"): ROOT / "tests" / "golden" / "kuberay" / "rayjob-v1.openapi.json"}
+CUSTOM_SCHEMAS = {("ray.io/v1", "RayJob"): ROOT / "tests" / "golden" / "kuberay" / "rayjob-v1.openapi.json.xz"}
 """Custom resources: (apiVersion, kind) -> the openAPIV3Schema of the CRD version (vendored)."""
 
 
@@ -63,7 +64,7 @@ def validate(document: Doc) -> None:
     if custom is None:
         kubernetes_validate.validate(dict(document), KUBERNETES_VERSION, strict=True)
         return
-    jsonschema.validate(dict(document), strict(json.loads(custom.read_text(encoding="utf-8"))))
+    jsonschema.validate(dict(document), strict(json.loads(lzma.decompress(custom.read_bytes()))))
 
 
 def test_there_are_manifests() -> None:
