@@ -88,7 +88,7 @@ def provenance(manifest: Mapping[str, Any]) -> Provenance:
         label = (
             f"simulated: kvbench simulator, {model} on {count}× {hardware}"
             f"{f' ({dtype})' if dtype else ''}{source}; "
-            f"{band_words(_recorded_calibration(manifest, calibration))}; not a measurement"
+            f"{band_words(_recorded_calibration(manifest, calibration), _recorded_digest(manifest))}; not a measurement"
         )
         return Provenance("simulated", label, f"sim {model} {dtype or ''} {count}x {hardware}".strip())
     attached_simulators = _attached_simulators(manifest.get("engines") or {})
@@ -122,6 +122,14 @@ def _recorded_calibration(manifest: Mapping[str, Any], configured: object) -> st
     if recorded:
         return ", ".join(recorded)
     return str(configured) if configured else None
+
+
+def _recorded_digest(manifest: Mapping[str, Any]) -> str | None:
+    """The SHA-256 of the calibration file the simulator said it used; None when no arm recorded one (or arms
+    used different files)."""
+    engines: Mapping[str, Any] = manifest.get("engines") or {}
+    recorded = {str((f.get("details") or {}).get("calibration_sha256")) for f in engines.values()} - {"None"}
+    return recorded.pop() if len(recorded) == 1 else None
 
 
 def _attached_simulators(engines: Mapping[str, Any]) -> list[str]:

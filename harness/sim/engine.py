@@ -139,6 +139,7 @@ class SimEngine:
                 "gpu_memory_utilization": repr(settings.gpu_memory_utilization),
                 "settings_file": str(self.settings_path),
                 **({"calibration": settings.calibration_file} if settings.calibration_file else {}),
+                **({"calibration_sha256": settings.calibration_sha256} if settings.calibration_sha256 else {}),
             },
         )
         return RunningSim(Endpoint(base_url=base_url, model=settings.name), facts, process)

@@ -9,12 +9,17 @@ held-out tables of docs/simulator.md:
 * ``ttft_unloaded_median``: the median |error| of the time model's unloaded TTFT over the calibration's held-out
   lengths (:mod:`harness.calibrate.holdout`), with the number of cells.
 
-A calibration the file does not name (a user's file, or none) has no band, and reports say so.
+A calibration the file does not name (a user's file, or none) has no band, and reports say so. Each band names the
+SHA-256 of the calibration file it was computed for (``calibration_sha256``), and a simulated run records the digest
+of the file it ran with: a run made with another version of the file has no band on record, and a run that did not
+record its version (made before kvbench recorded it) is given the current file's band, saying so.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, ValidationError
 
@@ -46,6 +51,9 @@ class HeldOut(StrictModel):
     agents: Band | None = None
     ttft_unloaded_median: float | None = Field(default=None, ge=0)
     ttft_cells: int = Field(default=0, ge=0)
+    calibration_sha256: str | None = Field(
+        default=None, description="SHA-256 of the calibration file these errors are of (None: not recorded)."
+    )
 
     def text(self) -> str:
         capacity = self.capacity
@@ -58,7 +66,7 @@ class HeldOut(StrictModel):
 
 
 class HeldOutFile(StrictModel):
-    schema_version: int = 1
+    schema_version: Literal[2] = 2  # 2: each band names the SHA-256 of its calibration file
     calibrations: dict[str, HeldOut]
 
 
@@ -73,8 +81,23 @@ def read_bands(path: Path = BANDS_FILE) -> dict[str, HeldOut]:
 
 
 def write_bands(bands: dict[str, HeldOut], path: Path = BANDS_FILE) -> Path:
-    path.write_text(HeldOutFile(calibrations=bands).model_dump_json(indent=1) + "\n", encoding="utf-8")
+    path.write_text(HeldOutFile(calibrations=with_digests(bands)).model_dump_json(indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def with_digests(bands: dict[str, HeldOut], folder: Path = SHIPPED_DIR) -> dict[str, HeldOut]:
+    """``bands`` with each shipped calibration file's digest, as they are written."""
+    return {
+        name: held.model_copy(update={"calibration_sha256": file_sha256(folder / name)})
+        if (folder / name).is_file()
+        else held
+        for name, held in bands.items()
+    }
 
 
 def shipped_name(calibration: str) -> str | None:
@@ -85,12 +108,17 @@ def shipped_name(calibration: str) -> str | None:
     return path.name if path.parent.resolve() == SHIPPED_DIR.resolve() else None
 
 
-def band_words(calibration: str | None, path: Path = BANDS_FILE) -> str:
-    """``calibration X: capacity held-out error +26..+70 % (1 run), ...``, or why there is none."""
+def band_words(calibration: str | None, sha256: str | None = None, path: Path = BANDS_FILE) -> str:
+    """``calibration X: capacity held-out error +26..+70 % (1 run), ...``, or why there is none; ``sha256``: the
+    digest of the calibration file the run used, as it recorded it (None: not recorded)."""
     if calibration is None:
         return f"uncalibrated: {NO_BAND}"
     name = shipped_name(calibration)
     held = read_bands(path).get(name) if name is not None else None
     if name is None or held is None:
         return f"calibration {name or Path(calibration).name}: {NO_BAND}"
+    if sha256 is None:
+        return f"calibration {name} (its version not recorded; the file as shipped now): {held.text()}"
+    if held.calibration_sha256 is not None and sha256 != held.calibration_sha256:
+        return f"calibration {name} (a version since changed): {NO_BAND} for it"
     return f"calibration {name}: {held.text()}"

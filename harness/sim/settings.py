@@ -25,6 +25,7 @@ from offload.shapes import Deployment
 from .calibration import AUTO, Calibration, pick_shipped
 from .config import SimEngineConfig
 from .faults import Fault
+from .heldout import file_sha256
 from .timemodel import Efficiencies
 
 
@@ -69,6 +70,9 @@ class SimSettings(StrictModel):
     )
     calibration_file: str | None = Field(
         default=None, description="Where the calibration came from: its path, or 'auto: NAME' for a shipped one."
+    )
+    calibration_sha256: str | None = Field(
+        default=None, description="SHA-256 of the calibration file's bytes: which version of it the run used."
     )
     shared_tier_dir: str | None = Field(
         default=None,
@@ -136,16 +140,19 @@ class SimSettings(StrictModel):
         parallel = config.parallelism
         calibration = None
         calibration_file = None if config.calibration is None else str(config.calibration)
+        calibration_sha256 = None
         if config.calibration == Path(AUTO):
             deployment = Deployment.resolve(config.model, config.hardware, parallel.tp, config.dtype, config.kv_dtype)
             path, calibration = pick_shipped(deployment, config.cuda_graphs)
             calibration_file = f"auto: {path.name}"
+            calibration_sha256 = file_sha256(path)
             # said once per engine start, so that a run's log shows which measured deployment it imitates
             print(f"calibration auto: {path.name} ({calibration.deployment.label})", file=sys.stderr)
             calibration.backend_for(profile, f"calibration {path.name}")
         elif config.calibration is not None:
             where = f"calibration {config.calibration}"
             calibration = Calibration.load(config.calibration)
+            calibration_sha256 = file_sha256(config.calibration)
             deployment = Deployment.resolve(config.model, config.hardware, parallel.tp, config.dtype, config.kv_dtype)
             calibration.check_deployment(deployment, where)
             calibration.backend_for(profile, where)
@@ -165,6 +172,7 @@ class SimSettings(StrictModel):
             fault_seed=config.fault_seed,
             calibration=calibration,
             calibration_file=calibration_file,
+            calibration_sha256=calibration_sha256,
             client_time_s=config.client_time_s,
         )
 

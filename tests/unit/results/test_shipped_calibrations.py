@@ -87,6 +87,7 @@ def test_a_sim_scenario_with_calibration_auto_says_which_it_took(capsys: pytest.
     settings = SimSettings.from_engine_config(engine, resolve_profile("cpu"), True)
     assert settings.calibration == Calibration.load(FP8_70B)
     assert settings.calibration_file == f"auto: {FP8_70B.name}"
+    assert settings.calibration_sha256 == hashlib.sha256(FP8_70B.read_bytes()).hexdigest()  # the version it used
     assert (
         f"calibration auto: {FP8_70B.name} (llama-3.1-70b fp8 weights, bf16 KV on 4x h200-sxm"
         in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -101,14 +102,36 @@ def test_band_words_name_the_calibration_or_say_there_is_none(tmp_path: Path) ->
         {"cal.yaml": HeldOut(capacity=Band(low=0.11, high=0.52, runs=2), ttft_unloaded_median=0.013, ttft_cells=9)},
         tmp_path / "heldout.json",
     )
-    assert band_words("auto: cal.yaml", file) == (
-        "calibration cal.yaml: capacity held-out error +11..+52 % (2 runs), TTFT unloaded median 1.3 % (9 cells)"
+    words = "capacity held-out error +11..+52 % (2 runs), TTFT unloaded median 1.3 % (9 cells)"
+    # a band not written for a shipped file names no digest: any recorded one is taken as its version
+    assert band_words("auto: cal.yaml", "ab" * 32, path=file) == f"calibration cal.yaml: {words}"
+    assert band_words("auto: cal.yaml", path=file) == (
+        f"calibration cal.yaml (its version not recorded; the file as shipped now): {words}"
     )
-    assert band_words(None, file) == f"uncalibrated: {NO_BAND}"
-    assert band_words("/home/me/my-cal.yaml", file) == f"calibration my-cal.yaml: {NO_BAND}"
-    assert band_words("auto: other.yaml", file) == f"calibration other.yaml: {NO_BAND}"
+    assert band_words(None, path=file) == f"uncalibrated: {NO_BAND}"
+    assert band_words("/home/me/my-cal.yaml", path=file) == f"calibration my-cal.yaml: {NO_BAND}"
+    assert band_words("auto: other.yaml", path=file) == f"calibration other.yaml: {NO_BAND}"
     assert shipped_name(str(SHIPPED_DIR / "llama8b-h100-eager.yaml")) == "llama8b-h100-eager.yaml"
     assert shipped_name("/elsewhere/llama8b-h100-eager.yaml") is None
+
+
+def test_a_run_made_with_another_version_of_a_shipped_calibration_has_no_band(tmp_path: Path) -> None:
+    shipped = SHIPPED_DIR / "llama8b-h200-eager.yaml"
+    file = write_bands({shipped.name: HeldOut(capacity=Band(low=0.04, high=0.26, runs=1))}, tmp_path / "heldout.json")
+    held = read_bands(file)[shipped.name]
+    assert held.calibration_sha256 == hashlib.sha256(shipped.read_bytes()).hexdigest()
+    name = f"auto: {shipped.name}"
+    assert band_words(name, held.calibration_sha256, path=file) == (
+        f"calibration {shipped.name}: capacity held-out error +4..+26 % (1 run)"
+    )
+    assert band_words(name, "0" * 64, path=file) == (
+        f"calibration {shipped.name} (a version since changed): {NO_BAND} for it"
+    )
+    # the provenance line reads the digest the simulator recorded in the run's engine facts
+    data: dict[str, Any] = json.loads((RESULTS / "sweep-qwen3-14b-sim" / "manifest.json").read_text())
+    for facts in data["engines"].values():
+        facts["details"].update(calibration=name, calibration_sha256="0" * 64)
+    assert f"(a version since changed): {NO_BAND} for it" in provenance(data).label
 
 
 def test_a_simulated_run_s_provenance_states_its_band() -> None:
