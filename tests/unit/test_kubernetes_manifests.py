@@ -140,6 +140,17 @@ def test_kustomizations_list_files_that_exist() -> None:
     assert listed == {path.resolve() for path in manifests()}, "every manifest is in a kustomization"
 
 
+def broken_copy(document: Doc, breakage: tuple[str | int | object, ...]) -> Doc:
+    """A deep copy of ``document`` with the value at the key path ``breakage[:-1]`` set to ``breakage[-1]``."""
+    broken = yaml.safe_load(yaml.safe_dump(dict(document)))
+    *keys, last, value = breakage
+    target = broken
+    for key in keys:
+        target = target[key]
+    target[last] = value
+    return dict(broken)
+
+
 @pytest.mark.parametrize(
     "breakage",
     [
@@ -151,12 +162,7 @@ def test_kustomizations_list_files_that_exist() -> None:
 )
 def test_a_broken_manifest_fails_the_check(breakage: tuple[str | int | object, ...]) -> None:
     _, job = jobs()[0]
-    broken = yaml.safe_load(yaml.safe_dump(dict(job)))
-    *keys, last, value = breakage
-    target = broken
-    for key in keys:
-        target = target[key]
-    target[last] = value
+    broken = broken_copy(job, breakage)
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(broken)
 
@@ -224,11 +230,6 @@ def test_the_rayjob_runs_one_shard_per_worker_pod_and_writes_one_run_directory()
 )
 def test_a_broken_rayjob_fails_the_check(breakage: tuple[str | int | object, ...]) -> None:
     (job,) = documents(DEPLOY / "ray" / "rayjob.yaml")
-    broken = yaml.safe_load(yaml.safe_dump(dict(job)))
-    *keys, last, value = breakage
-    target = broken
-    for key in keys:
-        target = target[key]
-    target[last] = value
+    broken = broken_copy(job, breakage)
     with pytest.raises(jsonschema.ValidationError):
         validate(broken)
