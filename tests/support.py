@@ -74,6 +74,45 @@ def kvbench_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvbench", *args]
 
 
+def attached_sweep_args(
+    base_url: str, loads: str, *extra: str, offload: str = "off", duration_s: int = 3, warmup_s: int = 1
+) -> list[str]:
+    """``kvbench sweep``'s arguments against the server at ``base_url`` (a simulator the test started): ``loads``
+    (comma-separated concurrencies) of sessions of 2 turns over 1000-token contexts with 4-token answers, each point
+    ``warmup_s`` s of warm-up then ``duration_s`` s measured; ``extra`` after them."""
+    return [
+        "sweep",
+        "--base-url",
+        f"{base_url}/v1",
+        "--offload",
+        offload,
+        "--concurrency",
+        loads,
+        "--duration",
+        f"{duration_s}s",
+        "--warmup",
+        f"{warmup_s}s",
+        "--contexts",
+        "1000",
+        "--turns",
+        "2",
+        "--answer-tokens",
+        "4",
+        *extra,
+    ]
+
+
+LOADED_CLIENT_LIMITS = (
+    "--set",
+    "validity.max_client_send_lag_ms=2000",
+    "--set",
+    "validity.max_client_loop_delay_ms=2000",
+)
+"""For tests that prove sharding or the Ray driver and the merge, not the client: two shard clients beside a simulator
+(and Ray) on a loaded 2-core CI machine fall tens of ms behind their schedule, which the client gate (tested in
+test_client_limited.py) judges."""
+
+
 def kvbench_env(**extra: str) -> dict[str, str]:
     """This process's environment with the checkout first on PYTHONPATH, plus ``extra``."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)

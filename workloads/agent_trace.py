@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from common.jsonfile import clipped, short_repr
@@ -168,7 +168,7 @@ def parse_agent_trace(
             parent = position[call.parent_key]
         position[call.key] = index
         session = requests[parent].session if parent is not None and format == "bailian" else call.request.session
-        requests.append(_with(call.request, parent=parent, session=session))
+        requests.append(replace(call.request, parent=parent, session=session))
     return block, requests
 
 
@@ -182,24 +182,6 @@ def _key_field(format: AgentFormat) -> str:
 
 def _parent_field(format: AgentFormat) -> str:
     return {"bailian": "parent_chat_id", "claude-code": "requests", "tokens": "turn_idx", "text": "session_id"}[format]
-
-
-def _with(request: TraceRequest, *, parent: int | None, session: str | None) -> TraceRequest:
-    return TraceRequest(
-        line=request.line,
-        timestamp_ms=request.timestamp_ms,
-        input_length=request.input_length,
-        output_length=request.output_length,
-        hash_ids=request.hash_ids,
-        text=request.text,
-        session=session,
-        turn=request.turn,
-        call_id=request.call_id,
-        parent=parent,
-        call_type=request.call_type,
-        token_ids=request.token_ids,
-        messages=request.messages,
-    )
 
 
 # -- bailian ----------------------------------------------------------------------------------------

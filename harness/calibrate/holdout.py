@@ -55,17 +55,22 @@ Errors = dict[str, dict[str, float]]
 """Per calibration file name, per held-out cell ("ARM LENGTH tTURN"): predicted / measured - 1."""
 
 
+def refit_from_sources(committed: Calibration) -> Calibration:
+    """``committed`` fitted again with this checkout's code: from its own source runs, with its held-out lengths and
+    loads, and the decode read as a term where it fitted one."""
+    return calibrate(
+        [ROOT / source.path for source in committed.sources],
+        committed.holdout_context_tokens,
+        holdout_loads=committed.holdout_loads,
+        decode_read=committed.decode_s_per_ktoken.fitted,
+    )
+
+
 def held_out_errors(folder: Path = SHIPPED_DIR) -> Errors:
     """Refit every calibration in ``folder`` from its own sources and held-out lengths and loads."""
     out: Errors = {}
     for path in sorted(folder.glob("*.yaml")):
-        committed = Calibration.load(path)
-        refit = calibrate(
-            [ROOT / source.path for source in committed.sources],
-            committed.holdout_context_tokens,
-            holdout_loads=committed.holdout_loads,
-            decode_read=committed.decode_s_per_ktoken.fitted,
-        )
+        refit = refit_from_sources(Calibration.load(path))
         out[path.name] = {
             f"{r.arm} {r.context_tokens} t{r.turn}": r.error
             for r in refit.residuals

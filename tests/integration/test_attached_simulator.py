@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from harness.gate.playbook import attach_run, playbook_status, save_playbook, starter_playbook
-from tests.support import SimulatorLauncher, kvbench
+from tests.support import SimulatorLauncher, attached_sweep_args, kvbench
 
 pytestmark = pytest.mark.integration
 
@@ -64,26 +64,7 @@ def test_an_attached_simulator_is_simulated_everywhere(simulator: SimulatorLaunc
         base_code, base_out, baseline = probe(off, runs, "--offload", "off", contexts="8000")
         prod_code, prod_out, production = probe(on, runs, "--offload", "cpu", contexts="8000")
         sweep = kvbench(
-            "sweep",
-            "--base-url",
-            f"{on}/v1",
-            "--offload",
-            "cpu",
-            "--concurrency",
-            "1",
-            "--duration",
-            "2s",
-            "--warmup",
-            "1s",
-            "--contexts",
-            "1000",
-            "--turns",
-            "2",
-            "--answer-tokens",
-            "4",
-            "-o",
-            str(tmp_path / "sweeps"),
-            cwd=tmp_path,
+            *attached_sweep_args(on, "1", "-o", str(tmp_path / "sweeps"), offload="cpu", duration_s=2), cwd=tmp_path
         )
     assert base_code == 0, base_out[-3000:]
     assert prod_code == 0, prod_out[-3000:]

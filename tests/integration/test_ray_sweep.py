@@ -26,7 +26,14 @@ import pytest
 from harness.engines.process import free_port
 from harness.results.sweep_metrics import quantiles
 from harness.store.records import read_records
-from tests.support import SimulatorLauncher, kvbench_argv, kvbench_env, wait_for
+from tests.support import (
+    LOADED_CLIENT_LIMITS,
+    SimulatorLauncher,
+    attached_sweep_args,
+    kvbench_argv,
+    kvbench_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -77,37 +84,19 @@ def ray_address() -> Iterator[str]:
 
 def ray_argv(base_url: str, address: str, out: Path, loads: str) -> list[str]:
     return kvbench_argv(
-        "sweep",
-        "--base-url",
-        f"{base_url}/v1",
-        "--offload",
-        "off",
-        "--concurrency",
-        loads,
-        "--duration",
-        "3s",
-        "--warmup",
-        "1s",
-        "--contexts",
-        "1000",
-        "--turns",
-        "2",
-        "--answer-tokens",
-        "4",
-        "--set",
-        "sweep.drain_timeout=2s",
-        # what this file proves is the Ray driver and the merge; two shard clients, Ray and a simulator on a loaded
-        # 2-core machine fall tens of ms behind their schedule, which the client gate (test_client_limited.py) judges
-        "--set",
-        "validity.max_client_send_lag_ms=2000",
-        "--set",
-        "validity.max_client_loop_delay_ms=2000",
-        "--ray",
-        address,
-        "--workers",
-        "2",
-        "-o",
-        str(out),
+        *attached_sweep_args(
+            base_url,
+            loads,
+            "--set",
+            "sweep.drain_timeout=2s",
+            *LOADED_CLIENT_LIMITS,
+            "--ray",
+            address,
+            "--workers",
+            "2",
+            "-o",
+            str(out),
+        )
     )
 
 

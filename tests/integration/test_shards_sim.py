@@ -37,7 +37,15 @@ from harness.results.sweep_metrics import quantiles
 from harness.runs.shard import SETUP_ALLOWANCE_S
 from harness.store.records import read_records
 from kvbench.cli import app
-from tests.support import kvbench, kvbench_argv, kvbench_env, simulator, wait_for
+from tests.support import (
+    LOADED_CLIENT_LIMITS,
+    attached_sweep_args,
+    kvbench,
+    kvbench_argv,
+    kvbench_env,
+    simulator,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -64,35 +72,19 @@ RUN_TIMEOUT_S = 300
 
 def shard_argv(base_url: str, index: int, out: Path, start_at: float | None, loads: Sequence[int] = LOADS) -> list[str]:
     argv = kvbench_argv(
-        "sweep",
-        "--base-url",
-        f"{base_url}/v1",
-        "--offload",
-        "off",
-        "--concurrency",
-        ",".join(map(str, loads)),
-        "--duration",
-        f"{DURATION_S}s",
-        "--warmup",
-        f"{WARMUP_S}s",
-        "--contexts",
-        "1000",
-        "--turns",
-        "2",
-        "--answer-tokens",
-        "4",
-        "--set",
-        f"sweep.drain_timeout={DRAIN_S}s",
-        # what these tests prove is the merge; on a loaded 2-core CI machine two shard clients beside a simulator
-        # fall tens of ms behind their schedule, which the client gate (tested in test_client_limited.py) judges
-        "--set",
-        "validity.max_client_send_lag_ms=2000",
-        "--set",
-        "validity.max_client_loop_delay_ms=2000",
-        "--shard",
-        f"{index}/2",
-        "-o",
-        str(out),
+        *attached_sweep_args(
+            base_url,
+            ",".join(map(str, loads)),
+            "--set",
+            f"sweep.drain_timeout={DRAIN_S}s",
+            *LOADED_CLIENT_LIMITS,
+            "--shard",
+            f"{index}/2",
+            "-o",
+            str(out),
+            duration_s=DURATION_S,
+            warmup_s=WARMUP_S,
+        )
     )
     return argv + (["--start-at", f"{start_at:.3f}"] if start_at is not None else [])
 

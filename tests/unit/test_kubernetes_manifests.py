@@ -104,26 +104,33 @@ def _list(document: object, *keys: str | int) -> list[object]:
     return found
 
 
-@pytest.mark.parametrize("path,job", jobs(), ids=[str(path.relative_to(DEPLOY)) for path, _ in jobs()])
-def test_job_is_fit_for_a_shared_cluster(path: Path, job: Doc) -> None:
-    assert _at(job, "spec", "backoffLimit") == 0, path
-    assert isinstance(_at(job, "spec", "ttlSecondsAfterFinished"), int)
-    pod = _mapping(job, "spec", "template", "spec")
-    assert pod["restartPolicy"] == "Never"
+def fit_pod(pod: dict[str, object]) -> tuple[dict[str, object], dict[str, dict[str, object]], list[object]]:
+    """Asserts what fits a shared cluster in a pod spec (not root, no privilege escalation, CPU and memory requested
+    and limited); its one container, that container's env entries by name, and the claims its volumes mount."""
     assert _at(pod, "securityContext", "runAsNonRoot") is True
     (container,) = _list(pod, "containers")
     assert _at(container, "securityContext", "allowPrivilegeEscalation") is False
     for bound in ("requests", "limits"):
         assert set(_mapping(container, "resources", bound)) == {"cpu", "memory"}
     env = {str(_at(entry, "name")): _mapping(entry) for entry in _list(container, "env")}
-    if "KVBENCH_API_KEY" in env or "args" in _mapping(container):  # a Job that measures an endpoint (a merge reads)
+    volumes = [_mapping(volume) for volume in _list(pod, "volumes")]
+    claims = [
+        _at(volume, "persistentVolumeClaim", "claimName") for volume in volumes if "persistentVolumeClaim" in volume
+    ]
+    return _mapping(container), env, claims
+
+
+@pytest.mark.parametrize("path,job", jobs(), ids=[str(path.relative_to(DEPLOY)) for path, _ in jobs()])
+def test_job_is_fit_for_a_shared_cluster(path: Path, job: Doc) -> None:
+    assert _at(job, "spec", "backoffLimit") == 0, path
+    assert isinstance(_at(job, "spec", "ttlSecondsAfterFinished"), int)
+    pod = _mapping(job, "spec", "template", "spec")
+    assert pod["restartPolicy"] == "Never"
+    container, env, claims = fit_pod(pod)
+    if "KVBENCH_API_KEY" in env or "args" in container:  # a Job that measures an endpoint (a merge reads)
         assert "value" not in env["KVBENCH_API_KEY"], "the API key comes from a Secret, never the manifest"
         assert _at(env["KVBENCH_API_KEY"], "valueFrom", "secretKeyRef", "name") == "kvbench-api-key"
-    volumes = [_mapping(volume) for volume in _list(pod, "volumes")]
-    claims = {
-        _at(volume, "persistentVolumeClaim", "claimName") for volume in volumes if "persistentVolumeClaim" in volume
-    }
-    assert claims == {"kvbench-results"}
+    assert set(claims) == {"kvbench-results"}
 
 
 def test_kustomizations_list_files_that_exist() -> None:
@@ -141,6 +148,17 @@ def test_kustomizations_list_files_that_exist() -> None:
     assert listed == {path.resolve() for path in manifests()}, "every manifest is in a kustomization"
 
 
+def broken_copy(document: Doc, breakage: tuple[str | int | object, ...]) -> Doc:
+    """A deep copy of ``document`` with the value at the key path ``breakage[:-1]`` set to ``breakage[-1]``."""
+    broken = yaml.safe_load(yaml.safe_dump(dict(document)))
+    *keys, last, value = breakage
+    target = broken
+    for key in keys:
+        target = target[key]
+    target[last] = value
+    return dict(broken)
+
+
 @pytest.mark.parametrize(
     "breakage",
     [
@@ -152,12 +170,7 @@ def test_kustomizations_list_files_that_exist() -> None:
 )
 def test_a_broken_manifest_fails_the_check(breakage: tuple[str | int | object, ...]) -> None:
     _, job = jobs()[0]
-    broken = yaml.safe_load(yaml.safe_dump(dict(job)))
-    *keys, last, value = breakage
-    target = broken
-    for key in keys:
-        target = target[key]
-    target[last] = value
+    broken = broken_copy(job, breakage)
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(broken)
 
@@ -200,17 +213,8 @@ def test_the_rayjob_runs_one_shard_per_worker_pod_and_writes_one_run_directory()
         (_mapping(head, "template", "spec"), True),
         (_mapping(group, "template", "spec"), False),
     ):
-        assert _at(pod, "securityContext", "runAsNonRoot") is True
-        (container,) = _list(pod, "containers")
-        assert _at(container, "securityContext", "allowPrivilegeEscalation") is False
-        for bound in ("requests", "limits"):
-            assert set(_mapping(container, "resources", bound)) == {"cpu", "memory"}
-        env = {str(_at(entry, "name")): _mapping(entry) for entry in _list(container, "env")}
+        _, env, claims = fit_pod(pod)
         assert _at(env["KVBENCH_API_KEY"], "valueFrom", "secretKeyRef", "name") == "kvbench-api-key"
-        volumes = [_mapping(volume) for volume in _list(pod, "volumes")]
-        claims = [
-            _at(volume, "persistentVolumeClaim", "claimName") for volume in volumes if "persistentVolumeClaim" in volume
-        ]
         assert claims == (["kvbench-results"] if mounts_results else [])  # the workers stream; only the head writes
 
 
@@ -225,11 +229,6 @@ def test_the_rayjob_runs_one_shard_per_worker_pod_and_writes_one_run_directory()
 )
 def test_a_broken_rayjob_fails_the_check(breakage: tuple[str | int | object, ...]) -> None:
     (job,) = documents(DEPLOY / "ray" / "rayjob.yaml")
-    broken = yaml.safe_load(yaml.safe_dump(dict(job)))
-    *keys, last, value = breakage
-    target = broken
-    for key in keys:
-        target = target[key]
-    target[last] = value
+    broken = broken_copy(job, breakage)
     with pytest.raises(jsonschema.ValidationError):
         validate(broken)

@@ -150,15 +150,10 @@ MEDIAN_TOLERANCE = 0.05
 @pytest.mark.lab
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_a_shipped_calibration_is_this_checkouts_fit_and_validates_on_its_held_out_lengths(path: Path) -> None:
-    from harness.calibrate.fit import calibrate
+    from harness.calibrate.holdout import refit_from_sources
 
     shipped = Calibration.load(path)
-    refit = calibrate(
-        [ROOT / s.path for s in shipped.sources],
-        shipped.holdout_context_tokens,
-        holdout_loads=shipped.holdout_loads,
-        decode_read=shipped.decode_s_per_ktoken.fitted,
-    )
+    refit = refit_from_sources(shipped)
     names = (
         "linear_efficiency",
         "attention_efficiency",
