@@ -479,10 +479,10 @@ class _Runner(_Driver):
     # -- closed loop ------------------------------------------------------------------------
     async def user_slot(self, slot: int, users: int) -> None:
         due = self.start_ns + int(slot * self.plan.ramp_up_s * NS / users)
-        await self.pause_until(due)
+        upcoming = self.build_ahead(staggered=self.plan.stagger_rounds)  # the slot's first user, built before it is due
         backoff = RefusedBackoff(seed=self.plan.seed * 1_000_003 + slot)
-        upcoming = self.build_ahead(staggered=self.plan.stagger_rounds)
         try:
+            await self.pause_until(due)
             while not self.stopping:
                 session = self.take(await upcoming)
                 upcoming = self.build_ahead(staggered=False)  # the slot's next user, built while this one talks
