@@ -149,8 +149,10 @@ if [ "$#" -eq 0 ]; then
   # vLLM-CPU engines still starved those tests' clients (event-loop delay 41 ms at 2 % of a core: INCONCLUSIVE) and
   # made the tier two minutes slower.
   echo "== pytest: the simulator's integration tests (2 workers)"
-  python3 -m pytest -n 2 --dist loadfile --durations=25 -m "(integration or router) and not vllm and not lab" tests \
-    || failed=1
+  python3 -m pytest -n 2 --dist loadfile --durations=25 \
+    -m "(integration or router) and not vllm and not cluster and not lab" tests || failed=1
+  echo "== pytest: the Ray cluster's tests (alone)"
+  python3 -m pytest --durations=5 -m "cluster and not lab" tests || failed=1
   echo "== pytest: the engine tests that time nothing (one at a time)"
   python3 -m pytest --durations=10 -m "vllm and untimed and not lab" tests || failed=1
   echo "== pytest: the tests of the engine environments (one at a time)"
