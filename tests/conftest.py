@@ -13,6 +13,7 @@ Helpers that tests call with arguments (paths, ``kvbench`` as a subprocess, free
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,12 @@ from pathlib import Path
 import pytest
 
 from tests import support
+
+# A shell that starts the tests in the background (`.ci/run &`, nohup) hands every process SIGINT ignored, and an
+# ignored disposition survives exec: the kvbench processes the tests stop with Ctrl-C (a soak, a shard, a probe) would
+# then never stop. A handler here is reset to the default in each child, which restores Ctrl-C there.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TIERS: dict[str, tuple[Callable[[], object], str]] = {
     "gpu": (support.gpu_present, "no GPU: `nvidia-smi -L` lists none"),
