@@ -9,9 +9,10 @@ measured ones also go into the current interval's
 :class:`~harness.results.soak_result.IntervalAccumulator`. At each interval boundary the engine's
 ``/metrics`` is scraped (hit rate over the interval, KV usage, counter resets = restarts), the
 interval is aggregated, appended to ``intervals.jsonl`` and fsynced, and ``soak.json`` is rewritten
-with the verdict so far. Memory is the current interval only, so a 24 h window stays flat; a crash
-loses at most the interval in flight, and ``kvbench soak --resume SOAK_DIR`` measures the intervals
-that are left.
+with the verdict so far. The last interval closes after the drain (at most ``sweep.drain_timeout``): the
+requests in flight at the window's end count in it, so the slowest requests are never left out of the
+verdict. Memory is the current interval only, so a 24 h window stays flat; a crash loses at most the
+interval in flight, and ``kvbench soak --resume SOAK_DIR`` measures the intervals that are left.
 """
 
 from __future__ import annotations
@@ -251,8 +252,11 @@ class SoakRunner(Runner[SoakResult]):
                 if not await _sleep_until(boundary, load_task):
                     break  # the load failed: its exception is raised below
                 if position == len(remaining) - 1:
-                    collecting = False
+                    # a request sent in the window counts in it however late it ends: the slowest requests are
+                    # the ones still in flight at the boundary, and one the drain cancels is recorded as an error
                     stop.set()
+                    await load_task
+                    collecting = False
                 reading = await tracker.reading()
                 stats = accumulator.close(
                     index=index,
