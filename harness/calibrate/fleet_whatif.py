@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.png import save_png
 from harness.client.router import Policy, Router
 from harness.sim.scheduler import EngineCore, Event, FinishEvent, Plan, SimRequest
 from harness.sim.settings import SimSettings
@@ -371,5 +372,5 @@ def plot(results: Sequence[SetupResult], utilisation: dict[str, list[float]], pa
     right.legend(fontsize=8)
     figure.suptitle(title + " — simulated (kvbench sim), not measured", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_png(figure, path, dpi=120)
     plt.close(figure)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from common.png import save_png
 from harness.sim.scheduler import EngineCore, Event, SimRequest
 from harness.sim.settings import SimSettings
 from offload.profiles import LoadOverlap, OffloadProfile, OffloadTier
@@ -248,5 +249,5 @@ def plot(points: Sequence[WhatIfPoint], path: Path, title: str) -> None:
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    save_png(figure, path, dpi=110)
     plt.close(figure)
