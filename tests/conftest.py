@@ -44,6 +44,9 @@ TIERS: dict[str, tuple[Callable[[], object], str]] = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the modules marked long first, each in its collected order: with --dist loadfile and --no-loadscope-reorder
+    # (scripts/test.sh) the workers take them first and share the short ones at the end
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
     available: dict[str, bool] = {}
     for item in items:
         for marker, (check, reason) in TIERS.items():

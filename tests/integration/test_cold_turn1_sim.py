@@ -21,7 +21,7 @@ import yaml
 
 from tests.support import SimulatorLauncher, kvbench
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 TIER = ("--offload", "cpu")
 

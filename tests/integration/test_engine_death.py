@@ -17,7 +17,7 @@ import pytest
 from tests.scenarios import exponential, multi_round_qa, multi_user_qa, sim_scenario, uniform
 from tests.support import kvbench_process, measured_so_far, wait_for, write_scenario
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def simulators(pid: int) -> list[int]:

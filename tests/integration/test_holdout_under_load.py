@@ -19,7 +19,7 @@ import pytest
 
 from harness.results.sweep_result import SweepResult
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "docs" / "results" / "gpu-sweep-llama8b-h100"

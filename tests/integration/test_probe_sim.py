@@ -20,7 +20,7 @@ from tests import support
 from tests.scenarios import sim_scenario
 from tests.support import kvbench, kvbench_process, kvbench_scenario, wait_for_run_file
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 WORKLOAD = {
     "kind": "multi_round_qa",

@@ -23,7 +23,7 @@ from harness.store.records import read_records
 from tests import support
 from tests.support import simulator, write_scenario
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 

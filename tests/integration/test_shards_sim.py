@@ -47,7 +47,7 @@ from tests.support import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 MERGE_JOB = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "shards" / "merge" / "job.yaml"
 

@@ -25,7 +25,7 @@ import yaml
 from tests.scenarios import multi_user_qa, uniform
 from tests.support import SimulatorLauncher, kvbench, kvbench_argv, kvbench_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 PROFILE = {"name": "cpu-only", "prefix_caching": False, "tiers": [{"kind": "cpu", "capacity_gb": 64}]}
 WINDOW = {"from_request": 70, "requests": 40}
