@@ -1,0 +1,190 @@
+"""Prefill/decode disaggregation on the virtual clock (:mod:`harness.sim.disagg`, :mod:`harness.calibrate.pd_whatif`).
+
+Expected values come from the model's own formulas (the link: ``per_transfer_s + bytes / bandwidth``; bytes:
+tokens x the deployment's KV bytes per token) and from the colocated engine run on its own, never from
+numbers copied from an output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.calibrate import pd_whatif
+from harness.calibrate.whatif import settings_for
+from harness.calibrate.whatif import turn2 as colocated_turn2
+from harness.sim.disagg import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, Cluster, Disaggregation, KvLink, TtftParts
+from harness.sim.scheduler import Event, FinishEvent
+from harness.sim.settings import SimSettings
+
+MODEL, HARDWARE = "llama-3.1-8b", "h100-sxm"
+LONG = 131072
+
+
+def _ignore(event: Event) -> None:
+    del event
+
+
+def _by_name(tokens: int, link_gbps: tuple[float, ...] = (NIXL_PUSH_GBPS, NIXL_PULL_TCP_GBPS)) -> dict[str, TtftParts]:
+    points = pd_whatif.run_pd_whatif(MODEL, HARDWARE, [tokens], link_gbps=link_gbps)
+    return {p.deployment: p.parts for p in points}
+
+
+def _assert_sums(parts: TtftParts) -> None:
+    assert math.isclose(parts.parts_s, parts.ttft_s, rel_tol=1e-12, abs_tol=1e-12), parts
+    for name in ("queue_s", "load_s", "prefill_s", "transfer_s", "admission_s", "first_step_s"):
+        assert getattr(parts, name) >= 0, (name, parts)
+
+
+def test_link_alone_takes_per_transfer_plus_bytes_over_bandwidth() -> None:
+    for bandwidth, size, fixed in ((49e9, 1e9, 1e-3), (0.5e9, 1e9, 1e-3), (49e9, 4e9, 0.0), (10e9, 2e9, 5e-3)):
+        link = KvLink(bandwidth, fixed)
+        transfer = link.start(size, 2.0)
+        due = link.next_event()
+        while due is not None:
+            link.advance(due)
+            due = link.next_event()
+        assert transfer.done_at is not None
+        assert transfer.done_at - transfer.started_at == pytest.approx(fixed + size / bandwidth, rel=1e-12)
+
+
+def test_overlapping_transfers_share_the_bandwidth() -> None:
+    bandwidth, fixed, size = 10e9, 1e-3, 1e9
+    link = KvLink(bandwidth, fixed)
+    first = link.start(size, 0.0)
+    half_way = fixed + size / bandwidth / 2
+    link.advance(half_way)
+    second = link.start(size, half_way)
+    while (due := link.next_event()) is not None:
+        link.advance(due)
+    assert first.done_at is not None and second.done_at is not None
+    # the first is alone until the second's fixed cost is paid, then each moves at half the bandwidth
+    shared_from = half_way + fixed
+    left = size - (shared_from - fixed) * bandwidth
+    assert first.done_at == pytest.approx(shared_from + left / (bandwidth / 2), rel=1e-12)
+    # then the second is alone again with what it has left
+    second_left = size - left
+    assert second.done_at == pytest.approx(first.done_at + second_left / bandwidth, rel=1e-12)
+    assert first.done_at - first.started_at > fixed + size / bandwidth
+
+
+def test_turn2_parts_sum_to_ttft_and_transfer_follows_bytes_and_bandwidth() -> None:
+    tokens = 32768
+    by = _by_name(tokens)
+    bytes_per_token = SimSettings(model=MODEL, hardware=HARDWARE).deployment().kv_bytes_per_token
+    fixed = Disaggregation().per_transfer_ms / 1e3
+    for name, parts in by.items():
+        _assert_sums(parts)
+        if name.startswith("colocated"):
+            assert parts.transfer_bytes == 0 and parts.transfer_s == parts.admission_s == parts.first_step_s == 0
+            continue
+        gbps = NIXL_PUSH_GBPS if f"{NIXL_PUSH_GBPS:g} GB/s" in name else NIXL_PULL_TCP_GBPS
+        # P/D moves the whole prompt's KV (the decode side's cache was reset), tier or not
+        assert parts.transfer_bytes == parts.prompt_tokens * bytes_per_token
+        assert parts.transfer_s == pytest.approx(fixed + parts.transfer_bytes / (gbps * 1e9), rel=1e-9)
+        assert parts.first_step_s > 0
+    # the colocated cluster is the colocated engine: the same TTFT as the single-engine what-if
+    alone, _, _ = colocated_turn2(settings_for(MODEL, HARDWARE, "compute-only", 25.0), tokens, 128)
+    assert by["colocated"].ttft_s == pytest.approx(alone, rel=1e-12)
+
+
+def test_prefill_side_tier_skips_recompute_but_the_transfer_still_happens() -> None:
+    by = _by_name(LONG, (NIXL_PUSH_GBPS,))
+    label = f"1P1D {NIXL_PUSH_GBPS:g} GB/s"
+    bare, tiered = by[label], by[f"{label} + CPU tier"]
+    assert bare.loaded_tokens == 0 and tiered.loaded_tokens > 0.9 * tiered.prompt_tokens
+    assert tiered.load_s > 0
+    # the tier replaces recompute: prefill (with the load) far below the bare prefill
+    assert tiered.load_s + tiered.prefill_s < 0.5 * bare.prefill_s
+    # ... but the KV still crosses the link, whole
+    assert tiered.transfer_bytes == bare.transfer_bytes > 0
+    assert tiered.transfer_s == pytest.approx(bare.transfer_s, rel=1e-12)
+    # the prefill side is the colocated engine: its load and prefill are colocated-with-tier's
+    coloc = by["colocated + CPU tier"]
+    assert tiered.load_s + tiered.prefill_s == pytest.approx(coloc.load_s + coloc.prefill_s, rel=1e-12)
+
+
+def test_slow_link_loses_to_colocated_at_long_contexts_a_fast_one_costs_only_its_transfer() -> None:
+    by = _by_name(LONG)
+    colocated = by["colocated"]
+    slow, fast = by[f"1P1D {NIXL_PULL_TCP_GBPS:g} GB/s"], by[f"1P1D {NIXL_PUSH_GBPS:g} GB/s"]
+    assert slow.ttft_s > 2 * colocated.ttft_s
+    # slow: moving the KV takes longer than computing it
+    assert slow.transfer_s > slow.prefill_s
+    # fast: P/D adds the transfer and one decode step to the same prefill, a small share of it
+    extra = fast.transfer_s + fast.admission_s + fast.first_step_s
+    assert fast.ttft_s - colocated.ttft_s == pytest.approx(extra, rel=1e-9)
+    assert extra < 0.1 * colocated.ttft_s
+    # and with the tier on its prefill side the fast P/D beats colocated without one
+    assert by[f"1P1D {NIXL_PUSH_GBPS:g} GB/s + CPU tier"].ttft_s < colocated.ttft_s
+    # the slow link's cost does not shrink with the tier: the whole prompt still crosses it
+    assert by[f"1P1D {NIXL_PULL_TCP_GBPS:g} GB/s + CPU tier"].ttft_s > colocated.ttft_s
+
+
+def _two_requests(blocks: int | None) -> tuple[Cluster, dict[str, float]]:
+    """Two different 1,000-token prompts at once, 50 output tokens each; when each one finished."""
+    settings = SimSettings(model=MODEL, hardware=HARDWARE, num_gpu_blocks_override=blocks)
+    cluster = Cluster(settings, Disaggregation())
+    finished: dict[str, float] = {}
+
+    def sink_for(name: str) -> object:
+        def sink(event: Event) -> None:
+            if isinstance(event, FinishEvent):
+                finished[name] = cluster.clock
+
+        return sink
+
+    for name, offset in (("a", 1000), ("b", 20000)):
+        cluster.submit(name, list(range(offset, offset + 1000)), 50, sink_for(name))  # type: ignore[arg-type]
+    cluster.run()
+    return cluster, finished
+
+
+def test_decode_admission_waits_while_the_decode_pool_is_full() -> None:
+    # 100 blocks of 16 tokens: one 1,050-token request (66 blocks) fits on the decode instance, two do not
+    cluster, finished = _two_requests(100)
+    first, second = (request.parts(True) for request in cluster.requests)
+    _assert_sums(first)
+    _assert_sums(second)
+    assert first.admission_s == 0
+    assert second.admission_s > 0
+    b = cluster.requests[1].decode
+    assert b is not None and b.first_scheduled_at is not None
+    assert b.first_scheduled_at >= finished["a"]  # admitted once a's blocks were free
+    # with room for both, b joins a's batch at the end of the step running when it arrives
+    roomy, done = _two_requests(None)
+    joined = roomy.requests[1].decode
+    assert joined is not None and joined.first_scheduled_at is not None
+    assert joined.first_scheduled_at < done["a"]
+    assert roomy.requests[1].parts(True).admission_s < second.admission_s
+
+
+def test_decode_side_prefix_cache_hit_is_not_sent_again() -> None:
+    settings = SimSettings(model=MODEL, hardware=HARDWARE)
+    cluster = Cluster(settings, Disaggregation())
+    prompt = list(range(1000, 9000))
+    first = cluster.submit("t1", prompt, 4, _ignore)
+    cluster.run()
+    second = cluster.submit("t2", [*prompt, *range(60000, 60064)], 4, _ignore)
+    cluster.run()
+    one, two = first.parts(True), second.parts(True)
+    _assert_sums(two)
+    assert one.decode_hit_tokens == 0 and two.decode_hit_tokens > 0
+    sent = two.prompt_tokens - two.decode_hit_tokens
+    assert two.transfer_bytes == sent * settings.deployment().kv_bytes_per_token
+    assert two.transfer_s < one.transfer_s
+
+
+def test_layout_must_fit_the_tensor_parallelism() -> None:
+    settings = SimSettings(model="llama-3.1-70b", hardware=HARDWARE, tp=4, dtype="fp8")
+    with pytest.raises(ValueError, match=r"disaggregation\.decode_gpus 2: must be a multiple of tp 4"):
+        Cluster(settings, Disaggregation(prefill_gpus=4, decode_gpus=2))
+
+
+def test_capacity_is_the_highest_rate_up_to_which_the_slo_holds() -> None:
+    points = [
+        pd_whatif.LoadedPoint("x", 2, rate, 10, 0.1, p90)
+        for rate, p90 in ((1.0, 0.2), (2.0, 0.4), (4.0, 0.9), (8.0, 0.3))
+    ] + [pd_whatif.LoadedPoint("y", 2, 1.0, 10, 0.1, 0.9)]
+    assert pd_whatif.capacity(points, 0.5) == {"x": 2.0, "y": None}
