@@ -142,14 +142,21 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 
 def simulate(
-    setup: Setup, replicas: int, traffic: Traffic, *, model: str = "llama-3.1-8b", hardware: str = "h100-sxm"
+    setup: Setup,
+    replicas: int,
+    traffic: Traffic,
+    *,
+    model: str = "llama-3.1-8b",
+    hardware: str = "h100-sxm",
+    settings: SimSettings | None = None,
 ) -> tuple[list[Served], list[float]]:
     """Run one setup; returns the served requests and each engine core's busy seconds inside the window.
 
     ``replicas`` colocated instances, or the setup's P/D layout (``replicas`` unused; the router then picks the
-    prefill instance and the busy seconds list the prefill instances, then the decode instances).
+    prefill instance and the busy seconds list the prefill instances, then the decode instances). ``settings``:
+    one instance's settings (a calibrated one) in place of ``model`` on ``hardware`` with the setup's profile.
     """
-    settings = SimSettings(model=model, hardware=hardware, offload=setup.profile)
+    settings = settings or SimSettings(model=model, hardware=hardware, offload=setup.profile)
     shared: OrderedDict[int, float] = OrderedDict()
     cluster = Cluster(settings, setup.disaggregation, replicas, shared_chunks=shared)
     window = (traffic.warmup_s, traffic.warmup_s + traffic.duration_s)

@@ -19,8 +19,8 @@ The loaded comparison (:func:`run_loaded`) reuses the fleet what-if's multi-roun
 (session affinity) and as the P/D layout, at each offered rate; capacity is the highest offered rate whose
 returning users' TTFT p90 stays within the SLO.
 
-All times are modelled (the datasheet profiles; the link terms are reported and assumed figures, not fitted
-on a measured P/D run), never measured.
+All times are modelled (the datasheet profiles, or a calibration's fitted terms with its held-out band where
+one exists; the link terms are reported and assumed figures, not fitted on a measured P/D run), never measured.
 """
 
 from __future__ import annotations
@@ -30,10 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from common.errors import CalibrationError
+from harness.sim.calibration import AUTO, Calibration, pick_shipped
 from harness.sim.disagg import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, Cluster, Disaggregation, TtftParts
+from harness.sim.heldout import band_words, file_sha256
 from harness.sim.scheduler import Event
 from harness.sim.settings import SimSettings
 from offload.profiles import TIER_DEFAULTS
+from offload.shapes import Deployment
 
 from .fleet_whatif import Setup, Traffic, simulate
 from .whatif import settings_for
@@ -45,6 +49,63 @@ DEFAULT_NEW_TOKENS = 128
 DEFAULT_TIER_GB = 128.0
 """CPU tier per instance (P/D: per prefill instance), GB: holds the loaded comparison's 64 users' documents
 (512,000 tokens of the 8B's KV, 67 GB), which one H100's HBM does not."""
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A calibration the comparison runs with, and where it came from."""
+
+    calibration: Calibration
+    file: str
+    """Its path, or ``auto: NAME`` for a shipped one."""
+    sha256: str
+    backend: str
+    """The offload backend whose fitted terms the CPU tier takes (one of the calibration's)."""
+
+    @property
+    def band(self) -> str:
+        """``calibration NAME: capacity held-out error ...``, or why there is no band."""
+        return band_words(self.file, self.sha256)
+
+    @property
+    def tier(self) -> str:
+        """The backend whose fitted load rate and latency the CPU tier takes, with its version."""
+        return f"{self.backend} {self.calibration.backends[self.backend].version or ''}".strip()
+
+
+def load_calibration(choice: str, model: str, hardware: str, backend: str | None = None) -> Calibrated:
+    """``auto``: the shipped calibration of the deployment (CUDA graphs where both modes were measured); else a
+    calibration file, which must be of this deployment (:class:`~common.errors.CalibrationError` otherwise).
+    ``backend``: the tier's offload backend; None: the calibration's only one."""
+    deployment = Deployment.resolve(model, hardware)
+    if choice == AUTO:
+        path, calibration = pick_shipped(deployment)
+        file = f"{AUTO}: {path.name}"
+    else:
+        path, file = Path(choice), choice
+        calibration = Calibration.load(path)
+        calibration.check_deployment(deployment, f"calibration {path}")
+    known = sorted(calibration.backends)
+    if backend is None and len(known) == 1:
+        backend = known[0]
+    if backend is None or backend not in known:
+        given = "not given" if backend is None else repr(backend)
+        raise CalibrationError(f"--backend {given}: calibration {file} has fitted {', '.join(known) or 'none'}")
+    return Calibrated(calibration, file, file_sha256(path), backend)
+
+
+def _calibrate(settings: SimSettings, calibrated: Calibrated | None) -> SimSettings:
+    """``settings`` under the calibration (its fitted terms, its prefill chunk), validated as a run's would be."""
+    if calibrated is None:
+        return settings
+    update = {
+        "offload": settings.offload.model_copy(update={"backend": calibrated.backend}),
+        "calibration": calibrated.calibration,
+        "calibration_file": calibrated.file,
+        "calibration_sha256": calibrated.sha256,
+        "max_batch_tokens": calibrated.calibration.max_batch_tokens,
+    }
+    return SimSettings.model_validate({**dict(settings), **update})
 
 
 @dataclass(frozen=True)
@@ -64,10 +125,14 @@ def deployments(
     link_gbps: Sequence[float] = DEFAULT_LINK_GBPS,
     layout: Disaggregation | None = None,
     tier_gb: float = DEFAULT_TIER_GB,
+    calibrated: Calibrated | None = None,
 ) -> list[PdDeployment]:
-    """Colocated 1 GPU without and with a CPU tier, then the P/D layout per link bandwidth without and with it."""
-    bare = settings_for(model, hardware, "compute-only", read_gbps)
-    tiered = settings_for(model, hardware, "load-only", read_gbps, tier_gb)
+    """Colocated 1 GPU without and with a CPU tier, then the P/D layout per link bandwidth without and with it.
+
+    With a calibration the tier's load rate and latency are its backend's fitted ones (``read_gbps`` unused).
+    """
+    bare = _calibrate(settings_for(model, hardware, "compute-only", read_gbps), calibrated)
+    tiered = _calibrate(settings_for(model, hardware, "load-only", read_gbps, tier_gb), calibrated)
     out = [
         PdDeployment("colocated", bare, None, False),
         PdDeployment("colocated + CPU tier", tiered, None, True),
@@ -118,11 +183,12 @@ def run_pd_whatif(
     new_tokens: int = DEFAULT_NEW_TOKENS,
     layout: Disaggregation | None = None,
     tier_gb: float = DEFAULT_TIER_GB,
+    calibrated: Calibrated | None = None,
 ) -> list[PdPoint]:
     """Every (context length, deployment) point, in that order."""
     points: list[PdPoint] = []
     for length in tokens:
-        for deployment in deployments(model, hardware, read_gbps, link_gbps, layout, tier_gb):
+        for deployment in deployments(model, hardware, read_gbps, link_gbps, layout, tier_gb, calibrated):
             parts = turn2(deployment, length, new_tokens)
             points.append(PdPoint(parts.prompt_tokens, deployment.name, parts))
     return points
@@ -248,18 +314,19 @@ def run_loaded(
     read_gbps: float = DEFAULT_READ_GBPS,
     layout: Disaggregation | None = None,
     tier_gb: float = DEFAULT_TIER_GB,
+    calibrated: Calibrated | None = None,
 ) -> list[LoadedPoint]:
     """Every (deployment, rate) point: colocated replicas on the layout's GPU count (session affinity) and the
     layout, each without and with a CPU tier (P/D: on the prefill side), on the fleet what-if's event loop."""
     pd = layout or Disaggregation()
     gpus = pd.prefill_gpus + pd.decode_gpus
     points: list[LoadedPoint] = []
-    for deployment in deployments(model, hardware, read_gbps, [pd.link_gbps], pd, tier_gb):
+    for deployment in deployments(model, hardware, read_gbps, [pd.link_gbps], pd, tier_gb, calibrated):
         setup = Setup(deployment.name, "session_affinity", deployment.settings.offload, deployment.disaggregation)
         if deployment.disaggregation is None:
             setup = replace(setup, name=f"{gpus}x {deployment.name}")
         for rate in rates:
-            served, _ = simulate(setup, gpus, replace(traffic, rate=rate), model=model, hardware=hardware)
+            served, _ = simulate(setup, gpus, replace(traffic, rate=rate), settings=deployment.settings)
             returning = sorted(s.ttft for s in served if s.moved is not None)
             if not returning:
                 raise ValueError(f"{setup.name} at {rate:g} req/s: no returning user inside the window; lengthen it")

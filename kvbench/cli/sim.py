@@ -248,6 +248,20 @@ def pd_whatif(
     users: Annotated[int, typer.Option(min=1, help="--loaded: users, each with its own document.")] = 64,
     context_tokens: Annotated[int, typer.Option(min=16, help="--loaded: tokens of each user's document.")] = 8000,
     tier_gb: Annotated[float, typer.Option("--tier-gb", min=0.001, help="CPU tier per instance, GB.")] = 128.0,
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="Calibration file of this deployment, or 'auto' (the shipped one): fitted engine and tier terms "
+            "(the tier's backend's load rate replaces --read-gbps) and their held-out band. Default: datasheet.",
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="With --calibration: the tier's fitted offload backend (default: the calibration's only one)."
+        ),
+    ] = None,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Directory for pd-whatif.csv/.png (and -loaded.csv).")
     ] = Path("pd-whatif"),
@@ -274,22 +288,37 @@ def pd_whatif(
             f"--link-gbps {' '.join(f'{g:g}' for g in links)}: give positive bandwidths in GB/s, e.g. 49 or 0.5"
         )
     try:
+        calibrated = None if calibration is None else what.load_calibration(calibration, model, hardware, backend)
         layout = Disaggregation(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus, per_transfer_ms=per_transfer_ms)
         points = what.run_pd_whatif(
-            model, hardware, tokens or list(what.DEFAULT_TOKENS), read_gbps, links, new_tokens, layout, tier_gb
+            model,
+            hardware,
+            tokens or list(what.DEFAULT_TOKENS),
+            read_gbps,
+            links,
+            new_tokens,
+            layout,
+            tier_gb,
+            calibrated,
         )
     except ValidationError as error:
         raise _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())) from None
+    except OSError as error:
+        raise _fail(f"--calibration {calibration}: cannot read: {error.strerror}") from None
     except ValueError as error:
         raise _fail(str(error)) from None
+    if calibrated is None:
+        basis = "datasheet profiles (no calibration, so no held-out error band)"
+    else:
+        basis = f"{calibrated.band}; the CPU tier at {calibrated.tier}'s fitted load rate"
     label = (
-        f"simulated: {model} on {hardware}, datasheet profiles (no calibration, so no held-out error band); "
-        f"KV link {' and '.join(f'{g:g}' for g in links)} GB/s per GPU and {per_transfer_ms:g} ms per transfer "
-        f"are reported and assumed figures, not fitted on any measured P/D run"
+        f"simulated: {model} on {hardware}, {basis}; KV link {' and '.join(f'{g:g}' for g in links)} GB/s per GPU "
+        f"and {per_transfer_ms:g} ms per transfer are reported and assumed figures, not fitted on any measured P/D run"
     )
     what.write_csv(points, out / "pd-whatif.csv")
+    short = "datasheet profiles, no held-out band" if calibrated is None else calibrated.file
     title = (
-        f"Simulated turn-2 TTFT taken apart: {model} on {hardware} (kvbench sim, datasheet profiles, no held-out band)"
+        f"Simulated turn-2 TTFT taken apart: {model} on {hardware} (kvbench sim, {short})"
         f"\nKV link {per_transfer_ms:g} ms + bytes / bandwidth: reported and assumed figures, not fitted on a P/D run"
     )
     what.plot(points, out / "pd-whatif.png", title)
@@ -307,6 +336,7 @@ def pd_whatif(
                 read_gbps,
                 layout.model_copy(update={"link_gbps": links[0]}),
                 tier_gb,
+                calibrated,
             )
         except ValueError as error:
             raise _fail(str(error)) from None

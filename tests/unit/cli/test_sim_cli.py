@@ -71,3 +71,14 @@ def test_pd_whatif_rejects_bad_input_in_one_line(tmp_path: Path) -> None:
     tokens = runner.invoke(sim_app, ["pd-whatif", "--tokens", "100", "--new-tokens", "200", "-o", str(tmp_path)])
     assert tokens.exit_code == 2 and "new_tokens" in tokens.output
     assert not (tmp_path / "pd-whatif.csv").exists()
+
+
+def test_pd_whatif_with_a_calibration_states_its_band_and_needs_a_backend_where_it_has_several(tmp_path: Path) -> None:
+    args = ["pd-whatif", "--tokens", "8192", "--link-gbps", "49", "--calibration", "auto", "-o", str(tmp_path)]
+    several = runner.invoke(sim_app, args)
+    assert several.exit_code == 2 and "--backend not given" in several.output and "lmcache, native" in several.output
+    result = runner.invoke(sim_app, [*args, "--backend", "native"])
+    assert result.exit_code == 0, result.output
+    assert "calibration llama8b-h100-graphs.yaml:" in result.output and "native" in result.output
+    missing = runner.invoke(sim_app, ["pd-whatif", "--calibration", str(tmp_path / "absent.yaml"), "-o", str(tmp_path)])
+    assert missing.exit_code == 2 and "cannot read" in missing.output

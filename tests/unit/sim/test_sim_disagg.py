@@ -188,3 +188,16 @@ def test_capacity_is_the_highest_rate_up_to_which_the_slo_holds() -> None:
         for rate, p90 in ((1.0, 0.2), (2.0, 0.4), (4.0, 0.9), (8.0, 0.3))
     ] + [pd_whatif.LoadedPoint("y", 2, 1.0, 10, 0.1, 0.9)]
     assert pd_whatif.capacity(points, 0.5) == {"x": 2.0, "y": None}
+
+
+def test_a_calibrated_comparison_charges_the_decode_engine_its_own_request_overhead() -> None:
+    calibrated = pd_whatif.load_calibration("auto", MODEL, HARDWARE, "native")
+    deployments = pd_whatif.deployments(MODEL, HARDWARE, link_gbps=[NIXL_PUSH_GBPS], calibrated=calibrated)
+    pd = next(d for d in deployments if d.disaggregation is not None and d.tier)
+    assert pd.settings.calibration is not None and pd.settings.offload.backend == "native"
+    parts = pd_whatif.turn2(pd, 32768, 128)
+    _assert_sums(parts)
+    # the proxy sends the request to the idle decode engine again: it waits out its calibrated overhead
+    assert parts.admission_s == pytest.approx(pd.settings.request_overhead_s(parts.prompt_tokens), rel=1e-9)
+    assert parts.queue_s == pytest.approx(parts.admission_s, rel=1e-9)
+    assert parts.loaded_tokens > 0
