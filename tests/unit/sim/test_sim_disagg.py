@@ -201,3 +201,41 @@ def test_a_calibrated_comparison_charges_the_decode_engine_its_own_request_overh
     assert parts.admission_s == pytest.approx(pd.settings.request_overhead_s(parts.prompt_tokens), rel=1e-9)
     assert parts.queue_s == pytest.approx(parts.admission_s, rel=1e-9)
     assert parts.loaded_tokens > 0
+
+
+def test_transfers_that_leave_one_prefill_step_together_share_its_link() -> None:
+    settings = SimSettings(model=MODEL, hardware=HARDWARE)
+    layout = Disaggregation()
+    cluster = Cluster(settings, layout)
+    tokens = 3000  # both prompts fit one 8,192-token step: their prefills end together
+    cluster.submit("x", list(range(40000, 40100)), 2, _ignore)  # busy: a and b wait for the same next step
+    for name, offset in (("a", 1000), ("b", 20000)):
+        cluster.submit(name, list(range(offset, offset + tokens)), 2, _ignore)
+    cluster.run()
+    x, a, b = (request.parts(True) for request in cluster.requests)
+    assert x.ttft_s < a.queue_s + a.prefill_s  # x's transfer was over before theirs began
+    assert a.queue_s + a.prefill_s == pytest.approx(b.queue_s + b.prefill_s, rel=1e-12)
+    size = tokens * settings.deployment().kv_bytes_per_token
+    shared = layout.per_transfer_ms / 1e3 + 2 * size / (layout.link_gbps * 1e9)
+    assert a.transfer_s == pytest.approx(shared, rel=1e-9) and b.transfer_s == pytest.approx(shared, rel=1e-9)
+    for parts in (a, b):
+        _assert_sums(parts)
+
+
+def test_tensor_parallel_instances_move_each_ranks_share_over_its_own_link() -> None:
+    settings = SimSettings(model="llama-3.1-70b", hardware=HARDWARE, tp=4, dtype="fp8")
+    layout = Disaggregation(prefill_gpus=8, decode_gpus=4)
+    cluster = Cluster(settings, layout)
+    assert (len(cluster.prefill), len(cluster.decode), cluster.gpus) == (2, 1, 12)
+    for name, offset in (("a", 1000), ("b", 20000)):
+        cluster.submit(name, list(range(offset, offset + 2000)), 2, _ignore)
+    cluster.run()
+    deployment = settings.deployment()
+    for request in cluster.requests:
+        parts = request.parts(True)
+        _assert_sums(parts)
+        assert parts.transfer_bytes == 2000 * deployment.kv_bytes_per_token_per_gpu * 4
+        expected = layout.per_transfer_ms / 1e3 + parts.transfer_bytes / (layout.link_gbps * 1e9 * 4)
+        assert parts.transfer_s == pytest.approx(expected, rel=1e-9)
+    # two prefill instances, the least busy first: one request each, so neither queues behind the other
+    assert cluster.prefill[0].stats.finished == cluster.prefill[1].stats.finished == 1
