@@ -42,49 +42,36 @@ completions and load wake-ups, so hours of traffic run in CPU seconds and nothin
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import heapq
 import itertools
+import logging
 import math
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import Field
-
-from common.schema import StrictModel
-
-from .scheduler import EngineCore, Event, FinishEvent, Plan, SimRequest
+from .config import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, PER_TRANSFER_MS, Disaggregation
+from .scheduler import EngineCore, ErrorEvent, Event, FinishEvent, Plan, SimRequest, TokenEvent
 from .settings import SimSettings
 
-NIXL_PUSH_GBPS = 49.0
-"""KV push between two GPUs of one host with vLLM's NixlPushConnector, GB/s (reported in issue 44, not measured
-by kvbench)."""
-NIXL_PULL_TCP_GBPS = 0.5
-"""KV pull over TCP on one host (NixlPullConnector's fallback), GB/s (reported in issue 44, not measured)."""
-PER_TRANSFER_MS = 1.0
-"""Fixed cost of one request's KV transfer (descriptor exchange, notification), ms: an assumed default until a
-P/D run measures it."""
+logger = logging.getLogger(__name__)
 
-
-class Disaggregation(StrictModel):
-    """A P/D layout: GPUs per pool and the KV link between them."""
-
-    prefill_gpus: int = Field(default=1, ge=1, description="GPUs of the prefill pool (instances of tp GPUs each).")
-    decode_gpus: int = Field(default=1, ge=1, description="GPUs of the decode pool (instances of tp GPUs each).")
-    link_gbps: float = Field(
-        default=NIXL_PUSH_GBPS,
-        gt=0,
-        description=f"KV link bandwidth per GPU, GB/s; {NIXL_PUSH_GBPS:g}: NIXL push on one host (reported), "
-        f"{NIXL_PULL_TCP_GBPS:g}: pull over TCP (reported).",
-    )
-    per_transfer_ms: float = Field(
-        default=PER_TRANSFER_MS, ge=0, description="Fixed cost of one request's KV transfer, ms (assumed)."
-    )
-
-    @property
-    def label(self) -> str:
-        return f"{self.prefill_gpus}P{self.decode_gpus}D"
+__all__ = [
+    "NIXL_PULL_TCP_GBPS",
+    "NIXL_PUSH_GBPS",
+    "PER_TRANSFER_MS",
+    "Cluster",
+    "ClusterLoop",
+    "ClusterRequest",
+    "Disaggregation",
+    "KvLink",
+    "Transfer",
+    "TtftParts",
+]
 
 
 @dataclass
@@ -200,26 +187,29 @@ class ClusterRequest:
 
     request_id: str
     prompt_ids: list[int]
-    max_tokens: int
     arrival: float
-    sink: Callable[[Event], None]
-    key: str = ""
-    first: SimRequest | None = None
-    """The request on the prefill instance (colocated: the whole request)."""
-    transfer: Transfer | None = None
+    key: str
+    prefill_instance: int
+    first: SimRequest
+    """The request on the prefill instance (colocated: the client's whole request)."""
     decode: SimRequest | None = None
+    """P/D: the client's request, which runs on the decode instance once its KV is there."""
+    transfer: Transfer | None = None
+    aborted: bool = False
+    delivered: bool = False
+    """P/D: the KV arrived and the decode instance has the request."""
     decode_instance: int | None = None
     decode_hit_tokens: int = 0
     """Prompt tokens the decode instance had in its HBM prefix cache when the transfer started (not sent)."""
 
     @property
-    def served(self) -> SimRequest | None:
+    def served(self) -> SimRequest:
         """The engine request whose tokens the client sees."""
         return self.first if self.decode is None else self.decode
 
     def parts(self, load_overlap_none: bool) -> TtftParts:
         first, served = self.first, self.served
-        if first is None or served is None or served.first_token_at is None:
+        if served.first_token_at is None:
             raise ValueError(f"{self.request_id} has no first token yet")
         assert first.first_scheduled_at is not None and first.first_token_at is not None
         scheduled, prefilled = first.first_scheduled_at, first.first_token_at
@@ -313,7 +303,6 @@ class Cluster:
         self._handoffs: list[tuple[int, ClusterRequest]] = []
         self._in_flight: dict[int, ClusterRequest] = {}
         """id() of a transfer on a link -> its request."""
-        self.requests: list[ClusterRequest] = []
 
     @property
     def gpus(self) -> int:
@@ -342,16 +331,31 @@ class Cluster:
     ) -> ClusterRequest:
         """A client's request arriving now at prefill (colocated: serving) ``instance``; None: the one ``key``
         (a session) hashes to, else the least busy."""
-        request = ClusterRequest(request_id, list(prompt_ids), max_tokens, self.clock, sink, key)
+        return self.submit_request(SimRequest(request_id, list(prompt_ids), max_tokens, sink), key, instance)
+
+    def submit_request(self, client: SimRequest, key: str = "", instance: int | None = None) -> ClusterRequest:
+        """:meth:`submit` for a request built by the caller (its sampling, when the server received it)."""
         index = self._pick(range(len(self.prefill)), key) if instance is None else instance
+        for core in self.decode:  # refused now, not when its KV arrives
+            core.check_fits(client)
+        prompt = client.tokens[: client.prompt_tokens]
         if self.disaggregation is None:
-            request.first = SimRequest(request_id, request.prompt_ids, max_tokens, sink)
+            request = ClusterRequest(client.request_id, prompt, self.clock, key, index, client)
         else:
-            request.first = SimRequest(f"{request_id}-prefill", request.prompt_ids, 1, self._on_prefill(index, request))
+            first = SimRequest(f"{client.request_id}-prefill", prompt, 1, self._ignore)
+            first.received_at, client.received_at = client.received_at, None  # the decode side gets it later
+            request = ClusterRequest(client.request_id, prompt, self.clock, key, index, first, client)
+            first.sink = self._on_prefill(index, request)
         self.prefill[index].add_request(request.first, self.clock)
-        self.requests.append(request)
         self._kick(index)
         return request
+
+    def abort(self, request: ClusterRequest) -> None:
+        """Stop a request whose client went away, wherever it is (its transfer, if moving, still ends)."""
+        request.aborted = True
+        self.prefill[request.prefill_instance].abort(request.first)
+        if request.delivered and request.decode is not None and request.decode_instance is not None:
+            self._cores[request.decode_instance].abort(request.decode)
 
     def next_event_time(self) -> float | None:
         return self._events[0][0] if self._events else None
@@ -416,6 +420,10 @@ class Cluster:
             state.scheduled = True
             self._push(max(wakeup, self.clock), "wake", index)
 
+    @staticmethod
+    def _ignore(event: Event) -> None:
+        del event
+
     def _on_prefill(self, index: int, request: ClusterRequest) -> Callable[[Event], None]:
         def sink(event: Event) -> None:
             if isinstance(event, FinishEvent):
@@ -425,11 +433,13 @@ class Cluster:
 
     def _start_transfer(self, prefill: int, request: ClusterRequest) -> None:
         """Pick the decode instance and send it the prompt's KV beyond its own prefix-cache hit."""
+        decode = request.decode
+        assert decode is not None
+        if request.aborted:
+            return
         prompt = len(request.prompt_ids)
-        decode = SimRequest(request.request_id, request.prompt_ids, request.max_tokens, request.sink)
         # vLLM's consumer recomputes the last prompt token to sample the first output token
         decode.remote_tokens = prompt - 1
-        request.decode = decode
         request.decode_instance = self._pick(range(len(self.prefill), len(self._cores)), request.key)
         core = self._cores[request.decode_instance]
         hits = core.pool.lookup(decode.block_hashes(core.block_tokens, prompt), (prompt - 1) // core.block_tokens)
@@ -450,6 +460,90 @@ class Cluster:
         for transfer in self.links[index].advance(self.clock):
             request = self._in_flight.pop(id(transfer))
             assert request.decode is not None and request.decode_instance is not None
+            if request.aborted:
+                continue
+            request.delivered = True
             self._cores[request.decode_instance].add_request(request.decode, self.clock)
             self._kick(request.decode_instance)
         self._schedule_link(index)
+
+
+MAX_LAG_S = 0.25
+"""Lateness of the event loop behind the modelled timeline that is logged (the host is too slow to keep up)."""
+
+
+class ClusterLoop:
+    """Runs a :class:`Cluster` in real time (``kvbench sim serve`` with ``disaggregation``), as
+    :class:`~harness.sim.scheduler.EngineLoop` runs one core: the server's only writer of its state.
+
+    The cluster's clock is ``time.monotonic()``: each wake-up processes the events due by now, steps chain from
+    their modelled ends, and a request arriving while the loop sleeps is processed at its arrival.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.failure: BaseException | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._live: dict[int, ClusterRequest] = {}
+        """id() of a client's request -> where it is, until it finishes or is aborted."""
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="kvbench-sim-cluster")
+        self._task.add_done_callback(self._on_done)
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self._task = None
+
+    def submit(self, request: SimRequest) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"the simulated engine has failed: {self.failure!r}")
+        self._catch_up(time.monotonic())
+        client_sink = request.sink
+
+        def sink(event: Event) -> None:
+            client_sink(event)
+            if not isinstance(event, TokenEvent):
+                self._live.pop(id(request), None)
+
+        request.sink = sink
+        self._live[id(request)] = self.cluster.submit_request(request)
+        self._wake.set()
+
+    def abort(self, request: SimRequest) -> None:
+        where = self._live.pop(id(request), None)
+        if where is not None:
+            self.cluster.abort(where)
+
+    def _catch_up(self, now: float) -> None:
+        # events the loop woke too late for run at their modelled times, at once: say so when it is a lot
+        due = self.cluster.next_event_time()
+        if due is not None and now - due > MAX_LAG_S:
+            logger.warning("the P/D simulator fell %.2f s behind its timeline", now - due)
+        self.cluster.advance_to(now)
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self.failure = error
+            logger.error("the simulated P/D cluster failed", exc_info=error)
+            for where in list(self._live.values()):
+                where.served.sink(ErrorEvent(f"the simulated engine failed: {error!r}"))
+            self._live.clear()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            self._catch_up(time.monotonic())
+            due = self.cluster.next_event_time()
+            timeout = None if due is None else max(0.0, due - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)

@@ -374,13 +374,17 @@ class EngineCore:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(self, request: SimRequest, now: float) -> None:
+    def check_fits(self, request: SimRequest) -> None:
+        """ValueError (vLLM's message) if the prompt and the output it asks for exceed ``max_model_len``."""
         total = request.prompt_tokens + request.max_tokens
         if total > self.max_model_len:
             raise ValueError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the request "
                 f"has {request.prompt_tokens} prompt tokens and asks for {request.max_tokens} output tokens"
             )
+
+    def add_request(self, request: SimRequest, now: float) -> None:
+        self.check_fits(request)
         request.arrival = now
         # a calibrated engine spends this long on a request before scheduling it (HTTP, tokenising);
         # counted from when the server received it, so the simulator's own Python time is part of it

@@ -7,16 +7,33 @@ numbers copied from an output.
 
 from __future__ import annotations
 
+import json
 import math
+import time
+from collections.abc import Callable
+from pathlib import Path
 
+import aiohttp
 import pytest
+from pydantic import ValidationError
 
 from harness.calibrate import pd_whatif
 from harness.calibrate.whatif import settings_for
 from harness.calibrate.whatif import turn2 as colocated_turn2
-from harness.sim.disagg import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, Cluster, Disaggregation, KvLink, TtftParts
+from harness.sim.config import SimEngineConfig
+from harness.sim.disagg import (
+    NIXL_PULL_TCP_GBPS,
+    NIXL_PUSH_GBPS,
+    Cluster,
+    ClusterRequest,
+    Disaggregation,
+    KvLink,
+    TtftParts,
+)
 from harness.sim.scheduler import Event, FinishEvent
+from harness.sim.server import running_server
 from harness.sim.settings import SimSettings
+from offload.profiles import BUILTIN_PROFILES
 
 MODEL, HARDWARE = "llama-3.1-8b", "h100-sxm"
 LONG = 131072
@@ -122,42 +139,44 @@ def test_slow_link_loses_to_colocated_at_long_contexts_a_fast_one_costs_only_its
     assert by[f"1P1D {NIXL_PULL_TCP_GBPS:g} GB/s + CPU tier"].ttft_s > colocated.ttft_s
 
 
-def _two_requests(blocks: int | None) -> tuple[Cluster, dict[str, float]]:
+def _two_requests(blocks: int | None) -> tuple[list[ClusterRequest], dict[str, float]]:
     """Two different 1,000-token prompts at once, 50 output tokens each; when each one finished."""
     settings = SimSettings(model=MODEL, hardware=HARDWARE, num_gpu_blocks_override=blocks)
     cluster = Cluster(settings, Disaggregation())
     finished: dict[str, float] = {}
 
-    def sink_for(name: str) -> object:
+    def sink_for(name: str) -> Callable[[Event], None]:
         def sink(event: Event) -> None:
             if isinstance(event, FinishEvent):
                 finished[name] = cluster.clock
 
         return sink
 
-    for name, offset in (("a", 1000), ("b", 20000)):
-        cluster.submit(name, list(range(offset, offset + 1000)), 50, sink_for(name))  # type: ignore[arg-type]
+    requests = [
+        cluster.submit(name, list(range(offset, offset + 1000)), 50, sink_for(name))
+        for name, offset in (("a", 1000), ("b", 20000))
+    ]
     cluster.run()
-    return cluster, finished
+    return requests, finished
 
 
 def test_decode_admission_waits_while_the_decode_pool_is_full() -> None:
     # 100 blocks of 16 tokens: one 1,050-token request (66 blocks) fits on the decode instance, two do not
-    cluster, finished = _two_requests(100)
-    first, second = (request.parts(True) for request in cluster.requests)
+    requests, finished = _two_requests(100)
+    first, second = (request.parts(True) for request in requests)
     _assert_sums(first)
     _assert_sums(second)
     assert first.admission_s == 0
     assert second.admission_s > 0
-    b = cluster.requests[1].decode
+    b = requests[1].decode
     assert b is not None and b.first_scheduled_at is not None
     assert b.first_scheduled_at >= finished["a"]  # admitted once a's blocks were free
     # with room for both, b joins a's batch at the end of the step running when it arrives
     roomy, done = _two_requests(None)
-    joined = roomy.requests[1].decode
+    joined = roomy[1].decode
     assert joined is not None and joined.first_scheduled_at is not None
     assert joined.first_scheduled_at < done["a"]
-    assert roomy.requests[1].parts(True).admission_s < second.admission_s
+    assert roomy[1].parts(True).admission_s < second.admission_s
 
 
 def test_decode_side_prefix_cache_hit_is_not_sent_again() -> None:
@@ -208,11 +227,11 @@ def test_transfers_that_leave_one_prefill_step_together_share_its_link() -> None
     layout = Disaggregation()
     cluster = Cluster(settings, layout)
     tokens = 3000  # both prompts fit one 8,192-token step: their prefills end together
-    cluster.submit("x", list(range(40000, 40100)), 2, _ignore)  # busy: a and b wait for the same next step
+    requests = [cluster.submit("x", list(range(40000, 40100)), 2, _ignore)]  # a and b wait for the next step
     for name, offset in (("a", 1000), ("b", 20000)):
-        cluster.submit(name, list(range(offset, offset + tokens)), 2, _ignore)
+        requests.append(cluster.submit(name, list(range(offset, offset + tokens)), 2, _ignore))
     cluster.run()
-    x, a, b = (request.parts(True) for request in cluster.requests)
+    x, a, b = (request.parts(True) for request in requests)
     assert x.ttft_s < a.queue_s + a.prefill_s  # x's transfer was over before theirs began
     assert a.queue_s + a.prefill_s == pytest.approx(b.queue_s + b.prefill_s, rel=1e-12)
     size = tokens * settings.deployment().kv_bytes_per_token
@@ -227,11 +246,13 @@ def test_tensor_parallel_instances_move_each_ranks_share_over_its_own_link() -> 
     layout = Disaggregation(prefill_gpus=8, decode_gpus=4)
     cluster = Cluster(settings, layout)
     assert (len(cluster.prefill), len(cluster.decode), cluster.gpus) == (2, 1, 12)
-    for name, offset in (("a", 1000), ("b", 20000)):
+    requests = [
         cluster.submit(name, list(range(offset, offset + 2000)), 2, _ignore)
+        for name, offset in (("a", 1000), ("b", 20000))
+    ]
     cluster.run()
     deployment = settings.deployment()
-    for request in cluster.requests:
+    for request in requests:
         parts = request.parts(True)
         _assert_sums(parts)
         assert parts.transfer_bytes == 2000 * deployment.kv_bytes_per_token_per_gpu * 4
@@ -239,3 +260,57 @@ def test_tensor_parallel_instances_move_each_ranks_share_over_its_own_link() -> 
         assert parts.transfer_s == pytest.approx(expected, rel=1e-9)
     # two prefill instances, the least busy first: one request each, so neither queues behind the other
     assert cluster.prefill[0].stats.finished == cluster.prefill[1].stats.finished == 1
+
+
+async def _first_token_s(url: str, prompt: list[int]) -> float:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        sent = time.monotonic()
+        async with session.post(url + "/v1/completions", json=body) as response:
+            assert response.status == 200
+            first: float | None = None
+            frames = 0
+            async for raw in response.content:
+                if raw.startswith(b"data: {"):
+                    first = time.monotonic() if first is None else first
+                    frames += 1
+            assert frames == 3 and first is not None
+            return first - sent
+
+
+async def test_the_simulator_server_runs_p_d_on_the_wall_clock() -> None:
+    # a slow link makes the transfer the TTFT: 2,000 tokens x 4,096 B (tiny) at 0.02 GB/s is 0.41 s
+    layout = Disaggregation(link_gbps=0.02)
+    settings = SimSettings(model="tiny", hardware=HARDWARE, disaggregation=layout)
+    prompt = list(range(1000, 3000))
+    transfer_s = layout.per_transfer_ms / 1e3 + len(prompt) * settings.deployment().kv_bytes_per_token / 0.02e9
+    async with running_server(settings, port=0) as url:
+        pd_ttft = await _first_token_s(url, prompt)
+        async with aiohttp.ClientSession() as session, session.post(url + "/reset_prefix_cache") as reset:
+            assert reset.status == 200
+    async with running_server(SimSettings(model="tiny", hardware=HARDWARE), port=0) as url:
+        colocated_ttft = await _first_token_s(url, prompt)
+    assert pd_ttft >= transfer_s  # the real-time loop cannot be earlier than its model
+    assert colocated_ttft < transfer_s < pd_ttft
+
+
+def test_a_colocated_settings_file_is_written_as_before(tmp_path: Path) -> None:
+    settings = SimSettings(model="tiny", hardware=HARDWARE)
+    settings.write(tmp_path / "colocated.json")
+    assert "disaggregation" not in json.loads((tmp_path / "colocated.json").read_text())
+    pd = settings.model_copy(update={"disaggregation": Disaggregation(link_gbps=5)})
+    pd.write(tmp_path / "pd.json")
+    assert SimSettings.load(tmp_path / "pd.json").disaggregation == Disaggregation(link_gbps=5)
+
+
+def test_engine_kind_sim_takes_a_disaggregation_block() -> None:
+    section = {"kind": "sim", "model": "tiny", "hardware": HARDWARE, "disaggregation": {"link_gbps": 0.5}}
+    config = SimEngineConfig.model_validate(section)
+    settings = SimSettings.from_engine_config(config, BUILTIN_PROFILES["cpu"], prefix_caching=True)
+    assert settings.disaggregation == Disaggregation(link_gbps=0.5)
+    with pytest.raises(ValidationError, match="link_gbps"):
+        SimEngineConfig.model_validate({**section, "disaggregation": {"link_gbps": 0}})
+    with pytest.raises(
+        ValidationError, match=r"disaggregation\.decode_gpus 1: must be a multiple of parallelism\.tp 2"
+    ):
+        SimEngineConfig.model_validate({**section, "parallelism": {"tp": 2}, "disaggregation": {"prefill_gpus": 2}})
