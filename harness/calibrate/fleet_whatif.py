@@ -19,7 +19,9 @@ conversations is a returning user too. Turn ``k + 1`` is sent ``think`` after tu
 Setups (:class:`Setup`): a routing policy of :class:`harness.client.router.Router` (the conversation
 is the session-affinity key; ``prefix_aware`` hashes the document's leading tokens) and an offload
 profile; a ``shared`` tier in it is ONE chunk index for all replicas (each replica keeps its own link
-bandwidth and latency to it, :class:`~harness.sim.kvcache.OffloadTiers`).
+bandwidth and latency to it, :class:`~harness.sim.kvcache.OffloadTiers`). A setup with a P/D layout
+(:class:`harness.sim.disagg.Disaggregation`) routes among its prefill instances instead of replicas
+(``kvbench sim pd-whatif --loaded``). The replicas run in one :class:`harness.sim.disagg.Cluster`.
 
 Results per setup (:class:`SetupResult`), over requests that arrive after ``warmup_s``:
 

@@ -314,3 +314,20 @@ def test_engine_kind_sim_takes_a_disaggregation_block() -> None:
         ValidationError, match=r"disaggregation\.decode_gpus 1: must be a multiple of parallelism\.tp 2"
     ):
         SimEngineConfig.model_validate({**section, "parallelism": {"tp": 2}, "disaggregation": {"prefill_gpus": 2}})
+
+
+def test_a_request_aborted_during_its_transfer_never_reaches_the_decode_instance() -> None:
+    settings = SimSettings(model=MODEL, hardware=HARDWARE)
+    cluster = Cluster(settings, Disaggregation(link_gbps=NIXL_PULL_TCP_GBPS))
+    gone = cluster.submit("gone", list(range(1000, 9000)), 8, _ignore)
+    while gone.transfer is None:
+        due = cluster.next_event_time()
+        assert due is not None
+        cluster.advance_to(due)
+    cluster.abort(gone)
+    kept = cluster.submit("kept", list(range(20000, 21000)), 8, _ignore)
+    cluster.run()
+    decode = cluster.decode[0]
+    assert not gone.delivered and gone.decode is not None and gone.decode.first_token_at is None
+    assert kept.served.first_token_at is not None and decode.stats.finished == 1
+    assert not decode.has_work and not cluster.prefill[0].has_work
