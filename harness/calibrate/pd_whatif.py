@@ -158,11 +158,11 @@ def turn2(deployment: PdDeployment, tokens: int, new_tokens: int) -> TtftParts:
     if not 0 < new_tokens < prompt_tokens:
         raise ValueError(f"new_tokens must be between 1 and {prompt_tokens - 1}, got {new_tokens}")
     prompt = list(range(1000, 1000 + prompt_tokens))
-    cluster.submit("turn-1", prompt[:-new_tokens], 1, _ignore)
+    cluster.submit("turn-1", prompt[:-new_tokens], 1, _ignore, key="user")  # both turns on one instance
     cluster.run()
     cluster.advance_to(cluster.tier_writes_done_at())
     cluster.reset_prefix_caches()
-    second = cluster.submit("turn-2", prompt, 1, _ignore)
+    second = cluster.submit("turn-2", prompt, 1, _ignore, key="user")
     cluster.run()
     return second.parts(cluster.load_overlap_none)
 

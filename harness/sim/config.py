@@ -43,6 +43,13 @@ class Disaggregation(StrictModel):
     def label(self) -> str:
         return f"{self.prefill_gpus}P{self.decode_gpus}D"
 
+    def instances(self, tp: int) -> tuple[int, int]:
+        """(prefill, decode) instances of ``tp`` GPUs each; ValueError if a pool is not a multiple of ``tp``."""
+        for pool, gpus in (("prefill_gpus", self.prefill_gpus), ("decode_gpus", self.decode_gpus)):
+            if gpus % tp:
+                raise ValueError(f"disaggregation.{pool} {gpus}: must be a multiple of parallelism.tp {tp}")
+        return self.prefill_gpus // tp, self.decode_gpus // tp
+
 
 class SimEngineConfig(ReplicaFields):
     """The built-in engine simulator (``kvbench sim serve``), started as a real subprocess."""
@@ -122,9 +129,6 @@ class SimEngineConfig(ReplicaFields):
                 "the simulator models tensor parallelism only (within a replica): parallelism.pp and dp must be 1; "
                 "several simulator replicas: engine.replicas"
             )
-        layout = self.disaggregation
-        for pool in ("prefill_gpus", "decode_gpus"):
-            gpus = 0 if layout is None else getattr(layout, pool)
-            if gpus % parallel.tp:
-                raise ValueError(f"disaggregation.{pool} {gpus}: must be a multiple of parallelism.tp {parallel.tp}")
+        if self.disaggregation is not None:
+            self.disaggregation.instances(parallel.tp)
         return self

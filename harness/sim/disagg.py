@@ -36,8 +36,10 @@ needs no reservation), and transfer setup beyond the fixed per-transfer cost. De
 :data:`NIXL_PUSH_GBPS` and ``per_transfer_ms`` :data:`PER_TRANSFER_MS` are reported and assumed figures, not
 fitted on any measured P/D run.
 
-Times are passed in, never read: :class:`Cluster` is a discrete-event loop over its cores' steps, its links'
-completions and load wake-ups, so hours of traffic run in CPU seconds and nothing sleeps.
+:class:`Cluster` is a discrete-event loop over its cores' steps, its links' completions and load wake-ups;
+times are passed in, never read, so the what-ifs run hours of traffic in CPU seconds and nothing sleeps.
+:class:`ClusterLoop` runs it in real time for ``kvbench sim serve`` (``engine.kind: sim`` with
+``disaggregation``), its clock ``time.monotonic()``.
 """
 
 from __future__ import annotations
@@ -283,15 +285,9 @@ class Cluster:
         if disaggregation is None:
             self.prefill = [EngineCore(settings, shared_chunks) for _ in range(replicas)]
         else:
-            for pool, gpus in (
-                ("prefill_gpus", disaggregation.prefill_gpus),
-                ("decode_gpus", disaggregation.decode_gpus),
-            ):
-                if gpus % tp:
-                    raise ValueError(f"disaggregation.{pool} {gpus}: must be a multiple of tp {tp}")
-            self.prefill = [EngineCore(settings, shared_chunks) for _ in range(disaggregation.prefill_gpus // tp)]
-            decode = decode_side(settings)
-            self.decode = [EngineCore(decode) for _ in range(disaggregation.decode_gpus // tp)]
+            prefill, decode = disaggregation.instances(tp)
+            self.prefill = [EngineCore(settings, shared_chunks) for _ in range(prefill)]
+            self.decode = [EngineCore(decode_side(settings)) for _ in range(decode)]
             self._bytes_per_token = self.prefill[0].deployment.kv_bytes_per_token_per_gpu * tp
             bandwidth = disaggregation.link_gbps * 1e9 * tp
             self.links = [KvLink(bandwidth, disaggregation.per_transfer_ms / 1e3) for _ in self.prefill]

@@ -197,7 +197,7 @@ def test_decode_side_prefix_cache_hit_is_not_sent_again() -> None:
 
 def test_layout_must_fit_the_tensor_parallelism() -> None:
     settings = SimSettings(model="llama-3.1-70b", hardware=HARDWARE, tp=4, dtype="fp8")
-    with pytest.raises(ValueError, match=r"disaggregation\.decode_gpus 2: must be a multiple of tp 4"):
+    with pytest.raises(ValueError, match=r"disaggregation\.decode_gpus 2: must be a multiple of parallelism\.tp 4"):
         Cluster(settings, Disaggregation(prefill_gpus=4, decode_gpus=2))
 
 
