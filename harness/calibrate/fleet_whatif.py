@@ -19,7 +19,9 @@ conversations is a returning user too. Turn ``k + 1`` is sent ``think`` after tu
 Setups (:class:`Setup`): a routing policy of :class:`harness.client.router.Router` (the conversation
 is the session-affinity key; ``prefix_aware`` hashes the document's leading tokens) and an offload
 profile; a ``shared`` tier in it is ONE chunk index for all replicas (each replica keeps its own link
-bandwidth and latency to it, :class:`~harness.sim.kvcache.OffloadTiers`).
+bandwidth and latency to it, :class:`~harness.sim.kvcache.OffloadTiers`). A setup with a P/D layout
+(:class:`harness.sim.disagg.Disaggregation`) routes among its prefill instances instead of replicas
+(``kvbench sim pd-whatif --loaded``). The replicas run in one :class:`harness.sim.disagg.Cluster`.
 
 Results per setup (:class:`SetupResult`), over requests that arrive after ``warmup_s``:
 
@@ -48,7 +50,8 @@ from pathlib import Path
 
 from common.png import save_png
 from harness.client.router import Policy, Router
-from harness.sim.scheduler import EngineCore, Event, FinishEvent, Plan, SimRequest
+from harness.sim.disagg import Cluster, ClusterRequest, Disaggregation
+from harness.sim.scheduler import Event, FinishEvent
 from harness.sim.settings import SimSettings
 from offload.profiles import OffloadProfile, OffloadTier
 
@@ -76,6 +79,8 @@ class Setup:
     name: str
     policy: Policy
     profile: OffloadProfile
+    disaggregation: Disaggregation | None = None
+    """A P/D layout (the profile's tiers on its prefill side); None: colocated replicas."""
 
 
 def default_setups() -> list[Setup]:
@@ -140,49 +145,37 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 
 def simulate(
-    setup: Setup, replicas: int, traffic: Traffic, *, model: str = "llama-3.1-8b", hardware: str = "h100-sxm"
+    setup: Setup,
+    replicas: int,
+    traffic: Traffic,
+    *,
+    model: str = "llama-3.1-8b",
+    hardware: str = "h100-sxm",
+    settings: SimSettings | None = None,
 ) -> tuple[list[Served], list[float]]:
-    """Run one setup; returns the served requests and each replica's busy seconds inside the window."""
-    settings = SimSettings(model=model, hardware=hardware, offload=setup.profile)
+    """Run one setup; returns the served requests and each engine core's busy seconds inside the window.
+
+    ``replicas`` colocated instances, or the setup's P/D layout (``replicas`` unused; the router then picks the
+    prefill instance and the busy seconds list the prefill instances, then the decode instances). ``settings``:
+    one instance's settings (a calibrated one) in place of ``model`` on ``hardware`` with the setup's profile.
+    """
+    settings = settings or SimSettings(model=model, hardware=hardware, offload=setup.profile)
     shared: OrderedDict[int, float] = OrderedDict()
-    cores = [EngineCore(settings, shared_chunks=shared) for _ in range(replicas)]
-    router = Router(setup.policy, replicas, seed=traffic.seed, block_chars=ROUTER_PREFIX_TOKENS * 6, prefix_blocks=1)
+    cluster = Cluster(settings, setup.disaggregation, replicas, shared_chunks=shared)
+    window = (traffic.warmup_s, traffic.warmup_s + traffic.duration_s)
+    cluster.window = window
+    router = Router(
+        setup.policy, len(cluster.prefill), seed=traffic.seed, block_chars=ROUTER_PREFIX_TOKENS * 6, prefix_blocks=1
+    )
     rng = random.Random(traffic.seed)
     weights = [(u + 1) ** -traffic.skew for u in range(traffic.users)]
     users = [_User(u, sum(weights) / (traffic.rate * w)) for u, w in enumerate(weights)]
     documents = [
         [1000 + (u * 7919 + i * 31) % 50000 for i in range(traffic.context_tokens)] for u in range(traffic.users)
     ]
-    events: list[tuple[float, int, str, int]] = []
+    arrivals: list[tuple[float, int, int]] = []
     order = itertools.count()
-    plans: list[Plan | None] = [None] * replicas
-    scheduled: list[bool] = [False] * replicas
-    busy = [0.0] * replicas
     served: list[Served] = []
-    window = (traffic.warmup_s, traffic.warmup_s + traffic.duration_s)
-    clock = 0.0
-
-    def push(at: float, kind: str, index: int) -> None:
-        heapq.heappush(events, (at, next(order), kind, index))
-
-    def kick(replica: int) -> None:
-        if scheduled[replica]:
-            return
-        core = cores[replica]
-        if not core.has_work:
-            return
-        plan = core.plan(clock)
-        if plan is not None:
-            plans[replica] = plan
-            scheduled[replica] = True
-            start, end = clock, clock + plan.seconds
-            busy[replica] += max(0.0, min(end, window[1]) - max(start, window[0]))
-            push(end, "step", replica)
-            return
-        wakeup = core.next_wakeup()
-        if wakeup is not None:
-            scheduled[replica] = True
-            push(max(wakeup, clock), "wake", replica)
 
     def send(user: _User) -> None:
         user.turn += 1
@@ -197,12 +190,14 @@ def simulate(
         text = " ".join(map(str, prompt[:ROUTER_PREFIX_TOKENS]))
         replica = router.pick(key, text)
         moved = None if user.last_replica is None else user.last_replica != replica
-        arrival = clock
+        arrival = cluster.clock
 
         def sink(event: Event, user: _User = user, replica: int = replica, moved: bool | None = moved) -> None:
             if not isinstance(event, FinishEvent):
                 return
-            request = requests[id(user)]
+            # the prefill side's cache hits (P/D: the decode side gets every prompt token's KV)
+            request, first = requests[id(user)].served, requests[id(user)].first
+            assert request is not None and first is not None
             if request.first_token_at is not None and arrival >= window[0] and arrival < window[1]:
                 served.append(
                     Served(
@@ -213,38 +208,34 @@ def simulate(
                         replica,
                         moved,
                         request.prompt_tokens,
-                        event.usage.cached_tokens,
+                        first.cached_tokens or 0,
                     )
                 )
             user.history = request.tokens[len(documents[user.index]) :]
-            push(clock + rng.expovariate(1.0 / user.think_s), "arrive", user.index)
+            at = cluster.clock + rng.expovariate(1.0 / user.think_s)
+            heapq.heappush(arrivals, (at, next(order), user.index))
 
-        request = SimRequest(f"u{user.index}-c{user.conversation}-t{user.turn}", prompt, traffic.answer_tokens, sink)
-        requests[id(user)] = request
+        name = f"u{user.index}-c{user.conversation}-t{user.turn}"
         user.last_replica = replica
-        cores[replica].add_request(request, clock)
-        kick(replica)
+        requests[id(user)] = cluster.submit(name, prompt, traffic.answer_tokens, sink, instance=replica)
 
-    requests: dict[int, SimRequest] = {}
+    requests: dict[int, ClusterRequest] = {}
     for user in users:
-        push(rng.uniform(0, min(user.think_s, traffic.warmup_s)), "arrive", user.index)
-    while events:
-        clock, _, kind, index = heapq.heappop(events)
-        if clock > window[1]:
-            break
-        if kind == "arrive":
+        heapq.heappush(arrivals, (rng.uniform(0, min(user.think_s, traffic.warmup_s)), next(order), user.index))
+    while arrivals or cluster.next_event_time() is not None:
+        engine = cluster.next_event_time()
+        if arrivals and (engine is None or arrivals[0][0] <= engine):
+            at, _, index = heapq.heappop(arrivals)
+            if at > window[1]:
+                break
+            cluster.advance_to(at)
             send(users[index])
-        elif kind == "step":
-            plan = plans[index]
-            plans[index] = None
-            scheduled[index] = False
-            if plan is not None:
-                cores[index].complete(plan, clock)
-            kick(index)
         else:
-            scheduled[index] = False
-            kick(index)
-    return served, busy
+            assert engine is not None
+            if engine > window[1]:
+                break
+            cluster.advance_to(engine)
+    return served, cluster.busy_s()
 
 
 def summarize(

@@ -96,12 +96,14 @@ def turn2(settings: SimSettings, tokens: int, new_tokens: int) -> tuple[float, i
     return second.first_token_at - second.arrival, second.cached_tokens or 0, prompt_tokens
 
 
-def settings_for(model: str, hardware: str, mode: Mode, read_gbps: float) -> SimSettings:
-    """The simulator settings of one mode: a CPU tier at ``read_gbps`` (none for compute-only)."""
+def settings_for(model: str, hardware: str, mode: Mode, read_gbps: float, capacity_gb: float = 64) -> SimSettings:
+    """The simulator settings of one mode: a CPU tier of ``capacity_gb`` at ``read_gbps`` (none for compute-only)."""
     if mode == "compute-only":
         profile = OffloadProfile(name="compute-only", prefix_caching=True)
     else:
-        tier = OffloadTier(kind="cpu", capacity_gb=64, read_gbps=read_gbps, write_gbps=read_gbps, latency_us=10)
+        tier = OffloadTier(
+            kind="cpu", capacity_gb=capacity_gb, read_gbps=read_gbps, write_gbps=read_gbps, latency_us=10
+        )
         profile = OffloadProfile(name=f"cpu-{read_gbps:g}GBps-{mode}", tiers=(tier,), load_overlap=OVERLAP[mode])
     return SimSettings(model=model, hardware=hardware, offload=profile)
 

@@ -7,11 +7,48 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from common.schema import StrictModel
 from harness.engines.configs import Parallelism
 from harness.engines.replicas import ReplicaFields
 from offload.shapes import get_hardware, get_model
 
 from .faults import Fault
+
+NIXL_PUSH_GBPS = 49.0
+"""KV push between two GPUs of one host with vLLM's NixlPushConnector, GB/s (reported in issue 44, not measured
+by kvbench)."""
+NIXL_PULL_TCP_GBPS = 0.5
+"""KV pull over TCP on one host (NixlPullConnector's fallback), GB/s (reported in issue 44, not measured)."""
+PER_TRANSFER_MS = 1.0
+"""Fixed cost of one request's KV transfer (descriptor exchange, notification), ms: an assumed default until a
+P/D run measures it."""
+
+
+class Disaggregation(StrictModel):
+    """A P/D layout: GPUs per pool and the KV link between them."""
+
+    prefill_gpus: int = Field(default=1, ge=1, description="GPUs of the prefill pool (instances of tp GPUs each).")
+    decode_gpus: int = Field(default=1, ge=1, description="GPUs of the decode pool (instances of tp GPUs each).")
+    link_gbps: float = Field(
+        default=NIXL_PUSH_GBPS,
+        gt=0,
+        description=f"KV link bandwidth per GPU, GB/s; {NIXL_PUSH_GBPS:g}: NIXL push on one host (reported), "
+        f"{NIXL_PULL_TCP_GBPS:g}: pull over TCP (reported).",
+    )
+    per_transfer_ms: float = Field(
+        default=PER_TRANSFER_MS, ge=0, description="Fixed cost of one request's KV transfer, ms (assumed)."
+    )
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefill_gpus}P{self.decode_gpus}D"
+
+    def instances(self, tp: int) -> tuple[int, int]:
+        """(prefill, decode) instances of ``tp`` GPUs each; ValueError if a pool is not a multiple of ``tp``."""
+        for pool, gpus in (("prefill_gpus", self.prefill_gpus), ("decode_gpus", self.decode_gpus)):
+            if gpus % tp:
+                raise ValueError(f"disaggregation.{pool} {gpus}: must be a multiple of parallelism.tp {tp}")
+        return self.prefill_gpus // tp, self.decode_gpus // tp
 
 
 class SimEngineConfig(ReplicaFields):
@@ -55,6 +92,13 @@ class SimEngineConfig(ReplicaFields):
         description="With calibration 'auto': the measured engine mode to imitate (true: CUDA graphs, false: "
         "eager); default: CUDA graphs where both were measured.",
     )
+    disaggregation: Disaggregation | None = Field(
+        default=None,
+        description="Prefill/decode disaggregation inside the simulator process: pools of prefill_gpus and "
+        "decode_gpus (instances of parallelism.tp GPUs) joined by a KV link of link_gbps per GPU and "
+        "per_transfer_ms per transfer (reported and assumed figures, not fitted); the offload tiers sit on the "
+        "prefill side. Default: colocated.",
+    )
     client_time_s: float = Field(
         default=0.0,
         ge=0.0,
@@ -85,4 +129,6 @@ class SimEngineConfig(ReplicaFields):
                 "the simulator models tensor parallelism only (within a replica): parallelism.pp and dp must be 1; "
                 "several simulator replicas: engine.replicas"
             )
+        if self.disaggregation is not None:
+            self.disaggregation.instances(parallel.tp)
         return self

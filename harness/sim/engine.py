@@ -26,7 +26,7 @@ from harness.engines.kvbench_replica_header import replica_env
 from harness.engines.process import ManagedProcess, ProcessSpec, free_port
 from workloads.tokenizer import Tokenizer
 
-from .config import SimEngineConfig
+from .config import Disaggregation, SimEngineConfig
 from .settings import SimSettings
 from .tokenizer import SimTokenizer
 
@@ -140,6 +140,7 @@ class SimEngine:
                 "settings_file": str(self.settings_path),
                 **({"calibration": settings.calibration_file} if settings.calibration_file else {}),
                 **({"calibration_sha256": settings.calibration_sha256} if settings.calibration_sha256 else {}),
+                **({"disaggregation": _layout_text(settings.disaggregation)} if settings.disaggregation else {}),
             },
         )
         return RunningSim(Endpoint(base_url=base_url, model=settings.name), facts, process)
@@ -150,3 +151,7 @@ class SimEngine:
         process, self._process = self._process, None
         if process is not None:
             await process.stop()
+
+
+def _layout_text(layout: Disaggregation) -> str:
+    return f"{layout.label}, KV link {layout.link_gbps:g} GB/s per GPU, {layout.per_transfer_ms:g} ms per transfer"

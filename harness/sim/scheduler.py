@@ -195,6 +195,7 @@ class SimRequest:
         "prompt_tokens",
         "received_at",
         "registered",
+        "remote_tokens",
         "request_id",
         "rng",
         "schedulable_at",
@@ -253,6 +254,9 @@ class SimRequest:
         """When the tokens ``[load_from, load_to)`` being loaded from a tier are in HBM."""
         self.load_from = 0
         self.load_to = 0
+        self.remote_tokens = 0
+        """Leading prompt tokens whose KV came with the request from a prefill engine (P/D decode side,
+        :mod:`harness.sim.disagg`): computed at admission, like a prefix-cache hit. 0: colocated."""
 
     @property
     def awaiting_load(self) -> bool:
@@ -370,13 +374,17 @@ class EngineCore:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(self, request: SimRequest, now: float) -> None:
+    def check_fits(self, request: SimRequest) -> None:
+        """ValueError (vLLM's message) if the prompt and the output it asks for exceed ``max_model_len``."""
         total = request.prompt_tokens + request.max_tokens
         if total > self.max_model_len:
             raise ValueError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the request "
                 f"has {request.prompt_tokens} prompt tokens and asks for {request.max_tokens} output tokens"
             )
+
+    def add_request(self, request: SimRequest, now: float) -> None:
+        self.check_fits(request)
         request.arrival = now
         # a calibrated engine spends this long on a request before scheduling it (HTTP, tokenising);
         # counted from when the server received it, so the simulator's own Python time is part of it
@@ -626,19 +634,19 @@ class EngineCore:
         request.registered = len(hits)
         request.prefill_target = target
         hbm_tokens = len(hits) * block_tokens
-        request.num_computed = hbm_tokens
+        request.num_computed = max(hbm_tokens, request.remote_tokens)
         request.phase = Phase.RUNNING
         request.load_from = request.load_to = 0
         external = 0
         if self.tiers.enabled:
             keys = request.offload_keys(self.tiers, target)
             prefix = self.tiers.find(keys, target - 1, now)
-            if prefix.tokens > hbm_tokens:
-                external = self._schedule_load(request, prefix, hbm_tokens, now)
+            if prefix.tokens > request.num_computed:
+                external = self._schedule_load(request, prefix, request.num_computed, now)
         if request.cached_tokens is None:  # first admission (not a re-admission after preemption)
             request.hbm_hit_tokens = hbm_tokens
             request.external_tokens = external
-            request.cached_tokens = hbm_tokens + external
+            request.cached_tokens = max(hbm_tokens, request.remote_tokens) + external
             if self.pool.caching:
                 self.stats.prefix_cache_queries += target
                 self.stats.prefix_cache_hits += hbm_tokens
@@ -669,6 +677,7 @@ class EngineCore:
         request.blocks = []
         request.registered = 0
         request.num_computed = 0
+        request.remote_tokens = 0  # the transferred KV is gone with its blocks: recomputed on re-admission
         request.load_from = request.load_to = 0
         request.phase = Phase.WAITING
         self.waiting.appendleft(request)

@@ -30,6 +30,7 @@ from harness.engines.common import SIMULATOR_OWNER
 from harness.engines.kvbench_replica_header import REPLICA_ENV, REPLICA_HEADER
 from harness.engines.process import LAUNCH_TOKEN_ENV, LAUNCH_TOKEN_HEADER
 
+from .disagg import Cluster, ClusterLoop
 from .engine import url_host
 from .faults import FaultInjector
 from .metrics import metrics_registry, render
@@ -108,8 +109,17 @@ class SimServer:
     def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
         self.model_name = settings.name
-        self.core = EngineCore(settings)
-        self.loop = EngineLoop(self.core)
+        self.loop: EngineLoop | ClusterLoop
+        if settings.disaggregation is None:
+            self.core = EngineCore(settings)
+            self.cores = [self.core]
+            self.loop = EngineLoop(self.core)
+        else:
+            cluster = Cluster(settings, settings.disaggregation)
+            # /metrics, limits and tier faults are the first prefill instance's, as a P/D producer reports its own
+            self.core = cluster.prefill[0]
+            self.cores = [*cluster.prefill, *cluster.decode]
+            self.loop = ClusterLoop(cluster)
         self.tokenizer = SimTokenizer()
         self.faults = FaultInjector(settings.faults, seed=settings.fault_seed)
         self.registry = metrics_registry(self.core, self.model_name, self.faults)
@@ -158,6 +168,15 @@ class SimServer:
             self.settings.offload.name,
             ", ".join(f"{t.kind} {t.capacity_gb:g} GB" for t in self.settings.offload.tiers),
         )
+        layout = self.settings.disaggregation
+        if layout is not None:
+            logger.info(
+                "prefill/decode disaggregation %s: KV link %g GB/s per GPU, %g ms per transfer (not fitted); "
+                "the tiers are on the prefill side, /metrics is the first prefill instance's",
+                layout.label,
+                layout.link_gbps,
+                layout.per_transfer_ms,
+            )
 
     async def _on_cleanup(self, app: web.Application) -> None:
         await self.loop.stop()
@@ -188,7 +207,7 @@ class SimServer:
         return web.Response(body=render(self.registry), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        dropped = self.core.reset_prefix_cache()
+        dropped = sum(core.reset_prefix_cache() for core in self.cores)
         logger.info("reset_prefix_cache: dropped %d cached blocks (offload tiers kept)", dropped)
         return web.Response(status=200)
 

@@ -23,7 +23,7 @@ from offload.profiles import BUILTIN_PROFILES, OffloadProfile
 from offload.shapes import Deployment
 
 from .calibration import AUTO, Calibration, pick_shipped
-from .config import SimEngineConfig
+from .config import Disaggregation, SimEngineConfig
 from .faults import Fault
 from .heldout import file_sha256
 from .timemodel import Efficiencies
@@ -80,6 +80,9 @@ class SimSettings(StrictModel):
     )
     client_time_s: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Seconds of the calibrated overhead the local client spends itself."
+    )
+    disaggregation: Disaggregation | None = Field(
+        default=None, description="Prefill/decode pools and their KV link (harness.sim.disagg); None: colocated."
     )
 
     @model_validator(mode="after")
@@ -174,6 +177,7 @@ class SimSettings(StrictModel):
             calibration_file=calibration_file,
             calibration_sha256=calibration_sha256,
             client_time_s=config.client_time_s,
+            disaggregation=config.disaggregation,
         )
 
     @classmethod
@@ -182,4 +186,7 @@ class SimSettings(StrictModel):
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        data = self.model_dump(mode="json")
+        if data["disaggregation"] is None:
+            del data["disaggregation"]  # a colocated engine's file stays as it was before P/D existed
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

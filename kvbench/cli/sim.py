@@ -1,6 +1,7 @@
 """``kvbench sim``: run the engine simulator, list its model and hardware profiles, or run the
 compute-vs-load what-if (``whatif``: turn-2 TTFT against tier read bandwidth, see
-:mod:`harness.calibrate.whatif`).
+:mod:`harness.calibrate.whatif`) and the colocated-vs-P/D what-if (``pd-whatif``, see
+:mod:`harness.calibrate.pd_whatif`).
 
 Only typer is imported at module level; the server and its dependencies load inside the commands,
 so mounting this sub-app keeps ``kvbench --help`` fast.
@@ -210,6 +211,145 @@ def whatif(
         f"{summary.vs_better:.2f}x vs the better of the two (at most {summary.max_vs_better:.2f}x)."
     )
     typer.echo(f"Wrote {out / 'whatif.csv'} and {out / 'whatif.png'}")
+
+
+@sim_app.command("pd-whatif")
+def pd_whatif(
+    model: Annotated[str, typer.Option(help="Model profile.")] = "llama-3.1-8b",
+    hardware: Annotated[str, typer.Option(help="Hardware profile.")] = "h100-sxm",
+    tokens: Annotated[
+        list[int] | None,
+        typer.Option("--tokens", help="Context lengths (repeat the option); default 8192, 32768, 131072."),
+    ] = None,
+    link_gbps: Annotated[
+        list[float] | None,
+        typer.Option(
+            "--link-gbps", help="KV link bandwidths per GPU in GB/s (repeat); default 49 (NIXL push) and 0.5 (TCP)."
+        ),
+    ] = None,
+    per_transfer_ms: Annotated[
+        float, typer.Option("--per-transfer-ms", min=0.0, help="Fixed cost of one KV transfer (assumed).")
+    ] = 1.0,
+    prefill_gpus: Annotated[int, typer.Option("--prefill-gpus", min=1, help="GPUs of the prefill pool.")] = 1,
+    decode_gpus: Annotated[int, typer.Option("--decode-gpus", min=1, help="GPUs of the decode pool.")] = 1,
+    read_gbps: Annotated[float, typer.Option("--read-gbps", min=0.001, help="CPU tier read bandwidth, GB/s.")] = 25.0,
+    new_tokens: Annotated[int, typer.Option(help="Turn-2 tokens beyond the cached turn 1.")] = 128,
+    loaded: Annotated[
+        bool,
+        typer.Option(
+            "--loaded", help="Also compare under multi-round QA load: colocated replicas vs P/D on the same GPUs."
+        ),
+    ] = False,
+    rates: Annotated[
+        list[float] | None,
+        typer.Option("--rate", help="--loaded: offered requests per second (repeat); default 1 2 4 6 8 12."),
+    ] = None,
+    slo_ms: Annotated[float, typer.Option("--slo-ms", min=1.0, help="--loaded: returning users' TTFT p90 SLO.")] = 500,
+    users: Annotated[int, typer.Option(min=1, help="--loaded: users, each with its own document.")] = 64,
+    context_tokens: Annotated[int, typer.Option(min=16, help="--loaded: tokens of each user's document.")] = 8000,
+    tier_gb: Annotated[float, typer.Option("--tier-gb", min=0.001, help="CPU tier per instance, GB.")] = 128.0,
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="Calibration file of this deployment, or 'auto' (the shipped one): fitted engine and tier terms "
+            "(the tier's backend's load rate replaces --read-gbps) and their held-out band. Default: datasheet.",
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="With --calibration: the tier's fitted offload backend (default: the calibration's only one)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory for pd-whatif.csv/.png (and -loaded.csv).")
+    ] = Path("pd-whatif"),
+) -> None:
+    """Colocated vs prefill/decode disaggregation, with and without a CPU tier: simulated turn-2 TTFT of a
+    returning user taken apart (queue, load, prefill, transfer, admission, first step), as a table, a CSV and
+    a PNG plot; with --loaded, capacity at a TTFT SLO."""
+    from dataclasses import replace
+
+    from pydantic import ValidationError
+
+    from harness.calibrate import pd_whatif as what
+    from harness.sim.disagg import Disaggregation
+    from offload.shapes import get_hardware, get_model
+
+    for option, value, known in (("--model", model, get_model), ("--hardware", hardware, get_hardware)):
+        try:
+            known(value)
+        except ValueError as error:
+            raise _fail(f"{option}: {error}") from None
+    links = link_gbps or list(what.DEFAULT_LINK_GBPS)
+    if any(gbps <= 0 for gbps in links):
+        raise _fail(
+            f"--link-gbps {' '.join(f'{g:g}' for g in links)}: give positive bandwidths in GB/s, e.g. 49 or 0.5"
+        )
+    try:
+        calibrated = None if calibration is None else what.load_calibration(calibration, model, hardware, backend)
+        layout = Disaggregation(prefill_gpus=prefill_gpus, decode_gpus=decode_gpus, per_transfer_ms=per_transfer_ms)
+        points = what.run_pd_whatif(
+            model,
+            hardware,
+            tokens or list(what.DEFAULT_TOKENS),
+            read_gbps,
+            links,
+            new_tokens,
+            layout,
+            tier_gb,
+            calibrated,
+        )
+    except ValidationError as error:
+        raise _fail("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())) from None
+    except OSError as error:
+        raise _fail(f"--calibration {calibration}: cannot read: {error.strerror}") from None
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    if calibrated is None:
+        basis = "datasheet profiles (no calibration, so no held-out error band)"
+    else:
+        basis = f"{calibrated.band}; the CPU tier at {calibrated.tier}'s fitted load rate"
+    label = (
+        f"simulated: {model} on {hardware}, {basis}; KV link {' and '.join(f'{g:g}' for g in links)} GB/s per GPU "
+        f"and {per_transfer_ms:g} ms per transfer are reported and assumed figures, not fitted on any measured P/D run"
+    )
+    what.write_csv(points, out / "pd-whatif.csv")
+    short = "datasheet profiles, no held-out band" if calibrated is None else calibrated.file
+    title = (
+        f"Simulated turn-2 TTFT taken apart: {model} on {hardware} (kvbench sim, {short})"
+        f"\nKV link {per_transfer_ms:g} ms + bytes / bandwidth: reported and assumed figures, not fitted on a P/D run"
+    )
+    what.plot(points, out / "pd-whatif.png", title)
+    typer.echo(f"Turn-2 TTFT of a returning user, ms ({label}; modelled times, not measurements):\n")
+    typer.echo(what.markdown_table(points))
+    written = [out / "pd-whatif.csv", out / "pd-whatif.png"]
+    if loaded:
+        try:
+            traffic = replace(what.LOADED_TRAFFIC, users=users, context_tokens=context_tokens)
+            loaded_points = what.run_loaded(
+                model,
+                hardware,
+                rates or list(what.DEFAULT_RATES),
+                traffic,
+                read_gbps,
+                layout.model_copy(update={"link_gbps": links[0]}),
+                tier_gb,
+                calibrated,
+            )
+        except ValueError as error:
+            raise _fail(str(error)) from None
+        typer.echo(
+            f"Returning users' TTFT under load, ms (simulated as above, KV link {links[0]:g} GB/s): multi-round QA, "
+            f"{traffic.users} users with {traffic.context_tokens:,}-token documents, {traffic.turns} turns of "
+            f"{traffic.question_tokens}-token questions and {traffic.answer_tokens}-token answers, "
+            f"{traffic.duration_s:g} s measured after {traffic.warmup_s:g} s:\n"
+        )
+        typer.echo(what.loaded_table(loaded_points, slo_ms / 1e3))
+        what.write_loaded_csv(loaded_points, out / "pd-whatif-loaded.csv")
+        written.append(out / "pd-whatif-loaded.csv")
+    typer.echo("Wrote " + ", ".join(str(path) for path in written))
 
 
 def _numbers(text: str | None, option: str, what: str) -> list[float]:
