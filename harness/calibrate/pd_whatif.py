@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common.errors import CalibrationError
+from common.png import save_png
 from harness.sim.calibration import AUTO, Calibration, pick_shipped
 from harness.sim.disagg import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, Cluster, Disaggregation, TtftParts
 from harness.sim.heldout import band_words, file_sha256
@@ -283,7 +284,7 @@ def plot(points: Sequence[PdPoint], path: Path, title: str) -> None:
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    save_png(figure, path, dpi=110)
     plt.close(figure)
 
 
