@@ -24,7 +24,13 @@ from common.redact import is_secret_name, remember_secret
 from common.schema import StrictModel, sorted_unique
 from common.yamlfile import EnvUnset, ScenarioLoader, expand_env, read_yaml_mapping
 from harness.engines import kinds
-from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
+from harness.engines.configs import (
+    OpenAIEngineConfig,
+    SglangEngineConfig,
+    TrtllmEngineConfig,
+    VllmEngineConfig,
+    VllmPdEngineConfig,
+)
 from harness.engines.replicas import PrometheusSpec, RoutingSpec
 from harness.sim.config import SimEngineConfig
 from offload.profiles import OffloadProfile, resolve_profile
@@ -58,7 +64,12 @@ VERB_OF_WORKLOAD: dict[str, str] = {
 """The command that runs each workload kind (for the error a scenario given to the wrong command gets)."""
 
 EngineConfig = Annotated[
-    SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig | SglangEngineConfig | TrtllmEngineConfig,
+    SimEngineConfig
+    | OpenAIEngineConfig
+    | VllmEngineConfig
+    | VllmPdEngineConfig
+    | SglangEngineConfig
+    | TrtllmEngineConfig,
     Field(discriminator="kind"),
 ]
 """The ``engine:`` section: one model per registered engine kind (:mod:`harness.engines.kinds`; a test keeps
