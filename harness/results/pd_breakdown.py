@@ -4,7 +4,7 @@ Sources, per arm of engine kind ``vllm-pd`` and per group (a probe's cell: conte
 point): the client's records (``records.jsonl``), the P/D proxy's phase log (``logs/ARM/pd-proxy.jsonl``,
 :mod:`harness.engines.pd_proxy`), the engines' ``/metrics`` deltas over the group (``engine_metrics.jsonl`` or
 ``points.jsonl``: the ``pd_*`` and ``kv_transfer*`` tags of ``harness/client/metrics.yaml``) and the manifest's
-``kv_bytes_per_token``, ``kv_block_size`` and ``kv_link_gbps`` (:mod:`harness.engines.vllm_pd`).
+``kv_bytes_per_tok``, ``kv_block_size`` and ``kv_link_gbps`` (:mod:`harness.engines.vllm_pd`).
 
 Joining: both processes stamp ``time.monotonic_ns()`` (CLOCK_MONOTONIC, one clock for the host). A record is joined
 to the earliest unused phase line received within its TTFT after it was sent (``started_ns <= received_ns <=
@@ -432,3 +432,11 @@ def pd_breakdown_of(run_dir: RunDir) -> PdBreakdownResult | None:
         groups = probe_groups(records, metrics, arm) if run_dir.kind == "probe" else sweep_groups(records, points, arm)
         per_arm[arm] = (groups, read_phase_log(run_dir.log_dir(arm) / PROXY_LOG), geometry_of(details[arm]))
     return build(run_dir.scenario().name, per_arm)
+
+
+def summarize_pd(run_dir: RunDir) -> PdBreakdownResult | None:
+    """pd_breakdown_of, written to pd-breakdown.json when the run has P/D arms."""
+    result = pd_breakdown_of(run_dir)
+    if result is not None:
+        result.write_file(run_dir.path / result.FILE_NAME)
+    return result

@@ -10,7 +10,8 @@
 * ``GET /metrics``: vLLM's queue and prefill histograms (_sum/_count) and, on the side that records transfers
   (decode), NIXL's transfer time, bytes (``--bytes-per-token`` x the prompt's words) and descriptors, and the
   external prefix-cache hits the transfer supplied;
-* ``GET /health``; ``POST /tokenize`` (words), ``POST /reset_prefix_cache``.
+* ``GET /health``; ``POST /tokenize`` (a token per word), ``/detokenize`` (a word per token),
+  ``/reset_prefix_cache``.
 
 A request that breaks the protocol gets HTTP 400 naming what was wrong, so a proxy that sends the wrong thing
 fails the test that uses it.
@@ -135,6 +136,10 @@ class Side:
         words = str(body.get("prompt", "")).split()
         return web.json_response({"tokens": list(range(len(words))), "count": len(words)})
 
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"prompt": " ".join(f"w{token}" for token in body.get("tokens", []))})
+
     async def reset(self, _request: web.Request) -> web.Response:
         return web.json_response({"success": True})
 
@@ -155,6 +160,7 @@ def main() -> int:
     app.router.add_get("/metrics", side.metrics)
     app.router.add_get("/health", side.health)
     app.router.add_post("/tokenize", side.tokenize)
+    app.router.add_post("/detokenize", side.detokenize)
     app.router.add_post("/reset_prefix_cache", side.reset)
     web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None)
     return 0

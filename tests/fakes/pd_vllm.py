@@ -1,0 +1,52 @@
+"""Stands in for a vLLM virtualenv's python under engine kind ``vllm-pd`` (run through a two-line shell wrapper).
+
+* ``-c SCRIPT``: kvbench's version probe gets ``KVBENCH_VERSIONS={"vllm": "0.26.0+fake", ...}``; any other
+  script (nothing else runs with ``-c``) exits 1;
+* ``-m vllm.entrypoints.openai.api_server ... --port P --kv-transfer-config JSON``: becomes
+  :mod:`tests.fakes.pd_engine` on port P, as the prefill side for ``kv_role`` ``kv_producer`` and the decode
+  side for ``kv_consumer`` (``$FAKE_PD_KV_BYTES`` bytes per prompt word transferred); a command line
+  without a NIXL connector (alone, or first in a MultiConnector) exits 2, so a side started without one fails
+  the test;
+* anything else (the host-link probe, run by path) exits 1: the link is recorded as not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ENGINE = Path(__file__).resolve().parent / "pd_engine.py"
+ROLES = {"kv_producer": "prefill", "kv_consumer": "decode"}
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if args[:1] == ["-c"]:
+        if "KVBENCH_VERSIONS=" not in args[1]:
+            return 1
+        print("KVBENCH_VERSIONS=" + json.dumps({"vllm": "0.26.0+fake", "lmcache": None}))
+        return 0
+    if args[:2] != ["-m", "vllm.entrypoints.openai.api_server"]:
+        return 1
+    transfer = json.loads(flag(args, "--kv-transfer-config") or "{}")
+    if transfer.get("kv_connector") == "MultiConnector":  # the P/D connector must come first
+        transfer = transfer["kv_connector_extra_config"]["connectors"][0]
+    role = ROLES.get(str(transfer.get("kv_role")))
+    port = flag(args, "--port")
+    if role is None or port is None or not str(transfer.get("kv_connector", "")).startswith("Nixl"):
+        print(f"fake vLLM: not a P/D side: {args}", file=sys.stderr)
+        return 2
+    argv = [sys.executable, str(ENGINE), "--role", role, "--port", port, "--prefill-s", "0.3"]
+    argv += ["--transfer-s", "0.05", "--first-token-s", "0.03"]
+    argv += ["--bytes-per-token", os.environ.get("FAKE_PD_KV_BYTES", "1000")]
+    os.execv(sys.executable, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""``kvbench run`` on engine kind ``vllm-pd`` end to end, with a stand-in vLLM python (:mod:`tests.fakes.pd_vllm`)
+whose servers are :mod:`tests.fakes.pd_engine` processes speaking vLLM's P/D protocol.
+
+Everything else is kvbench's own: the engine starts both sides with the command lines and kv-transfer-configs it
+renders (a side whose command line has no P/D connector, or the wrong role, exits at once), then its proxy; the
+probe's client, resets and /metrics scrapes go through the proxy; ``pd-breakdown.json`` and the report's
+``pd-breakdown.md`` take each cell's TTFT apart, and the parts sum to the client's TTFT with nothing flagged
+(the stand-in transfers ``tokens x 131072`` bytes, the KV of a Llama-3.1-8B token in bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.results.pd_breakdown import PdBreakdownResult
+from tests.support import REPO, kvbench_scenario
+
+pytestmark = pytest.mark.integration
+
+FAKE_VLLM = REPO / "tests" / "fakes" / "pd_vllm.py"
+KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
+
+
+def fake_python(tmp_path: Path) -> Path:
+    wrapper = tmp_path / "venv" / "bin" / "python"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n', encoding="utf-8")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return wrapper
+
+
+def test_a_pd_probe_runs_through_the_proxy_and_takes_its_ttft_apart(tmp_path: Path) -> None:
+    scenario = {
+        "name": "pd-fake",
+        "engine": {
+            "kind": "vllm-pd",
+            "model": "synth:llama-3.1-8b",
+            "python": str(fake_python(tmp_path)),
+            "max_model_len": 4096,
+            "prefill": {"gpus": [0]},
+            "decode": {"gpus": [1]},
+            "env": {"FAKE_PD_KV_BYTES": str(KV_BYTES_PER_TOKEN)},
+            "startup_timeout_s": 120,
+        },
+        "arms": [
+            {"name": "PD-OFF", "offload": "hbm"},
+            {
+                "name": "PD-CPU",
+                "offload": {"name": "native-1g", "backend": "native", "tiers": [{"kind": "cpu", "capacity_gb": 1}]},
+            },
+        ],
+        "compare": {"baseline": "PD-OFF"},
+        "workload": {
+            "kind": "multi_round_qa",
+            "context_tokens": [300],
+            "conversations": 2,
+            "turns": 2,
+            "question_tokens": 8,
+            "answer_tokens": 4,
+            "warmup_requests": 0,
+            "between_turns": {"mode": "reset_prefix_cache"},
+        },
+        "repetitions": 1,
+        "seed": 3,
+    }
+    done, run_dir = kvbench_scenario("run", scenario, tmp_path, timeout=600)
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    details = manifest["engines"]["PD-CPU"]["details"]
+    assert details["kv_bytes_per_tok"] == str(KV_BYTES_PER_TOKEN) and details["kv_link_gbps"] == "900"
+    assert "MultiConnector" in manifest["engines"]["PD-CPU"]["command"][-1] or "MultiConnector" in " ".join(
+        manifest["engines"]["PD-CPU"]["command"]
+    )
+    assert "OffloadingConnector" in details["decode_command"] or "NixlPushConnector" in details["decode_command"]
+    assert "MultiConnector" not in details["decode_command"]  # the tier is the prefill side's only
+
+    result = PdBreakdownResult.read_file(run_dir / PdBreakdownResult.FILE_NAME)
+    assert {row.arm for row in result.rows} == {"PD-OFF", "PD-CPU"}
+    assert {row.group for row in result.rows} == {"300 tok, turn 1", "300 tok, turn 2"}
+    for row in result.rows:
+        assert row.matched == row.requests == 2, row
+        assert row.parts.total_ms() == pytest.approx(row.client_ttft_ms)
+        assert row.parts.prefill_ms is not None and row.parts.prefill_ms >= 300.0  # the stand-in's prefill
+        assert row.transfer is not None and row.transfer.expected_bytes == pytest.approx(row.transfer.bytes)
+        assert row.flags == [], row.flags
+    assert (run_dir / "report" / "pd-breakdown.md").is_file()
+    assert "P/D: where TTFT goes" in done.stdout
