@@ -129,7 +129,8 @@ async def test_a_request_goes_through_prefill_then_decode_and_is_logged(tmp_path
     stamps += [line.decode_first_byte_ns, line.done_ns]
     times = [stamp for stamp in stamps if stamp is not None]
     assert len(times) == len(stamps)
-    assert sent <= times[0] and times == sorted(times) and times[-1] <= answered
+    # done_ns is stamped after the proxy's last write returns, which may be after the client read the end
+    assert sent <= times[0] and times == sorted(times) and times[-2] <= answered
     assert line.prefill_answered_ns is not None and line.prefill_sent_ns is not None
     assert (line.prefill_answered_ns - line.prefill_sent_ns) / 1e9 >= PREFILL_S
     assert line.decode_first_byte_ns is not None and line.decode_sent_ns is not None
