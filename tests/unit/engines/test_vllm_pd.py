@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from common.errors import EngineStartError, ScenarioError
-from harness.engines.configs import PD_CONNECTORS, VllmPdEngineConfig
+from harness.engines.configs import PD_CONNECTORS, VllmEngineConfig, VllmPdEngineConfig
 from harness.engines.kinds import engine_kind
 from harness.engines.modeldir import resolve_model_ref
 from harness.engines.vllm import build_vllm_argv, build_vllm_env
@@ -26,7 +26,7 @@ from harness.engines.vllm_pd import (
     refuse_tcp,
     role_config,
 )
-from harness.scenario.spec import parse_scenario
+from harness.scenario.spec import load_scenario, parse_scenario
 from offload.profiles import OffloadProfile, OffloadTier, resolve_profile
 from tests.support import REPO
 
@@ -187,3 +187,31 @@ def test_every_sides_argv_is_accepted_by_vllms_own_parser_and_config(vllm_python
     lines = done.stdout.splitlines()
     assert len([line for line in lines if line.startswith("ok ")]) == len(argvs)
     assert any("MultiConnector kv_producer" in line and "OffloadingConnector" in line for line in lines)
+
+
+def test_the_pd_sweep_keeps_the_decode_tax_sweeps_loads_workload_and_kv_size() -> None:
+    pd, _ = load_scenario(REPO / "scenarios" / "gpu-pd-sweep-llama8b-h200x2.yaml")
+    tax, _ = load_scenario(REPO / "scenarios" / "gpu-decode-tax-llama8b-h200.yaml")
+    assert isinstance(pd.engine, VllmPdEngineConfig) and isinstance(tax.engine, VllmEngineConfig)
+    assert pd.sweep is not None and tax.sweep is not None
+    assert (pd.sweep.mode, pd.sweep.values) == (tax.sweep.mode, tax.sweep.values)
+    assert pd.workload == tax.workload and pd.slo == tax.slo
+    blocks = tax.engine.num_gpu_blocks_override
+    assert pd.engine.prefill.num_gpu_blocks_override == pd.engine.decode.num_gpu_blocks_override == blocks
+
+
+@pytest.mark.parametrize("listed", [0, 1])
+def test_the_proof_script_refuses_a_machine_with_fewer_than_two_gpus(listed: int, tmp_path: Path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo {index}\n" for index in range(listed)), encoding="utf-8")
+    smi.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu" / "pd-proof.sh"), "check"],
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"this machine has {listed} GPU(s); prefill/decode disaggregation needs 2" in done.stderr
