@@ -372,6 +372,8 @@ class VllmPdEngine(ProcessEngine[VllmPdEngineConfig, RunningEngine]):
             KV_LINK_GBPS_DETAIL: f"{PD_LINK_GBPS[config.kv_link]:g}",
             PROXY_LOG_DETAIL: PROXY_LOG,
         }
+        if "lmcache_version" in prefill.facts.details:  # the tier's, named as for kind vllm (the provenance reads it)
+            details["lmcache_version"] = prefill.facts.details["lmcache_version"]
         facts = EngineFacts(
             kind=config.kind, version=prefill.facts.version, command=prefill.facts.command, details=details
         )

@@ -1,6 +1,7 @@
 """A stand-in for one side of vLLM's prefill/decode deployment, speaking its P/D protocol (a process of its own).
 
-``python tests/fakes/pd_engine.py --role prefill|decode --port P`` serves on 127.0.0.1:
+``python tests/fakes/pd_engine.py --role prefill|decode|colocated --port P`` serves on 127.0.0.1 (``colocated``:
+a plain server, no P/D connector, which refuses ``kv_transfer_params``):
 
 * ``POST /v1/chat/completions``: the prefill side accepts only ``max_tokens`` 1, ``stream`` false and
   ``kv_transfer_params.do_remote_decode`` true, waits ``--prefill-s`` and answers one token with
@@ -54,6 +55,13 @@ class Side:
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if self.args.role == "colocated":
+            if "kv_transfer_params" in body:
+                return web.json_response({"error": "a colocated server has no KV connector"}, status=400)
+            await asyncio.sleep(self.args.prefill_s)
+            self.add("prefill_sum", self.args.prefill_s + self.args.first_token_s)
+            self.add("prefill_count", 1)
+            return await self._stream(request, prompt_words(body))
         params = body.get("kv_transfer_params")
         if not isinstance(params, dict):
             return web.json_response({"error": "no kv_transfer_params"}, status=400)
@@ -86,6 +94,9 @@ class Side:
         self.add("queue_count", 1)
         self.add("prefill_sum", self.args.transfer_s + self.args.first_token_s)
         self.add("prefill_count", 1)
+        return await self._stream(request, words)
+
+    async def _stream(self, request: web.Request, words: int) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await asyncio.sleep(self.args.first_token_s)
@@ -146,7 +157,7 @@ class Side:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--role", choices=("prefill", "decode"), required=True)
+    parser.add_argument("--role", choices=("prefill", "decode", "colocated"), required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--prefill-s", type=float, default=0.05)
     parser.add_argument("--transfer-s", type=float, default=0.02)

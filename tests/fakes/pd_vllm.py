@@ -5,8 +5,8 @@
 * ``-m vllm.entrypoints.openai.api_server ... --port P --kv-transfer-config JSON``: becomes
   :mod:`tests.fakes.pd_engine` on port P, as the prefill side for ``kv_role`` ``kv_producer`` and the decode
   side for ``kv_consumer`` (``$FAKE_PD_KV_BYTES`` bytes per prompt word transferred); a command line
-  without a NIXL connector (alone, or first in a MultiConnector) exits 2, so a side started without one fails
-  the test;
+  with another connector than NIXL (alone, or first in a MultiConnector) exits 2, so a side started without it
+  fails the test; one with no ``--kv-transfer-config`` (a colocated arm) becomes a plain server (``colocated``);
 * anything else (the host-link probe, run by path) exits 1: the link is recorded as not measured.
 """
 
@@ -34,7 +34,10 @@ def main() -> int:
         return 0
     if args[:2] != ["-m", "vllm.entrypoints.openai.api_server"]:
         return 1
-    transfer = json.loads(flag(args, "--kv-transfer-config") or "{}")
+    rendered = flag(args, "--kv-transfer-config")
+    if rendered is None and flag(args, "--port") is not None:  # a colocated arm: one plain vLLM
+        os.execv(sys.executable, [*engine_argv("colocated", str(flag(args, "--port")))])
+    transfer = json.loads(rendered or "{}")
     if transfer.get("kv_connector") == "MultiConnector":  # the P/D connector must come first
         transfer = transfer["kv_connector_extra_config"]["connectors"][0]
     role = ROLES.get(str(transfer.get("kv_role")))
@@ -42,10 +45,13 @@ def main() -> int:
     if role is None or port is None or not str(transfer.get("kv_connector", "")).startswith("Nixl"):
         print(f"fake vLLM: not a P/D side: {args}", file=sys.stderr)
         return 2
+    os.execv(sys.executable, engine_argv(role, port))
+
+
+def engine_argv(role: str, port: str) -> list[str]:
     argv = [sys.executable, str(ENGINE), "--role", role, "--port", port, "--prefill-s", "0.3"]
     argv += ["--transfer-s", "0.05", "--first-token-s", "0.03"]
-    argv += ["--bytes-per-token", os.environ.get("FAKE_PD_KV_BYTES", "1000")]
-    os.execv(sys.executable, argv)
+    return [*argv, "--bytes-per-token", os.environ.get("FAKE_PD_KV_BYTES", "1000")]
 
 
 if __name__ == "__main__":

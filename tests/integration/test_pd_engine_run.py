@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.results.pd_breakdown import PdBreakdownResult
+from tests.scenarios import exponential, multi_user_qa, uniform
 from tests.support import REPO, kvbench_scenario
 
 pytestmark = pytest.mark.integration
@@ -34,27 +35,33 @@ def fake_python(tmp_path: Path) -> Path:
     return wrapper
 
 
+def engine(tmp_path: Path) -> dict[str, object]:
+    return {
+        "kind": "vllm-pd",
+        "model": "synth:llama-3.1-8b",
+        "python": str(fake_python(tmp_path)),
+        "max_model_len": 4096,
+        "prefill": {"gpus": [0]},
+        "decode": {"gpus": [1]},
+        "colocated_arms": ["COLO-OFF"],
+        "env": {"FAKE_PD_KV_BYTES": str(KV_BYTES_PER_TOKEN)},
+        "startup_timeout_s": 120,
+    }
+
+
 def test_a_pd_probe_runs_through_the_proxy_and_takes_its_ttft_apart(tmp_path: Path) -> None:
     scenario = {
         "name": "pd-fake",
-        "engine": {
-            "kind": "vllm-pd",
-            "model": "synth:llama-3.1-8b",
-            "python": str(fake_python(tmp_path)),
-            "max_model_len": 4096,
-            "prefill": {"gpus": [0]},
-            "decode": {"gpus": [1]},
-            "env": {"FAKE_PD_KV_BYTES": str(KV_BYTES_PER_TOKEN)},
-            "startup_timeout_s": 120,
-        },
+        "engine": engine(tmp_path),
         "arms": [
+            {"name": "COLO-OFF", "offload": "hbm"},
             {"name": "PD-OFF", "offload": "hbm"},
             {
                 "name": "PD-CPU",
                 "offload": {"name": "native-1g", "backend": "native", "tiers": [{"kind": "cpu", "capacity_gb": 1}]},
             },
         ],
-        "compare": {"baseline": "PD-OFF"},
+        "compare": {"baseline": "COLO-OFF"},
         "workload": {
             "kind": "multi_round_qa",
             "context_tokens": [300],
@@ -90,3 +97,27 @@ def test_a_pd_probe_runs_through_the_proxy_and_takes_its_ttft_apart(tmp_path: Pa
         assert row.flags == [], row.flags
     assert (run_dir / "report" / "pd-breakdown.md").is_file()
     assert "P/D: where TTFT goes" in done.stdout
+    assert "vLLM P/D 0.26.0+fake, 2× GPU" in done.stdout  # both sides' GPUs
+    colocated = manifest["engines"]["COLO-OFF"]
+    assert "--kv-transfer-config" not in colocated["command"] and "kv_bytes_per_tok" not in colocated["details"]
+
+
+def test_a_pd_sweep_takes_each_load_points_ttft_apart(tmp_path: Path) -> None:
+    scenario = {
+        "name": "pd-fake-sweep",
+        "engine": engine(tmp_path),
+        "arms": [{"name": "PD-OFF", "offload": "hbm"}],
+        "workload": multi_user_qa(
+            4, uniform(2, 3), uniform(200, 400), answer_tokens=4, think_time_s=exponential(0.2), warmup_requests=0
+        ),
+        "sweep": {"mode": "concurrency", "values": [2], "warmup": 1, "duration": 5, "ramp_up": 0.2},
+        "seed": 5,
+    }
+    _, run_dir = kvbench_scenario("sweep", scenario, tmp_path, timeout=600)
+    result = PdBreakdownResult.read_file(run_dir / PdBreakdownResult.FILE_NAME)
+    (row,) = result.rows
+    assert (row.arm, row.group) == ("PD-OFF", "load 2")
+    assert row.matched == row.requests > 0
+    assert row.parts.total_ms() == pytest.approx(row.client_ttft_ms)
+    assert row.transfer is not None and row.transfer.expected_bytes == pytest.approx(row.transfer.bytes)
+    assert row.flags == [], row.flags
