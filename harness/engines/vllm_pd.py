@@ -62,8 +62,8 @@ from .configs import (
 from .host_link import HostLinkTarget, engine_target
 from .modeldir import resolve_model_ref
 from .process import ManagedProcess, ProcessSpec, free_port
-from .vllm import RunningVllm, VllmEngine, resolve_python
-from .vllm_offload import GIB, VllmLaunchPlan, check_supported
+from .vllm import RunningVllm, VllmEngine, build_vllm_argv, build_vllm_env, resolve_python
+from .vllm_offload import GIB, VllmLaunchPlan, check_supported, render_vllm_launch
 
 Role = Literal["prefill", "decode"]
 PROXY_LOG = "pd-proxy.jsonl"
@@ -183,6 +183,26 @@ def pd_plan(plan: VllmLaunchPlan, config: VllmPdEngineConfig, role: Role, side_c
         notes=plan.notes,
         pinned_host_bytes=plan.pinned_host_bytes,
     )
+
+
+def side_profile(profile: OffloadProfile, role: Role) -> OffloadProfile:
+    """The offload profile one side realises: the arm's on the prefill side, none on the decode side (its GPU
+    prefix cache as the arm has it)."""
+    if role == "prefill":
+        return profile
+    return profile.model_copy(update={"tiers": (), "backend": "auto", "async_loading": False})
+
+
+def preview_side(
+    config: VllmPdEngineConfig, role: Role, profile: OffloadProfile, workdir: Path, *, python: str = "python"
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """One side's vLLM argv and added environment for an arm, rendered as :class:`VllmPdEngine` renders them
+    (placeholder ports; nothing starts): for checking them against a vLLM install (``scripts/gpu/pd_argv.py``)."""
+    side = role_config(config, role)
+    ports = iter(range(40000, 40100))
+    plan = render_vllm_launch(side_profile(profile, role), side, True, workdir, port_factory=lambda: next(ports))
+    plan = pd_plan(plan, config, role, 5601 if role == "prefill" else 5602)
+    return build_vllm_argv(side, python, 8000, plan), build_vllm_env(side, plan)
 
 
 def refuse_tcp(config: VllmPdEngineConfig, inherited: Mapping[str, str]) -> None:
@@ -330,7 +350,7 @@ class VllmPdEngine(ProcessEngine[VllmPdEngineConfig, RunningEngine]):
         refuse_tcp(config, os.environ)
         model_dir = await _model_dir(config.model)
         kv_bytes = kv_bytes_per_token(model_dir, config)
-        tierless = context.profile.model_copy(update={"tiers": (), "backend": "auto", "async_loading": False})
+        tierless = side_profile(context.profile, "decode")
         prefill_port, decode_port = free_port(config.host), free_port(config.host)
         while decode_port == prefill_port:
             decode_port = free_port(config.host)

@@ -4,7 +4,8 @@
 # NIXL push, kvbench's P/D proxy), each beside colocated arms on GPU 0 alone:
 #   probe  scenarios/gpu-pd-llama8b-h200x2.yaml        turn-2 TTFT to 128k, colocated vs 1P1D, with/without a CPU tier
 #   sweep  scenarios/gpu-pd-sweep-llama8b-h200x2.yaml  capacity at gpu-decode-tax-llama8b-h200's loads, same four arms
-#   check  the GPUs, NVLink between them, and that vLLM, LMCache and NIXL import (nothing runs)
+#   check  the GPUs, the link between them, that vLLM, LMCache and NIXL import, and that this vLLM's own parser and
+#          KVTransferConfig accept every P/D side's command line (scripts/gpu/pd_argv.py; no engine starts)
 #   usage: scripts/gpu/pd-proof.sh [check|probe|sweep|both]      (default probe)
 # Refuses to run with fewer than 2 GPUs, or without NIXL (vLLM's NIXL connector imports the `nixl` package: add the
 # nixl wheel for CUDA 13 at the version vLLM 0.26.0's requirements/kv_connectors.txt names to the wheelhouse,
@@ -26,16 +27,20 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,nohea
 # the link NIXL's push will use between GPU 0 and GPU 1 (NV<n>: NVLink; PIX/PHB/SYS: PCIe): the scenarios' kv_link
 # (nvlink, 900 GB/s) is the limit the physics check holds transfer figures to
 nvidia-smi topo -m || true
-if [ ! -f /tmp/site/.kvbench-ok ]; then
-  [ -f /tmp/wb/SHA256 ] || { echo "pd-proof.sh: no wheelhouse in /tmp/wb (../shared/gpu/pack.sh, docs/gpu.md)" >&2; exit 2; }
-  bash /tmp/wb/install.sh
-  touch /tmp/site/.kvbench-ok
+if [ ! -f /tmp/site/.kvbench-ok ] && [ ! -f /tmp/wb/SHA256 ]; then
+  echo "pd-proof.sh: no wheelhouse in /tmp/wb (../shared/gpu/pack.sh, docs/gpu.md)" >&2
+  exit 2
 fi
-PYTHONPATH=/tmp/site python3 -c "import vllm, lmcache; print('vllm', vllm.__version__)"
+# installs vLLM + LMCache (and kvbench's own wheels) once, and reads both scenarios
+"$here/kvbench.sh" validate scenarios/gpu-pd-llama8b-h200x2.yaml scenarios/gpu-pd-sweep-llama8b-h200x2.yaml
 if ! PYTHONPATH=/tmp/site python3 -c "import nixl; from nixl._api import nixl_agent; print('nixl', nixl.__file__)"; then
   echo "pd-proof.sh: NIXL does not import from /tmp/site: vLLM's NIXL connector cannot start (see this script's header)" >&2
   exit 2
 fi
+# every P/D side's command line and kv-transfer-config, as kvbench renders them, through this vLLM's own parser
+repo="$(cd "$here/../.." && pwd)"
+PYTHONPATH="$repo:/tmp/site:/tmp/kvsite" python3 "$here/pd_argv.py" render scenarios/gpu-pd-llama8b-h200x2.yaml \
+  | PYTHONPATH=/tmp/site python3 "$here/pd_argv.py" validate
 [ "$what" = check ] && exit 0
 # NVLink multicast stays off on the lent hosts; the engines inherit these. UCX_TLS is left unset: UCX picks cuda_ipc
 # for GPU-to-GPU copies on one host (kvbench refuses a UCX_TLS without it: the KV would go over TCP)

@@ -15,16 +15,14 @@ from common.errors import EngineStartError, ScenarioError
 from harness.engines.configs import PD_CONNECTORS, VllmEngineConfig, VllmPdEngineConfig
 from harness.engines.kinds import engine_kind
 from harness.engines.modeldir import resolve_model_ref
-from harness.engines.vllm import build_vllm_argv, build_vllm_env
-from harness.engines.vllm_offload import GIB, render_vllm_launch
+from harness.engines.vllm_offload import GIB
 from harness.engines.vllm_pd import (
     SIDE_CHANNEL_PORT_ENV,
     Role,
     VllmPdEngine,
     kv_bytes_per_token,
-    pd_plan,
+    preview_side,
     refuse_tcp,
-    role_config,
 )
 from harness.scenario.spec import load_scenario, parse_scenario
 from offload.profiles import OffloadProfile, OffloadTier, resolve_profile
@@ -54,13 +52,7 @@ def config(**update: object) -> VllmPdEngineConfig:
 
 def launch(pd: VllmPdEngineConfig, arm: str, role: Role, tmp_path: Path) -> tuple[tuple[str, ...], dict[str, str]]:
     """One side's argv and environment, rendered the way VllmPdEngine's sides render them."""
-    side = role_config(pd, role)
-    profile = ARMS[arm] if role == "prefill" else ARMS[arm].model_copy(update={"tiers": (), "backend": "auto"})
-    ports = iter(range(41000, 41100))
-    plan = render_vllm_launch(profile, side, True, tmp_path, port_factory=lambda: next(ports))
-    port = 5601 if role == "prefill" else 5602
-    plan = pd_plan(plan, pd, role, port)
-    return build_vllm_argv(side, "/venv/bin/python", 8000, plan), build_vllm_env(side, plan)
+    return preview_side(pd, role, ARMS[arm], tmp_path, python="/venv/bin/python")
 
 
 def transfer_of(argv: tuple[str, ...]) -> dict[str, object]:
@@ -145,32 +137,6 @@ def test_the_kind_is_registered_and_its_scenarios_read() -> None:
         assert PD_CONNECTORS[scenario.engine.connector] == "NixlPushConnector"
 
 
-VALIDATE = r"""
-import json, sys
-from vllm.config.kv_transfer import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.engine.arg_utils import EngineArgs
-try:  # vLLM 0.32
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-except ImportError:  # vLLM 0.26
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-parser = make_arg_parser(FlexibleArgumentParser())
-for argv in json.loads(sys.stdin.read()):
-    args = parser.parse_args(argv)
-    engine = EngineArgs.from_cli_args(args)
-    transfer = engine.kv_transfer_config
-    if not isinstance(transfer, KVTransferConfig):
-        transfer = KVTransferConfig(**transfer)
-    children = transfer.kv_connector_extra_config.get("connectors", [transfer.__dict__])
-    for child in children:
-        checked = KVTransferConfig(**{k: v for k, v in child.items() if k in KVTransferConfig.__dataclass_fields__})
-        KVConnectorFactory.get_connector_class(checked)
-    print("ok", transfer.kv_connector, transfer.kv_role, [c.get("kv_connector") for c in children])
-"""
-
-
 @pytest.mark.vllm
 def test_every_sides_argv_is_accepted_by_vllms_own_parser_and_config(vllm_python: str, tmp_path: Path) -> None:
     pd = config()
@@ -181,7 +147,12 @@ def test_every_sides_argv_is_accepted_by_vllms_own_parser_and_config(vllm_python
             argv, _ = launch(pd, arm, role, tmp_path)
             argvs.append(list(argv[argv.index("--model") :]))
     done = subprocess.run(
-        [vllm_python, "-c", VALIDATE], input=json.dumps(argvs), capture_output=True, text=True, timeout=600, check=False
+        [vllm_python, str(REPO / "scripts" / "gpu" / "pd_argv.py"), "validate"],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
