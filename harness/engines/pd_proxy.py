@@ -58,7 +58,8 @@ HEALTH_TIMEOUT_S = 5.0
 
 def prefill_request(body: dict[str, object]) -> dict[str, object]:
     """The request the prefill server gets: one token, no stream, asking to keep the KV for a remote decode."""
-    out = {key: value for key, value in body.items() if key != "stream_options"}
+    # a min_tokens above the one token asked for would be refused (vLLM checks min_tokens <= max_tokens)
+    out = {key: value for key, value in body.items() if key not in ("stream_options", "min_tokens")}
     out.update({"stream": False, "max_tokens": 1, "kv_transfer_params": dict(PREFILL_TRANSFER_PARAMS)})
     if "max_completion_tokens" in body:
         out["max_completion_tokens"] = 1

@@ -330,7 +330,7 @@ class VllmPdEngine(ProcessEngine[VllmPdEngineConfig, RunningEngine]):
     def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
         super().__init__(config, context, VllmPdEngineConfig, check_pd_supported)
 
-    def _side(self, role: Role, profile: OffloadProfile, port: int) -> VllmEngine:
+    def _side(self, role: Role, profile: OffloadProfile, side_channel_port: int) -> VllmEngine:
         config = self.config
         context = LaunchContext(
             arm=self.context.arm,
@@ -339,7 +339,9 @@ class VllmPdEngine(ProcessEngine[VllmPdEngineConfig, RunningEngine]):
             prefix_caching=self.context.prefix_caching,
             tier_session=self.context.tier_session,
         )
-        return VllmEngine(role_config(config, role), context, plan_hook=lambda plan: pd_plan(plan, config, role, port))
+        return VllmEngine(
+            role_config(config, role), context, plan_hook=lambda plan: pd_plan(plan, config, role, side_channel_port)
+        )
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningEngine:
         config, context = self.config, self.context
@@ -351,12 +353,12 @@ class VllmPdEngine(ProcessEngine[VllmPdEngineConfig, RunningEngine]):
         model_dir = await _model_dir(config.model)
         kv_bytes = kv_bytes_per_token(model_dir, config)
         tierless = side_profile(context.profile, "decode")
-        prefill_port, decode_port = free_port(config.host), free_port(config.host)
-        while decode_port == prefill_port:
-            decode_port = free_port(config.host)
-        # both sides load at once (the decode side's NIXL handshake waits for the prefill side's first push)
-        prefill_engine = self._side("prefill", context.profile, prefill_port)
-        decode_engine = self._side("decode", tierless, decode_port)
+        prefill_channel, decode_channel = free_port(config.host), free_port(config.host)
+        while decode_channel == prefill_channel:
+            decode_channel = free_port(config.host)
+        # both sides load at once: they meet only per request, through the kv_transfer_params the proxy hands on
+        prefill_engine = self._side("prefill", context.profile, prefill_channel)
+        decode_engine = self._side("decode", tierless, decode_channel)
         prefill, decode = await _start_both(stack, prefill_engine, decode_engine)
         log_path = context.log_dir / PROXY_LOG
         port = free_port(config.host)

@@ -15,6 +15,7 @@ from common.errors import EngineStartError, ScenarioError
 from harness.engines.configs import PD_CONNECTORS, VllmEngineConfig, VllmPdEngineConfig
 from harness.engines.kinds import engine_kind
 from harness.engines.modeldir import resolve_model_ref
+from harness.engines.pd_proxy import PREFILL_TRANSFER_PARAMS, prefill_request
 from harness.engines.vllm_offload import GIB
 from harness.engines.vllm_pd import (
     SIDE_CHANNEL_PORT_ENV,
@@ -186,3 +187,16 @@ def test_the_proof_script_refuses_a_machine_with_fewer_than_two_gpus(listed: int
     )
     assert done.returncode == 2
     assert f"this machine has {listed} GPU(s); prefill/decode disaggregation needs 2" in done.stderr
+
+
+def test_the_prefill_request_asks_for_one_token_and_keeps_the_rest() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64, "min_tokens": 8}
+    body |= {"stream": True, "stream_options": {"include_usage": True}, "max_completion_tokens": 64}
+    sent = prefill_request(body)
+    assert (
+        sent["kv_transfer_params"] == PREFILL_TRANSFER_PARAMS
+        and sent["kv_transfer_params"] is not PREFILL_TRANSFER_PARAMS
+    )
+    assert (sent["max_tokens"], sent["max_completion_tokens"], sent["stream"]) == (1, 1, False)
+    assert "stream_options" not in sent and "min_tokens" not in sent
+    assert sent["messages"] == body["messages"] and body["max_tokens"] == 64  # the client's request is untouched
