@@ -451,6 +451,10 @@ class VllmPdEngineConfig(StrictModel):
         return [*self.prefill.gpus, *self.decode.gpus]
 
     @property
+    def arms_named(self) -> dict[str, list[str]]:
+        return {"colocated_arms": list(self.colocated_arms)}
+
+    @property
     def fleet_size(self) -> int:
         """One deployment (its two servers are sides of it, not replicas)."""
         return 1

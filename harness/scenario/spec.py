@@ -24,6 +24,7 @@ from common.redact import is_secret_name, remember_secret
 from common.schema import StrictModel, sorted_unique
 from common.yamlfile import EnvUnset, ScenarioLoader, expand_env, read_yaml_mapping
 from harness.engines import kinds
+from harness.engines.base import NamesArms
 from harness.engines.configs import (
     OpenAIEngineConfig,
     SglangEngineConfig,
@@ -418,6 +419,10 @@ class Scenario(StrictModel):
             raise ValueError(f"arm names must be unique, got {names}")
         if self.compare.baseline is not None and self.compare.baseline not in names:
             raise ValueError(f"compare.baseline {self.compare.baseline!r} is not an arm; arms: {names}")
+        if isinstance(self.engine, NamesArms):
+            for field, named in self.engine.arms_named.items():
+                if unknown := [name for name in named if name not in names]:
+                    raise ValueError(f"engine.{field}: {unknown} name no arm; allowed: {names}")
         between = self.workload.between_turns.mode if isinstance(self.workload, MultiRoundQAProbe) else None
         for arm in self.arms:
             try:

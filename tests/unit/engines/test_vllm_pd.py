@@ -200,3 +200,10 @@ def test_the_prefill_request_asks_for_one_token_and_keeps_the_rest() -> None:
     assert (sent["max_tokens"], sent["max_completion_tokens"], sent["stream"]) == (1, 1, False)
     assert "stream_options" not in sent and "min_tokens" not in sent
     assert sent["messages"] == body["messages"] and body["max_tokens"] == 64  # the client's request is untouched
+
+
+def test_a_colocated_arm_that_names_no_arm_is_refused() -> None:
+    data = yaml.safe_load(PD_SCENARIOS[0].read_text())
+    data["engine"]["colocated_arms"] = ["COLO-OFF", "COLO-GPU"]
+    with pytest.raises(ScenarioError, match=r"engine\.colocated_arms: \['COLO-GPU'\] name no arm; allowed: \["):
+        parse_scenario(data, "pd.yaml")
