@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.results.pd_breakdown import PdBreakdownResult
+from reports.outputs import report_html
 from tests.fakes.pd_vllm import PREFILL_S
 from tests.scenarios import exponential, multi_user_qa, uniform
 from tests.support import REPO, kvbench_scenario
@@ -36,7 +37,7 @@ def fake_python(tmp_path: Path) -> Path:
     return wrapper
 
 
-def engine(tmp_path: Path) -> dict[str, object]:
+def engine(tmp_path: Path, colocated: list[str]) -> dict[str, object]:
     return {
         "kind": "vllm-pd",
         "model": "synth:llama-3.1-8b",
@@ -44,7 +45,7 @@ def engine(tmp_path: Path) -> dict[str, object]:
         "max_model_len": 4096,
         "prefill": {"gpus": [0]},
         "decode": {"gpus": [1]},
-        "colocated_arms": ["COLO-OFF"],
+        "colocated_arms": colocated,
         "env": {"FAKE_PD_KV_BYTES": str(KV_BYTES_PER_TOKEN)},
         "startup_timeout_s": 120,
     }
@@ -53,7 +54,7 @@ def engine(tmp_path: Path) -> dict[str, object]:
 def test_a_pd_probe_runs_through_the_proxy_and_takes_its_ttft_apart(tmp_path: Path) -> None:
     scenario = {
         "name": "pd-fake",
-        "engine": engine(tmp_path),
+        "engine": engine(tmp_path, ["COLO-OFF"]),
         "arms": [
             {"name": "COLO-OFF", "offload": "hbm"},
             {"name": "PD-OFF", "offload": "hbm"},
@@ -97,6 +98,8 @@ def test_a_pd_probe_runs_through_the_proxy_and_takes_its_ttft_apart(tmp_path: Pa
         assert row.transfer is not None and row.transfer.expected_bytes == pytest.approx(row.transfer.bytes)
         assert row.flags == [], row.flags
     assert (run_dir / "report" / "pd-breakdown.md").is_file()
+    page = report_html([run_dir], out=tmp_path / "case.html").read_text(encoding="utf-8")
+    assert "Decode admission" in page and "biased low when transfers overlap" in page  # the table and its note
     assert "P/D: where TTFT goes" in done.stdout
     assert "vLLM P/D 0.26.0+fake, 2× GPU" in done.stdout  # both sides' GPUs
     colocated = manifest["engines"]["COLO-OFF"]
@@ -106,7 +109,7 @@ def test_a_pd_probe_runs_through_the_proxy_and_takes_its_ttft_apart(tmp_path: Pa
 def test_a_pd_sweep_takes_each_load_points_ttft_apart(tmp_path: Path) -> None:
     scenario = {
         "name": "pd-fake-sweep",
-        "engine": engine(tmp_path),
+        "engine": engine(tmp_path, []),
         "arms": [{"name": "PD-OFF", "offload": "hbm"}],
         "workload": multi_user_qa(
             4, uniform(2, 3), uniform(200, 400), answer_tokens=4, think_time_s=exponential(0.2), warmup_requests=0
