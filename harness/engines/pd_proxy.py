@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 ROLE_LABEL = "kvbench_pd_role"
 """The label the proxy's ``/metrics`` puts on every sample: which server it came from."""
@@ -116,7 +116,8 @@ class PdProxy:
     @property
     def session(self) -> ClientSession:
         if self._session is None:
-            self._session = ClientSession(timeout=self.timeout)
+            # no connection limit (aiohttp's default is 100): the proxy must not queue requests the engines would take
+            self._session = ClientSession(timeout=self.timeout, connector=TCPConnector(limit=0))
         return self._session
 
     async def close(self, _app: web.Application) -> None:
