@@ -52,6 +52,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from common.packed import read_stored_bytes
 from common.schema import VersionedFile
 from harness.engines.vllm_pd import KV_BLOCK_DETAIL, KV_BYTES_DETAIL, KV_LINK_GBPS_DETAIL, PROXY_LOG
 from harness.store.events import MetricsDelta, PointDone
@@ -178,11 +179,13 @@ class Geometry:
 
 
 def read_phase_log(path: Path) -> list[PhaseLine]:
-    """The proxy's lines, in file order (a line that is not one, e.g. cut by a kill, is skipped)."""
-    if not path.is_file():
+    """The proxy's lines, in file order (a line that is not one, e.g. cut by a kill, is skipped); the log packed as
+    ``.xz`` in a kept run reads the same."""
+    data = read_stored_bytes(path)
+    if data is None:
         return []
     lines: list[PhaseLine] = []
-    for text in path.read_text(encoding="utf-8").splitlines():
+    for text in data.decode("utf-8", errors="replace").splitlines():
         try:
             lines.append(PhaseLine.model_validate_json(text))
         except ValidationError:

@@ -3,6 +3,9 @@ are known sums to the client's TTFT with no flag; each kind of broken input is f
 
 from __future__ import annotations
 
+import lzma
+from pathlib import Path
+
 import pytest
 
 from harness.results.pd_breakdown import (
@@ -13,6 +16,7 @@ from harness.results.pd_breakdown import (
     breakdown,
     build,
     join,
+    read_phase_log,
     union_seconds,
 )
 from harness.store.records import RequestRecord
@@ -159,3 +163,16 @@ def test_the_report_shows_every_part_and_both_rates() -> None:
     markdown = render_markdown(result)
     assert "## Where TTFT goes (ms)" in markdown and "## KV transfers (NIXL)" in markdown
     assert "## Flagged" not in markdown
+
+
+def test_the_phase_log_reads_plain_or_packed_and_skips_a_cut_line(tmp_path: Path) -> None:
+    lines = [line(start) for start in STARTS_MS]
+    text = "".join(item.model_dump_json() + "\n" for item in lines) + '{"received_ns": 12'  # cut by a kill
+    plain = tmp_path / "plain" / "pd-proxy.jsonl"
+    plain.parent.mkdir()
+    plain.write_text(text, encoding="utf-8")
+    packed = tmp_path / "packed" / "pd-proxy.jsonl"
+    packed.parent.mkdir()
+    packed.with_name("pd-proxy.jsonl.xz").write_bytes(lzma.compress(text.encode()))
+    assert read_phase_log(plain) == read_phase_log(packed) == lines
+    assert read_phase_log(tmp_path / "none.jsonl") == []
