@@ -33,6 +33,7 @@ from common.errors import KvbenchError, RunDirError
 from common.redact import redact_text
 from harness.gate.playbook import PlaybookStatus, load_playbook, playbook_status, run_kind
 from harness.results.calibrated import CalibratedTtft
+from harness.results.pd_breakdown import PdBreakdownResult
 from harness.results.provenance import Provenance, provenance
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
@@ -46,6 +47,7 @@ from offload import analytical
 from offload.profiles import OffloadProfile
 from workloads.config import MultiRoundQAProbe
 
+from . import pd
 from .charts import PALETTE, BarSeries, Chart, Highlight, Limit, LineSeries, bar_chart, figure_chart, line_chart
 from .decision import (
     COARSE_CONTEXTS,
@@ -651,7 +653,8 @@ class SplitView:
 
 
 def split_views(probe: ProbeSource) -> list[SplitView]:
-    """The engine's own clock ("Where TTFT goes"), LMCache's log timeline and its ranks, each when the run has it."""
+    """The engine's own clock ("Where TTFT goes"), LMCache's log timeline and its ranks, and prefill/decode arms'
+    TTFT parts, each when the run has it."""
     from .renderers import LMCACHE_NOTE, RANK_NOTE, TIMING_NOTE
     from .ttft_table import LMCACHE_HEADER, RANK_HEADER, TIMING_HEADER, SplitRow, lmcache_rows, rank_rows, timing_rows
 
@@ -670,6 +673,12 @@ def split_views(probe: ProbeSource) -> list[SplitView]:
     if by_rank := rank_rows(probe.result):
         numeric = [False, False] + [True] * (len(RANK_HEADER) - 2)
         out.append(SplitView(RANK_NOTE, TableView(list(RANK_HEADER), by_rank, numeric, caption=probe.origin)))
+    breakdown_file = probe.path / PdBreakdownResult.FILE_NAME
+    if stored_file(breakdown_file):  # prefill/decode arms: their TTFT parts (pd-breakdown.json)
+        breakdown = PdBreakdownResult.read_file(breakdown_file)
+        numeric = [False, False, False] + [True] * (len(pd.TTFT_HEADER) - 4) + [False]
+        table = TableView(list(pd.TTFT_HEADER), pd.ttft_rows(breakdown), numeric, caption=f"ms; {probe.origin}")
+        out.append(SplitView(pd.note(breakdown), table))
     return out
 
 

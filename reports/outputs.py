@@ -45,6 +45,7 @@ from harness.gate.compare import CompareResult
 from harness.gate.playbook import load_playbook
 from harness.results.agentic_result import AgenticResult
 from harness.results.fleet import FleetResult
+from harness.results.pd_breakdown import PdBreakdownResult
 from harness.results.provenance import provenance
 from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
@@ -54,7 +55,7 @@ from harness.results.sweep_result import SweepResult
 from harness.store.manifest import read_manifest
 from harness.store.rundir import RunDir, RunKind
 
-from . import agentic, curves, fleet, gate, html, renderers, replay
+from . import agentic, curves, fleet, gate, html, pd, renderers, replay
 
 ResultKind = RunKind | Literal["case-study", "compare"]
 RUN_KINDS: tuple[RunKind, ...] = get_args(RunKind)
@@ -127,6 +128,10 @@ def _fleet(results: RunResults) -> object | None:
     return results.fleet
 
 
+def _pd(results: RunResults) -> object | None:
+    return results.pd
+
+
 @dataclass(frozen=True)
 class Output:
     kinds: tuple[ResultKind, ...]
@@ -186,6 +191,14 @@ def _agentic_console(result: AgenticResult, job: Job, console: Console) -> None:
     renderers.print_validity(result.validity, console)
 
 
+def _pd_markdown(result: PdBreakdownResult, job: Job) -> str:
+    return pd.render_markdown(result)
+
+
+def _pd_console(result: PdBreakdownResult, job: Job, console: Console) -> None:
+    pd.print_console(result, console)
+
+
 def _fleet_markdown(result: FleetResult, job: Job) -> str:
     return fleet.markdown(result) + "\n" + job.origin + "\n"
 
@@ -228,6 +241,8 @@ OUTPUTS: tuple[Output, ...] = (
     # any kind run on a fleet (it has a fleet.json): same vs moved, per-replica load and hits
     Output(RUN_KINDS, "fleet", _text(FleetResult, _fleet_markdown), "fleet.md", loads=_fleet),
     Output(RUN_KINDS, "console", _console(FleetResult, _fleet_console), loads=_fleet),
+    Output(("probe", "sweep"), "pd", _text(PdBreakdownResult, _pd_markdown), "pd-breakdown.md", loads=_pd),
+    Output(("probe", "sweep"), "console", _console(PdBreakdownResult, _pd_console), loads=_pd),
     Output(("case-study",), "html", _reads(html.ReportSources, _case_study), html.HTML_FILE, default=False),
     Output(("compare",), "markdown", _text(CompareResult, _compare_markdown), "compare.md"),
     Output(("compare",), "junit", _text(CompareResult, _compare_junit), "compare.xml"),
@@ -246,9 +261,12 @@ def _wanted(output: Output, wanted: Collection[str] | None) -> bool:
 
 
 def read_results(run_dir: RunDir) -> RunResults:
-    """The run directory's stored result files: its kind's and, run on a fleet, ``fleet.json``."""
+    """The run directory's stored result files: its kind's and, run on a fleet, ``fleet.json`` (P/D arms:
+    ``pd-breakdown.json``)."""
     fleet = FleetResult.read_file(run_dir.fleet_file) if stored_file(run_dir.fleet_file) else None
-    return RunResults(RESULT_FILES[run_dir.kind].read_file(run_dir.path), fleet)
+    pd_file = run_dir.path / PdBreakdownResult.FILE_NAME
+    pd_result = PdBreakdownResult.read_file(pd_file) if stored_file(pd_file) else None
+    return RunResults(RESULT_FILES[run_dir.kind].read_file(run_dir.path), fleet, pd_result)
 
 
 def write_outputs(

@@ -146,6 +146,17 @@ class EngineConfigModel(Protocol):
     def model(self) -> str: ...
 
 
+@runtime_checkable
+class NamesArms(Protocol):
+    """An engine config with fields that name the scenario's arms (``vllm-pd``'s ``colocated_arms``): the scenario
+    checks that each name is one of its arms."""
+
+    @property
+    def arms_named(self) -> dict[str, list[str]]:
+        """Field name -> the arm names it lists."""
+        ...
+
+
 class Engine(Protocol):
     async def __aenter__(self) -> RunningEngine: ...
 

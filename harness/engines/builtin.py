@@ -1,4 +1,5 @@
-"""The engine kinds this stage ships: vLLM, SGLang, TensorRT-LLM and any OpenAI-compatible endpoint.
+"""The engine kinds this stage ships: vLLM (and its prefill/decode deployment), SGLang, TensorRT-LLM and any
+OpenAI-compatible endpoint.
 
 Imported by the package (``harness/engines/__init__.py``), so they are registered wherever an engine
 module is. The simulator registers its own kind in ``harness.sim``.
@@ -8,8 +9,14 @@ from __future__ import annotations
 
 from harness.client.scrape import AUTO, SGLANG, TRTLLM, VLLM
 
-from . import sglang, sglang_offload, trtllm, trtllm_offload, vllm, vllm_fleet, vllm_offload
-from .configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
+from . import sglang, sglang_offload, trtllm, trtllm_offload, vllm, vllm_fleet, vllm_offload, vllm_pd
+from .configs import (
+    OpenAIEngineConfig,
+    SglangEngineConfig,
+    TrtllmEngineConfig,
+    VllmEngineConfig,
+    VllmPdEngineConfig,
+)
 from .kinds import EngineKind, register, support_check
 from .openai import OpenAIEngine
 
@@ -50,5 +57,16 @@ register(
         support_check(TrtllmEngineConfig, trtllm_offload.check_supported),
         TRTLLM,
         "TensorRT-LLM",
+    )
+)
+register(
+    EngineKind(
+        "vllm-pd",
+        VllmPdEngineConfig,
+        vllm_pd.VllmPdEngine,
+        support_check(VllmPdEngineConfig, vllm_pd.check_pd_supported),
+        VLLM,
+        "vLLM P/D",
+        host_link=vllm_pd.host_link_target,
     )
 )

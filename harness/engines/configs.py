@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from common.schema import StrictModel
@@ -336,3 +336,163 @@ class TrtllmEngineConfig(ReplicaFields):
                 "(prefix caching, the cpu tier) and free_gpu_memory_fraction; set those instead"
             )
         return self
+
+
+PD_CONNECTORS: dict[str, str] = {"push": "NixlPushConnector", "pull": "NixlPullConnector"}
+"""``connector`` -> vLLM's P/D connector class (both in vLLM 0.26.0 and 0.32.0)."""
+PD_LINK_GBPS: dict[str, float] = {"nvlink": 900.0, "pcie5": 64.0}
+"""``kv_link`` -> the link's physical limit in GB/s (10^9 B/s) that no KV transfer figure may exceed: NVLink 4 on
+H100/H200 SXM 900 GB/s aggregate (both directions), PCIe Gen5 x16 64 GB/s per direction (datasheets)."""
+
+
+class PdRole(StrictModel):
+    """One side of a prefill/decode deployment: the GPUs it runs on and what differs from the other side."""
+
+    gpus: list[int] = Field(
+        min_length=1, description="GPU ids of the host for this side (CUDA_VISIBLE_DEVICES); tp x pp of them."
+    )
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="--gpu-memory-utilization.")
+    num_gpu_blocks_override: int | None = Field(default=None, ge=1, description="--num-gpu-blocks-override.")
+    max_num_batched_tokens: int | None = Field(default=None, ge=16, description="--max-num-batched-tokens.")
+    extra_args: list[str] = Field(default_factory=list, description="More vLLM arguments for this side only.")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment variables for this side only.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_keeps_gpu_transport(cls, value: dict[str, str]) -> dict[str, str]:
+        return gpu_transport_env(value)
+
+
+class VllmPdEngineConfig(StrictModel):
+    """A prefill/decode-disaggregated vLLM deployment started and stopped by kvbench (``harness.engines.vllm_pd``).
+
+    Two vLLM servers on disjoint GPUs of this host -- ``prefill`` (``kv_producer``) and ``decode``
+    (``kv_consumer``) joined by vLLM's NIXL connector -- and kvbench's P/D proxy in front of them, which sends
+    each request to the prefill server (one token, ``do_remote_decode``) and then to the decode server with the
+    KV-transfer parameters the prefill answered, streaming the decode's answer back. An arm's offload tier is
+    the prefill server's (MultiConnector: the NIXL connector first, then LMCache or vLLM native offload). Arms
+    named in ``colocated_arms`` run one plain vLLM on the prefill GPUs instead (the colocated baseline, same
+    settings). The fields shared by both sides mean what they mean for ``kind: vllm``.
+    """
+
+    kind: Literal["vllm-pd"]
+    model: str = Field(description="Path of the model directory (config.json + tokenizer), or synth:SHAPE.")
+    served_model_name: str | None = Field(default=None, description="Model name in requests; default: the dir name.")
+    python: str | None = Field(
+        default=None, description="Python of the vLLM virtualenv; default: $KVBENCH_VLLM_PYTHON, else kvbench's own."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(default=None, description="--dtype.")
+    quantization: Literal["fp8"] | None = Field(default=None, description="--quantization (weights).")
+    max_model_len: int | None = Field(default=None, ge=16, description="--max-model-len.")
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="--gpu-memory-utilization.")
+    load_format: str | None = Field(default=None, description="--load-format, e.g. 'dummy' (random weights).")
+    enforce_eager: bool = Field(default=False, description="--enforce-eager.")
+    block_size: int | None = Field(default=None, ge=1, description="--block-size (tokens per KV block).")
+    parallelism: Parallelism = Parallelism()
+    prefill: PdRole = Field(description="The prefill server (kv_producer): its GPUs and own settings.")
+    decode: PdRole = Field(description="The decode server (kv_consumer): its GPUs and own settings.")
+    connector: Literal["push", "pull"] = Field(
+        default="push",
+        description="NIXL transfer mode: 'push' (NixlPushConnector: the prefill side writes into the decode "
+        "side's blocks). 'pull' is refused: between GPUs of one host vLLM's pull path moves KV over TCP.",
+    )
+    nixl_backends: tuple[Literal["UCX"], ...] = Field(
+        default=("UCX",),
+        strict=False,
+        description="NIXL backends (kv_connector_extra_config.backends); UCX only: its cuda_ipc transport is what "
+        "moves KV GPU to GPU on one host.",
+    )
+    kv_link: Literal["nvlink", "pcie5"] = Field(
+        default="nvlink",
+        description="The link between the two sides' GPUs, for the physics check of transfer figures: nvlink "
+        "(900 GB/s) or pcie5 (64 GB/s).",
+    )
+    colocated_arms: list[str] = Field(
+        default_factory=list,
+        description="Arms that run one plain vLLM on the prefill GPUs (no decode server, no proxy): the "
+        "colocated baseline with the same settings.",
+    )
+    hardware: str = Field(default="unknown", description="Free-text hardware label for reports.")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment variables for both sides.")
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    stop_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM grace before SIGKILL.")
+
+    @field_validator("connector")
+    @classmethod
+    def _no_tcp_connector(cls, value: str) -> str:
+        if value != "push":
+            raise ValueError(
+                f"{value!r} would move KV over TCP between GPUs of one host (vLLM's NIXL pull path, ~0.5 GB/s); "
+                "allowed: push"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_keeps_gpu_transport(cls, value: dict[str, str]) -> dict[str, str]:
+        return gpu_transport_env(value)
+
+    @model_validator(mode="after")
+    def _one_gpu_set_per_side(self) -> VllmPdEngineConfig:
+        ranks = self.parallelism.tp * self.parallelism.pp
+        if self.parallelism.dp != 1 or self.parallelism.replicas != 1:
+            raise ValueError("parallelism.dp and parallelism.replicas must be 1 for vllm-pd (one server per side)")
+        for role, side in (("prefill", self.prefill), ("decode", self.decode)):
+            if len(side.gpus) != ranks or len(set(side.gpus)) != ranks or min(side.gpus) < 0:
+                raise ValueError(f"{role}.gpus must be {ranks} distinct GPU ids (tp x pp), got {side.gpus}")
+        if shared := sorted(set(self.prefill.gpus) & set(self.decode.gpus)):
+            raise ValueError(f"prefill.gpus and decode.gpus share GPU {shared}; allowed: disjoint GPU ids")
+        return self
+
+    @property
+    def gpus(self) -> list[int]:
+        """Every GPU the deployment takes: the prefill side's, then the decode side's."""
+        return [*self.prefill.gpus, *self.decode.gpus]
+
+    @property
+    def arms_named(self) -> dict[str, list[str]]:
+        return {"colocated_arms": list(self.colocated_arms)}
+
+    @property
+    def fleet_size(self) -> int:
+        """One deployment (its two servers are sides of it, not replicas)."""
+        return 1
+
+    @property
+    def replica_gpus(self) -> int:
+        """Both sides' GPUs: every arm's per-GPU figures divide by them (colocated arms' too, which use only
+        the prefill side's)."""
+        return len(self.gpus)
+
+    @property
+    def fleet_gpus(self) -> int:
+        return self.replica_gpus
+
+
+UCX_TLS = "UCX_TLS"
+"""UCX's transport list: NIXL's UCX backend moves GPU memory between GPUs of one host with ``cuda_ipc``."""
+_GPU_DIRECT_TLS = ("cuda_ipc", "all")
+
+
+def ucx_tcp_only(value: str | None) -> str | None:
+    """Why a ``UCX_TLS`` value leaves NIXL no GPU-to-GPU transport on one host (None: it keeps one, or is unset).
+
+    UCX reads a list of transports to use, or ``^a,b`` for all but those."""
+    if value is None or not value.strip():
+        return None
+    excluded = value.strip().startswith("^")
+    names = {name.strip() for name in value.strip().lstrip("^").split(",") if name.strip()}
+    if excluded and "cuda_ipc" in names:
+        return f"{value!r} excludes cuda_ipc, which leaves KV transfers on tcp; allowed: a list with cuda_ipc, or unset"
+    if not excluded and not names & set(_GPU_DIRECT_TLS):
+        return f"{value!r} has no cuda_ipc, which leaves KV transfers on tcp; allowed: a list with cuda_ipc, or unset"
+    return None
+
+
+def gpu_transport_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` unchanged; ValueError naming ``UCX_TLS`` where its value leaves NIXL only TCP."""
+    problem = ucx_tcp_only(env.get(UCX_TLS))
+    if problem is not None:
+        raise ValueError(f"{UCX_TLS} {problem}")
+    return env

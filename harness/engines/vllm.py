@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -328,8 +328,16 @@ def _reset_succeeded(text: str) -> bool:
 class VllmEngine(ProcessEngine[VllmEngineConfig, RunningVllm]):
     """Engine kind ``vllm``: ``async with VllmEngine(config, context) as running: ...``."""
 
-    def __init__(self, config: EngineConfigModel, context: LaunchContext) -> None:
+    def __init__(
+        self,
+        config: EngineConfigModel,
+        context: LaunchContext,
+        *,
+        plan_hook: Callable[[VllmLaunchPlan], VllmLaunchPlan] | None = None,
+    ) -> None:
         super().__init__(config, context, VllmEngineConfig, check_supported)
+        # another kind built on this one (vllm-pd) changes what the offload profile rendered: its connector
+        self._plan_hook = plan_hook
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> RunningVllm:
         context = self.context
@@ -343,6 +351,8 @@ class VllmEngine(ProcessEngine[VllmEngineConfig, RunningVllm]):
         if context.fleet_size > 1:  # a fleet's replica names itself in every response (through a router too)
             inherited = config.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
             plan = name_replica(plan, self._workdir, context.replica, context.fleet_size, inherited)
+        if self._plan_hook is not None:
+            plan = self._plan_hook(plan)
         check_host_memory(
             plan.pinned_host_bytes,
             f"arm {context.arm}: offload profile {context.profile.name!r} ({plan.backend})",

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from harness.results.agentic_result import AgenticResult
 from harness.results.calibrated import CalibratedTtft
 from harness.results.fleet import FleetResult
+from harness.results.pd_breakdown import PdBreakdownResult
 from harness.results.replay_result import ReplayResult
 from harness.results.run_result import RunResult
 from harness.results.soak_result import SoakResult
@@ -68,6 +69,9 @@ STORED_FILES: dict[str, StoredFile] = {
         StoredFile("replay", "replay.json", ReplayResult, "kvbench replay: per-arm latency, SLO and hit rates"),
         StoredFile("agentic", "agentic.json", AgenticResult, "kvbench sweep (agentic): agents at SLO per tier, energy"),
         StoredFile("fleet", "fleet.json", FleetResult, "fleets: same vs moved, per-replica hits and load"),
+        StoredFile(
+            "pd-breakdown", "pd-breakdown.json", PdBreakdownResult, "prefill/decode arms: TTFT parts, KV physics"
+        ),
         StoredFile("workers", "workers.json", RayWorkers, "kvbench sweep --ray: the Ray worker of each shard"),
         StoredFile("calibration", "calibration.yaml", Calibration, "kvbench sim calibrate -o FILE (YAML)"),
         StoredFile("calibrated-ttft", "calibrated_ttft.json", CalibratedTtft, "kvbench sim predict: TTFT per cell"),

@@ -44,8 +44,12 @@ class Provenance:
 
 
 def _gpu_count(engine: Mapping[str, Any]) -> int:
-    """GPUs of the deployment: replicas × (gpus_per_replica, else TP × PP × DP) (harness.engines.replicas)."""
+    """GPUs of the deployment: replicas × (gpus_per_replica, else TP × PP × DP) (harness.engines.replicas); a
+    prefill/decode deployment's (``vllm-pd``): both sides' ``gpus``."""
     parallelism = engine.get("parallelism") or {}
+    sides = [engine.get(role) for role in ("prefill", "decode")]
+    if all(isinstance(side, dict) and isinstance(side.get("gpus"), list) for side in sides):
+        return sum(len(side["gpus"]) for side in sides if isinstance(side, dict))  # prefill/decode: both sides
 
     def number(value: object) -> int | None:
         return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

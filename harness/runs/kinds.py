@@ -16,6 +16,7 @@ from common.schema import VersionedFile
 from harness.results.agentic import agentic_result_of
 from harness.results.aggregate import probe_result_of
 from harness.results.fleet import fleet_result_of
+from harness.results.pd_breakdown import pd_breakdown_of
 from harness.results.replay import replay_result_of
 from harness.results.run_results import RunResults
 from harness.results.soak import soak_result_of
@@ -268,13 +269,16 @@ def stored_shard(run_dir: RunDir) -> tuple[Shard, float | None]:
 
 def results_of(run_dir: RunDir) -> RunResults:
     """Aggregate the run directory's result files from its stored files alone; writes nothing (``kvbench report``)."""
-    return RunResults(RUN_KINDS[run_dir.kind].result_of(run_dir), fleet_result_of(run_dir))
+    return RunResults(RUN_KINDS[run_dir.kind].result_of(run_dir), fleet_result_of(run_dir), pd_breakdown_of(run_dir))
 
 
 def summarize(run_dir: RunDir) -> RunResults:
-    """:func:`results_of`, written into the run directory (its result file; fleets: fleet.json too)."""
+    """:func:`results_of`, written into the run directory (its result file; fleets: fleet.json too; P/D arms:
+    pd-breakdown.json)."""
     results = results_of(run_dir)
     results.result.write_file(run_dir.path / results.result.FILE_NAME)
     if results.fleet is not None:
         results.fleet.write_file(run_dir.fleet_file)
+    if results.pd is not None:
+        results.pd.write_file(run_dir.path / results.pd.FILE_NAME)
     return results

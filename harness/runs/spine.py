@@ -66,6 +66,7 @@ from harness.engines.host_link import probe_host_link
 from harness.engines.kinds import create_engine, host_link_target
 from harness.results.aggregate import RESET_DETAIL
 from harness.results.fleet import summarize_fleet
+from harness.results.pd_breakdown import summarize_pd
 from harness.results.verdict import outcome_of_result
 from harness.scenario.spec import Arm, Scenario
 from harness.store.events import EngineDown
@@ -616,6 +617,7 @@ async def execute(runner: Runner[ResultT]) -> ResultT:
                         record_start_failure(runner, arm.name, error)
         result = runner.summarize()
         summarize_fleet(run_dir)  # fleets only (fleet.json): same vs moved, per-replica hits and load
+        summarize_pd(run_dir)  # prefill/decode arms only (pd-breakdown.json): TTFT parts, KV-transfer physics
         # a run that ran to the end but measured nothing trustworthy says so here, for every kind
         outcome = outcome_of_result(result)
         status, reason = outcome.status, outcome.reason

@@ -24,7 +24,14 @@ from common.redact import is_secret_name, remember_secret
 from common.schema import StrictModel, sorted_unique
 from common.yamlfile import EnvUnset, ScenarioLoader, expand_env, read_yaml_mapping
 from harness.engines import kinds
-from harness.engines.configs import OpenAIEngineConfig, SglangEngineConfig, TrtllmEngineConfig, VllmEngineConfig
+from harness.engines.base import NamesArms
+from harness.engines.configs import (
+    OpenAIEngineConfig,
+    SglangEngineConfig,
+    TrtllmEngineConfig,
+    VllmEngineConfig,
+    VllmPdEngineConfig,
+)
 from harness.engines.replicas import PrometheusSpec, RoutingSpec
 from harness.sim.config import SimEngineConfig
 from offload.profiles import OffloadProfile, resolve_profile
@@ -58,7 +65,12 @@ VERB_OF_WORKLOAD: dict[str, str] = {
 """The command that runs each workload kind (for the error a scenario given to the wrong command gets)."""
 
 EngineConfig = Annotated[
-    SimEngineConfig | OpenAIEngineConfig | VllmEngineConfig | SglangEngineConfig | TrtllmEngineConfig,
+    SimEngineConfig
+    | OpenAIEngineConfig
+    | VllmEngineConfig
+    | VllmPdEngineConfig
+    | SglangEngineConfig
+    | TrtllmEngineConfig,
     Field(discriminator="kind"),
 ]
 """The ``engine:`` section: one model per registered engine kind (:mod:`harness.engines.kinds`; a test keeps
@@ -407,6 +419,10 @@ class Scenario(StrictModel):
             raise ValueError(f"arm names must be unique, got {names}")
         if self.compare.baseline is not None and self.compare.baseline not in names:
             raise ValueError(f"compare.baseline {self.compare.baseline!r} is not an arm; arms: {names}")
+        if isinstance(self.engine, NamesArms):
+            for field, named in self.engine.arms_named.items():
+                if unknown := [name for name in named if name not in names]:
+                    raise ValueError(f"engine.{field}: {unknown} name no arm; allowed: {names}")
         between = self.workload.between_turns.mode if isinstance(self.workload, MultiRoundQAProbe) else None
         for arm in self.arms:
             try:

@@ -18,6 +18,7 @@ from harness.client.scrape import (
     hit_rates,
     is_cumulative,
     metric_value,
+    parse_candidate,
     parse_metrics,
     sum_metric,
     summarize,
@@ -138,6 +139,24 @@ def test_hit_rates_none_without_queries(after: MetricsSnapshot) -> None:
     assert hit_rates(delta(legacy, legacy)).external is None
 
 
+PD_TAGS = (
+    "pd_prefill_queue_seconds",
+    "pd_prefill_queued",
+    "pd_prefill_seconds",
+    "pd_prefilled",
+    "pd_decode_queue_seconds",
+    "pd_decode_queued",
+    "pd_decode_prefill_seconds",
+    "pd_decode_prefilled",
+    "pd_transferred_tokens",
+    "kv_transfer_seconds",
+    "kv_transfers",
+    "kv_transfer_bytes",
+    "kv_transfer_descriptors",
+    "kv_transfer_failures",
+)
+
+
 def test_tagged_values(before: MetricsSnapshot, after: MetricsSnapshot) -> None:
     d = delta(before, after)
     assert summarize(d) == {
@@ -149,6 +168,7 @@ def test_tagged_values(before: MetricsSnapshot, after: MetricsSnapshot) -> None:
         "queued_requests": None,
         "prefill_seconds": None,
         "prefilled_requests": None,
+        **dict.fromkeys(PD_TAGS),  # nor a P/D proxy's role-labelled samples or NIXL's
     }
     gauges = summarize(after)
     assert gauges["kv_usage"] == 0.3125
@@ -199,7 +219,8 @@ def test_table_is_well_formed() -> None:
         for name in spec.names[VLLM]:
             assert name.startswith("vllm:")
             # counters: Prometheus counters, or a histogram's cumulative _sum and _count
-            assert name.endswith(("_total", "_sum", "_count")) == (spec.kind == "counter")
+            sample = parse_candidate(name).name  # a label selector follows the sample name
+            assert sample.endswith(("_total", "_sum", "_count")) == (spec.kind == "counter")
 
 
 GOOD_ENTRY = {"unit": "tokens", "kind": "counter", "formula": "f", "vllm": ["a_total"]}

@@ -74,4 +74,4 @@ def test_report_writes_the_formats_asked_for(tmp_path: Path) -> None:
     assert "ttft_table.md" not in {path.name for path in (run / "report").iterdir()}  # read-only without --rewrite
     result = CliRunner().invoke(app, ["report", "--format", "pdf", str(run)])
     assert result.exit_code == 2
-    assert "--format: unknown format 'pdf'; allowed: files, console, fleet, html" in result.output
+    assert "--format: unknown format 'pdf'; allowed: files, console, fleet, pd, html" in result.output
