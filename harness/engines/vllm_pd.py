@@ -49,7 +49,15 @@ from workloads.tokenizer import Tokenizer
 
 from . import pd_proxy
 from .base import Engine, EngineConfigModel, EngineFacts, LaunchContext, RunningEngine
-from .common import ProcessEngine, ServerTokenizer, engine_config, open_session, reset_with_retry, served_model_name
+from .common import (
+    ProcessEngine,
+    RunningServer,
+    ServerTokenizer,
+    engine_config,
+    open_session,
+    reset_with_retry,
+    served_model_name,
+)
 from .configs import (
     PD_CONNECTORS,
     PD_LINK_GBPS,
@@ -242,7 +250,7 @@ class PdSide(Protocol):
     def log_tail(self, lines: int = 50) -> list[str]: ...
 
 
-class RunningPd:
+class RunningPd(RunningServer):
     """The :class:`~harness.engines.base.RunningEngine` of a started P/D deployment: the proxy's endpoint."""
 
     def __init__(
@@ -257,22 +265,13 @@ class RunningPd:
         reset_url: str,
         session_owner: contextlib.AsyncExitStack,
     ) -> None:
-        self._endpoint = endpoint
-        self._facts = facts
+        super().__init__(endpoint, facts)
         self._proxy = proxy
         self._prefill = prefill
         self._decode = decode
         self._tokenizer = tokenizer
         self._reset_url = reset_url
         self._session = open_session(session_owner)
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return self._endpoint
-
-    @property
-    def facts(self) -> EngineFacts:
-        return self._facts
 
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, PER_TRANSFER_MS, Disaggregation
-from .scheduler import EngineCore, ErrorEvent, Event, FinishEvent, Plan, SimRequest, TokenEvent
+from .scheduler import EngineCore, ErrorEvent, Event, FinishEvent, Plan, RealTimeLoop, SimRequest, TokenEvent
 from .settings import SimSettings
 
 logger = logging.getLogger(__name__)
@@ -468,7 +468,7 @@ MAX_LAG_S = 0.25
 """Lateness of the event loop behind the modelled timeline that is logged (the host is too slow to keep up)."""
 
 
-class ClusterLoop:
+class ClusterLoop(RealTimeLoop):
     """Runs a :class:`Cluster` in real time (``kvbench sim serve`` with ``disaggregation``), as
     :class:`~harness.sim.scheduler.EngineLoop` runs one core: the server's only writer of its state.
 
@@ -476,30 +476,16 @@ class ClusterLoop:
     their modelled ends, and a request arriving while the loop sleeps is processed at its arrival.
     """
 
+    task_name = "kvbench-sim-cluster"
+
     def __init__(self, cluster: Cluster) -> None:
+        super().__init__()
         self.cluster = cluster
-        self.failure: BaseException | None = None
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._live: dict[int, ClusterRequest] = {}
         """id() of a client's request -> where it is, until it finishes or is aborted."""
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="kvbench-sim-cluster")
-        self._task.add_done_callback(self._on_done)
-
-    async def stop(self) -> None:
-        task = self._task
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        self._task = None
-
     def submit(self, request: SimRequest) -> None:
-        if self.failure is not None:
-            raise RuntimeError(f"the simulated engine has failed: {self.failure!r}")
+        self._check_alive()
         self._catch_up(time.monotonic())
         client_sink = request.sink
 
@@ -524,16 +510,10 @@ class ClusterLoop:
             logger.warning("the P/D simulator fell %.2f s behind its timeline", now - due)
         self.cluster.advance_to(now)
 
-    def _on_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is not None:
-            self.failure = error
-            logger.error("the simulated P/D cluster failed", exc_info=error)
-            for where in list(self._live.values()):
-                where.served.sink(ErrorEvent(f"the simulated engine failed: {error!r}"))
-            self._live.clear()
+    def _fail_all(self, reason: str) -> None:
+        for where in list(self._live.values()):
+            where.served.sink(ErrorEvent(reason))
+        self._live.clear()
 
     async def _run(self) -> None:
         while True:

@@ -39,6 +39,7 @@ not add to the modelled time.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import enum
@@ -745,36 +746,32 @@ MAX_LAG_S = 0.25
 """If the event loop falls this far behind the modelled timeline, restart the timeline at now."""
 
 
-class EngineLoop:
-    """Runs an :class:`EngineCore` in real time: the server's only writer of engine state."""
+class RealTimeLoop(abc.ABC):
+    """The lifecycle of a simulated engine run in real time on asyncio (one task, the server's only writer of its
+    state): start, stop, refuse work once the task has failed, and fail every request in flight when it does."""
 
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
+    task_name = "kvbench-sim-engine"
+
+    def __init__(self) -> None:
         self.failure: BaseException | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="kvbench-sim-engine")
+        self._task = asyncio.create_task(self._run(), name=self.task_name)
         self._task.add_done_callback(self._on_done)
 
     async def stop(self) -> None:
-        task = self._task
-        if task is None:
-            return
+        task, self._task = self._task, None
+        if task is None or task.done():
+            return  # a failed task's error is in self.failure, already logged and sent to its requests
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        self._task = None
 
-    def submit(self, request: SimRequest) -> None:
+    def _check_alive(self) -> None:
         if self.failure is not None:
             raise RuntimeError(f"the simulated engine has failed: {self.failure!r}")
-        self.core.add_request(request, time.monotonic())
-        self._wake.set()
-
-    def abort(self, request: SimRequest) -> None:
-        self.core.abort(request)
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
@@ -782,8 +779,42 @@ class EngineLoop:
         error = task.exception()
         if error is not None:
             self.failure = error
-            logger.error("the simulated engine loop failed", exc_info=error)
-            self.core.fail_all(f"the simulated engine failed: {error!r}")
+            logger.error("the simulated engine loop (%s) failed", self.task_name, exc_info=error)
+            self._fail_all(f"the simulated engine failed: {error!r}")
+
+    @abc.abstractmethod
+    def submit(self, request: SimRequest) -> None:
+        """Hand ``request`` to the engine; raises RuntimeError once the loop has failed."""
+
+    @abc.abstractmethod
+    def abort(self, request: SimRequest) -> None:
+        """Stop ``request`` wherever it is (the client went away)."""
+
+    @abc.abstractmethod
+    def _fail_all(self, reason: str) -> None:
+        """End every request in flight with ``reason``."""
+
+    @abc.abstractmethod
+    async def _run(self) -> None: ...
+
+
+class EngineLoop(RealTimeLoop):
+    """Runs an :class:`EngineCore` in real time: the server's only writer of engine state."""
+
+    def __init__(self, core: EngineCore) -> None:
+        super().__init__()
+        self.core = core
+
+    def submit(self, request: SimRequest) -> None:
+        self._check_alive()
+        self.core.add_request(request, time.monotonic())
+        self._wake.set()
+
+    def abort(self, request: SimRequest) -> None:
+        self.core.abort(request)
+
+    def _fail_all(self, reason: str) -> None:
+        self.core.fail_all(reason)
 
     async def _run(self) -> None:
         core = self.core
