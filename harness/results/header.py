@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class ResultProvenance(BaseModel):
     """Where a result file's figures came from (:class:`~.provenance.Provenance` without the setup key)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     origin: Origin = Field(
         description="measured: on an engine (started by kvbench or attached); simulated: kvbench's simulator, "

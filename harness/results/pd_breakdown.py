@@ -73,7 +73,7 @@ NS_PER_MS = 1e6
 class PhaseLine(BaseModel):
     """One line of the proxy's phase log (times: ``time.monotonic_ns()``; None: the request never got there)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
     received_ns: int
     prefill_sent_ns: int | None = None
@@ -94,7 +94,7 @@ class PhaseLine(BaseModel):
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class TtftParts(Frozen):

@@ -20,7 +20,7 @@ from .verdict import Outcome, Validity, outcome_of
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class LatencyStats(Frozen):

@@ -45,7 +45,7 @@ FAILING_GATES: frozenset[str] = frozenset({"no_success", "error_rate", "engine_d
 class Finding(BaseModel):
     """One gate that tripped, where (arm / context / turn when it is about one cell) and why."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     gate: GateName
     message: str
@@ -57,7 +57,7 @@ class Finding(BaseModel):
 class Validity(BaseModel):
     """The verdict of one run, its error rate, errors by kind, and every finding."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     verdict: VerdictValue
     error_rate: float | None = Field(description="Failed measured requests / measured requests.")

@@ -25,7 +25,7 @@ last line in ``error``); died: the Ray actor was lost (killed, out of memory, it
 class RayWorker(BaseModel):
     """One Ray actor that ran one shard."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     shard: int = Field(ge=0, description="The shard it ran (--shard I/N: I).")
     hostname: str | None = Field(description="The worker's host name; None: it died before it said.")

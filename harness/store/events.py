@@ -40,7 +40,7 @@ ENGINE_RESTARTS = "engine_restarts"
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class GroupDone(Frozen):

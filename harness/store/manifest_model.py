@@ -18,7 +18,7 @@ from harness.engines.host_link import HostLink
 
 
 class _Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class AttemptClock(_Manifest):

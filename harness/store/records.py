@@ -56,7 +56,7 @@ def _in_order(value: int | None, info: ValidationInfo, fields: tuple[str, ...], 
 class RequestRecord(BaseModel):
     """What one request did, as seen by the client."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     arm: str
     attempt: Count = Field(description="Which invocation of the run wrote it (0 = first, resumes count up).")

@@ -35,8 +35,9 @@ from tests.support import (
     wait_for,
 )
 
-# a Ray cluster's own processes (GCS, raylet, workers) take most of a core on the 2-core CI machine: beside the
-# simulator's timed tests they starved them (a 10 s probe start took over 120 s), so scripts/test.sh runs it alone
+# a Ray cluster's own processes (GCS, raylet, workers) take about half a core of the 2-core CI machine: beside the
+# simulator's timed tests they starved them (a 10 s probe start took over 120 s), so scripts/test.sh runs this module
+# beside the unit tier, which times nothing that would fail for it
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 SERVE = ("--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--host", "127.0.0.1", "--offload", "off")

@@ -33,8 +33,7 @@ from harness.results.run_result import RunResult
 from harness.store.rundir import RunDir
 from tests.support import REPO, kvbench, kvbench_env
 
-# untimed: it asserts hits and routing, no latency, so scripts/test.sh runs it beside the timed tiers at the idle class
-pytestmark = [pytest.mark.vllm, pytest.mark.router, pytest.mark.integration, pytest.mark.untimed]
+pytestmark = [pytest.mark.vllm, pytest.mark.router, pytest.mark.integration]
 
 
 def test_moved_turns_hit_only_a_shared_lmcache_server(tmp_path: Path) -> None:
