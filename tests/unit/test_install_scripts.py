@@ -186,3 +186,12 @@ def test_the_lab_tier_runs_at_the_idle_class_else_at_nice_19(sandbox: Path) -> N
     stages = ["the Ray cluster's tests", "the simulator's integration tests", "the tests of the engine", "the lab tier"]
     at = [done.stdout.index(f"== pytest: {stage}") for stage in stages]
     assert at == sorted(at), done.stdout
+
+
+def test_a_type_error_fails_the_script_after_the_unit_tier_and_before_any_engine_tier(sandbox: Path) -> None:
+    done = _run(sandbox, "scripts/test.sh", FAKE_MYPY_FAILS="1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "a planted type error" in done.stdout
+    calls = (sandbox / "calls.log").read_text()
+    assert "-m not integration and not vllm" in calls  # mypy ran beside the unit tier
+    assert "integration or router" not in calls and "-m vllm" not in calls
