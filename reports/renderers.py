@@ -23,7 +23,7 @@ from harness.results.run_result import SETTLE_WARN, RunResult
 from harness.results.verdict import Validity
 from harness.store.manifest import prompt_salt_of
 
-from .tables import print_table
+from .tables import print_table, text_table
 from .ttft_table import (
     LMCACHE_HEADER,
     RANK_HEADER,
@@ -148,22 +148,19 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
             "Where TTFT goes (ms, mean per request; engine /metrics)",
             TIMING_HEADER,
             [r.texts() for r in timing_rows(result)],
+            1,
         ),
         (
             "LMCache's timeline (ms, median per request; its log)",
             LMCACHE_HEADER,
             [r.texts() for r in lmcache_rows(result)],
+            1,
         ),
-        (f"LMCache's ranks (loads of {RANK_MIN_TOKENS:,} tokens or more; its log)", RANK_HEADER, rank_rows(result)),
+        (f"LMCache's ranks (loads of {RANK_MIN_TOKENS:,} tokens or more; its log)", RANK_HEADER, rank_rows(result), 2),
     )
-    for title, header, body in sections:
+    for title, header, body, text_columns in sections:
         if body:
-            table = Table(title=title)
-            for column in header:
-                table.add_column(column, justify="left" if column in ("Arm", "Rank") else "right")
-            for row in body:
-                table.add_row(*(escape(text) for text in row))
-            print_table(out, table)
+            print_table(out, text_table(Table(title=title), header, body, text_columns=text_columns))
     print_validity(result.validity, out)
     if not result.complete:
         out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")
