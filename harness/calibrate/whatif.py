@@ -24,14 +24,14 @@ are modelled (the simulator's profiles), not measured.
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from common.png import save_png
+from common.csvfile import write_csv_rows
+from common.png import save_titled_png
 from harness.sim.scheduler import EngineCore, Event, SimRequest
 from harness.sim.settings import SimSettings
 from offload.profiles import LoadOverlap, OffloadProfile, OffloadTier
@@ -217,14 +217,14 @@ def markdown_table(table: Sequence[Row]) -> str:
 
 
 def write_csv(points: Sequence[WhatIfPoint], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as out:
-        writer = csv.writer(out)
-        writer.writerow(["tokens", "read_gbps", "mode", "ttft_ms", "cached_tokens", "new_tokens"])
-        for p in points:
-            writer.writerow(
-                [p.tokens, f"{p.read_gbps:g}", p.mode, f"{p.ttft_s * 1e3:.3f}", p.cached_tokens, p.new_tokens]
-            )
+    write_csv_rows(
+        path,
+        ["tokens", "read_gbps", "mode", "ttft_ms", "cached_tokens", "new_tokens"],
+        (
+            [p.tokens, f"{p.read_gbps:g}", p.mode, f"{p.ttft_s * 1e3:.3f}", p.cached_tokens, p.new_tokens]
+            for p in points
+        ),
+    )
 
 
 def plot(points: Sequence[WhatIfPoint], path: Path, title: str) -> None:
@@ -248,8 +248,4 @@ def plot(points: Sequence[WhatIfPoint], path: Path, title: str) -> None:
         axis.set_title(f"{length:,} tokens")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_png(figure, path, dpi=110)
-    plt.close(figure)
+    save_titled_png(figure, path, title, dpi=110)
