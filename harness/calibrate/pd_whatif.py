@@ -35,13 +35,13 @@ from common.png import save_titled_png
 from harness.sim.calibration import AUTO, Calibration, pick_shipped
 from harness.sim.disagg import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, Cluster, Disaggregation, TtftParts
 from harness.sim.heldout import band_words, file_sha256
-from harness.sim.scheduler import Event
+from harness.sim.scheduler import ignore_event
 from harness.sim.settings import SimSettings
 from offload.profiles import TIER_DEFAULTS
 from offload.shapes import Deployment
 
 from .fleet_whatif import Setup, Traffic, simulate
-from .whatif import settings_for
+from .whatif import settings_for, turn2_prompt
 
 DEFAULT_TOKENS: tuple[int, ...] = (8192, 32768, 131072)
 DEFAULT_LINK_GBPS: tuple[float, ...] = (NIXL_PUSH_GBPS, NIXL_PULL_TCP_GBPS)
@@ -147,23 +147,16 @@ def deployments(
     return out
 
 
-def _ignore(event: Event) -> None:
-    del event
-
-
 def turn2(deployment: PdDeployment, tokens: int, new_tokens: int) -> TtftParts:
     """Turn 2's TTFT taken apart on a fresh deployment (see the module docstring)."""
     cluster = Cluster(deployment.settings, deployment.disaggregation)
     limit = min(core.max_model_len for core in [*cluster.prefill, *cluster.decode])
-    prompt_tokens = min(tokens, limit - 1)
-    if not 0 < new_tokens < prompt_tokens:
-        raise ValueError(f"new_tokens must be between 1 and {prompt_tokens - 1}, got {new_tokens}")
-    prompt = list(range(1000, 1000 + prompt_tokens))
-    cluster.submit("turn-1", prompt[:-new_tokens], 1, _ignore, key="user")  # both turns on one instance
+    prompt = turn2_prompt(tokens, new_tokens, limit)
+    cluster.submit("turn-1", prompt[:-new_tokens], 1, ignore_event, key="user")  # both turns on one instance
     cluster.run()
     cluster.advance_to(cluster.tier_writes_done_at())
     cluster.reset_prefix_caches()
-    second = cluster.submit("turn-2", prompt, 1, _ignore, key="user")
+    second = cluster.submit("turn-2", prompt, 1, ignore_event, key="user")
     cluster.run()
     return second.parts(cluster.load_overlap_none)
 
