@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from common.csvfile import write_csv_rows
 from common.markup import console_text, md_text
 from harness.results.lmcache_log import RANK_MIN_TOKENS
 from harness.results.provenance import provenance
@@ -361,10 +362,7 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
 def _write_rows(path: Path, header: list[str], body: Iterable[Sequence[object]], manifest: dict[str, Any]) -> Path:
     """A CSV file of ``header`` and ``body`` with the run's provenance as the last column of every line."""
     origin = str(provenance(manifest))
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([*header, "provenance"])
-        writer.writerows([*row, origin] for row in body)
+    write_csv_rows(path, [*header, "provenance"], ([*row, origin] for row in body))
     return path
 
 
