@@ -27,3 +27,15 @@ def save_png(figure: Figure, path: Path, dpi: float) -> None:
             colors=PALETTE_COLOURS, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE
         )
     palette.save(path, format="PNG", optimize=True)
+
+
+def save_titled_png(figure: Figure, path: Path, title: str, dpi: float) -> None:
+    """Put ``title`` over ``figure``, lay it out, write it to ``path`` (:func:`save_png`, its folder made if missing)
+    and close it, so a script drawing many figures does not keep them all in pyplot's memory."""
+    import matplotlib.pyplot as plt
+
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_png(figure, path, dpi=dpi)
+    plt.close(figure)

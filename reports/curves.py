@@ -22,7 +22,6 @@ The figures use matplotlib's object API (no pyplot global state) in the shared s
 
 from __future__ import annotations
 
-import csv
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
+from common.csvfile import write_csv_rows
 from common.markup import console_text, md_table, md_text
 from harness.results.capacity import COARSE_GRID
 from harness.results.energy import EnergySample
@@ -192,13 +192,14 @@ CSV_FIELDS = tuple(
 
 def write_csv(result: SweepResult, path: Path, provenance: str = "") -> Path:
     flags = frontier_flags(result)
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([*CSV_FIELDS, "provenance"])
-        for p in sorted(result.points, key=lambda p: (result.arms.index(p.arm), p.load)):
-            on_frontier = flags.get((p.arm, p.point), False)
-            row = [on_frontier if name == "pareto" else csv_cell(p, name) for name in CSV_FIELDS]
-            writer.writerow([*row, provenance])
+
+    def row(p: PointResult) -> list[object]:
+        on_frontier = flags.get((p.arm, p.point), False)
+        cells = [on_frontier if name == "pareto" else csv_cell(p, name) for name in CSV_FIELDS]
+        return [*cells, provenance]
+
+    points = sorted(result.points, key=lambda p: (result.arms.index(p.arm), p.load))
+    write_csv_rows(path, [*CSV_FIELDS, "provenance"], map(row, points))
     return path
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from common.markup import md_text
 from harness.results.pd_breakdown import PdBreakdownResult
 
-from .tables import print_table
+from .tables import print_table, text_table
 
 TTFT_HEADER = (
     "Arm",
@@ -143,11 +143,6 @@ def print_console(result: PdBreakdownResult, out: Console) -> None:
     ):
         if not body:
             continue
-        table = Table(title=title)
-        for column in header:
-            table.add_column(column, justify="left" if column in ("Arm", "Group") else "right")
-        for row in body:
-            table.add_row(*(escape(text) for text in row))
-        print_table(out, table)
+        print_table(out, text_table(Table(title=title), header, body, text_columns=2))
     for line in flag_lines(result):
         out.print(escape(f"flagged: {line}"), style="yellow", highlight=False)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from common.csvfile import write_csv_rows
 from common.markup import console_text, md_text
 from harness.results.lmcache_log import RANK_MIN_TOKENS
 from harness.results.provenance import provenance
@@ -23,7 +24,7 @@ from harness.results.run_result import SETTLE_WARN, RunResult
 from harness.results.verdict import Validity
 from harness.store.manifest import prompt_salt_of
 
-from .tables import print_table
+from .tables import print_table, text_table
 from .ttft_table import (
     LMCACHE_HEADER,
     RANK_HEADER,
@@ -148,22 +149,19 @@ def print_console(result: RunResult, manifest: dict[str, Any], console: Console 
             "Where TTFT goes (ms, mean per request; engine /metrics)",
             TIMING_HEADER,
             [r.texts() for r in timing_rows(result)],
+            1,
         ),
         (
             "LMCache's timeline (ms, median per request; its log)",
             LMCACHE_HEADER,
             [r.texts() for r in lmcache_rows(result)],
+            1,
         ),
-        (f"LMCache's ranks (loads of {RANK_MIN_TOKENS:,} tokens or more; its log)", RANK_HEADER, rank_rows(result)),
+        (f"LMCache's ranks (loads of {RANK_MIN_TOKENS:,} tokens or more; its log)", RANK_HEADER, rank_rows(result), 2),
     )
-    for title, header, body in sections:
+    for title, header, body, text_columns in sections:
         if body:
-            table = Table(title=title)
-            for column in header:
-                table.add_column(column, justify="left" if column in ("Arm", "Rank") else "right")
-            for row in body:
-                table.add_row(*(escape(text) for text in row))
-            print_table(out, table)
+            print_table(out, text_table(Table(title=title), header, body, text_columns=text_columns))
     print_validity(result.validity, out)
     if not result.complete:
         out.print("[yellow]The run is incomplete: resume it with `kvbench run --resume RUN_DIR`.[/]")
@@ -364,10 +362,7 @@ def write_csv(result: RunResult, manifest: dict[str, Any], out_dir: Path) -> Pat
 def _write_rows(path: Path, header: list[str], body: Iterable[Sequence[object]], manifest: dict[str, Any]) -> Path:
     """A CSV file of ``header`` and ``body`` with the run's provenance as the last column of every line."""
     origin = str(provenance(manifest))
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([*header, "provenance"])
-        writer.writerows([*row, origin] for row in body)
+    write_csv_rows(path, [*header, "provenance"], ([*row, origin] for row in body))
     return path
 
 

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from common.csvfile import write_csv_rows
 from common.markup import md_text
 from harness.results.replay_result import ArmReplay, ReplayResult
 from harness.results.sweep_result import Quantiles
@@ -189,12 +189,12 @@ CSV_FIELDS = tuple(
 
 def write_csv(result: ReplayResult, path: Path, provenance: str = "") -> Path:
     ceiling = "" if result.trace.infinite_cache_hit_rate is None else result.trace.infinite_cache_hit_rate
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([*CSV_FIELDS, "provenance"])
-        for item in result.results:
-            row = [ceiling if name == "infinite_cache_hit_rate" else csv_cell(item, name) for name in CSV_FIELDS]
-            writer.writerow([*row, provenance])
+
+    def row(item: ArmReplay) -> list[object]:
+        cells = [ceiling if name == "infinite_cache_hit_rate" else csv_cell(item, name) for name in CSV_FIELDS]
+        return [*cells, provenance]
+
+    write_csv_rows(path, [*CSV_FIELDS, "provenance"], map(row, result.results))
     return path
 
 

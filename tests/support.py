@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import yaml
 
-from harness.engines.process import free_port
+from harness.engines.process import ProcessSpec, free_port
 from harness.sim.tokenizer import SimTokenizer
 from workloads.config import MultiUserQA
 from workloads.multi_user import MultiUserWorkload
@@ -209,6 +209,58 @@ def wait_for_run_file(
         return files[0] if files and ready(files[0]) else None
 
     return found() if wait_for(lambda: found() is not None, timeout_s, while_running, poll_s=0.05) else None
+
+
+def local_server_spec(
+    name: str,
+    argv: tuple[str, ...],
+    port: int,
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    startup_timeout_s: float = 10.0,
+    stop_grace_s: float = 2.0,
+    cleanup_globs: tuple[str, ...] = (),
+    launch_token: bool = False,
+) -> ProcessSpec:
+    """A test server's process: healthy once ``127.0.0.1:port/health`` answers; Python output unbuffered (so its
+    log is whole when a test reads it), ``env`` added."""
+    return ProcessSpec(
+        name=name,
+        argv=argv,
+        env={"PYTHONUNBUFFERED": "1", **(env or {})},
+        log_path=log_path,
+        health_url=f"http://127.0.0.1:{port}/health",
+        startup_timeout_s=startup_timeout_s,
+        stop_grace_s=stop_grace_s,
+        cleanup_globs=cleanup_globs,
+        launch_token=launch_token,
+    )
+
+
+def fake_engine_spec(
+    log_path: Path,
+    *args: str,
+    family: str = "vllm",
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+    startup_timeout_s: float = 10.0,
+    stop_grace_s: float = 2.0,
+    cleanup_globs: tuple[str, ...] = (),
+) -> ProcessSpec:
+    """``tests/fakes/fake_engine.py --family FAMILY ARGS`` on a free port (:func:`local_server_spec`); ``name``
+    defaults to ``fake FAMILY engine``."""
+    port = free_port()
+    return local_server_spec(
+        name or f"fake {family} engine",
+        (sys.executable, str(FAKE_ENGINE), "--family", family, "--port", str(port), *args),
+        port,
+        log_path,
+        env=env,
+        startup_timeout_s=startup_timeout_s,
+        stop_grace_s=stop_grace_s,
+        cleanup_globs=cleanup_globs,
+    )
 
 
 @contextmanager

@@ -37,7 +37,6 @@ Results per setup (:class:`SetupResult`), over requests that arrive after ``warm
 
 from __future__ import annotations
 
-import csv
 import heapq
 import itertools
 import math
@@ -48,7 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.png import save_png
+from common.csvfile import write_csv_rows
+from common.png import save_titled_png
 from harness.client.router import Policy, Router
 from harness.sim.disagg import Cluster, ClusterRequest, Disaggregation
 from harness.sim.scheduler import Event, FinishEvent
@@ -303,42 +303,25 @@ def markdown_table(results: Sequence[SetupResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+CSV_COLUMNS = (
+    "setup",
+    "replicas",
+    "requests",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "same_p50_s",
+    "moved_p50_s",
+    "moved_share",
+    "hit_share",
+    "util_max",
+    "util_mean",
+    "gpus_needed",
+)
+"""fleet-whatif.csv's columns: each a :class:`SetupResult` field of that name."""
+
+
 def write_csv(results: Sequence[SetupResult], path: Path) -> None:
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(
-            [
-                "setup",
-                "replicas",
-                "requests",
-                "ttft_p50_s",
-                "ttft_p90_s",
-                "same_p50_s",
-                "moved_p50_s",
-                "moved_share",
-                "hit_share",
-                "util_max",
-                "util_mean",
-                "gpus_needed",
-            ]
-        )
-        for r in results:
-            writer.writerow(
-                [
-                    r.setup,
-                    r.replicas,
-                    r.requests,
-                    r.ttft_p50_s,
-                    r.ttft_p90_s,
-                    r.same_p50_s,
-                    r.moved_p50_s,
-                    r.moved_share,
-                    r.hit_share,
-                    r.util_max,
-                    r.util_mean,
-                    r.gpus_needed,
-                ]
-            )
+    write_csv_rows(path, CSV_COLUMNS, ([getattr(r, name) for name in CSV_COLUMNS] for r in results))
 
 
 def plot(results: Sequence[SetupResult], utilisation: dict[str, list[float]], path: Path, title: str) -> None:
@@ -361,7 +344,4 @@ def plot(results: Sequence[SetupResult], utilisation: dict[str, list[float]], pa
     right.set_xlabel("replica (sorted by utilisation)")
     right.set_ylabel("busy share of the window")
     right.legend(fontsize=8)
-    figure.suptitle(title + " — simulated (kvbench sim), not measured", fontsize=10)
-    figure.tight_layout()
-    save_png(figure, path, dpi=120)
-    plt.close(figure)
+    save_titled_png(figure, path, title + " — simulated (kvbench sim), not measured", dpi=120)

@@ -25,23 +25,23 @@ one exists; the link terms are reported and assumed figures, not fitted on a mea
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from common.csvfile import write_csv_rows
 from common.errors import CalibrationError
-from common.png import save_png
+from common.png import save_titled_png
 from harness.sim.calibration import AUTO, Calibration, pick_shipped
 from harness.sim.disagg import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, Cluster, Disaggregation, TtftParts
 from harness.sim.heldout import band_words, file_sha256
-from harness.sim.scheduler import Event
+from harness.sim.scheduler import ignore_event
 from harness.sim.settings import SimSettings
 from offload.profiles import TIER_DEFAULTS
 from offload.shapes import Deployment
 
 from .fleet_whatif import Setup, Traffic, simulate
-from .whatif import settings_for
+from .whatif import settings_for, turn2_prompt
 
 DEFAULT_TOKENS: tuple[int, ...] = (8192, 32768, 131072)
 DEFAULT_LINK_GBPS: tuple[float, ...] = (NIXL_PUSH_GBPS, NIXL_PULL_TCP_GBPS)
@@ -147,23 +147,16 @@ def deployments(
     return out
 
 
-def _ignore(event: Event) -> None:
-    del event
-
-
 def turn2(deployment: PdDeployment, tokens: int, new_tokens: int) -> TtftParts:
     """Turn 2's TTFT taken apart on a fresh deployment (see the module docstring)."""
     cluster = Cluster(deployment.settings, deployment.disaggregation)
     limit = min(core.max_model_len for core in [*cluster.prefill, *cluster.decode])
-    prompt_tokens = min(tokens, limit - 1)
-    if not 0 < new_tokens < prompt_tokens:
-        raise ValueError(f"new_tokens must be between 1 and {prompt_tokens - 1}, got {new_tokens}")
-    prompt = list(range(1000, 1000 + prompt_tokens))
-    cluster.submit("turn-1", prompt[:-new_tokens], 1, _ignore, key="user")  # both turns on one instance
+    prompt = turn2_prompt(tokens, new_tokens, limit)
+    cluster.submit("turn-1", prompt[:-new_tokens], 1, ignore_event, key="user")  # both turns on one instance
     cluster.run()
     cluster.advance_to(cluster.tier_writes_done_at())
     cluster.reset_prefix_caches()
-    second = cluster.submit("turn-2", prompt, 1, _ignore, key="user")
+    second = cluster.submit("turn-2", prompt, 1, ignore_event, key="user")
     cluster.run()
     return second.parts(cluster.load_overlap_none)
 
@@ -231,33 +224,29 @@ def markdown_table(points: Sequence[PdPoint]) -> str:
 
 
 def write_csv(points: Sequence[PdPoint], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as out:
-        writer = csv.writer(out)
-        writer.writerow(
-            [
-                "tokens",
-                "deployment",
-                "ttft_ms",
-                *(name for name, _ in PART_COLUMNS),
-                "loaded_tokens",
-                "hbm_hit_tokens",
-                "transfer_bytes",
-            ]
-        )
-        for p in points:
-            t = p.parts
-            writer.writerow(
-                [
-                    p.tokens,
-                    p.deployment,
-                    f"{t.ttft_s * 1e3:.3f}",
-                    *(f"{_ms(t, attribute):.3f}" for _, attribute in PART_COLUMNS),
-                    t.loaded_tokens,
-                    t.hbm_hit_tokens,
-                    f"{t.transfer_bytes:.0f}",
-                ]
-            )
+    header = [
+        "tokens",
+        "deployment",
+        "ttft_ms",
+        *(name for name, _ in PART_COLUMNS),
+        "loaded_tokens",
+        "hbm_hit_tokens",
+        "transfer_bytes",
+    ]
+    write_csv_rows(path, header, (_csv_row(p) for p in points))
+
+
+def _csv_row(point: PdPoint) -> list[object]:
+    t = point.parts
+    return [
+        point.tokens,
+        point.deployment,
+        f"{t.ttft_s * 1e3:.3f}",
+        *(f"{_ms(t, attribute):.3f}" for _, attribute in PART_COLUMNS),
+        t.loaded_tokens,
+        t.hbm_hit_tokens,
+        f"{t.transfer_bytes:.0f}",
+    ]
 
 
 def plot(points: Sequence[PdPoint], path: Path, title: str) -> None:
@@ -281,11 +270,7 @@ def plot(points: Sequence[PdPoint], path: Path, title: str) -> None:
         axis.set_title(f"{length:,} tokens")
         axis.grid(True, axis="y", alpha=0.3)
         axis.legend(fontsize=7)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_png(figure, path, dpi=110)
-    plt.close(figure)
+    save_titled_png(figure, path, title, dpi=110)
 
 
 DEFAULT_RATES: tuple[float, ...] = (2.0, 4.0, 8.0, 12.0, 16.0, 24.0)
@@ -374,18 +359,11 @@ def loaded_table(points: Sequence[LoadedPoint], slo_s: float) -> str:
 
 
 def write_loaded_csv(points: Sequence[LoadedPoint], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as out:
-        writer = csv.writer(out)
-        writer.writerow(["deployment", "gpus", "rate", "requests", "ttft_p50_ms", "ttft_p90_ms"])
-        for p in points:
-            writer.writerow(
-                [
-                    p.deployment,
-                    p.gpus,
-                    f"{p.rate:g}",
-                    p.requests,
-                    f"{p.ttft_p50_s * 1e3:.3f}",
-                    f"{p.ttft_p90_s * 1e3:.3f}",
-                ]
-            )
+    write_csv_rows(
+        path,
+        ["deployment", "gpus", "rate", "requests", "ttft_p50_ms", "ttft_p90_ms"],
+        (
+            [p.deployment, p.gpus, f"{p.rate:g}", p.requests, f"{p.ttft_p50_s * 1e3:.3f}", f"{p.ttft_p90_s * 1e3:.3f}"]
+            for p in points
+        ),
+    )

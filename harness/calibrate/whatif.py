@@ -24,15 +24,15 @@ are modelled (the simulator's profiles), not measured.
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from common.png import save_png
-from harness.sim.scheduler import EngineCore, Event, SimRequest
+from common.csvfile import write_csv_rows
+from common.png import save_titled_png
+from harness.sim.scheduler import EngineCore, SimRequest, ignore_event
 from harness.sim.settings import SimSettings
 from offload.profiles import LoadOverlap, OffloadProfile, OffloadTier
 
@@ -76,24 +76,26 @@ def _run(core: EngineCore, request: SimRequest, now: float) -> float:
     return now
 
 
-def _ignore(event: Event) -> None:
-    del event
+def turn2_prompt(tokens: int, new_tokens: int, max_model_len: int) -> list[int]:
+    """Turn 2's prompt: ``tokens`` distinct token ids (at most ``max_model_len - 1``, room for one answer token),
+    whose last ``new_tokens`` turn 1 did not send; ValueError unless both turns have at least one token."""
+    prompt_tokens = min(tokens, max_model_len - 1)
+    if not 0 < new_tokens < prompt_tokens:
+        raise ValueError(f"new_tokens must be between 1 and {prompt_tokens - 1}, got {new_tokens}")
+    return list(range(1000, 1000 + prompt_tokens))
 
 
 def turn2(settings: SimSettings, tokens: int, new_tokens: int) -> tuple[float, int, int]:
     """(TTFT s, cached tokens, prompt tokens) of turn 2 in one fresh engine (see the module docstring)."""
     core = EngineCore(settings)
-    prompt_tokens = min(tokens, core.max_model_len - 1)
-    if not 0 < new_tokens < prompt_tokens:
-        raise ValueError(f"new_tokens must be between 1 and {prompt_tokens - 1}, got {new_tokens}")
-    prompt = list(range(1000, 1000 + prompt_tokens))
-    now = _run(core, SimRequest("turn-1", prompt[:-new_tokens], 1, _ignore), 0.0)
+    prompt = turn2_prompt(tokens, new_tokens, core.max_model_len)
+    now = _run(core, SimRequest("turn-1", prompt[:-new_tokens], 1, ignore_event), 0.0)
     now = max([now, *(tier.write_busy_until for tier in core.tiers.tiers)])
     core.reset_prefix_cache()
-    second = SimRequest("turn-2", prompt, 1, _ignore)
+    second = SimRequest("turn-2", prompt, 1, ignore_event)
     _run(core, second, now)
     assert second.first_token_at is not None
-    return second.first_token_at - second.arrival, second.cached_tokens or 0, prompt_tokens
+    return second.first_token_at - second.arrival, second.cached_tokens or 0, len(prompt)
 
 
 def settings_for(model: str, hardware: str, mode: Mode, read_gbps: float, capacity_gb: float = 64) -> SimSettings:
@@ -217,14 +219,14 @@ def markdown_table(table: Sequence[Row]) -> str:
 
 
 def write_csv(points: Sequence[WhatIfPoint], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as out:
-        writer = csv.writer(out)
-        writer.writerow(["tokens", "read_gbps", "mode", "ttft_ms", "cached_tokens", "new_tokens"])
-        for p in points:
-            writer.writerow(
-                [p.tokens, f"{p.read_gbps:g}", p.mode, f"{p.ttft_s * 1e3:.3f}", p.cached_tokens, p.new_tokens]
-            )
+    write_csv_rows(
+        path,
+        ["tokens", "read_gbps", "mode", "ttft_ms", "cached_tokens", "new_tokens"],
+        (
+            [p.tokens, f"{p.read_gbps:g}", p.mode, f"{p.ttft_s * 1e3:.3f}", p.cached_tokens, p.new_tokens]
+            for p in points
+        ),
+    )
 
 
 def plot(points: Sequence[WhatIfPoint], path: Path, title: str) -> None:
@@ -248,8 +250,4 @@ def plot(points: Sequence[WhatIfPoint], path: Path, title: str) -> None:
         axis.set_title(f"{length:,} tokens")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
-    figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_png(figure, path, dpi=110)
-    plt.close(figure)
+    save_titled_png(figure, path, title, dpi=110)

@@ -174,10 +174,9 @@ def _sim_shapes(engine: SimEngineConfig) -> Shapes:
         return Shapes(None, None, tp, (f"simulator profiles: {error}",))
     m = deployment.model
     hw = deployment.hardware
-    heads_matrix = m.vocab_size * m.hidden_size * (1 if m.tied_embeddings else 2)
     model = analytical.ModelShape(
         name=m.name,
-        param_count=m.params - heads_matrix,
+        param_count=m.body_params,
         layers=m.layers,
         hidden=m.hidden_size,
         kv_heads=m.kv_heads,

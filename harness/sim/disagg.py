@@ -57,7 +57,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import NIXL_PULL_TCP_GBPS, NIXL_PUSH_GBPS, PER_TRANSFER_MS, Disaggregation
-from .scheduler import EngineCore, ErrorEvent, Event, FinishEvent, Plan, RealTimeLoop, SimRequest, TokenEvent
+from .scheduler import (
+    EngineCore,
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    Plan,
+    RealTimeLoop,
+    SimRequest,
+    TokenEvent,
+    ignore_event,
+)
 from .settings import SimSettings
 
 logger = logging.getLogger(__name__)
@@ -338,7 +348,7 @@ class Cluster:
         if self.disaggregation is None:
             request = ClusterRequest(client.request_id, prompt, self.clock, key, index, client)
         else:
-            first = SimRequest(f"{client.request_id}-prefill", prompt, 1, self._ignore)
+            first = SimRequest(f"{client.request_id}-prefill", prompt, 1, ignore_event)
             first.received_at, client.received_at = client.received_at, None  # the decode side gets it later
             request = ClusterRequest(client.request_id, prompt, self.clock, key, index, first, client)
             first.sink = self._on_prefill(index, request)
@@ -415,10 +425,6 @@ class Cluster:
         if wakeup is not None:
             state.scheduled = True
             self._push(max(wakeup, self.clock), "wake", index)
-
-    @staticmethod
-    def _ignore(event: Event) -> None:
-        del event
 
     def _on_prefill(self, index: int, request: ClusterRequest) -> Callable[[Event], None]:
         def sink(event: Event) -> None:

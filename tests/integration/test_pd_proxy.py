@@ -27,10 +27,11 @@ from harness.client.endpoint import Endpoint
 from harness.client.scrape import metric_value, parse_metrics
 from harness.engines.base import EngineFacts
 from harness.engines.common import RunningProcess, ServerTokenizer
-from harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from harness.engines.process import ManagedProcess, free_port
 from harness.engines.vllm_pd import PROXY_LOG, RunningPd, proxy_argv
 from harness.results.pd_breakdown import read_phase_log
 from tests.fakes.pd_engine import PREFILL_ANSWER_PARAMS
+from tests.support import local_server_spec
 
 pytestmark = pytest.mark.integration
 
@@ -49,16 +50,7 @@ BODY = {
 
 def _process(name: str, argv: tuple[str, ...], port: int, log: Path, *, token: bool = False) -> ManagedProcess:
     return ManagedProcess(
-        ProcessSpec(
-            name=name,
-            argv=argv,
-            env={"PYTHONUNBUFFERED": "1"},
-            log_path=log,
-            health_url=f"http://127.0.0.1:{port}/health",
-            startup_timeout_s=60.0,
-            stop_grace_s=5.0,
-            launch_token=token,
-        )
+        local_server_spec(name, argv, port, log, startup_timeout_s=60.0, stop_grace_s=5.0, launch_token=token)
     )
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,12 +55,12 @@ from harness.engines.base import EngineFacts, LaunchContext
 from harness.engines.configs import OpenAIEngineConfig, TrtllmEngineConfig
 from harness.engines.kinds import metrics_family
 from harness.engines.openai import OpenAIEngine
-from harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from harness.engines.process import ManagedProcess, free_port
 from harness.engines.trtllm_offload import render_trtllm_options
 from harness.sim.config import SimEngineConfig
 from harness.sim.engine import SimEngine
 from offload.profiles import BUILTIN_PROFILES
-from tests.support import FAKE_ENGINE, GOLDEN
+from tests.support import GOLDEN, fake_engine_spec
 
 CONTRACT: dict[str, Any] = json.loads((GOLDEN / "sse" / "contract.json").read_text(encoding="utf-8"))
 FAMILIES = ("vllm", "sglang", "trtllm", "sim", "openai")
@@ -103,19 +102,8 @@ class Target:
 
 
 def fake_process(family: str, log_dir: Path, *args: str) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    argv = (sys.executable, str(FAKE_ENGINE), "--family", family, "--port", str(port), *args)
-    base_url = f"http://127.0.0.1:{port}"
-    spec = ProcessSpec(
-        name=f"fake {family} engine",
-        argv=argv,
-        env={"PYTHONUNBUFFERED": "1"},
-        log_path=log_dir / f"{family}.log",
-        health_url=base_url + "/health",
-        startup_timeout_s=20,
-        stop_grace_s=2,
-    )
-    return ManagedProcess(spec), base_url
+    spec = fake_engine_spec(log_dir / f"{family}.log", *args, family=family, startup_timeout_s=20)
+    return ManagedProcess(spec), spec.health_url.removesuffix("/health")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -30,7 +30,7 @@ from common.errors import EngineStartError
 from harness.engines.base import LaunchContext, PrefixCacheResetUnsupported
 from harness.engines.configs import SglangEngineConfig, TrtllmEngineConfig
 from harness.engines.kinds import create_engine, engine_kinds
-from harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from harness.engines.process import ManagedProcess, ProcessSpec
 from harness.engines.sglang import (
     PYTHON_ENV_VAR,
     EngineRequestError,
@@ -40,7 +40,7 @@ from harness.engines.sglang import (
 )
 from harness.engines.trtllm import SERVE_ENV_VAR, ModelDirTokenizer, TrtllmEngine
 from offload.profiles import BUILTIN_PROFILES, OffloadProfile, OffloadTier
-from tests.support import FAKE_ENGINE
+from tests.support import FAKE_ENGINE, fake_engine_spec
 
 EXTRA_ARGS_ENV = "KVBENCH_FAKE_ENGINE_ARGS"
 RECORD_ENV = "KVBENCH_FAKE_ENGINE_RECORD"
@@ -66,13 +66,10 @@ def alive(pid: int) -> bool:
 def fake_spec(
     tmp_path: Path, *args: str, grace: float = 2.0, timeout: float = 10.0, globs: tuple[str, ...] = ()
 ) -> ProcessSpec:
-    port = free_port()
-    return ProcessSpec(
-        name="fake vllm engine",
-        argv=(sys.executable, str(FAKE_ENGINE), "--family", "vllm", "--port", str(port), *args),
-        env={"PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_abcdefghijklmnop"},
-        log_path=tmp_path / "logs" / "engine.log",
-        health_url=f"http://127.0.0.1:{port}/health",
+    return fake_engine_spec(
+        tmp_path / "logs" / "engine.log",
+        *args,
+        env={"HF_TOKEN": "hf_abcdefghijklmnop"},
         startup_timeout_s=timeout,
         stop_grace_s=grace,
         cleanup_globs=globs,

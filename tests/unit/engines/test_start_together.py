@@ -15,28 +15,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
 from common.errors import EngineStartError
-from harness.engines.process import ManagedProcess, ProcessSpec, free_port, start_together
-from tests.support import FAKE_ENGINE
+from harness.engines.process import ManagedProcess, start_together
+from tests.support import fake_engine_spec
 
 
 def fake(tmp_path: Path, name: str, *args: str, timeout: float = 20.0) -> ManagedProcess:
-    port = free_port()
     return ManagedProcess(
-        ProcessSpec(
-            name=name,
-            argv=(sys.executable, str(FAKE_ENGINE), "--family", "vllm", "--port", str(port), *args),
-            env={"PYTHONUNBUFFERED": "1"},
-            log_path=tmp_path / f"{name.replace(' ', '-')}.log",
-            health_url=f"http://127.0.0.1:{port}/health",
-            startup_timeout_s=timeout,
-            stop_grace_s=2.0,
-        )
+        fake_engine_spec(tmp_path / f"{name.replace(' ', '-')}.log", *args, name=name, startup_timeout_s=timeout)
     )
 
 

@@ -18,10 +18,10 @@ import yaml
 from common.errors import CalibrationError
 from harness.calibrate.fit import calibrate, front_slope
 from harness.calibrate.samples import ENGINE_CLOCK, LMCACHE_LOG, FrontSample, collect, front_samples, run_facts
-from harness.calibrate.whatif import _ignore, _run
+from harness.calibrate.whatif import _run
 from harness.scenario.spec import parse_scenario
 from harness.sim.calibration import BackendCalibration, CalibratedDeployment, Calibration, FitParam
-from harness.sim.scheduler import EngineCore, SimRequest
+from harness.sim.scheduler import EngineCore, SimRequest, ignore_event
 from harness.sim.settings import SimSettings
 from harness.store.events import MetricsDelta
 from harness.store.jsonl import append_jsonl
@@ -128,7 +128,7 @@ def write_run(
         for length in lengths:
             prompt = [1000 + (i * 7 + length) % 50000 for i in range(length)]
             for turn, tokens in ((1, prompt), (2, prompt + list(range(7, 7 + QUESTION)))):
-                request = SimRequest(f"{arm}-{length}-{turn}", tokens, OUTPUT_TOKENS, _ignore)
+                request = SimRequest(f"{arm}-{length}-{turn}", tokens, OUTPUT_TOKENS, ignore_event)
                 end = _run(core, request, now)
                 assert request.first_token_at is not None
                 ttft = request.first_token_at - request.arrival

@@ -10,11 +10,11 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from common.errors import CalibrationError
-from harness.calibrate.whatif import _ignore, _run
+from harness.calibrate.whatif import _run
 from harness.engines.configs import Parallelism
 from harness.sim.calibration import Calibration, FitParam, unloaded_ttft_s
 from harness.sim.config import SimEngineConfig
-from harness.sim.scheduler import EngineCore, Event, SimRequest, TokenEvent
+from harness.sim.scheduler import EngineCore, Event, SimRequest, TokenEvent, ignore_event
 from harness.sim.settings import SimSettings
 from harness.sim.timemodel import TimeModel
 from kvbench.cli.sim import sim_app
@@ -30,10 +30,10 @@ def test_core_ttft_is_overhead_plus_load_plus_prefill_with_store() -> None:
     settings = SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=CPU, calibration=truth)
     core = EngineCore(settings)
     prompt = list(range(100, 100 + 20_000))
-    first = SimRequest("t1", prompt, 2, _ignore)
+    first = SimRequest("t1", prompt, 2, ignore_event)
     now = _run(core, first, 0.0)
     core.reset_prefix_cache()
-    second = SimRequest("t2", [*prompt, *range(5, 69)], 2, _ignore)
+    second = SimRequest("t2", [*prompt, *range(5, 69)], 2, ignore_event)
     _run(core, second, now + 1.0)
     deployment = settings.deployment()
     backend = truth.backends["lmcache"]
@@ -78,7 +78,7 @@ def test_a_backend_the_calibration_lacks_is_refused() -> None:
 def test_an_overdue_request_is_backdated_only_when_calibrated() -> None:
     prompt = list(range(100, 1100))
     calibrated = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=CPU, calibration=chosen()))
-    request = SimRequest("r", prompt, 2, _ignore)
+    request = SimRequest("r", prompt, 2, ignore_event)
     request.received_at = 10.0
     calibrated.add_request(request, 10.5)  # the server's own Python took 0.5 s before submitting
     due = 10.0 + chosen().request_overhead(len(prompt))
@@ -86,7 +86,7 @@ def test_an_overdue_request_is_backdated_only_when_calibrated() -> None:
     assert calibrated.overdue_since(10.5) == pytest.approx(due)
     assert calibrated.overdue_since(due - 0.001) is None  # not yet due: nothing to backdate
     plain = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", offload=CPU))
-    other = SimRequest("r", prompt, 2, _ignore)
+    other = SimRequest("r", prompt, 2, ignore_event)
     other.received_at = 10.0
     plain.add_request(other, 10.5)
     assert plain.overdue_since(10.5) is None
@@ -160,8 +160,8 @@ def test_the_blocking_share_stalls_running_requests_by_share_x_overhead() -> Non
     runs: dict[float, dict[str, list[float]]] = {}
     for share in (0.0, 0.5):
         core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", calibration=_blocking(share)))
-        a = SimRequest("a", list(range(100, 2100)), 40, _ignore)
-        b = SimRequest("b", prompt_b, 4, _ignore)
+        a = SimRequest("a", list(range(100, 2100)), 40, ignore_event)
+        b = SimRequest("b", prompt_b, 4, ignore_event)
         runs[share] = _token_times(core, [(0.0, a), (0.2503, b)])
     plain, blocked = runs[0.0]["a"], runs[0.5]["a"]
     assert plain[:5] == blocked[:5]  # before B arrives, A's steps are the same
@@ -178,7 +178,7 @@ def test_an_unloaded_request_is_not_slowed_by_its_own_intake() -> None:
     ttfts = []
     for share in (0.0, 1.0):  # all of the overhead in the engine: it ran while the engine was idle
         core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", calibration=_blocking(share)))
-        request = SimRequest("r", prompt, 2, _ignore)
+        request = SimRequest("r", prompt, 2, ignore_event)
         _run(core, request, 1.0)
         assert request.first_token_at is not None
         ttfts.append(request.first_token_at - request.arrival)
@@ -192,9 +192,9 @@ def test_an_unloaded_request_is_not_slowed_by_its_own_intake() -> None:
 def test_intake_is_charged_less_the_time_the_engine_sat_idle_since() -> None:
     truth = _blocking(1.0)
     core = EngineCore(SimSettings(model="llama-3.1-8b", hardware="h100-sxm", calibration=truth))
-    first = SimRequest("first", list(range(100, 1100)), 1, _ignore)
+    first = SimRequest("first", list(range(100, 1100)), 1, ignore_event)
     end = _run(core, first, 0.0)  # the engine is idle from `end`
-    late = SimRequest("late", list(range(5000, 14000)), 1, _ignore)
+    late = SimRequest("late", list(range(5000, 14000)), 1, ignore_event)
     intake = truth.request_intake(9000)
     core.add_request(late, end - 0.004)  # arrived 4 ms before the engine went idle
     # a step starting 10 ms after it went idle: 10 ms of the intake ran in the idle time

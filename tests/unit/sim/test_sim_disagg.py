@@ -30,17 +30,13 @@ from harness.sim.disagg import (
     KvLink,
     TtftParts,
 )
-from harness.sim.scheduler import Event, FinishEvent
+from harness.sim.scheduler import Event, FinishEvent, ignore_event
 from harness.sim.server import running_server
 from harness.sim.settings import SimSettings
 from offload.profiles import BUILTIN_PROFILES
 
 MODEL, HARDWARE = "llama-3.1-8b", "h100-sxm"
 LONG = 131072
-
-
-def _ignore(event: Event) -> None:
-    del event
 
 
 def _by_name(tokens: int, link_gbps: tuple[float, ...] = (NIXL_PUSH_GBPS, NIXL_PULL_TCP_GBPS)) -> dict[str, TtftParts]:
@@ -183,9 +179,9 @@ def test_decode_side_prefix_cache_hit_is_not_sent_again() -> None:
     settings = SimSettings(model=MODEL, hardware=HARDWARE)
     cluster = Cluster(settings, Disaggregation())
     prompt = list(range(1000, 9000))
-    first = cluster.submit("t1", prompt, 4, _ignore)
+    first = cluster.submit("t1", prompt, 4, ignore_event)
     cluster.run()
-    second = cluster.submit("t2", [*prompt, *range(60000, 60064)], 4, _ignore)
+    second = cluster.submit("t2", [*prompt, *range(60000, 60064)], 4, ignore_event)
     cluster.run()
     one, two = first.parts(True), second.parts(True)
     _assert_sums(two)
@@ -227,9 +223,9 @@ def test_transfers_that_leave_one_prefill_step_together_share_its_link() -> None
     layout = Disaggregation()
     cluster = Cluster(settings, layout)
     tokens = 3000  # both prompts fit one 8,192-token step: their prefills end together
-    requests = [cluster.submit("x", list(range(40000, 40100)), 2, _ignore)]  # a and b wait for the next step
+    requests = [cluster.submit("x", list(range(40000, 40100)), 2, ignore_event)]  # a and b wait for the next step
     for name, offset in (("a", 1000), ("b", 20000)):
-        requests.append(cluster.submit(name, list(range(offset, offset + tokens)), 2, _ignore))
+        requests.append(cluster.submit(name, list(range(offset, offset + tokens)), 2, ignore_event))
     cluster.run()
     x, a, b = (request.parts(True) for request in requests)
     assert x.ttft_s < a.queue_s + a.prefill_s  # x's transfer was over before theirs began
@@ -247,7 +243,7 @@ def test_tensor_parallel_instances_move_each_ranks_share_over_its_own_link() -> 
     cluster = Cluster(settings, layout)
     assert (len(cluster.prefill), len(cluster.decode), cluster.gpus) == (2, 1, 12)
     requests = [
-        cluster.submit(name, list(range(offset, offset + 2000)), 2, _ignore)
+        cluster.submit(name, list(range(offset, offset + 2000)), 2, ignore_event)
         for name, offset in (("a", 1000), ("b", 20000))
     ]
     cluster.run()
@@ -319,13 +315,13 @@ def test_engine_kind_sim_takes_a_disaggregation_block() -> None:
 def test_a_request_aborted_during_its_transfer_never_reaches_the_decode_instance() -> None:
     settings = SimSettings(model=MODEL, hardware=HARDWARE)
     cluster = Cluster(settings, Disaggregation(link_gbps=NIXL_PULL_TCP_GBPS))
-    gone = cluster.submit("gone", list(range(1000, 9000)), 8, _ignore)
+    gone = cluster.submit("gone", list(range(1000, 9000)), 8, ignore_event)
     while gone.transfer is None:
         due = cluster.next_event_time()
         assert due is not None
         cluster.advance_to(due)
     cluster.abort(gone)
-    kept = cluster.submit("kept", list(range(20000, 21000)), 8, _ignore)
+    kept = cluster.submit("kept", list(range(20000, 21000)), 8, ignore_event)
     cluster.run()
     decode = cluster.decode[0]
     assert not gone.delivered and gone.decode is not None and gone.decode.first_token_at is None

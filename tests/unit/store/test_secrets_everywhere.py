@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import sys
 from pathlib import Path
 from urllib.parse import quote, quote_plus
 
@@ -20,12 +19,12 @@ import pytest
 
 from common.errors import EngineStartError
 from common.redact import REDACTED, is_secret_flag, redact_argv, redact_text, secret_values
-from harness.engines.process import ManagedProcess, ProcessSpec, free_port
+from harness.engines.process import ManagedProcess
 from harness.scenario.spec import parse_scenario
 from harness.store.manifest import Manifest
 from harness.store.rundir import RunDir
+from tests.support import fake_engine_spec
 
-FAKE_ENGINE = Path(__file__).resolve().parents[2] / "fakes" / "fake_engine.py"
 KEY = 'Zq9/plain+Key"4242abc'
 PASSWORD = "hunter2-keyfile-pw"
 
@@ -107,30 +106,8 @@ def test_secret_flags_are_hidden_in_scenario_yaml_and_manifest(tmp_path: Path) -
 
 
 async def test_a_real_engine_process_logs_its_command_without_the_password(tmp_path: Path) -> None:
-    port = free_port()
-    argv = (
-        sys.executable,
-        str(FAKE_ENGINE),
-        "--family",
-        "vllm",
-        "--port",
-        str(port),
-        "--mode",
-        "crash-at-start",
-        "--ssl-keyfile-password",
-        PASSWORD,
-    )
     log = tmp_path / "logs" / "engine.log"
-    spec = ProcessSpec(
-        name="fake vllm engine",
-        argv=argv,
-        env={"PYTHONUNBUFFERED": "1"},
-        log_path=log,
-        health_url=f"http://127.0.0.1:{port}/health",
-        startup_timeout_s=10,
-        stop_grace_s=2,
-    )
-    process = ManagedProcess(spec)
+    process = ManagedProcess(fake_engine_spec(log, "--mode", "crash-at-start", "--ssl-keyfile-password", PASSWORD))
     with pytest.raises(EngineStartError) as caught:
         await process.__aenter__()
     assert PASSWORD not in str(caught.value)
@@ -143,20 +120,10 @@ async def test_a_real_engine_process_logs_its_command_without_the_password(tmp_p
 async def test_a_log_left_unscrubbed_by_a_killed_kvbench_is_scrubbed_when_the_process_starts_again(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
     log = tmp_path / "logs" / "engine.log"
     log.parent.mkdir()
     # what an engine printed before kvbench was killed -9: its own echo of the password, never scrubbed
     log.write_text(f"INFO args: --ssl-keyfile-password {PASSWORD}\n", encoding="utf-8")
-    spec = ProcessSpec(
-        name="fake vllm engine",
-        argv=(sys.executable, str(FAKE_ENGINE), "--family", "vllm", "--port", str(port)),
-        env={"PYTHONUNBUFFERED": "1", "VLLM_SSL_KEYFILE_PASSWORD": PASSWORD},
-        log_path=log,
-        health_url=f"http://127.0.0.1:{port}/health",
-        startup_timeout_s=10,
-        stop_grace_s=2,
-    )
-    async with ManagedProcess(spec):
+    async with ManagedProcess(fake_engine_spec(log, env={"VLLM_SSL_KEYFILE_PASSWORD": PASSWORD})):
         text = log.read_text(encoding="utf-8")  # while the new process runs, before any stop could scrub
         assert text.startswith("INFO args: --ssl-keyfile-password ***") and PASSWORD not in text
