@@ -61,6 +61,11 @@ INSTALL_HINT = "pip install 'kvbench[ray]'"
 START_LEAD_S = 20.0
 """Without ``--start-at``: the first load point starts this long after every actor has started, for each worker's
 ``kvbench sweep`` to start, confirm the endpoint and warm up (a late shard starts at once; the merge judges it)."""
+NORMAL_PRIORITY = {"RAY_worker_niceness": "0"}
+"""A shard's actor (and the ``kvbench sweep`` it starts) at nice 0: Ray nices its workers to 15 by default, and a load
+generator held to a common schedule below everything else on its node falls behind it (on a busy 2-core machine a
+shard's event loop fell 0.3 s behind and started its load point 2 s late: INCONCLUSIVE). The setting Ray's own job
+supervisor uses for itself."""
 PLACE_TIMEOUT_S = 120.0
 """How long the driver waits for the cluster to start every actor (each needs one free CPU) before it gives up."""
 POLL_S = 0.5
@@ -327,7 +332,9 @@ def _init(ray: ModuleType, address: str | None, workers: int) -> None:
 
 def _start(ray: ModuleType, runs: list[WorkerRun]) -> list[object]:
     """One actor per shard, each once started asked for its facts and clock."""
-    remote = ray.remote(num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(ShardWorker)
+    remote = ray.remote(
+        num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD", runtime_env={"env_vars": NORMAL_PRIORITY}
+    )(ShardWorker)
     actors: list[object] = [remote.remote() for _ in runs]
     pending = [actor.facts.remote() for actor in actors]  # type: ignore[attr-defined]
     ready, _ = ray.wait(pending, num_returns=len(pending), timeout=PLACE_TIMEOUT_S)

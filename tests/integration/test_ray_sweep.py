@@ -177,6 +177,8 @@ def test_a_worker_that_dies_is_a_finding(tmp_path: Path, simulator: SimulatorLau
                 break
         else:
             pytest.fail("".join(lines)[-3000:])
+        # a load generator on a schedule: not at the nice 15 Ray gives its workers by default
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 0
         # once shard 1 has streamed its first finished point, kill its Ray actor's process, as the OOM killer would
         assert wait_for(lambda: any(out.glob("*/shards/1/points.jsonl")), 180, driver), "".join(lines)[-3000:]
         os.kill(pid, signal.SIGKILL)
