@@ -108,20 +108,20 @@ cat "$logs/readme.log"
 
 # mypy computes on one core for about a minute: beside the unit tier rather than before it (its verdict still ends
 # the script, right after that tier). The unit tests need neither the engine environments nor the Debian packages:
-# they run while those install, and the Ray cluster's tests beside them. The unit tier and mypy run at nice 10: the
-# Ray tests' shards must start each load point together (kvbench runs them at nice 0, not at the nice 15 Ray gives
-# its workers, at which a shard's event loop fell 0.3 s behind beside the unit tier and its point started 2 s late:
-# INCONCLUSIVE); the unit tier times nothing that the half core Ray takes would fail. Ray never runs beside the simulator's integration tests: its processes starved their timed
+# they run while those install, and the Ray cluster's tests beside them: the Ray tests' shards must start each load
+# point together, which they do at the same priority as the unit tier (kvbench runs them at nice 0, not at the
+# nice 15 Ray gives its workers, at which a shard's event loop fell 0.3 s behind beside the unit tier and its point
+# started 2 s late: INCONCLUSIVE); the unit tier times nothing that the half core Ray takes would fail. Ray never runs beside the simulator's integration tests: its processes starved their timed
 # clients there (a 10 s probe start took over 120 s).
-nice -n 10 python3 -m mypy >"$logs/mypy.log" 2>&1 &
+python3 -m mypy >"$logs/mypy.log" 2>&1 &
 mypy="$!"
 unit_failed=0
 if [ "$#" -eq 0 ]; then
   python3 -m pytest --durations=5 -m "cluster and not lab" tests >"$logs/ray.log" 2>&1 &
   ray="$!"
   stage "pytest: unit tests (mypy and the Ray cluster's tests beside them)"
-  nice -n 10 python3 -m pytest -n 2 --dist loadfile --durations=10 \
-    -m "not integration and not vllm and not router and not lab" tests || unit_failed=1
+  python3 -m pytest -n 2 --dist loadfile --durations=10 -m "not integration and not vllm and not router and not lab" tests \
+    || unit_failed=1
 fi
 stage "mypy (run beside the unit tests)"
 mypy_failed=0
