@@ -4,7 +4,9 @@ The "measured" sweep is a real ``kvbench sweep`` of the simulator (Llama-3.1-8B 
 datasheet profile, two arms, two load points of 4 s). Then:
 
 * validating it re-runs the same scenario on the simulator: every point metric and capacity is
-  within 15 % (exit 0);
+  within 25 % (exit 0). Not 15 %: a TTFT p90 of the ~20 requests of a 4 s point at load 2 is the second-worst
+  request, and which requests queue behind another's prefill moves with the client's timing (a loaded
+  2-core CI runner: 78.4 ms measured, 93.6 ms simulated, +19.4 %);
 * calibrating from it fits the decode step against batch size from the records' inter-token
   gaps, and must predict the simulator profile's steps again (within 5 %). The profile adds its 1 ms
   of host work to the weights' read; the calibration's overlapped step (``max(GPU, host)``) puts
@@ -41,6 +43,8 @@ pytestmark = pytest.mark.integration
 runner = CliRunner()
 SLOW = 1.5
 """The wrong calibration's decode step, as a multiple of the simulator profile's."""
+SAME = 0.25
+"""The largest |sim/measured - 1| of a point metric when the simulator validates against itself (docstring)."""
 
 BASE = test_sweep_sim.SCENARIO
 SCENARIO = {
@@ -72,7 +76,7 @@ def _rows(output: str, metric: str) -> list[list[str]]:
 
 
 def test_a_sweep_validates_against_the_same_simulator(measured: Path, tmp_path: Path) -> None:
-    ok = runner.invoke(sim_app, ["validate", str(measured), "-o", str(tmp_path)])
+    ok = runner.invoke(sim_app, ["validate", str(measured), "--max-error", str(SAME), "-o", str(tmp_path)])
     assert ok.exit_code == 0, ok.output
     assert "within" in ok.output and "No calibration: the run's own simulator settings" in ok.output
     for arm in ("AMG-OFF", "AMG-ON"):
@@ -100,9 +104,11 @@ def test_points_without_successes_are_skipped_with_the_reason(measured: Path) ->
     assert all(abs(c.error) < 1e-9 for c in cells) and not one_sided
 
 
-LATE = 0.10
-"""How far a real-time simulator's measured step may run past its time model: its event loop's work (0.3-0.6 ms a
-step at load 5 on a 2-core machine) against a 5.8 ms step, whose 1 ms of host work now hides behind the weights."""
+LATE = 0.25
+"""How far a real-time simulator's measured step may run past its time model: its event loop's work against a 5.8 ms
+step, whose 1 ms of host work now hides behind the weights. 0.3-0.6 ms a step at load 5 on a quiet 2-core machine; on
+the same machine on a day its CPython ran a fixed loop at half speed the four residuals ran 4 to 18 % late, so 10 %
+failed three runs in three; the slow calibration this test also checks is 50 % off."""
 
 
 def _truth_step(batch: float, context: int) -> float:
