@@ -104,11 +104,12 @@ def test_points_without_successes_are_skipped_with_the_reason(measured: Path) ->
     assert all(abs(c.error) < 1e-9 for c in cells) and not one_sided
 
 
-LATE = 0.25
+LATE = 0.40
 """How far a real-time simulator's measured step may run past its time model: its event loop's work against a 5.8 ms
 step, whose 1 ms of host work now hides behind the weights. 0.3-0.6 ms a step at load 5 on a quiet 2-core machine; on
-the same machine on a day its CPython ran a fixed loop at half speed the four residuals ran 4 to 18 % late, so 10 %
-failed three runs in three; the slow calibration this test also checks is 50 % off."""
+the same machine on a day its host took 11 % of the CPU (steal) the residuals ran 4 to 18 % late alone and 30 % late
+in the CI script's integration tier, so 10 % failed every run; a prefill in a sample would be 3 to 6 times a step,
+and the slow calibration this test also checks is 50 % off."""
 
 
 def _truth_step(batch: float, context: int) -> float:
